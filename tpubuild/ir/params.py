@@ -1,0 +1,119 @@
+"""Op parameters: a frozen dataclass per op, stored as plain MLIR attributes.
+
+An op class names its parameter dataclass in ``PARAMS``; the field annotations
+say how each value is stored (int -> i64, float -> f64, bool -> i1, str ->
+string, tuple[int, ...] -> array of i64, tuple[float, ...] -> array of f64).
+Parsing happens once per op and is shared by shape rules, kernels and passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from functools import cache
+
+from xdsl.dialects.builtin import (ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, IntegerType, StringAttr,
+                                   f64, i1, i64)
+from xdsl.ir import Attribute
+from xdsl.utils.exceptions import VerifyException
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """For ops without parameters."""
+
+
+@cache
+def _field_kinds(cls: type) -> dict[str, tuple[str, object]]:
+    """Field name -> (kind, default) where kind is one of int/float/bool/str/ints/floats."""
+    hints = typing.get_type_hints(cls)
+    kinds: dict[str, tuple[str, object]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        origin = typing.get_origin(hint)
+        if origin is tuple:
+            elem = typing.get_args(hint)[0]
+            kind = {int: "ints", float: "floats", str: "strs"}[elem]
+        elif typing.get_origin(hint) is typing.Union or origin is getattr(__import__("types"), "UnionType"):
+            # Optional[x]: x | None
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            kind = {int: "int", float: "float", bool: "bool", str: "str"}[args[0]]
+        else:
+            kind = {int: "int", float: "float", bool: "bool", str: "str"}[hint]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        kinds[f.name] = (kind, default)
+    return kinds
+
+
+def _to_attr(kind: str, value: object) -> Attribute:
+    if kind == "int":
+        return IntegerAttr(int(value), i64)
+    if kind == "float":
+        return FloatAttr(float(value), f64)
+    if kind == "bool":
+        return BoolAttr(bool(value), i1)
+    if kind == "str":
+        return StringAttr(str(value))
+    if kind == "ints":
+        return ArrayAttr([IntegerAttr(int(v), i64) for v in value])
+    if kind == "floats":
+        return ArrayAttr([FloatAttr(float(v), f64) for v in value])
+    if kind == "strs":
+        return ArrayAttr([StringAttr(str(v)) for v in value])
+    raise AssertionError(kind)
+
+
+def _from_attr(kind: str, attr: Attribute) -> object:
+    if kind in ("int", "bool"):
+        if not isinstance(attr, IntegerAttr):
+            raise VerifyException(f"expected an integer attribute, got {attr}")
+        value = attr.value.data
+        if kind == "bool":
+            if not (isinstance(attr.type, IntegerType) and attr.type.width.data == 1):
+                raise VerifyException(f"expected a boolean attribute, got {attr}")
+            return bool(value)
+        return int(value)
+    if kind == "float":
+        if not isinstance(attr, FloatAttr):
+            raise VerifyException(f"expected a float attribute, got {attr}")
+        return float(attr.value.data)
+    if kind == "str":
+        if not isinstance(attr, StringAttr):
+            raise VerifyException(f"expected a string attribute, got {attr}")
+        return attr.data
+    if not isinstance(attr, ArrayAttr):
+        raise VerifyException(f"expected an array attribute, got {attr}")
+    elem = {"ints": "int", "floats": "float", "strs": "str"}[kind]
+    return tuple(_from_attr(elem, a) for a in attr.data)
+
+
+def encode(params: object) -> dict[str, Attribute]:
+    """Dataclass instance -> attribute dict; fields equal to their default are left out."""
+    kinds = _field_kinds(type(params))
+    out: dict[str, Attribute] = {}
+    for name, (kind, default) in kinds.items():
+        value = getattr(params, name)
+        if value is None or (default is not dataclasses.MISSING and value == default):
+            continue
+        out[name] = _to_attr(kind, value)
+    return out
+
+
+def decode(cls: type, attributes: typing.Mapping[str, Attribute]) -> object:
+    """Attribute dict -> dataclass instance; raises VerifyException naming the field at fault."""
+    kinds = _field_kinds(cls)
+    values: dict[str, object] = {}
+    for name, (kind, default) in kinds.items():
+        if name in attributes:
+            try:
+                values[name] = _from_attr(kind, attributes[name])
+            except VerifyException as e:
+                raise VerifyException(f"attribute {name}: {e}") from None
+        elif default is dataclasses.MISSING:
+            raise VerifyException(f"missing required attribute {name!r}")
+    return cls(**values)

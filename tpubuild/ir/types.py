@@ -1,0 +1,55 @@
+"""numpy dtypes <-> MLIR element types, and tensor types."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects.builtin import (NoneType, TensorType, bf16, f16, f32, f64, IntegerType, Signedness, i1, i8, i32,
+                                   i64)
+from xdsl.ir import Attribute
+
+from tpubuild.ir.quant import CalibratedType, UniformType
+
+u8 = IntegerType(8, Signedness.UNSIGNED)
+i16 = IntegerType(16)
+
+_TO_MLIR = {
+    np.dtype(np.float32): f32, np.dtype(np.float16): f16, np.dtype(ml_dtypes.bfloat16): bf16,
+    np.dtype(np.float64): f64, np.dtype(np.int64): i64, np.dtype(np.int32): i32, np.dtype(np.int16): i16,
+    np.dtype(np.int8): i8, np.dtype(np.uint8): u8, np.dtype(np.bool_): i1,
+}
+_FROM_MLIR = {v: k for k, v in _TO_MLIR.items()}
+_STORAGE = {"i8": np.dtype(np.int8), "u8": np.dtype(np.uint8), "i16": np.dtype(np.int16),
+            "u16": np.dtype(np.uint16), "i32": np.dtype(np.int32)}
+
+
+def element_type(dtype: np.dtype | type) -> Attribute:
+    dt = np.dtype(dtype)
+    if dt not in _TO_MLIR:
+        raise NotImplementedError(f"tensor element type {dt} has no MLIR counterpart here")
+    return _TO_MLIR[dt]
+
+
+def numpy_dtype(elem: Attribute) -> np.dtype:
+    """The dtype a tensor of this element type holds at run time (quantized: its storage)."""
+    if isinstance(elem, CalibratedType):
+        return numpy_dtype(elem.expressed)
+    if isinstance(elem, UniformType):
+        return _STORAGE[elem.storage_type]
+    return _FROM_MLIR[elem]
+
+
+def tensor_type(shape, dtype=np.float32) -> TensorType:
+    return TensorType(element_type(dtype), [int(d) for d in shape])
+
+
+def shape_of(t: Attribute) -> tuple[int, ...]:
+    if isinstance(t, NoneType):
+        return ()
+    assert isinstance(t, TensorType), t
+    return tuple(t.get_shape())
+
+
+def dtype_of(t: Attribute) -> np.dtype:
+    assert isinstance(t, TensorType), t
+    return numpy_dtype(t.element_type)
