@@ -1,0 +1,331 @@
+"""The ONNX walker: fixes shapes, folds constants, and calls one converter per node.
+
+Values flowing between converters are either SSA values (tensors computed at
+run time, with static shapes in their types) or ``Const`` (arrays known at
+compile time: initializers, Constant nodes, and everything computed only from
+those or from static shapes, e.g. Shape -> Gather -> Concat -> Reshape). A
+constant is written to the weight store only when an op consumes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+from xdsl.utils.exceptions import VerifyException
+
+from tpubuild.errors import TpuBuildError
+from tpubuild.frontend import registry
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.mlir import GraphBuilder
+from tpubuild.ir.top import InputOp
+from tpubuild.ir.types import tensor_type
+from tpubuild.ir.weights import WeightStore
+
+CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
+# evaluated from a value's static shape, so they fold even when their input does not
+SHAPE_OF = {"Shape", "Size"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    """A compile-time tensor and the ONNX name it is known by."""
+
+    array: np.ndarray
+    name: str
+
+
+Value = SSAValue | Const | None
+
+
+@dataclasses.dataclass
+class Node:
+    """One ONNX node with its inputs resolved and its attributes given their defaults."""
+
+    proto: onnx.NodeProto
+    inputs: list[Value]
+    attrs: dict[str, Any]
+    opset: int
+
+    @property
+    def op_type(self) -> str:
+        return self.proto.op_type
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.proto.output)
+
+    @property
+    def label(self) -> str:
+        return self.proto.name or self.proto.output[0]
+
+    def input(self, i: int) -> Value:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+
+def node_attrs(node: onnx.NodeProto, opset: int) -> dict[str, Any]:
+    """The node's attributes over the schema's defaults (strings decoded)."""
+    attrs: dict[str, Any] = {}
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+        for name, spec in schema.attributes.items():
+            if spec.default_value.type:
+                attrs[name] = helper.get_attribute_value(spec.default_value)
+    except onnx.defs.SchemaError:
+        pass
+    for a in node.attribute:
+        attrs[a.name] = helper.get_attribute_value(a)
+    for k, v in attrs.items():
+        if isinstance(v, bytes):
+            attrs[k] = v.decode()
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            attrs[k] = [s.decode() for s in v]
+        elif isinstance(v, onnx.TensorProto):
+            attrs[k] = numpy_helper.to_array(v)
+    return attrs
+
+
+class Ctx:
+    """What a converter may do: turn values into operands, read constants, emit TOP ops."""
+
+    def __init__(self, builder: GraphBuilder, weights: WeightStore):
+        self.builder = builder
+        self.weights = weights
+
+    def operand(self, value: Value) -> SSAValue:
+        if value is None:
+            return self.builder.none()
+        if isinstance(value, Const):
+            if value.name not in self.weights:
+                self.weights.set(value.name, value.array)
+            return self.builder.weight(value.name, tensor_type(value.array.shape, value.array.dtype))
+        return value
+
+    def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
+        """Input ``i`` as an array; it must be known at compile time (None if absent)."""
+        value = node.input(i)
+        if value is None:
+            return None
+        if not isinstance(value, Const):
+            raise NotImplementedError(
+                f"{node.op_type} input {i} ({what}) must be known at compile time, but it is computed "
+                f"from the graph inputs")
+        return value.array
+
+    def emit(self, cls: type[TensorOp], operands: Sequence[Value], params=None, *, name: str) -> SSAValue:
+        op = cls.make([self.operand(v) for v in operands], params, name=name)
+        self.builder.add(op)
+        return op.results[0]
+
+    def emit_multi(self, cls: type[TensorOp], operands: Sequence[Value], params=None, *,
+                   names: Sequence[str]) -> list[SSAValue]:
+        op = cls.make([self.operand(v) for v in operands], params, name=list(names))
+        self.builder.add(op)
+        return list(op.results)
+
+
+def shape_of(value: Value) -> tuple[int, ...]:
+    if isinstance(value, Const):
+        return tuple(value.array.shape)
+    from tpubuild.ir.base import tensor_shape
+    return tensor_shape(value)
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    try:
+        model = onnx.load(os.fspath(path))
+    except FileNotFoundError:
+        raise TpuBuildError("ONNX file not found", file=str(path)) from None
+    except Exception as e:  # protobuf raises its own DecodeError types
+        raise TpuBuildError(f"not a valid ONNX model ({type(e).__name__}: {e})", file=str(path),
+                            hint="re-export the model; the file may be truncated") from None
+    if not model.graph.node and not model.graph.output:
+        raise TpuBuildError("not a valid ONNX model (no graph)", file=str(path),
+                            hint="re-export the model; the file may be truncated")
+    return model
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+class OnnxConverter:
+    """Converts one ONNX model (with input shapes fixed) to a TOP module and its weights."""
+
+    def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]], *, file: str):
+        self.model = model
+        self.file = file
+        self.opset = default_opset(model)
+        self.graph = model.graph
+        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
+        self.input_shapes = self._fix_shapes(input_shapes)
+
+    # -- checks before any work --------------------------------------------
+    def _fix_shapes(self, given: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+        names = [i.name for i in self.inputs]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise TpuBuildError(f"manifest names inputs {unknown} that the model does not have "
+                                f"(model inputs: {names})", file=self.file,
+                                hint="use the model's input names under `inputs:` in the manifest")
+        shapes: dict[str, list[int]] = {}
+        problems = []
+        for inp in self.inputs:
+            dims = inp.type.tensor_type.shape.dim
+            model_dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+            if inp.name in given:
+                shape = [int(d) for d in given[inp.name]]
+                if dims and len(shape) != len(dims):
+                    problems.append(f"input {inp.name!r}: manifest shape {shape} has rank {len(shape)}, "
+                                    f"the model's {model_dims} has rank {len(dims)}")
+                    continue
+                for m, s in zip(model_dims, shape):
+                    if isinstance(m, int) and m > 0 and m != s:
+                        problems.append(f"input {inp.name!r}: manifest shape {shape} contradicts the "
+                                        f"model's fixed shape {model_dims}")
+                        break
+                shapes[inp.name] = shape
+            elif all(isinstance(m, int) and m > 0 for m in model_dims):
+                shapes[inp.name] = list(model_dims)
+            else:
+                problems.append(f"input {inp.name!r} has dynamic shape {model_dims}")
+        if problems:
+            raise TpuBuildError("input shapes are not fixed: " + "; ".join(problems), file=self.file,
+                                hint="give every input a full static shape in the manifest, e.g. "
+                                     "`inputs: [{name: x, shape: [1, 3, 224, 224]}]`")
+        return shapes
+
+    def _plan(self) -> set[str]:
+        """Names of the tensors known at compile time; refuses unsupported nodes, all at once."""
+        known = set(self.initializers)
+        unsupported: dict[str, list[str]] = {}
+        control: list[str] = []
+        for node in self.graph.node:
+            name = node.name or node.output[0]
+            if node.op_type in CONTROL_FLOW:
+                control.append(f"{node.op_type} {name!r}")
+                continue
+            real_inputs = [i for i in node.input if i]
+            if node.op_type in SHAPE_OF or all(i in known for i in real_inputs):
+                known.update(o for o in node.output if o)
+                continue
+            if registry.find(node.op_type, self.opset, node.domain) is None:
+                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+                unsupported.setdefault(key, []).append(name)
+        problems = []
+        if control:
+            problems.append("control flow is not supported: " + ", ".join(control))
+        if unsupported:
+            listing = "; ".join(f"{op} (nodes: {', '.join(repr(n) for n in names[:8])}"
+                                f"{', ...' if len(names) > 8 else ''})" for op, names in sorted(unsupported.items()))
+            problems.append(f"unsupported ONNX ops at opset {self.opset}: {listing}")
+        if problems:
+            raise TpuBuildError(". ".join(problems), file=self.file,
+                                hint="`tpubuild ops` lists the supported ops; control flow that depends only on "
+                                     "shapes disappears once the manifest fixes the input shapes and the model "
+                                     "is re-exported with constant folding")
+        return known
+
+    # -- conversion -----------------------------------------------------------
+    def convert(self, model_name: str, weight_file: str) -> tuple[ModuleOp, WeightStore]:
+        self._plan()
+        input_types = []
+        for inp in self.inputs:
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            input_types.append(tensor_type(self.input_shapes[inp.name], dtype))
+        builder = GraphBuilder(input_types)
+        weights = WeightStore()
+        ctx = Ctx(builder, weights)
+        env: dict[str, Value] = {"": None}
+        for name, init in self.initializers.items():
+            env[name] = Const(numpy_helper.to_array(init), name)
+        for inp, arg in zip(self.inputs, builder.args):
+            env[inp.name] = builder.add(InputOp.make([arg], name=inp.name)).results[0]
+        for proto in self.graph.node:
+            try:
+                inputs = [env[i] for i in proto.input]
+            except KeyError as e:
+                raise TpuBuildError(f"node input {e.args[0]!r} is not produced before it is used",
+                                    file=self.file, loc=proto.output[0],
+                                    hint="the graph is not topologically sorted; re-export it") from None
+            node = Node(proto, inputs, node_attrs(proto, self.opset), self.opset)
+            for out_name, value in zip(proto.output, self._convert_node(node, ctx)):
+                if out_name:
+                    env[out_name] = value
+        outputs = []
+        for out in self.graph.output:
+            value = env.get(out.name)
+            if value is None:
+                raise TpuBuildError(f"graph output {out.name!r} is never produced", file=self.file)
+            outputs.append(ctx.operand(value))
+        module = builder.finish(outputs, name=model_name, weight_file=weight_file)
+        try:
+            module.verify()
+        except VerifyException as e:
+            raise TpuBuildError(f"conversion produced invalid IR: {e}", file=self.file) from None
+        from tpubuild.ir.mlir import weight_names
+        return module, weights.keep_only(weight_names(module))
+
+    def _convert_node(self, node: Node, ctx: Ctx) -> list[Value]:
+        where = dict(file=self.file, loc=node.outputs[0])
+        try:
+            if node.op_type in SHAPE_OF:
+                shape = shape_of(node.inputs[0])
+                return [Const(_shape_op(node, shape), node.outputs[0])]
+            if all(isinstance(v, Const) or v is None for v in node.inputs):
+                return self._fold(node)
+            fn = registry.find(node.op_type, self.opset, node.proto.domain)
+            outs = list(fn(node, ctx))
+        except TpuBuildError as e:
+            raise e.with_context(**where) from None
+        except NotImplementedError as e:
+            raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where,
+                                hint="see `tpubuild ops` for what each converter supports") from None
+        except (VerifyException, ValueError) as e:
+            raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where) from None
+        for out_name, value in zip(node.outputs, outs):
+            if isinstance(value, SSAValue) and isinstance(value.owner, TensorOp):
+                if value.owner.names[value.index] != out_name:
+                    raise AssertionError(f"converter for {node.op_type} named its result "
+                                         f"{value.owner.names[value.index]!r}, not {out_name!r}")
+        return outs
+
+    def _fold(self, node: Node) -> list[Value]:
+        from onnx.reference import ReferenceEvaluator
+        feeds = {n: v.array for n, v in zip(node.proto.input, node.inputs) if n and isinstance(v, Const)}
+        opsets = {imp.domain: imp.version for imp in self.model.opset_import}
+        node_model = helper.make_model(
+            helper.make_graph([node.proto], "fold",
+                              [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                               for n, a in feeds.items()],
+                              [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                               for o in node.outputs if o]),
+            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+        results = ReferenceEvaluator(node_model).run(None, feeds)
+        outs = iter(results)
+        return [Const(np.asarray(next(outs)), o) if o else None for o in node.outputs]
+
+
+def _shape_op(node: Node, shape: tuple[int, ...]) -> np.ndarray:
+    if node.op_type == "Size":
+        return np.array(int(np.prod(shape)), dtype=np.int64)
+    start, end = node.attrs.get("start", 0), node.attrs.get("end")
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def convert_onnx(onnx_path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]], model_name: str,
+                 weight_file: str) -> tuple[ModuleOp, WeightStore]:
+    """ONNX file -> (origin TOP module, its weights)."""
+    model = load_onnx(onnx_path)
+    return OnnxConverter(model, input_shapes, file=os.fspath(onnx_path)).convert(model_name, weight_file)

@@ -1,0 +1,3 @@
+"""One module per ONNX op family; importing them registers their converters."""
+
+from tpubuild.frontend.ops import conv, elementwise, matmul, norm, pool, shape  # noqa: F401

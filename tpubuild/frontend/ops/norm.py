@@ -1,0 +1,50 @@
+"""Softmax, LayerNormalization, BatchNormalization."""
+
+from __future__ import annotations
+
+import math
+
+from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
+from tpubuild.frontend.ops.common import norm_axis
+from tpubuild.frontend.registry import converter
+from tpubuild.ir import top
+
+
+@converter("Softmax", since=1)
+def _(node: Node, ctx: Ctx):
+    """Before opset 13 Softmax flattens to 2-D at ``axis`` and normalises the whole tail."""
+    x, out = node.input(0), node.outputs[0]
+    shape = shape_of(x)
+    axis = norm_axis(node.attrs.get("axis", 1), len(shape))
+    if axis == len(shape) - 1:
+        return [ctx.emit(top.SoftmaxOp, [x], top.AxisParams(axis), name=out)]
+    flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+    y = ctx.emit(top.ReshapeOp, [x], top.ShapeParams(flat), name=f"{out}_2d")
+    y = ctx.emit(top.SoftmaxOp, [y], top.AxisParams(1), name=f"{out}_softmax")
+    return [ctx.emit(top.ReshapeOp, [y], top.ShapeParams(shape), name=out)]
+
+
+@converter("Softmax", since=13)
+def _(node: Node, ctx: Ctx):
+    x = node.input(0)
+    axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
+    return [ctx.emit(top.SoftmaxOp, [x], top.AxisParams(axis), name=node.outputs[0])]
+
+
+@converter("LayerNormalization", since=17)
+def _(node: Node, ctx: Ctx):
+    if any(node.outputs[1:]):
+        raise NotImplementedError("LayerNormalization's Mean/InvStdDev outputs are not supported")
+    x = node.input(0)
+    axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
+    p = top.LayerNormParams(axis, float(node.attrs.get("epsilon", 1e-5)))
+    return [ctx.emit(top.LayerNormOp, [x, node.input(1), node.input(2)], p, name=node.outputs[0])]
+
+
+@converter("BatchNormalization", since=6)
+def _(node: Node, ctx: Ctx):
+    if node.attrs.get("training_mode", 0) or any(node.outputs[1:]):
+        raise NotImplementedError("BatchNormalization in training mode is not supported")
+    x, scale, bias, mean, var = (node.input(i) for i in range(5))
+    p = top.EpsParams(float(node.attrs.get("epsilon", 1e-5)))
+    return [ctx.emit(top.BatchNormOp, [x, mean, var, scale, bias], p, name=node.outputs[0])]

@@ -1,0 +1,8 @@
+"""numpy reference kernels, registered per op class; shared by inference and the simulator."""
+
+from tpubuild.kernels.registry import KernelError, get_kernel, kernel  # noqa: F401
+
+
+def load_all() -> None:
+    """Import every kernel module so their registrations run."""
+    from tpubuild.kernels import elementwise, nn, tensor  # noqa: F401

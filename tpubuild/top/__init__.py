@@ -1,0 +1,1 @@
+"""TOP-level passes and inference: canonicalize, reference inference."""

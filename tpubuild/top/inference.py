@@ -1,0 +1,101 @@
+"""Reference inference of a stage file: run each op's registered kernel in order.
+
+Works for any module whose ops have kernels (TOP now, TPU once lowering adds
+its kernels). Results are keyed by tensor name (the op location), so every
+stage's dump can be compared with every other's and with onnxruntime's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.top import InputOp, NoneOp, WeightOp
+from tpubuild.ir.types import dtype_of, shape_of
+from tpubuild.ir.weights import WeightStore
+from tpubuild.kernels import KernelError, get_kernel
+
+
+def output_names(module: ModuleOp) -> list[str]:
+    return mlir.output_names(module)
+
+
+def input_names(module: ModuleOp) -> list[str]:
+    return [op.loc_name for op in mlir.input_ops(module)]
+
+
+def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray], *,
+        all_tensors: bool = True) -> dict[str, np.ndarray]:
+    """Run ``@main``; returns every tensor by name (or just the graph outputs)."""
+    values: dict[SSAValue, np.ndarray | None] = {}
+    named: dict[str, np.ndarray] = {}
+    for op in mlir.body_ops(module):
+        if not isinstance(op, TensorOp):
+            continue
+        if isinstance(op, NoneOp):
+            values[op.results[0]] = None
+            continue
+        if isinstance(op, WeightOp):
+            values[op.results[0]] = weights[op.loc_name]
+            continue
+        if isinstance(op, InputOp):
+            result = _feed(op, inputs)
+        else:
+            args = [values[v] for v in op.operands]
+            try:
+                result = get_kernel(type(op))(op.params, *args)
+            except (KernelError, ValueError, FloatingPointError) as e:
+                raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+        results = result if isinstance(result, tuple) else (result,)
+        for value, array, name in zip(op.results, results, op.names):
+            array = np.asarray(array)
+            expect = shape_of(value.type)
+            if array.shape != expect:
+                raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}",
+                                    loc=name)
+            array = array.astype(dtype_of(value.type), copy=False)
+            values[value] = array
+            if all_tensors:
+                named[name] = array
+    outs = {mlir.value_name(v): values[v] for v in mlir.return_op(module).operands}
+    named.update(outs)
+    return named
+
+
+def _feed(op: InputOp, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    name = op.loc_name
+    if name not in inputs:
+        raise TpuBuildError(f"no data for graph input {name!r} (inputs given: {sorted(inputs)})",
+                            hint="the input npz must hold one array per graph input, named as the input")
+    array = np.asarray(inputs[name])
+    expect = shape_of(op.results[0].type)
+    if array.shape != expect:
+        if array.size != int(np.prod(expect)):
+            raise TpuBuildError(f"input {name!r} has shape {array.shape}, the model expects {expect}")
+        array = array.reshape(expect)
+    return array.astype(dtype_of(op.results[0].type), copy=False)
+
+
+def weights_for(module: ModuleOp, mlir_path: str | os.PathLike) -> WeightStore:
+    """The weight store a module names, resolved next to its .mlir file."""
+    weight_file = mlir.module_attr(module, "weight_file")
+    if not weight_file:
+        return WeightStore()
+    return WeightStore.load(Path(mlir_path).parent / weight_file)
+
+
+def infer_file(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray], *,
+               all_tensors: bool = True) -> dict[str, np.ndarray]:
+    module = mlir.load_module(mlir_path)
+    try:
+        return run(module, weights_for(module, mlir_path), inputs, all_tensors=all_tensors)
+    except TpuBuildError as e:
+        raise e.with_context(file=str(mlir_path)) from None
