@@ -1,0 +1,1 @@
+"""The build: manifests, the doit task graph, stage functions, paths, atomic writes."""

@@ -1,0 +1,100 @@
+"""Atomic, deterministic file writes.
+
+Every artifact goes through here: it is written to a temp file in the target's
+folder and moved into place with os.replace, so a failed or interrupted stage
+never leaves a partial target. npz files are written with fixed zip metadata
+(numpy's savez stamps the current time), so the same arrays give the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success it replaces ``path``, on error it is removed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """A deterministic .npz (uncompressed, sorted members, fixed timestamps) readable by np.load."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name in sorted(arrays):
+            info = zipfile.ZipInfo(name + ".npy", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            zf.writestr(info, member.getvalue())
+    return buf.getvalue()
+
+
+def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+    write_bytes(path, npz_bytes(arrays))
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load every array of an npz eagerly (no pickles), closing the file."""
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+@contextlib.contextmanager
+def all_or_nothing(*paths: str | os.PathLike) -> Iterator[list[Path]]:
+    """Temp paths for several outputs of one stage: all are published together, or none.
+
+    On failure the temps are removed and so are stale copies of the targets, so a
+    failed stage never leaves a target that looks current.
+    """
+    targets = [Path(p) for p in paths]
+    temps: list[Path] = []
+    try:
+        for t in targets:
+            t.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{t.name}.", suffix=".tmp", dir=t.parent)
+            os.close(fd)
+            temps.append(Path(tmp))
+        yield temps
+        for tmp, t in zip(temps, targets):
+            os.replace(tmp, t)
+    except BaseException:
+        for p in temps + targets:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        raise
+
+
+def write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
+    """Call ``writer(tmp_path)`` and publish the result atomically."""
+    with atomic_path(path) as tmp:
+        writer(tmp)

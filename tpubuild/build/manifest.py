@@ -1,0 +1,205 @@
+"""Model manifests: YAML validated against configs/schema/manifest.schema.json.
+
+dodo.py loads every manifest on every run, so this module stays cheap: only
+yaml and jsonschema are imported (no numpy, onnx or xdsl), and the validator is
+compiled once per process. Validation problems become one TpuBuildError that
+names the file, the JSON path of each bad field and the expected form.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import TpuBuildError
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "configs" / "schema" / "manifest.schema.json"
+
+# Defaults the schema leaves open. DESIGN.md "Numerics" gives the TPU and chip
+# figures; TOP inference is float32 against onnxruntime, so it must be near-exact.
+DEFAULT_TOLERANCE: dict[str, Any] = {
+    "top": {"cos": 0.99999, "euc": 0.999},
+    "tpu": {
+        "F32": {"cos": 0.99, "euc": 0.99},
+        "BF16": {"cos": 0.99, "euc": 0.90},
+        "F16": {"cos": 0.99, "euc": 0.90},
+        "INT8": {"cos": 0.90, "euc": 0.80},
+    },
+    "chip": {"cos": 0.99, "euc": 0.90},
+}
+
+_MAX_ERRORS = 5  # more than this is noise: the user fixes the first ones and reruns
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    range: tuple[float, float] | None = None
+    preprocess: dict[str, Any] | None = None
+
+    def config(self) -> dict[str, Any]:
+        """The JSON form, as stage options for config_changed."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "range": list(self.range) if self.range else None}
+
+
+@dataclass(frozen=True)
+class Target:
+    chip: str
+    mode: str
+    asymmetric: bool = False
+
+    @property
+    def id(self) -> str:
+        """The build-tree folder and task-id suffix, e.g. bm1684x-INT8-asym."""
+        return f"{self.chip}-{self.mode}" + ("-asym" if self.asymmetric else "")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest. Paths in it are resolved against the manifest's folder."""
+
+    name: str
+    file: Path
+    source: str | dict[str, Any]
+    inputs: tuple[InputSpec, ...]
+    calibration: dict[str, Any] | None = None
+    quantize_table: Path | None = None
+    test_input: Path | None = None
+    targets: tuple[Target, ...] = ()
+    tolerance: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TOLERANCE)))
+
+    @property
+    def source_kind(self) -> str:
+        """'path', 'pypi' or 'torch'."""
+        if isinstance(self.source, str):
+            return "path"
+        return "torch" if "torch" in self.source else "pypi"
+
+    def resolve(self, rel: str) -> Path:
+        return (self.file.parent / rel).resolve()
+
+
+@functools.cache
+def _validator():
+    import jsonschema  # ~0.1 s: paid once per process, only when a manifest is loaded
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def json_path(parts) -> str:
+    """['inputs', 0, 'shape', 1] -> 'inputs[0].shape[1]'."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _describe(error) -> str:
+    where = json_path(error.absolute_path)
+    expected = error.schema.get("description") if isinstance(error.schema, dict) else None
+    text = f"{where}: {error.message}"
+    return text + (f"; expected {expected}" if expected else "")
+
+
+def schema_errors(data: Any) -> list[str]:
+    """One line per bad field: its JSON path, what is wrong and the expected form.
+
+    When several schema branches complain about the same field (e.g. `source`,
+    which may be a string or one of two mappings) only the outermost complaint
+    is kept: it carries the description listing every accepted form.
+    """
+    best: dict[tuple, Any] = {}
+    for err in _validator().iter_errors(data):
+        key = tuple(err.absolute_path)
+        if key not in best or len(err.schema_path) < len(best[key].schema_path):
+            best[key] = err
+    ordered = sorted(best.values(), key=lambda e: [str(p) for p in e.absolute_path])
+    return [_describe(e) for e in ordered]
+
+
+def _semantic_errors(data: dict[str, Any]) -> list[str]:
+    """Rules JSON Schema cannot say simply."""
+    errors = []
+    seen: set[str] = set()
+    for i, spec in enumerate(data["inputs"]):
+        if spec["name"] in seen:
+            errors.append(f"inputs[{i}].name: {spec['name']!r} is listed twice; expected unique input names")
+        seen.add(spec["name"])
+        rng = spec.get("range")
+        if rng and not rng[0] < rng[1]:
+            errors.append(f"inputs[{i}].range: {rng} is empty; expected [lo, hi] with lo < hi")
+        pre = spec.get("preprocess") or {}
+        mean, scale = pre.get("mean"), pre.get("scale")
+        if mean and scale and len(mean) != len(scale) and 1 not in (len(mean), len(scale)):
+            errors.append(f"inputs[{i}].preprocess: mean has {len(mean)} values and scale {len(scale)}; "
+                          "expected the same count (or one value for all channels)")
+    ids = [Target(t["chip"], t["mode"], t.get("asymmetric", False)).id for t in data.get("targets", [])]
+    for i, tid in enumerate(ids):
+        if tid in ids[:i]:
+            errors.append(f"targets[{i}]: {tid} is listed twice; expected each target once")
+    return errors
+
+
+def _merge(default: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(default)
+    for key, value in override.items():
+        out[key] = _merge(default[key], value) if isinstance(value, dict) and key in default else value
+    return out
+
+
+def read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise TpuBuildError(f"cannot read manifest: {err.strerror}", file=str(path)) from None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster to parse
+    try:
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise TpuBuildError(f"{where}not valid YAML ({problem})", file=str(path),
+                            hint="check indentation and quoting") from None
+
+
+def from_dict(data: Any, file: Path) -> Manifest:
+    """Validate parsed YAML and build the Manifest (defaults applied)."""
+    errors = schema_errors(data)
+    if not errors:
+        errors = _semantic_errors(data)
+    if errors:
+        more = len(errors) - _MAX_ERRORS
+        lines = errors[:_MAX_ERRORS] + ([f"... and {more} more"] if more > 0 else [])
+        raise TpuBuildError("invalid manifest:\n  " + "\n  ".join(lines), file=str(file),
+                            hint="the manifest format is documented in docs/manifest.md")
+    inputs = tuple(
+        InputSpec(name=s["name"], shape=tuple(int(d) for d in s["shape"]), dtype=s.get("dtype", "float32"),
+                  range=tuple(float(v) for v in s["range"]) if "range" in s else None,
+                  preprocess=s.get("preprocess"))
+        for s in data["inputs"])
+    base = file.parent
+    return Manifest(
+        name=data["name"], file=file, source=data["source"], inputs=inputs,
+        calibration=data.get("calibration"),
+        quantize_table=(base / data["quantize_table"]).resolve() if "quantize_table" in data else None,
+        test_input=(base / data["test_input"]).resolve() if "test_input" in data else None,
+        targets=tuple(Target(t["chip"], t["mode"], bool(t.get("asymmetric", False))) for t in data.get("targets", [])),
+        tolerance=_merge(DEFAULT_TOLERANCE, data.get("tolerance", {})),
+    )
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate one manifest; raises TpuBuildError naming the file."""
+    file = Path(path).resolve()
+    return from_dict(read_yaml(file), file)

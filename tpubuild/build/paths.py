@@ -1,0 +1,69 @@
+"""The build tree: where each stage's artifacts live (DESIGN.md "The flow").
+
+Model-level stages write to build/<model>/; per-target stages (later issues)
+write to build/<model>/<chip>-<mode>[-asym]/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    root: Path  # build/<model>
+
+    @classmethod
+    def of(cls, build_dir: str | Path, model: str) -> "ModelPaths":
+        return cls(Path(build_dir).resolve() / model)
+
+    # fetch / export (non-path sources only)
+    @property
+    def fetched_source(self) -> Path:
+        return self.root / "source.onnx"
+
+    # transform
+    @property
+    def origin_mlir(self) -> Path:
+        return self.root / "origin.mlir"
+
+    @property
+    def origin_weights(self) -> Path:
+        return self.root / "origin_weights.npz"
+
+    @property
+    def input_npz(self) -> Path:
+        return self.root / "input.npz"
+
+    # reference
+    @property
+    def onnx_outs(self) -> Path:
+        return self.root / "onnx_outs.npz"
+
+    # canonicalize
+    @property
+    def canonical_mlir(self) -> Path:
+        return self.root / "canonical.mlir"
+
+    @property
+    def canonical_weights(self) -> Path:
+        return self.root / "canonical_weights.npz"
+
+    # verify_top
+    @property
+    def origin_outs(self) -> Path:
+        return self.root / "origin_outs.npz"
+
+    @property
+    def top_outs(self) -> Path:
+        return self.root / "top_outs.npz"
+
+    @property
+    def verify_top(self) -> Path:
+        return self.root / "verify_top.json"
+
+    # compile
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.txt"

@@ -1,0 +1,148 @@
+"""Stage functions: each a pure function from files (and plain options) to files.
+
+doit calls these through tasks.py, the CLI and tests call them directly. They
+import the compiler lazily so that loading the task graph stays cheap, and
+publish their outputs with all_or_nothing so a failed stage leaves no target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import TpuBuildError
+
+
+def transform(onnx_path: str, inputs: Sequence[Mapping[str, Any]], model: str, test_input: str | None,
+              out_mlir: str, out_weights: str, out_input: str) -> None:
+    """ONNX -> origin.mlir + its weights, and the test input every later check feeds."""
+    from tpubuild.build.files import all_or_nothing, write_npz
+    from tpubuild.build.testinput import make_inputs
+    from tpubuild.frontend import convert_onnx
+
+    shapes = {spec["name"]: list(spec["shape"]) for spec in inputs}
+    test = make_inputs(model, inputs, test_input)
+    module, weights = convert_onnx(onnx_path, shapes, model, Path(out_weights).name)
+    with all_or_nothing(out_mlir, out_weights, out_input) as (tmp_mlir, tmp_weights, tmp_input):
+        _save_module(module, tmp_mlir)
+        weights.save(tmp_weights)
+        write_npz(tmp_input, test)
+
+
+def reference(onnx_path: str, input_npz: str, out: str) -> None:
+    """onnxruntime on the source model: every tensor, by name."""
+    from tpubuild.build.files import read_npz, write_npz
+    from tpubuild.verify.reference import onnx_tensors
+
+    tensors = onnx_tensors(onnx_path, read_npz(input_npz))
+    write_npz(out, tensors)
+
+
+def canonicalize(in_mlir: str, in_weights: str, out_mlir: str, out_weights: str) -> None:
+    """origin.mlir -> canonical.mlir (TOP patterns), with its own weight file."""
+    from tpubuild.build.files import all_or_nothing
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.ir.weights import WeightStore
+    from tpubuild.top.canonicalize import canonicalize as run_patterns
+
+    module, weights = run_patterns(load_module(in_mlir), WeightStore.load(in_weights), Path(out_weights).name)
+    with all_or_nothing(out_mlir, out_weights) as (tmp_mlir, tmp_weights):
+        _save_module(module, tmp_mlir)
+        weights.save(tmp_weights)
+
+
+def _save_module(module, path: Path) -> None:
+    from tpubuild.ir.mlir import save_module
+
+    save_module(module, str(path))
+
+
+def _top_outputs(mlir_path: str) -> list[str]:
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.top.inference import output_names
+
+    return list(output_names(load_module(mlir_path)))
+
+
+def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str, input_npz: str,
+               onnx_outs: str, tolerance: Mapping[str, float],
+               out_origin_outs: str, out_top_outs: str, out_json: str) -> None:
+    """TOP inference of origin and canonical, each compared with onnxruntime by tensor name.
+
+    Fails (publishing nothing) if either comparison is below tolerance or compares nothing.
+    """
+    from tpubuild.build.files import all_or_nothing, read_npz, write_npz
+    from tpubuild.top.inference import infer_file
+    from tpubuild.verify.compare import compare_tensors, jsonable
+    from tpubuild.verify.reference import output_names
+    from tpubuild.verify.similarity import Tolerance
+
+    tol = Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
+    inputs = read_npz(input_npz)
+    ref = read_npz(onnx_outs)
+    ref_outputs = output_names(onnx_path)
+    levels = []
+    for level, mlir in (("origin", origin_mlir), ("canonical", canonical_mlir)):
+        tensors = infer_file(mlir, inputs)
+        report = compare_tensors(tensors, ref, tol, test_outputs=_top_outputs(mlir), ref_outputs=ref_outputs)
+        levels.append((level, mlir, tensors, report))
+    failures = [_failure_text(level, report) for level, _, _, report in levels if not report["passed"]]
+    if failures:
+        raise TpuBuildError("TOP inference does not match onnxruntime:\n" + "\n".join(failures),
+                            model=model, stage="verify_top",
+                            hint="inspect with `tpubuild infer --all-tensors` and `tpubuild compare`")
+    doc = {
+        "model": model,
+        "stage": "verify_top",
+        "comparisons": [
+            {"level": "top", "test": f"{Path(mlir).name}", "ref": Path(onnx_outs).name, **report}
+            for _, mlir, _, report in levels
+        ],
+    }
+    text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
+    with all_or_nothing(out_origin_outs, out_top_outs, out_json) as (tmp_origin, tmp_top, tmp_json):
+        write_npz(tmp_origin, levels[0][2])
+        write_npz(tmp_top, levels[1][2])
+        tmp_json.write_text(text, encoding="utf-8")
+
+
+def _failure_text(level: str, report: dict) -> str:
+    from tpubuild.verify.compare import format_row, worst
+
+    if report["compared"] == 0:
+        return f"  {level}: no tensor name in common with onnxruntime's, so nothing was compared"
+    lines = [f"  {level}: {report['failed']} of {report['compared']} tensors below "
+             f"cos {report['tolerance']['cos']}, euc {report['tolerance']['euc']}; worst:"]
+    lines += [f"    {format_row(row)}" for row in worst(report)]
+    return "\n".join(lines)
+
+
+SUMMARY_HEADER = f"{'level':<10} {'compared':<22} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+
+
+def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
+    """One line per comparison in the given verify JSON files."""
+    lines = [SUMMARY_HEADER]
+    for path in verify_jsons:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        for comp in doc["comparisons"]:
+            what = f"{comp['test']} vs {comp['ref']}"
+            lines.append(f"{comp['level']:<10} {what:<22} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
+                         f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
+                         f"{'PASS' if comp['passed'] else 'FAIL'}")
+    return lines
+
+
+def _num(value, digits: int, unit: str = "") -> str:
+    return value if isinstance(value, str) else f"{value:.{digits}f}{unit}"
+
+
+def summarize(model: str, verify_jsons: Sequence[str], out_summary: str) -> None:
+    """Print the per-stage verification summary and keep it as summary.txt."""
+    from tpubuild.build.files import write_text
+
+    text = "\n".join([f"verification summary: {model}"] + summary_lines(verify_jsons)) + "\n"
+    write_text(out_summary, text)
+    print(text, end="")

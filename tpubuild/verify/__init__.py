@@ -1,0 +1,1 @@
+"""Verification: similarity metrics, tensor-dict comparison, the onnxruntime reference."""

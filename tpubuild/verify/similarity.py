@@ -1,0 +1,112 @@
+"""Similarity of two tensors, as TPU-MLIR's npz compare reports it.
+
+- cosine similarity (both all-zero: 1.0; one all-zero: 0.0),
+- euclidean similarity 1 - ||a-b|| / ||(a+b)/2|| (equal tensors: 1.0),
+- SQNR in dB of the zero-mean signal against the zero-mean noise (inf when
+  there is no noise). SQNR is not symmetric: the second argument is the
+  reference signal.
+- a label: EQUAL (bitwise), CLOSE (allclose), SIMILAR (meets the tolerance),
+  NOT SIMILAR, or NOT MATCH (different element counts).
+
+All arithmetic is float64 so the metric does not add its own rounding error
+to a float32 comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+EQUAL, CLOSE, SIMILAR, NOT_SIMILAR, NOT_MATCH = "EQUAL", "CLOSE", "SIMILAR", "NOT SIMILAR", "NOT MATCH"
+# allclose bounds for CLOSE: float32 round-off after a few ops, not a looser "close enough"
+CLOSE_RTOL, CLOSE_ATOL = 1e-5, 1e-8
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    cos: float
+    euc: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Tolerance":
+        """'0.99,0.9' -> Tolerance(0.99, 0.9); raises ValueError with the expected form."""
+        parts = text.split(",")
+        try:
+            cos, euc = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"tolerance {text!r} is not of the form COS,EUC (two numbers, e.g. 0.99,0.9)") from None
+        return cls(cos, euc)
+
+
+def _f64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float64, copy=False).ravel()
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _f64(a), _f64(b)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def euclidean(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _f64(a), _f64(b)
+    dist = np.linalg.norm(a - b)
+    if dist == 0.0:
+        return 1.0
+    mid = np.linalg.norm((a + b) / 2)
+    # a == -b: the mean is zero but the tensors differ, as dissimilar as it gets
+    return float(1.0 - dist / mid) if mid > 0.0 else -math.inf
+
+
+def sqnr_db(test: np.ndarray, ref: np.ndarray) -> float:
+    """Signal (ref) to noise (test - ref) power ratio in dB, both taken zero-mean."""
+    ref64, test64 = _f64(ref), _f64(test)
+    signal = ref64 - ref64.mean()
+    noise = (ref64 - test64)
+    noise = noise - noise.mean()
+    noise_power = float(np.dot(noise, noise))
+    signal_power = float(np.dot(signal, signal))
+    if noise_power == 0.0 or signal_power == 0.0:
+        return math.inf
+    return float(10.0 * math.log10(signal_power / noise_power))
+
+
+def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(_f64(a) - _f64(b)))) if np.size(a) else 0.0
+
+
+@dataclass(frozen=True)
+class Similarity:
+    label: str
+    passed: bool
+    cos: float
+    euc: float
+    sqnr: float
+    max_abs: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def similarity(test: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Similarity:
+    """Every metric and the TPU-MLIR style label for one pair of tensors."""
+    test, ref = np.asarray(test), np.asarray(ref)
+    if test.size != ref.size:
+        nan = math.nan
+        return Similarity(NOT_MATCH, False, nan, nan, nan, nan)
+    cos, euc = cosine(test, ref), euclidean(test, ref)
+    sqnr, mae = sqnr_db(test, ref), max_abs_error(test, ref)
+    same_shape = test.shape == ref.shape
+    if same_shape and np.array_equal(test, ref, equal_nan=test.dtype.kind == "f" and ref.dtype.kind == "f"):
+        label = EQUAL
+    elif same_shape and np.allclose(_f64(test), _f64(ref), rtol=CLOSE_RTOL, atol=CLOSE_ATOL, equal_nan=True):
+        label = CLOSE
+    elif cos >= tol.cos and euc >= tol.euc:  # NaN metrics compare False: never similar
+        label = SIMILAR
+    else:
+        label = NOT_SIMILAR
+    return Similarity(label, label != NOT_SIMILAR, cos, euc, sqnr, mae)
