@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from tpubuild.frontend.onnx_graph import Ctx, Node
+import numpy as np
+
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
@@ -28,9 +30,12 @@ for _op in _UNARY:
 
 @converter("Dropout", since=1)
 def _(node: Node, ctx: Ctx):
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise NotImplementedError("Dropout's mask output is not supported at inference")
-    return [ctx.emit(top.IdentityOp, [node.input(0)], name=node.outputs[0])]
+    y = ctx.emit(top.IdentityOp, [node.input(0)], name=node.outputs[0])
+    if node.input(2) is not None and isinstance(node.input(2), Const) and bool(node.input(2).array):
+        raise NotImplementedError("Dropout with training_mode=true is not supported at inference")
+    # at inference nothing is dropped: the mask, when asked for, is all true
+    mask = [Const(np.ones(shape_of(node.input(0)), np.bool_), name) for name in node.outputs[1:2] if name]
+    return [y, *mask]
 
 
 @converter("Clip", since=1)
