@@ -1,0 +1,143 @@
+"""origin.mlir -> canonical.mlir: the TOP passes that run before calibration and lowering.
+
+Each pass is a frozen-dataclass ``ModulePass`` walking its patterns greedily
+(tpubuild/top/patterns/); passes whose patterns read or write weight arrays
+hold the weight store. The pipeline is a plain list, run in order:
+
+1. fold constants (ops whose operands are all weights become weights),
+2. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
+   and merge Reshape/Permute chains,
+3. drop dead ops,
+4. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
+5. fold Mul/Add/Sub by per-channel constants into Conv/MatMul,
+6. fuse ReLU / Clip(0, N) into the op that feeds it,
+7. drop the ops the folds left dead.
+
+Folding before fusion matters: Conv -> BatchNorm -> Relu needs the BatchNorm
+gone before the Relu can reach the Conv. Every rewritten op keeps the tensor
+name of the last op it replaces, so comparisons by name still line up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker, RewritePattern
+
+from tpubuild.ir import mlir
+from tpubuild.ir.weights import WeightStore
+from tpubuild.top.patterns import cleanup, fold, fuse, layout
+
+
+def _walk(module: ModuleOp, patterns: list[RewritePattern], *, reverse: bool = False) -> None:
+    applier = GreedyRewritePatternApplier(patterns, dce_enabled=False)
+    PatternRewriteWalker(applier, walk_reverse=reverse).rewrite_module(module)
+
+
+@dataclass(frozen=True)
+class FoldConstantsPass(ModulePass):
+    """Ops computable from weights alone are computed now and become weights."""
+
+    name = "top-fold-constants"
+    weights: WeightStore = field(default_factory=WeightStore)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _walk(op, [cleanup.FoldConstantOp(self.weights)])
+
+
+@dataclass(frozen=True)
+class RemoveNoOpsPass(ModulePass):
+    """Identity-like ops removed, Reshape/Permute chains merged."""
+
+    name = "top-remove-noops"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _walk(op, [cleanup.RemoveIdentity(), layout.RemoveNoOpReshape(), layout.MergeReshapes(),
+                   layout.RemoveNoOpPermute(), layout.MergePermutes(), layout.PermuteAsReshape(),
+                   layout.RemoveSingleConcat()])
+
+
+@dataclass(frozen=True)
+class RemoveDeadOpsPass(ModulePass):
+    """Ops whose results nothing uses are erased (graph inputs stay)."""
+
+    name = "top-remove-dead"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        # users before producers, so a whole dead chain goes in one walk
+        _walk(op, [cleanup.RemoveDeadOp()], reverse=True)
+
+
+@dataclass(frozen=True)
+class FoldBatchNormPass(ModulePass):
+    """BatchNorm folded into the preceding Conv; one with nothing to fold into becomes Mul + Add."""
+
+    name = "top-fold-batchnorm"
+    weights: WeightStore = field(default_factory=WeightStore)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        # order matters: the fold is tried first, the decomposition is the fallback
+        _walk(op, [fold.FoldBatchNorm(self.weights), fold.DecomposeBatchNorm(self.weights)])
+
+
+@dataclass(frozen=True)
+class FoldScaleBiasPass(ModulePass):
+    """Mul/Add/Sub by per-channel constants folded into Conv/MatMul weights and bias."""
+
+    name = "top-fold-scale-bias"
+    weights: WeightStore = field(default_factory=WeightStore)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _walk(op, [fold.FoldMulIntoProducer(self.weights), fold.FoldAddIntoProducer(self.weights),
+                   fold.FoldSubIntoProducer(self.weights)])
+
+
+@dataclass(frozen=True)
+class FuseActivationPass(ModulePass):
+    """ReLU and Clip(0, N) fused into the op producing their input."""
+
+    name = "top-fuse-activation"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _walk(op, [fuse.FuseRelu(), fuse.FuseClipAsRelu()])
+
+
+def get_all_passes() -> dict[str, type[ModulePass]]:
+    """Pass name -> class, for tools that pick passes by name."""
+    return {cls.name: cls for cls in (FoldConstantsPass, RemoveNoOpsPass, RemoveDeadOpsPass, FoldBatchNormPass,
+                                      FoldScaleBiasPass, FuseActivationPass)}
+
+
+def pipeline(weights: WeightStore) -> list[ModulePass]:
+    """The canonicalize passes in order; the weight-touching ones share ``weights``."""
+    return [
+        FoldConstantsPass(weights),
+        RemoveNoOpsPass(),
+        RemoveDeadOpsPass(),
+        FoldBatchNormPass(weights),
+        FoldScaleBiasPass(weights),
+        FuseActivationPass(),
+        RemoveDeadOpsPass(),
+    ]
+
+
+def run_passes(module: ModuleOp, passes: list[ModulePass]) -> None:
+    ctx = mlir.context()
+    for p in passes:
+        p.apply(ctx, module)
+    module.verify()
+
+
+def canonicalize(module: ModuleOp, weights: WeightStore, weight_file: str) -> tuple[ModuleOp, WeightStore]:
+    """The canonical module (a new one; ``module`` is left alone) and exactly the weights it uses.
+
+    Weights that passes create or change get fresh names; ``weights`` is not modified.
+    """
+    module = module.clone()
+    store = WeightStore({name: weights[name] for name in weights})
+    run_passes(module, pipeline(store))
+    mlir.set_module_attrs(module, weight_file=weight_file)
+    return module, store.keep_only(mlir.weight_names(module))

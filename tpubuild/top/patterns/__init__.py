@@ -1,0 +1,1 @@
+"""TOP rewrite patterns, one module per family; canonicalize.py groups them into passes."""

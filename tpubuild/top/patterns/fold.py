@@ -1,0 +1,220 @@
+"""Per-channel affine folding: BatchNorm, Mul/Add/Sub by constants into Conv/MatMul weights.
+
+y = W*x + b followed by y*s + t (s, t constant per output channel) is
+(W*s)*x + (b*s + t): the filter (Conv) or the right operand (MatMul) is
+scaled along its output-channel axis and the bias rewritten. The producer
+must have no fused activation and the affine op as its only user; the folded
+op takes the affine op's tensor name. Folded arrays are computed in float64
+and stored under fresh names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.ir import SSAValue
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+
+from tpubuild.ir import top
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.types import dtype_of, shape_of
+from tpubuild.ir.weights import WeightStore
+from tpubuild.top.patterns.common import (add_weight, producer, rebuilt, single_user, weight_array,
+                                          with_relu)
+
+
+@dataclass(frozen=True)
+class Channels:
+    """Where an op's output channels are: in its result, and in its weight operand."""
+
+    out_axis: int
+    weight_axis: int
+    weight_operand: int = 1
+    bias_operand: int = 2
+
+
+# Conv: NC... result, filter [OC, IC/g, *k]; MatMul: channels last, right operand [..., K, N]
+CHANNELS: dict[type, Channels] = {
+    top.ConvOp: Channels(out_axis=1, weight_axis=0),
+    top.MatMulOp: Channels(out_axis=-1, weight_axis=-1),
+}
+
+
+def _along(vec: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """``vec`` shaped to broadcast along ``axis`` of a rank-``rank`` array."""
+    shape = [1] * rank
+    shape[axis] = vec.size
+    return vec.reshape(shape)
+
+
+def per_channel(c: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """``c`` as a [C] vector if, broadcast against ``out_shape``, it varies along ``axis`` only."""
+    if c.dtype.kind != "f" or c.ndim > len(out_shape):
+        return None
+    shape = (1,) * (len(out_shape) - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] not in (1, out_shape[axis]):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (out_shape[axis],))
+
+
+def channel_axis(op: TensorOp) -> int | None:
+    """The output-channel axis of an op CHANNELS knows (normalised), else None."""
+    info = CHANNELS.get(type(op))
+    if info is None:
+        return None
+    return info.out_axis % len(shape_of(op.results[0].type))
+
+
+def fold_affine(source: TensorOp, scale: np.ndarray | None, shift: np.ndarray | None, *, name: str,
+                relu_from, weights: WeightStore, rewriter: PatternRewriter) -> TensorOp | None:
+    """``source`` with ``y*scale + shift`` (per-channel [C] vectors) folded in, named ``name``
+    and taking the fused ReLU of ``relu_from`` (the affine op's params); None if impossible."""
+    info = CHANNELS[type(source)]
+    if getattr(source.params, "do_relu", False):
+        return None
+    w_value, b_value = source.operands[info.weight_operand], source.operands[info.bias_operand]
+    out_type = source.results[0].type
+    bias = weight_array(b_value, weights)
+    if bias is None and not isinstance(b_value.owner, top.NoneOp):
+        return None  # a bias computed at run time cannot absorb the shift
+    new_w = w_value
+    new_bias = np.zeros(shape_of(out_type)[channel_axis(source)]) if bias is None else bias.astype(np.float64)
+    if scale is not None:
+        w = weight_array(w_value, weights)
+        if w is None or w.ndim < 2:
+            return None
+        w_scaled = w.astype(np.float64) * _along(scale, info.weight_axis % w.ndim, w.ndim)
+        new_bias = new_bias * scale
+        new_w = add_weight(rewriter, weights, f"{name}_weight", w_scaled, w.dtype)
+    if shift is not None:
+        new_bias = new_bias + shift
+    operands = list(source.operands)
+    operands[info.weight_operand] = new_w
+    if bias is not None or shift is not None:
+        operands[info.bias_operand] = add_weight(rewriter, weights, f"{name}_bias", new_bias, dtype_of(out_type))
+    params = with_relu(source.params, getattr(relu_from, "do_relu", False), getattr(relu_from, "relu_limit", -1.0))
+    return rebuilt(source, params=params, operands=operands, name=name)
+
+
+def _fold_into_producer(op: TensorOp, value: SSAValue, scale: np.ndarray | None, shift: np.ndarray | None,
+                        weights: WeightStore, rewriter: PatternRewriter) -> bool:
+    """Replace ``op`` (an affine op on ``value``) by ``value``'s producer with the affine folded."""
+    source = producer(value)
+    if source is None or type(source) not in CHANNELS or single_user(value) is not op:
+        return False
+    if getattr(source.params, "do_relu", False):
+        return False
+    folded = fold_affine(source, scale, shift, name=op.names[0], relu_from=op.params, weights=weights,
+                         rewriter=rewriter)
+    if folded is None:
+        return False
+    rewriter.replace(op, folded)
+    rewriter.erase(source)
+    return True
+
+
+def _constant_channel_operand(op: TensorOp, weights: WeightStore, *, commutative: bool):
+    """(value, [C] constant) pairs where ``op`` combines a foldable producer's output with a
+    per-channel constant and the result keeps that output's shape."""
+    orders = ((0, 1), (1, 0)) if commutative else ((0, 1),)
+    for i, j in orders:
+        value, const = op.operands[i], weight_array(op.operands[j], weights)
+        source = producer(value)
+        if const is None or source is None or type(source) not in CHANNELS:
+            continue
+        out_shape = shape_of(value.type)
+        if shape_of(op.results[0].type) != out_shape:
+            continue  # the constant broadcasts the result larger: not a per-channel affine
+        vec = per_channel(const, out_shape, channel_axis(source))
+        if vec is not None:
+            yield value, vec
+
+
+@dataclass
+class FoldBatchNorm(RewritePattern):
+    """BatchNorm after a Conv (or a 2-D MatMul, channels on axis 1) -> new weights and bias."""
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.BatchNormOp, rewriter: PatternRewriter) -> None:
+        source = producer(op.operands[0])
+        if source is None or channel_axis(source) != 1:
+            return
+        scale, shift = batchnorm_affine(op, self.weights)
+        if scale is not None:
+            _fold_into_producer(op, op.operands[0], scale, shift, self.weights, rewriter)
+
+
+def batchnorm_affine(op: top.BatchNormOp, weights: WeightStore) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """BatchNorm as y*scale + shift per channel (float64), or (None, None) if not constant."""
+    mean, var, gamma, beta = (weight_array(v, weights) for v in op.operands[1:5])
+    if mean is None or var is None or gamma is None or beta is None:
+        return None, None
+    inv = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + op.params.eps)
+    return inv, beta.astype(np.float64) - mean.astype(np.float64) * inv
+
+
+@dataclass
+class DecomposeBatchNorm(RewritePattern):
+    """A BatchNorm left over (nothing to fold into) -> Mul by and Add of per-channel weights.
+
+    The Mul is named ``<bn>_mul``; the Add takes the BatchNorm's tensor name.
+    """
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.BatchNormOp, rewriter: PatternRewriter) -> None:
+        scale, shift = batchnorm_affine(op, self.weights)
+        x = op.operands[0]
+        shape = shape_of(x.type)
+        if scale is None or len(shape) < 2:
+            return
+        dtype, name = dtype_of(x.type), op.names[0]
+        channel = (scale.size,) + (1,) * (len(shape) - 2)
+        s = add_weight(rewriter, self.weights, f"{name}_scale", scale.reshape(channel), dtype)
+        t = add_weight(rewriter, self.weights, f"{name}_shift", shift.reshape(channel), dtype)
+        mul = top.MulOp.make([x, s], name=f"{name}_mul", result_types=[op.results[0].type])
+        add = top.AddOp.make([mul.results[0], t], name=name, result_types=[op.results[0].type])
+        rewriter.replace(op, [mul, add])
+
+
+@dataclass
+class FoldMulIntoProducer(RewritePattern):
+    """Conv/MatMul result times a per-channel constant -> scaled weights and bias."""
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.MulOp, rewriter: PatternRewriter) -> None:
+        for value, vec in _constant_channel_operand(op, self.weights, commutative=True):
+            if _fold_into_producer(op, value, vec, None, self.weights, rewriter):
+                return
+
+
+@dataclass
+class FoldAddIntoProducer(RewritePattern):
+    """Conv/MatMul result plus a per-channel constant -> bias (a MatMul then Add is a linear layer)."""
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.AddOp, rewriter: PatternRewriter) -> None:
+        for value, vec in _constant_channel_operand(op, self.weights, commutative=True):
+            if _fold_into_producer(op, value, None, vec, self.weights, rewriter):
+                return
+
+
+@dataclass
+class FoldSubIntoProducer(RewritePattern):
+    """Conv/MatMul result minus a per-channel constant -> bias."""
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.SubOp, rewriter: PatternRewriter) -> None:
+        for value, vec in _constant_channel_operand(op, self.weights, commutative=False):
+            if _fold_into_producer(op, value, None, -vec, self.weights, rewriter):
+                return
