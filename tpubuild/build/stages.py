@@ -119,7 +119,7 @@ def _failure_text(level: str, report: dict) -> str:
     return "\n".join(lines)
 
 
-SUMMARY_HEADER = f"{'level':<10} {'compared':<22} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+SUMMARY_HEADER = f"{'level':<10} {'compared':<34} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
 
 
 def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
@@ -129,7 +129,7 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
         for comp in doc["comparisons"]:
             what = f"{comp['test']} vs {comp['ref']}"
-            lines.append(f"{comp['level']:<10} {what:<22} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
+            lines.append(f"{comp['level']:<10} {what:<34} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
                          f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
                          f"{'PASS' if comp['passed'] else 'FAIL'}")
     return lines

@@ -209,14 +209,20 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    # Later signals are ignored so that a second TERM cannot cut the DB write short.
+    signal.signal(signum, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def install_sigterm_handler() -> None:
-    """SIGTERM behaves like Ctrl-C: doit's runner then saves the state of finished tasks.
+    """SIGTERM stops the build the way Ctrl-C does, and doit saves the finished tasks.
 
-    doit (0.37) records successes in memory and writes its DB in Runner.finish(),
-    reached through a try/finally that a KeyboardInterrupt passes through but
-    a default SIGTERM death does not.
+    doit (0.37) records each success in memory and writes its DB in Runner.finish(),
+    reached through a try/finally in Runner.run_all (and MRunner's, which also
+    terminates its workers). A default SIGTERM death skips that finally; an
+    exception raised from the handler does not. SystemExit rather than
+    KeyboardInterrupt: the python-action wrapper only catches Exception, so it
+    passes through all the same, and the process then exits with the
+    conventional 128+15 status instead of printing a KeyboardInterrupt traceback.
     """
     signal.signal(signal.SIGTERM, _interrupt)

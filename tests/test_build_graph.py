@@ -1,0 +1,245 @@
+"""The doit task graph, driven as a user drives it: `doit` in a subprocess on temp manifests.
+
+Each test builds a small zoo (two manifests sharing one tiny ONNX model) in its
+own build tree, then checks which tasks ran by parsing doit's console output
+(".  task" = executed, "-- task" = up to date).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("transform", "reference", "canonicalize", "verify_top", "compile")
+
+MANIFEST = """\
+name: {name}
+source: tiny.onnx
+inputs:
+  - name: x
+    shape: [{batch}, 4]
+    range: [-1, 1]
+tolerance:
+  top: {{cos: 0.99999, euc: 0.999}}
+"""
+
+
+def tiny_onnx(path: Path, op: str = "Relu") -> None:
+    """y = op(x @ w + b), batch dimension dynamic."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["add"], name="add"),
+             helper.make_node(op, ["add"], ["y"], name="act")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+class Zoo:
+    """Manifests in tmp/models, build tree in tmp/build, doit run on the repo's dodo.py."""
+
+    def __init__(self, root: Path):
+        self.models = root / "models"
+        self.build = root / "build"
+        self.models.mkdir()
+        tiny_onnx(self.models / "tiny.onnx")
+
+    def manifest(self, name: str, batch: int = 2, text: str | None = None) -> Path:
+        path = self.models / f"{name}.yaml"
+        path.write_text(text if text is not None else MANIFEST.format(name=name, batch=batch))
+        return path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
+                "PYTHONUNBUFFERED": "1"}
+
+    def cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args]
+
+    def doit(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(self.cmd(*args), env=env or self.env(), capture_output=True, text=True, timeout=600)
+
+
+def executed(out: str) -> set[str]:
+    return {line[3:].strip() for line in out.splitlines() if line.startswith(".  ")}
+
+
+def skipped(out: str) -> set[str]:
+    return {line[3:].strip() for line in out.splitlines() if line.startswith("-- ")}
+
+
+def all_tasks(*models: str) -> set[str]:
+    return {f"{stage}:{m}" for m in models for stage in STAGES}
+
+
+@pytest.fixture
+def zoo(tmp_path) -> Zoo:
+    return Zoo(tmp_path)
+
+
+@pytest.fixture
+def built(zoo) -> Zoo:
+    """A zoo of models a and b, built once."""
+    zoo.manifest("a")
+    zoo.manifest("b")
+    run = zoo.doit("compile")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert executed(run.stdout) == all_tasks("a", "b")
+    return zoo
+
+
+def test_list_shows_stage_tasks(zoo):
+    zoo.manifest("a")
+    out = zoo.doit("list", "--all").stdout
+    for task in all_tasks("a"):
+        assert task in out
+    assert "fetch" not in out  # a path source needs no fetch task
+
+
+def test_build_outputs_and_summary(built):
+    root = built.build / "a"
+    for name in ("origin.mlir", "origin_weights.npz", "input.npz", "onnx_outs.npz", "canonical.mlir",
+                 "canonical_weights.npz", "origin_outs.npz", "top_outs.npz", "verify_top.json", "summary.txt"):
+        assert (root / name).is_file(), name
+    summary = (root / "summary.txt").read_text()
+    assert summary.count("PASS") == 2 and "FAIL" not in summary
+    assert not list(built.build.rglob("*.tmp")), "temp files left behind"
+
+
+def test_noop_rebuild_runs_nothing(built):
+    run = built.doit("compile")
+    assert run.returncode == 0
+    assert executed(run.stdout) == set()
+    assert skipped(run.stdout) == all_tasks("a", "b")
+    assert "PASS" in run.stdout  # the saved summary of up-to-date models is still shown
+
+
+def test_tolerance_change_reruns_only_verification(built):
+    built.manifest("a", text=MANIFEST.format(name="a", batch=2).replace("cos: 0.99999", "cos: 0.9999"))
+    run = built.doit("compile")
+    assert run.returncode == 0, run.stdout
+    assert executed(run.stdout) == {"verify_top:a", "compile:a"}
+
+
+def test_shape_change_reruns_from_transform(built):
+    built.manifest("a", batch=3)
+    run = built.doit("compile")
+    assert run.returncode == 0, run.stdout
+    assert executed(run.stdout) == all_tasks("a")
+
+
+def test_range_change_stops_early_on_identical_ir(built):
+    """A new test input re-runs transform, but origin.mlir is byte-identical, so canonicalize is skipped."""
+    built.manifest("a", text=MANIFEST.format(name="a", batch=2).replace("[-1, 1]", "[0, 2]"))
+    run = built.doit("compile")
+    assert run.returncode == 0, run.stdout
+    assert executed(run.stdout) == {"transform:a", "reference:a", "verify_top:a", "compile:a"}
+
+
+def test_deleted_target_is_rebuilt(built):
+    (built.build / "a" / "canonical.mlir").unlink()
+    run = built.doit("compile")
+    assert "canonicalize:a" in executed(run.stdout)
+    assert executed(run.stdout) <= {"canonicalize:a", "verify_top:a", "compile:a"}
+
+
+def test_bad_manifest_fails_only_its_model(zoo):
+    zoo.manifest("good")
+    bad = zoo.manifest("bad", text=MANIFEST.format(name="bad", batch=2).replace("[2, 4]", "[2, four]"))
+    run = zoo.doit("compile")
+    assert run.returncode != 0
+    assert executed(run.stdout) >= all_tasks("good")
+    assert (zoo.build / "good" / "summary.txt").is_file()
+    assert str(bad) in run.stdout and "inputs[0].shape[1]" in run.stdout
+    assert "Traceback" not in run.stdout + run.stderr
+
+
+def test_failing_stage_leaves_no_target(zoo):
+    """An unsupported op: transform fails with the op named, and writes nothing."""
+    tiny_onnx(zoo.models / "tiny.onnx", op="Hardmax")
+    zoo.manifest("a")
+    run = zoo.doit("compile")
+    assert run.returncode != 0
+    assert "Hardmax" in run.stdout and "transform" in run.stdout
+    assert "Traceback" not in run.stdout + run.stderr
+    leftovers = [p.name for p in (zoo.build / "a").iterdir()] if (zoo.build / "a").exists() else []
+    assert not {"origin.mlir", "origin_weights.npz", "input.npz"} & set(leftovers)
+    assert not [n for n in leftovers if n.endswith(".tmp")]
+
+
+def test_corrupt_onnx_fails_cleanly(zoo):
+    zoo.manifest("a")
+    data = (zoo.models / "tiny.onnx").read_bytes()
+    (zoo.models / "tiny.onnx").write_bytes(data[: len(data) // 3])
+    run = zoo.doit("compile")
+    assert run.returncode != 0
+    assert "tiny.onnx" in run.stdout and "Traceback" not in run.stdout + run.stderr
+    assert not (zoo.build / "a" / "origin.mlir").exists()
+
+
+def test_clean_removes_targets(built):
+    run = built.doit("clean")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not [p for p in (built.build / "a").iterdir()]
+
+
+def test_parallel_build(zoo):
+    zoo.manifest("a")
+    zoo.manifest("b")
+    run = zoo.doit("-n", "2", "compile")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert executed(run.stdout) == all_tasks("a", "b")
+    assert executed(zoo.doit("compile").stdout) == set()
+
+
+def test_two_concurrent_runs_keep_the_db_sound(zoo):
+    zoo.manifest("a")
+    zoo.manifest("b")
+    procs = [subprocess.Popen(zoo.cmd("compile"), env=zoo.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    again = zoo.doit("compile")
+    assert again.returncode == 0
+    assert executed(again.stdout) == set(), again.stdout
+
+
+def test_sigterm_keeps_finished_tasks(zoo):
+    """SIGTERM while compile:b runs: every task that finished before it is not run again."""
+    zoo.manifest("a")
+    zoo.manifest("b")
+    env = {**zoo.env(), "TPUBUILD_DEBUG_DELAY": "compile:b=60"}
+    proc = subprocess.Popen(zoo.cmd("compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(".  compile:b"):
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    time.sleep(0.5)  # inside the delayed action now
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, rest
+    assert "Traceback" not in rest
+    finished = executed("".join(seen)) - {"compile:b"}
+    assert finished >= all_tasks("b") - {"compile:b"}, seen
+    assert not (zoo.build / "b" / "summary.txt").exists()
+
+    again = zoo.doit("compile")
+    assert again.returncode == 0, again.stdout
+    assert "compile:b" in executed(again.stdout)
+    assert not finished & executed(again.stdout), again.stdout

@@ -1,0 +1,111 @@
+"""The `tpubuild` command: single steps outside doit, and the doit graph for any manifest.
+
+Thin on purpose: parse arguments, call one library function, turn user errors
+into `tpubuild: error: ...` and an exit code (2 = bad input, 1 = a check failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from tpubuild.errors import TpuBuildError
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from tpubuild.build.runner import run_doit
+
+    return run_doit(args.manifests, args.build_dir, ["run", "-n", str(args.jobs), "compile"])
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from tpubuild.build.files import write_npz
+    from tpubuild.top.inference import infer_file
+
+    inputs = _read_npz(args.input)
+    # without --all-tensors, inference returns the graph outputs only
+    tensors = infer_file(args.mlir, inputs, all_tensors=args.all_tensors)
+    write_npz(args.output, tensors)
+    print(f"wrote {len(tensors)} tensors to {args.output}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tpubuild.verify.compare import compare_tensors, format_row
+    from tpubuild.verify.similarity import Tolerance
+
+    try:
+        tol = Tolerance.parse(args.tolerance)
+    except ValueError as err:
+        raise TpuBuildError(str(err)) from None
+    report = compare_tensors(_read_npz(args.a), _read_npz(args.b), tol)
+    for row in report["tensors"]:
+        print(("  " if row["passed"] else "! ") + format_row(row))
+    print(f"{report['compared']} compared, {report['failed']} below cos {tol.cos}, euc {tol.euc}; "
+          f"{len(report['only_in_test'])} only in {args.a}, {len(report['only_in_ref'])} only in {args.b}")
+    if report["compared"] == 0:
+        print(f"tpubuild: error: no tensor name is in both {args.a} and {args.b}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0 if report["passed"] else EXIT_FAILED
+
+
+def _read_npz(path: str) -> dict:
+    """read_npz with the file named in any error: missing, not a zip, pickled objects."""
+    import zipfile
+
+    from tpubuild.build.files import read_npz
+
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise TpuBuildError("not an .npz file (it is not a zip archive)", file=path)
+    try:
+        return read_npz(path)
+    except FileNotFoundError:
+        raise TpuBuildError("file not found", file=path) from None
+    except Exception as err:  # zipfile.BadZipFile, ValueError (pickles), EOFError, OSError...
+        raise TpuBuildError(f"not a readable .npz ({type(err).__name__}: {err})", file=path) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpubuild", description="ONNX -> TOP MLIR -> TPU model compiler.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="build manifests through the doit task graph")
+    p.add_argument("manifests", nargs="+", metavar="MANIFEST.yaml", help="manifest files, folders or globs")
+    p.add_argument("--build-dir", default="build", help="build tree and doit DB (default: ./build)")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N tasks in parallel")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("infer", help="reference inference of a stage file (.mlir)")
+    p.add_argument("mlir", metavar="FILE.mlir")
+    p.add_argument("--input", required=True, metavar="in.npz", help="one array per graph input, by name")
+    p.add_argument("--output", required=True, metavar="out.npz")
+    p.add_argument("--all-tensors", action="store_true", help="write every tensor, not only graph outputs")
+    p.set_defaults(func=cmd_infer)
+
+    p = sub.add_parser("compare", help="compare two .npz files tensor by tensor (B is the reference)")
+    p.add_argument("a", metavar="A.npz")
+    p.add_argument("b", metavar="B.npz")
+    p.add_argument("--tolerance", default="0.99,0.99", metavar="COS,EUC",
+                   help="minimum cosine and euclidean similarity (default: 0.99,0.99)")
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TpuBuildError as err:
+        print(f"tpubuild: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tpubuild: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
