@@ -13,11 +13,12 @@ from onnx import helper, numpy_helper
 
 def make_onnx(nodes: Sequence[onnx.NodeProto] | onnx.NodeProto, inputs: Mapping[str, np.ndarray],
               outputs: Sequence[str] | None = None, *, initializers: Mapping[str, np.ndarray] | None = None,
-              opset: int = 17, input_dims: Mapping[str, Sequence] | None = None) -> onnx.ModelProto:
+              opset: int = 17, input_dims: Mapping[str, Sequence] | None = None,
+              domains: Mapping[str, int] | None = None) -> onnx.ModelProto:
     """A model of ``nodes`` whose graph inputs are typed from ``inputs``.
 
     ``input_dims`` overrides a graph input's declared dims (e.g. ``["N", 3]`` to make
-    it dynamic). Outputs default to the last node's outputs and carry no type:
+    it dynamic); ``domains`` adds opset imports of other domains. Outputs default to the last node's outputs and carry no type:
     onnxruntime infers them, and our frontend does not read them.
     """
     nodes = [nodes] if isinstance(nodes, onnx.NodeProto) else list(nodes)
@@ -30,7 +31,8 @@ def make_onnx(nodes: Sequence[onnx.NodeProto] | onnx.NodeProto, inputs: Mapping[
     graph = helper.make_graph(nodes, "test", graph_inputs, outs, initializer=inits)
     # ir_version 8 is read by every onnxruntime that runs opsets up to 18; newer opsets need 9+
     ir_version = 8 if opset <= 18 else 10
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     # onnx's shape inference types the outputs (the checker wants types); intermediates stay untyped
     typed = onnx.shape_inference.infer_shapes(model)
     del typed.graph.value_info[:]

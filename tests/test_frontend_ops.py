@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -9,6 +11,7 @@ from onnx import TensorProto, helper
 from tpubuild.frontend import registry
 from tpubuild.ir import mlir, top
 
+ROOT = Path(__file__).resolve().parent.parent
 R = np.random.default_rng(1234)
 
 
@@ -417,3 +420,102 @@ def test_constant_node_feeds_op(check_onnx):
     const = helper.make_node("Constant", [], ["c"], name="const",
                              value=helper.make_tensor("v", TensorProto.FLOAT, [3], [1.0, -2.0, 0.5]))
     check_onnx([const, node("Mul", ["x", "c"])], {"x": randn(2, 3)})
+
+
+# ---- refusals -------------------------------------------------------------------
+
+def _convert_error(convert, model, shapes) -> str:
+    from tpubuild.errors import TpuBuildError
+
+    with pytest.raises(TpuBuildError) as info:
+        convert(model, shapes)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x08\x07garbage\xff\xff\xff", b"not an onnx file at all"])
+def test_corrupt_onnx_names_the_file(tmp_path, data):
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.frontend import convert_onnx
+
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(data)
+    with pytest.raises(TpuBuildError) as info:
+        convert_onnx(path, {}, "m", "w.npz")
+    assert str(path) in str(info.value)
+    assert "not a valid ONNX model" in str(info.value)
+
+
+def test_truncated_onnx_names_the_file(tmp_path):
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.frontend import convert_onnx
+
+    data = (ROOT / "models" / "demo_cnn.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TpuBuildError, match="cut.onnx"):
+        convert_onnx(path, {"input": [1, 3, 32, 32]}, "m", "w.npz")
+
+
+def test_missing_onnx_file(tmp_path):
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.frontend import convert_onnx
+
+    with pytest.raises(TpuBuildError, match="not found"):
+        convert_onnx(tmp_path / "absent.onnx", {}, "m", "w.npz")
+
+
+def test_unsupported_ops_listed_in_one_error(make_model, convert):
+    """Two unknown op types (one used twice) give one error naming every type and node."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Frobnicate", ["a"], ["b"], name="frob_1", domain="test.custom"),
+        helper.make_node("Det", ["b"], ["c"], name="determinant"),
+        helper.make_node("Frobnicate", ["c"], ["y"], name="frob_2", domain="test.custom"),
+    ]
+    model = make_model(nodes, {"x": randn(3, 3)}, domains={"test.custom": 1})
+    message = _convert_error(convert, model, {"x": [3, 3]})
+    assert message.count("unsupported ONNX ops") == 1
+    for expected in ("Det", "'determinant'", "test.custom.Frobnicate", "'frob_1'", "'frob_2'"):
+        assert expected in message
+    assert "relu" not in message.split("hint")[0]
+
+
+def test_control_flow_refused_naming_the_node(make_model, convert):
+    then = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"], name="positive"),
+             helper.make_node("If", ["cond"], ["y"], name="branch_on_sign", then_branch=then, else_branch=other)]
+    model = make_model(nodes, {"x": randn(2)}, initializers={"zero": np.array(0, np.float32)}, opset=13)
+    message = _convert_error(convert, model, {"x": [2]})
+    assert "control flow" in message and "If 'branch_on_sign'" in message
+
+
+def test_dynamic_input_not_fixed(make_model, convert):
+    """An input with a symbolic dim and no manifest shape: the error names it and the manifest fix."""
+    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3), "other": randn(4)}, ["y"],
+                       input_dims={"x": ["batch", 3]})
+    message = _convert_error(convert, model, {})
+    assert "'x'" in message and "batch" in message and "'other'" not in message
+    assert "inputs:" in message and "shape" in message
+
+
+def test_dynamic_input_fixed_by_manifest_shape(make_model, check_against_ort, convert):
+    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3)}, input_dims={"x": ["batch", 3]})
+    module, _ = convert(model, {"x": [5, 3]})
+    (inp,) = mlir.input_ops(module)
+    assert inp.results[0].type.get_shape() == (5, 3)
+
+
+def test_manifest_shape_contradicting_model_refused(make_model, convert):
+    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3)})
+    message = _convert_error(convert, model, {"x": [2, 4]})
+    assert "'x'" in message and "contradicts" in message
+
+
+def test_manifest_names_unknown_input(make_model, convert):
+    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3)})
+    message = _convert_error(convert, model, {"images": [2, 3]})
+    assert "'images'" in message and "'x'" in message

@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -46,15 +47,35 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+# .npy has no descr for ml_dtypes (bfloat16, float8...): np.load gives them back as raw
+# void; such arrays are stored as their same-width unsigned bits, and this member says which
+_EXTRA_DTYPES = "__ml_dtypes__"
+
+
+def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    extra: list[str] = []
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name], order="C")  # (ascontiguousarray turns 0-d into 1-d)
+        if a.dtype.kind == "V" and a.dtype.names is None:
+            extra.append(f"{name}={a.dtype.name}")
+            a = a.view(np.dtype(f"u{a.dtype.itemsize}"))
+        out[name] = a
+    if extra:
+        out[_EXTRA_DTYPES] = np.array(extra)
+    return out
+
+
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """A deterministic .npz (uncompressed, sorted members, fixed timestamps) readable by np.load."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name in sorted(arrays):
+        stored = _storable(arrays)
+        for name in sorted(stored):
             info = zipfile.ZipInfo(name + ".npy", date_time=_EPOCH)
             info.external_attr = 0o644 << 16
             member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            np.lib.format.write_array(member, stored[name], allow_pickle=False)
             zf.writestr(info, member.getvalue())
     return buf.getvalue()
 
@@ -66,7 +87,11 @@ def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Load every array of an npz eagerly (no pickles), closing the file."""
     with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+        arrays = {k: data[k] for k in data.files}
+    for entry in arrays.pop(_EXTRA_DTYPES, np.array([], str)).tolist():
+        name, dtype = entry.rsplit("=", 1)
+        arrays[name] = arrays[name].view(np.dtype(getattr(ml_dtypes, dtype)))
+    return arrays
 
 
 @contextlib.contextmanager

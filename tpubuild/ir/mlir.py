@@ -17,7 +17,7 @@ from pathlib import Path
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Builtin, ModuleOp, StringAttr, BoolAttr, i1
+from xdsl.dialects.builtin import Builtin, BoolAttr, IntegerAttr, ModuleOp, StringAttr, i1
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -87,8 +87,8 @@ def module_attr(module: ModuleOp, key: str, default: str | None = None) -> str |
         return default
     if isinstance(attr, StringAttr):
         return attr.data
-    if isinstance(attr, BoolAttr) or hasattr(attr, "value"):
-        return str(bool(attr.value.data)).lower()
+    if isinstance(attr, IntegerAttr):  # (BoolAttr is a generic alias: isinstance cannot take it)
+        return str(bool(attr.value.data)).lower() if attr.type == i1 else str(attr.value.data)
     return str(attr)
 
 

@@ -58,11 +58,11 @@ class WeightStore:
     def add(self, base: str, array: np.ndarray) -> str:
         """Store ``array`` under ``base`` (or a fresh variant of it); returns the name used."""
         name = self.unique_name(base)
-        self._arrays[name] = np.ascontiguousarray(array)
+        self._arrays[name] = np.asarray(array, order="C")  # (ascontiguousarray turns 0-d into 1-d)
         return name
 
     def set(self, name: str, array: np.ndarray) -> None:
-        self._arrays[name] = np.ascontiguousarray(array)
+        self._arrays[name] = np.asarray(array, order="C")  # (ascontiguousarray turns 0-d into 1-d)
 
     def keep_only(self, names: Iterable[str]) -> "WeightStore":
         """A store with just the named arrays (dropping weights no op refers to)."""
