@@ -5,13 +5,14 @@ Each pass is a frozen-dataclass ``ModulePass`` walking its patterns greedily
 hold the weight store. The pipeline is a plain list, run in order:
 
 1. fold constants (ops whose operands are all weights become weights),
-2. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
+2. drop dead ops (a dead user would otherwise block the "single user" rules),
+3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
    and merge Reshape/Permute chains,
-3. drop dead ops,
-4. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
-5. fold Mul/Add/Sub by per-channel constants into Conv/MatMul,
-6. fuse ReLU / Clip(0, N) into the op that feeds it,
-7. drop the ops the folds left dead.
+4. drop the ops that left dead,
+5. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
+6. fold Mul/Add/Sub by per-channel constants into Conv/MatMul,
+7. fuse ReLU / Clip(0, N) into the op that feeds it,
+8. drop the ops the folds left dead.
 
 Folding before fusion matters: Conv -> BatchNorm -> Relu needs the BatchNorm
 gone before the Relu can reach the Conv. Every rewritten op keeps the tensor
@@ -115,6 +116,7 @@ def pipeline(weights: WeightStore) -> list[ModulePass]:
     """The canonicalize passes in order; the weight-touching ones share ``weights``."""
     return [
         FoldConstantsPass(weights),
+        RemoveDeadOpsPass(),
         RemoveNoOpsPass(),
         RemoveDeadOpsPass(),
         FoldBatchNormPass(weights),

@@ -94,6 +94,12 @@ def carries_relu(op: Operation) -> bool:
     return isinstance(op, TensorOp) and any(f.name == "do_relu" for f in dataclasses.fields(op.PARAMS))
 
 
+def erase_if_unused(op: Operation, rewriter: PatternRewriter) -> None:
+    """Erase an op a rewrite left without users (so it stops counting as one for others)."""
+    if all(not result.uses for result in op.results):
+        rewriter.erase(op)
+
+
 def rename_result(op: TensorOp, index: int, name: str) -> None:
     names = op.names
     names[index] = name

@@ -6,7 +6,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewri
 
 from tpubuild.ir import top
 from tpubuild.ir.types import shape_of
-from tpubuild.top.patterns.common import forward, producer
+from tpubuild.top.patterns.common import erase_if_unused, forward, producer
 
 
 class RemoveNoOpReshape(RewritePattern):
@@ -26,6 +26,7 @@ class MergeReshapes(RewritePattern):
         inner = producer(op.operands[0], top.ReshapeOp)
         if inner is not None:
             rewriter.replace(op, top.ReshapeOp.make([inner.operands[0]], op.params, name=op.names[0]))
+            erase_if_unused(inner, rewriter)
 
 
 class RemoveNoOpPermute(RewritePattern):
@@ -48,6 +49,7 @@ class MergePermutes(RewritePattern):
         p, q = inner.params.order, op.params.order
         merged = top.PermuteParams(tuple(p[i] for i in q))
         rewriter.replace(op, top.PermuteOp.make([inner.operands[0]], merged, name=op.names[0]))
+        erase_if_unused(inner, rewriter)
 
 
 class PermuteAsReshape(RewritePattern):
