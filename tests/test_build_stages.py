@@ -1,0 +1,152 @@
+"""Stage functions called directly: atomic outputs, the default test input, the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpubuild.build import stages
+from tpubuild.build.files import read_npz, write_npz
+from tpubuild.build.testinput import default_input, make_inputs
+from tpubuild.build.version import compiler_version
+from tpubuild.errors import TpuBuildError
+
+SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]}]
+
+
+def tiny_onnx(path: Path) -> None:
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def outputs(tmp_path: Path) -> dict[str, str]:
+    return {"out_mlir": str(tmp_path / "origin.mlir"), "out_weights": str(tmp_path / "origin_weights.npz"),
+            "out_input": str(tmp_path / "input.npz")}
+
+
+def test_default_input_is_deterministic_and_in_range():
+    a = default_input("m", SPECS[0])
+    assert a.dtype == np.float32 and a.shape == (2, 4)
+    assert a.min() >= -1.0 and a.max() < 1.0
+    np.testing.assert_array_equal(a, default_input("m", SPECS[0]))
+    assert not np.array_equal(a, default_input("other_model", SPECS[0]))
+    ints = default_input("m", {"name": "ids", "shape": [100], "dtype": "int64", "range": [3, 7]})
+    assert ints.dtype == np.int64 and set(np.unique(ints)) <= {3, 4, 5, 6}
+
+
+def test_default_input_is_the_same_in_every_process():
+    """Seeded from crc32, not hash(): a different PYTHONHASHSEED gives the same bytes."""
+    code = ("from tpubuild.build.testinput import default_input; "
+            f"print(default_input('m', {SPECS[0]!r}).tobytes().hex())")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert runs[0] == runs[1] == default_input("m", SPECS[0]).tobytes().hex() + "\n"
+
+
+def test_test_input_file(tmp_path):
+    data = np.full((2, 4), 0.5, np.float32)
+    np.savez(tmp_path / "in.npz", x=data)
+    got = make_inputs("m", SPECS, str(tmp_path / "in.npz"))
+    np.testing.assert_array_equal(got["x"], data)
+    np.savez(tmp_path / "bad.npz", x=np.zeros((3, 4), np.float32))
+    with pytest.raises(TpuBuildError, match=r"shape \[3, 4\], the manifest says \[2, 4\]"):
+        make_inputs("m", SPECS, str(tmp_path / "bad.npz"))
+
+
+def test_transform_writes_all_outputs(tmp_path):
+    tiny_onnx(tmp_path / "m.onnx")
+    stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))
+    assert "origin_weights.npz" in (tmp_path / "origin.mlir").read_text()
+    assert set(read_npz(tmp_path / "input.npz")) == {"x"}
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_failing_stage_leaves_no_target_not_even_a_stale_one(tmp_path, monkeypatch):
+    """A failure while publishing: no output survives, including one from an earlier run."""
+    from tpubuild.ir.weights import WeightStore
+
+    tiny_onnx(tmp_path / "m.onnx")
+    stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))
+    assert (tmp_path / "origin.mlir").exists()
+
+    def broken_save(self, path):
+        Path(path).write_bytes(b"half a file")
+        raise OSError("disk full")
+    monkeypatch.setattr(WeightStore, "save", broken_save)
+    with pytest.raises(OSError):
+        stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_unsupported_op_is_a_user_error(tmp_path):
+    tiny_onnx(tmp_path / "m.onnx")
+    model = onnx.load(tmp_path / "m.onnx")
+    model.graph.node[1].op_type = "Hardmax"
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(TpuBuildError, match="Hardmax"):
+        stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))
+    assert not (tmp_path / "origin.mlir").exists()
+
+
+def test_verify_top_and_summary(tmp_path):
+    """The whole model-level chain on a tiny model, through the stage functions."""
+    onnx_path = str(tmp_path / "m.onnx")
+    tiny_onnx(tmp_path / "m.onnx")
+    p = {k: str(tmp_path / v) for k, v in {
+        "origin": "origin.mlir", "ow": "origin_weights.npz", "input": "input.npz", "ref": "onnx_outs.npz",
+        "canon": "canonical.mlir", "cw": "canonical_weights.npz", "oo": "origin_outs.npz", "to": "top_outs.npz",
+        "json": "verify_top.json", "summary": "summary.txt"}.items()}
+    stages.transform(onnx_path, SPECS, "m", None, p["origin"], p["ow"], p["input"])
+    stages.reference(onnx_path, p["input"], p["ref"])
+    stages.canonicalize(p["origin"], p["ow"], p["canon"], p["cw"])
+    stages.verify_top("m", onnx_path, p["origin"], p["canon"], p["input"], p["ref"], {"cos": 0.99999, "euc": 0.999},
+                      p["oo"], p["to"], p["json"])
+    doc = json.loads(Path(p["json"]).read_text())
+    assert [c["passed"] for c in doc["comparisons"]] == [True, True]
+    assert all(c["compared"] >= 1 for c in doc["comparisons"])
+    x = read_npz(p["input"])["x"]
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_allclose(read_npz(p["to"])["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+
+    stages.summarize("m", [p["json"]], p["summary"])
+    lines = Path(p["summary"]).read_text().splitlines()
+    assert len(lines) == 4 and lines[2].endswith("PASS") and lines[3].endswith("PASS")
+
+
+def test_verify_top_fails_below_tolerance(tmp_path):
+    """Tamper with the reference: the stage fails, names the tensor and publishes nothing."""
+    onnx_path = str(tmp_path / "m.onnx")
+    tiny_onnx(tmp_path / "m.onnx")
+    names = ["origin.mlir", "origin_weights.npz", "input.npz", "onnx_outs.npz", "canonical.mlir",
+             "canonical_weights.npz"]
+    o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
+    stages.transform(onnx_path, SPECS, "m", None, o, ow, inp)
+    stages.reference(onnx_path, inp, ref)
+    stages.canonicalize(o, ow, c, cw)
+    tensors = read_npz(ref)
+    tensors["y"] = tensors["y"][::-1].copy() + 1
+    write_npz(ref, tensors)
+    outs = [str(tmp_path / n) for n in ("origin_outs.npz", "top_outs.npz", "verify_top.json")]
+    with pytest.raises(TpuBuildError, match="y: NOT SIMILAR"):
+        stages.verify_top("m", onnx_path, o, c, inp, ref, {"cos": 0.99999, "euc": 0.999}, *outs)
+    assert not any(Path(p).exists() for p in outs)
+
+
+def test_compiler_version_shape():
+    import tpubuild
+
+    version = compiler_version()
+    assert version.startswith(tpubuild.__version__ + "+") and len(version.split("+")[1]) == 12

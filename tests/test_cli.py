@@ -1,0 +1,143 @@
+"""The `tpubuild` command as a user runs it (a subprocess): results, exit codes, error messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpubuild.build import stages
+from tpubuild.build.files import read_npz
+
+SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]}]
+
+
+def tpubuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpubuild.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+def assert_user_error(run: subprocess.CompletedProcess, *needles: str, code: int = 2) -> None:
+    assert run.returncode == code, run.stdout + run.stderr
+    assert run.stderr.startswith("tpubuild: error: "), run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    for needle in needles:
+        assert needle in run.stderr, run.stderr
+
+
+def tiny_onnx(path: Path) -> None:
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+@pytest.fixture
+def origin(tmp_path) -> Path:
+    """origin.mlir (+ weights, input.npz) of the tiny model."""
+    tiny_onnx(tmp_path / "m.onnx")
+    stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, str(tmp_path / "origin.mlir"),
+                     str(tmp_path / "origin_weights.npz"), str(tmp_path / "input.npz"))
+    return tmp_path / "origin.mlir"
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "tpubuild"
+    run = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "compile" in run.stdout and "infer" in run.stdout
+
+
+def test_infer_outputs_and_all_tensors(origin, tmp_path):
+    inp = str(tmp_path / "input.npz")
+    run = tpubuild("infer", str(origin), "--input", inp, "--output", str(tmp_path / "out.npz"))
+    assert run.returncode == 0, run.stderr
+    outs = read_npz(tmp_path / "out.npz")
+    assert list(outs) == ["y"]
+    x = read_npz(inp)["x"]
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_allclose(outs["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+
+    run = tpubuild("infer", str(origin), "--input", inp, "--output", str(tmp_path / "all.npz"), "--all-tensors")
+    assert run.returncode == 0, run.stderr
+    assert {"mm", "y"} <= set(read_npz(tmp_path / "all.npz"))
+
+
+def test_infer_truncated_mlir(origin, tmp_path):
+    text = origin.read_text()
+    bad = tmp_path / "truncated.mlir"
+    bad.write_text(text[: len(text) // 2])
+    out = tmp_path / "out.npz"
+    run = tpubuild("infer", str(bad), "--input", str(tmp_path / "input.npz"), "--output", str(out))
+    assert_user_error(run, str(bad))
+    assert not out.exists()
+
+
+def test_infer_missing_files(origin, tmp_path):
+    run = tpubuild("infer", str(tmp_path / "nope.mlir"), "--input", str(tmp_path / "input.npz"),
+                   "--output", str(tmp_path / "o.npz"))
+    assert_user_error(run, "nope.mlir")
+    run = tpubuild("infer", str(origin), "--input", str(tmp_path / "nope.npz"), "--output", str(tmp_path / "o.npz"))
+    assert_user_error(run, "nope.npz", "not found")
+    run = tpubuild("infer", str(origin), "--input", str(origin), "--output", str(tmp_path / "o.npz"))
+    assert_user_error(run, "origin.mlir", "not an .npz")
+
+
+def test_compare(tmp_path):
+    rng = np.random.default_rng(0)
+    a = {"t": rng.standard_normal(100).astype(np.float32), "u": rng.standard_normal(10).astype(np.float32)}
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez(tmp_path / "same.npz", **a)
+    np.savez(tmp_path / "noisy.npz", t=a["t"] + 0.5 * rng.standard_normal(100).astype(np.float32), u=a["u"])
+    np.savez(tmp_path / "other.npz", v=a["t"])
+
+    same = tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "same.npz"))
+    assert same.returncode == 0 and "EQUAL" in same.stdout and "2 compared" in same.stdout
+    noisy = tpubuild("compare", str(tmp_path / "noisy.npz"), str(tmp_path / "a.npz"), "--tolerance", "0.999,0.99")
+    assert noisy.returncode == 1 and "t: NOT SIMILAR" in noisy.stdout and "SQNR" in noisy.stdout
+    loose = tpubuild("compare", str(tmp_path / "noisy.npz"), str(tmp_path / "a.npz"), "--tolerance", "0.5,-5")
+    assert loose.returncode == 0, loose.stdout
+    nothing = tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "other.npz"))
+    assert_user_error(nothing, "no tensor name", code=1)
+    assert_user_error(tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--tolerance", "0.9"),
+                      "COS,EUC")
+    assert_user_error(tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "missing.npz")), "missing.npz")
+
+
+MANIFEST = "name: {name}\nsource: m.onnx\ninputs: [{{name: x, shape: [2, 4], range: [-1, 1]}}]\n"
+
+
+def test_compile_manifest_outside_configs(tmp_path):
+    tiny_onnx(tmp_path / "m.onnx")
+    (tmp_path / "one.yaml").write_text(MANIFEST.format(name="one"))
+    (tmp_path / "two.yaml").write_text(MANIFEST.format(name="two"))
+    build = tmp_path / "out"
+    run = tpubuild("compile", str(tmp_path / "one.yaml"), str(tmp_path / "two.yaml"), "--build-dir", str(build),
+                   "-j", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (build / "one" / "summary.txt").is_file() and (build / "two" / "summary.txt").is_file()
+    again = tpubuild("compile", str(tmp_path / "one.yaml"), "--build-dir", str(build))
+    assert again.returncode == 0
+    assert not [line for line in again.stdout.splitlines() if line.startswith(".  ")], again.stdout
+
+
+def test_compile_bad_inputs_fail_with_a_message(tmp_path):
+    tiny_onnx(tmp_path / "m.onnx")
+    (tmp_path / "typo.yaml").write_text(MANIFEST.format(name="typo").replace("[2, 4]", "[2, '4']"))
+    (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 10)
+    (tmp_path / "corrupt.yaml").write_text(MANIFEST.format(name="corrupt").replace("m.onnx", "corrupt.onnx"))
+    run = tpubuild("compile", str(tmp_path / "typo.yaml"), str(tmp_path / "corrupt.yaml"),
+                   "--build-dir", str(tmp_path / "out"))
+    assert run.returncode != 0
+    out = run.stdout + run.stderr
+    assert "Traceback" not in out
+    assert "typo.yaml" in out and "inputs[0].shape[1]" in out
+    assert "corrupt.onnx: not a valid ONNX model" in out
+    assert not (tmp_path / "out" / "corrupt" / "origin.mlir").exists()
