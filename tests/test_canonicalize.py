@@ -404,6 +404,24 @@ def test_mul_not_folded_through_relu(tmp_path):
     assert kinds(canonical) == [("top.Conv", "r"), ("top.Mul", "out")]
 
 
+# ---- Softmax with a preceding scale -----------------------------------------------------
+
+@pytest.mark.parametrize("op, c, beta", [("Div", 3.0, 1 / 3.0), ("Mul", 0.125, 0.125), ("Mul", -2.0, -2.0)])
+def test_scalar_scale_folded_into_softmax(tmp_path, op, c, beta):
+    nodes = [node("MatMul", ["q", "k"], "scores"), node(op, ["scores", "c"], "scaled"),
+             node("Softmax", ["scaled"], "probs", axis=-1)]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"q": randn(2, 4, 8, scale=2), "k": randn(2, 8, 4, scale=2)},
+                                 initializers={"c": np.array(c, np.float32)})
+    assert kinds(canonical) == [("top.MatMul", "scores"), ("top.Softmax", "probs")]
+    assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(beta)
+
+
+def test_per_element_scale_not_folded_into_softmax(tmp_path):
+    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["s", "c"], "scaled"), node("Softmax", ["scaled"], "probs")]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(2, 4)}, initializers={"c": randn(4)})
+    assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Mul", "scaled"), ("top.Softmax", "probs")]
+
+
 # ---- Reshape / Permute / Concat ------------------------------------------------------
 
 def _shape(*dims):
@@ -482,6 +500,9 @@ def test_shipped_models_match_onnxruntime(tmp_path, model, input_name, shape):
             if isinstance(op, top.ReluOp | top.ClipOp):
                 assert not isinstance(op.operands[0].owner, top.ConvOp), op.loc_name
         assert sum(isinstance(op, top.ConvOp) and op.params.do_relu for op in ops) == 3
+    else:
+        assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(0.25)
+        assert not [op for op in compute_ops(canonical) if isinstance(op, top.DivOp)]
 
 
 def test_deterministic(tmp_path):

@@ -226,10 +226,16 @@ class AxisParams:
     axis: int = -1
 
 
+@dataclass(frozen=True)
+class SoftmaxParams:
+    axis: int = -1
+    beta: float = 1.0  # softmax(beta * x), as TPU-MLIR's: canonicalize folds a preceding scale in
+
+
 @op_definition
 class SoftmaxOp(TopOp):
     name = "top.Softmax"
-    PARAMS = AxisParams
+    PARAMS = SoftmaxParams
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,9 @@ def _(p: top.PoolParams, x):
 
 
 @kernel(top.SoftmaxOp)
-def _(p, x):
+def _(p: top.SoftmaxParams, x):
+    if p.beta != 1.0:
+        x = x * np.asarray(p.beta, x.dtype)
     e = np.exp(x - x.max(axis=p.axis, keepdims=True))
     return e / e.sum(axis=p.axis, keepdims=True)
 

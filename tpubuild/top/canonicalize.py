@@ -10,7 +10,8 @@ hold the weight store. The pipeline is a plain list, run in order:
    and merge Reshape/Permute chains,
 4. drop the ops that left dead,
 5. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
-6. fold Mul/Add/Sub by per-channel constants into Conv/MatMul,
+6. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
+   Mul/Div into the Softmax after it (beta),
 7. fuse ReLU / Clip(0, N) into the op that feeds it,
 8. drop the ops the folds left dead.
 
@@ -86,14 +87,15 @@ class FoldBatchNormPass(ModulePass):
 
 @dataclass(frozen=True)
 class FoldScaleBiasPass(ModulePass):
-    """Mul/Add/Sub by per-channel constants folded into Conv/MatMul weights and bias."""
+    """Mul/Add/Sub by per-channel constants folded into Conv/MatMul weights and bias, and a
+    scalar scale into the Softmax after it."""
 
     name = "top-fold-scale-bias"
     weights: WeightStore = field(default_factory=WeightStore)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         _walk(op, [fold.FoldMulIntoProducer(self.weights), fold.FoldAddIntoProducer(self.weights),
-                   fold.FoldSubIntoProducer(self.weights)])
+                   fold.FoldSubIntoProducer(self.weights), fold.FoldScaleIntoSoftmax(self.weights)])
 
 
 @dataclass(frozen=True)

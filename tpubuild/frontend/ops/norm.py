@@ -17,10 +17,10 @@ def _(node: Node, ctx: Ctx):
     shape = shape_of(x)
     axis = norm_axis(node.attrs.get("axis", 1), len(shape))
     if axis == len(shape) - 1:
-        return [ctx.emit(top.SoftmaxOp, [x], top.AxisParams(axis), name=out)]
+        return [ctx.emit(top.SoftmaxOp, [x], top.SoftmaxParams(axis), name=out)]
     flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
     y = ctx.emit(top.ReshapeOp, [x], top.ShapeParams(flat), name=f"{out}_2d")
-    y = ctx.emit(top.SoftmaxOp, [y], top.AxisParams(1), name=f"{out}_softmax")
+    y = ctx.emit(top.SoftmaxOp, [y], top.SoftmaxParams(1), name=f"{out}_softmax")
     return [ctx.emit(top.ReshapeOp, [y], top.ShapeParams(shape), name=out)]
 
 
@@ -28,7 +28,7 @@ def _(node: Node, ctx: Ctx):
 def _(node: Node, ctx: Ctx):
     x = node.input(0)
     axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
-    return [ctx.emit(top.SoftmaxOp, [x], top.AxisParams(axis), name=node.outputs[0])]
+    return [ctx.emit(top.SoftmaxOp, [x], top.SoftmaxParams(axis), name=node.outputs[0])]
 
 
 @converter("LayerNormalization", since=17)

@@ -1,4 +1,5 @@
-"""Per-channel affine folding: BatchNorm, Mul/Add/Sub by constants into Conv/MatMul weights.
+"""Constant scales folded into what they follow: BatchNorm, Mul/Add/Sub by constants into
+Conv/MatMul weights, a scalar scale into Softmax's beta.
 
 y = W*x + b followed by y*s + t (s, t constant per output channel) is
 (W*s)*x + (b*s + t): the filter (Conv) or the right operand (MatMul) is
@@ -10,7 +11,7 @@ and stored under fresh names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from xdsl.ir import SSAValue
@@ -218,3 +219,35 @@ class FoldSubIntoProducer(RewritePattern):
         for value, vec in _constant_channel_operand(op, self.weights, commutative=False):
             if _fold_into_producer(op, value, None, -vec, self.weights, rewriter):
                 return
+
+
+# (operand orders that read "x op constant", and the softmax beta factor of the constant)
+_SCALES = {
+    top.MulOp: (((0, 1), (1, 0)), lambda c: c),
+    top.DivOp: (((0, 1),), lambda c: 1.0 / c),
+}
+
+
+@dataclass
+class FoldScaleIntoSoftmax(RewritePattern):
+    """Softmax(x * s) or Softmax(x / s), s a constant scalar -> Softmax(x) with beta scaled
+    (attention's 1/sqrt(d) before its softmax)."""
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.SoftmaxOp, rewriter: PatternRewriter) -> None:
+        scale_op = op.operands[0].owner
+        if type(scale_op) not in _SCALES or single_user(op.operands[0]) is not op:
+            return
+        if getattr(scale_op.params, "do_relu", False):
+            return
+        orders, factor = _SCALES[type(scale_op)]
+        for i, j in orders:
+            x, c = scale_op.operands[i], weight_array(scale_op.operands[j], self.weights)
+            if c is None or c.size != 1 or c.dtype.kind != "f" or shape_of(x.type) != shape_of(op.results[0].type):
+                continue
+            beta = op.params.beta * factor(float(c.reshape(())))
+            rewriter.replace(op, top.SoftmaxOp.make([x], replace(op.params, beta=beta), name=op.names[0]))
+            rewriter.erase(scale_op)
+            return
