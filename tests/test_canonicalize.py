@@ -256,6 +256,13 @@ def test_batchnorm_after_conv_with_two_users_becomes_mul_add(tmp_path):
     assert only(canonical, top.AddOp).params.do_relu
 
 
+def test_batchnorm_after_conv_with_runtime_filter_becomes_mul_add(tmp_path):
+    nodes = [node("Conv", ["x", "w"], "conv", **CONV), bn_node("conv", "bn")]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6), "w": randn(4, 3, 3, 3)},
+                                 initializers=bn_inits(4))
+    assert kinds(canonical) == [("top.Conv", "conv"), ("top.Mul", "bn_mul"), ("top.Add", "bn")]
+
+
 def test_lone_batchnorm_becomes_mul_add(tmp_path):
     canonical, _, _ = canon_onnx(tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 4, 3)}, initializers=bn_inits(5))
     assert kinds(canonical) == [("top.Mul", "bn_mul"), ("top.Add", "bn")]
@@ -503,6 +510,16 @@ def test_shipped_models_match_onnxruntime(tmp_path, model, input_name, shape):
     else:
         assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(0.25)
         assert not [op for op in compute_ops(canonical) if isinstance(op, top.DivOp)]
+
+
+def test_input_weight_store_left_alone(tmp_path):
+    origin, weights = convert_onnx(MODELS / "demo_cnn.onnx", {"input": (1, 3, 32, 32)}, "demo_cnn", "w.npz")
+    before = {n: weights[n].copy() for n in weights}
+    _, cweights = canonicalize(origin, weights, "c.npz")
+    assert sorted(weights) == sorted(before)
+    for n in before:
+        np.testing.assert_array_equal(weights[n], before[n])
+    assert "stem.weight" not in cweights  # folded with its BatchNorm into a new array
 
 
 def test_deterministic(tmp_path):

@@ -221,10 +221,10 @@ class FoldSubIntoProducer(RewritePattern):
                 return
 
 
-# (operand orders that read "x op constant", and the softmax beta factor of the constant)
+# op -> (operand orders that read "x op constant", power of the constant in the scale)
 _SCALES = {
-    top.MulOp: (((0, 1), (1, 0)), lambda c: c),
-    top.DivOp: (((0, 1),), lambda c: 1.0 / c),
+    top.MulOp: (((0, 1), (1, 0)), 1),
+    top.DivOp: (((0, 1),), -1),
 }
 
 
@@ -242,12 +242,12 @@ class FoldScaleIntoSoftmax(RewritePattern):
             return
         if getattr(scale_op.params, "do_relu", False):
             return
-        orders, factor = _SCALES[type(scale_op)]
+        orders, power = _SCALES[type(scale_op)]
         for i, j in orders:
             x, c = scale_op.operands[i], weight_array(scale_op.operands[j], self.weights)
             if c is None or c.size != 1 or c.dtype.kind != "f" or shape_of(x.type) != shape_of(op.results[0].type):
                 continue
-            beta = op.params.beta * factor(float(c.reshape(())))
+            beta = op.params.beta * float(c.reshape(())) ** power
             rewriter.replace(op, top.SoftmaxOp.make([x], replace(op.params, beta=beta), name=op.names[0]))
             rewriter.erase(scale_op)
             return
