@@ -247,7 +247,10 @@ class FoldScaleIntoSoftmax(RewritePattern):
             x, c = scale_op.operands[i], weight_array(scale_op.operands[j], self.weights)
             if c is None or c.size != 1 or c.dtype.kind != "f" or shape_of(x.type) != shape_of(op.results[0].type):
                 continue
-            beta = op.params.beta * float(c.reshape(())) ** power
+            s = float(c.reshape(()))
+            if s == 0.0 or not np.isfinite(s):
+                return  # x * 0 or x / 0 is no softmax temperature
+            beta = op.params.beta * s ** power
             rewriter.replace(op, top.SoftmaxOp.make([x], replace(op.params, beta=beta), name=op.names[0]))
             rewriter.erase(scale_op)
             return
