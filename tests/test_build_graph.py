@@ -217,12 +217,13 @@ def test_two_concurrent_runs_keep_the_db_sound(zoo):
     assert executed(again.stdout) == set(), again.stdout
 
 
-def test_sigterm_keeps_finished_tasks(zoo):
+@pytest.mark.parametrize("jobs", [[], ["-n", "2"]], ids=["serial", "parallel"])
+def test_sigterm_keeps_finished_tasks(zoo, jobs):
     """SIGTERM while compile:b runs: every task that finished before it is not run again."""
     zoo.manifest("a")
     zoo.manifest("b")
     env = {**zoo.env(), "TPUBUILD_DEBUG_DELAY": "compile:b=60"}
-    proc = subprocess.Popen(zoo.cmd("compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(zoo.cmd(*jobs, "compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     deadline = time.monotonic() + 300
     for line in proc.stdout:
