@@ -92,7 +92,8 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
     if failures:
         raise TpuBuildError("TOP inference does not match onnxruntime:\n" + "\n".join(failures),
                             model=model, stage="verify_top",
-                            hint="inspect with `tpubuild infer --all-tensors` and `tpubuild compare`")
+                            hint=f"to inspect: tpubuild infer {canonical_mlir} --input {input_npz} --output top.npz "
+                                 f"--all-tensors && tpubuild compare top.npz {onnx_outs}")
     doc = {
         "model": model,
         "stage": "verify_top",
