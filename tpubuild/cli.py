@@ -53,6 +53,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else EXIT_FAILED
 
 
+def cmd_ops(args: argparse.Namespace) -> int:
+    from tpubuild.frontend.registry import supported
+
+    table = supported()
+    for (domain, op_type), since in table.items():
+        name = f"{domain}.{op_type}" if domain else op_type
+        print(f"{name:<28} from opset {', '.join(str(v) for v in since)}")
+    print(f"{len(table)} ONNX ops supported")
+    return 0
+
+
 def _read_npz(path: str) -> dict:
     """read_npz with the file named in any error: missing, not a zip, pickled objects."""
     import zipfile
@@ -92,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", default="0.99,0.99", metavar="COS,EUC",
                    help="minimum cosine and euclidean similarity (default: 0.99,0.99)")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("ops", help="list the supported ONNX ops and the opsets their converters start at")
+    p.set_defaults(func=cmd_ops)
     return parser
 
 
