@@ -113,6 +113,14 @@ def check_against_ort(tmp_path):
 
 
 @pytest.fixture
+def run_top(tmp_path):
+    """``run_top(model, inputs) -> {tensor: array}``: frontend and TOP inference, no reference run."""
+    def run(model, inputs):
+        return run_ours(model, inputs, tmp_path)
+    return run
+
+
+@pytest.fixture
 def convert(tmp_path):
     """``convert(model, shapes) -> (module, weights)``: save the model and run the frontend."""
     from tpubuild.frontend import convert_onnx

@@ -19,7 +19,7 @@ from xdsl.ir import Attribute, Dialect
 from xdsl.utils.exceptions import VerifyException
 
 from tpubuild.ir.base import TensorOp, op_definition, with_shape
-from tpubuild.ir.types import shape_of
+from tpubuild.ir.types import dtype_from_name, shape_of, tensor_type
 
 
 class TopOp(TensorOp):
@@ -230,6 +230,7 @@ class AxisParams:
 class SoftmaxParams:
     axis: int = -1
     beta: float = 1.0  # softmax(beta * x), as TPU-MLIR's: canonicalize folds a preceding scale in
+    log: bool = False  # log(softmax), as TPU-MLIR's (ONNX LogSoftmax)
 
 
 @op_definition
@@ -356,6 +357,351 @@ class PermuteOp(TopOp):
         if sorted(p.order) != list(range(len(x))):
             raise VerifyException(f"order {p.order} is not a permutation of {len(x)} dims")
         return [with_shape(in_types[0], [x[i] for i in p.order])]
+
+
+# ---- elementwise math, activations, comparisons, reductions, normalisation --------
+
+class UnaryOp(TopOp):
+    """Elementwise on one tensor; the result keeps its type."""
+
+
+@op_definition
+class ExpOp(UnaryOp):
+    name = "top.Exp"
+
+
+@op_definition
+class LogOp(UnaryOp):
+    name = "top.Log"
+
+
+@op_definition
+class SqrtOp(UnaryOp):
+    name = "top.Sqrt"
+
+
+@op_definition
+class AbsOp(UnaryOp):
+    name = "top.Abs"
+
+
+@op_definition
+class FloorOp(UnaryOp):
+    name = "top.Floor"
+
+
+@op_definition
+class CeilOp(UnaryOp):
+    name = "top.Ceil"
+
+
+@op_definition
+class ErfOp(UnaryOp):
+    name = "top.Erf"
+
+
+@op_definition
+class SoftplusOp(UnaryOp):
+    """log(1 + exp(x))."""
+
+    name = "top.Softplus"
+
+
+@op_definition
+class MishOp(UnaryOp):
+    """x * tanh(softplus(x))."""
+
+    name = "top.Mish"
+
+
+@op_definition
+class HardSwishOp(UnaryOp):
+    """x * clip(x / 6 + 1/2, 0, 1)."""
+
+    name = "top.HardSwish"
+
+
+@dataclass(frozen=True)
+class ConstValParams:
+    const_val: float = 1.0
+
+
+@op_definition
+class ReciprocalOp(UnaryOp):
+    """const_val / x, as TPU-MLIR's."""
+
+    name = "top.Reciprocal"
+    PARAMS = ConstValParams
+
+
+@dataclass(frozen=True)
+class AlphaParams:
+    alpha: float
+
+
+@op_definition
+class LeakyReluOp(UnaryOp):
+    """x if x >= 0 else alpha * x."""
+
+    name = "top.LeakyRelu"
+    PARAMS = AlphaParams
+
+
+@op_definition
+class EluOp(UnaryOp):
+    """x if x > 0 else alpha * (exp(x) - 1)."""
+
+    name = "top.Elu"
+    PARAMS = AlphaParams
+
+
+@dataclass(frozen=True)
+class HardSigmoidParams:
+    alpha: float = 0.2
+    beta: float = 0.5
+
+
+@op_definition
+class HardSigmoidOp(UnaryOp):
+    """clip(alpha * x + beta, 0, 1)."""
+
+    name = "top.HardSigmoid"
+    PARAMS = HardSigmoidParams
+
+
+GELU_MODES = ("normal", "tanh")
+
+
+@dataclass(frozen=True)
+class GeluParams:
+    approx_mode: str = "normal"  # normal: x * Phi(x) through erf; tanh: the tanh approximation
+
+
+@op_definition
+class GELUOp(UnaryOp):
+    name = "top.GELU"
+    PARAMS = GeluParams
+
+    @classmethod
+    def infer(cls, p: GeluParams, in_types):
+        if p.approx_mode not in GELU_MODES:
+            raise VerifyException(f"GELU approx_mode {p.approx_mode!r} is not one of {GELU_MODES}")
+        return [in_types[0]]
+
+
+@op_definition
+class PReluOp(TopOp):
+    """x if x >= 0 else slope * x; slope broadcasts to x."""
+
+    name = "top.PRelu"
+    OPERANDS = ("input", "slope")
+
+    @classmethod
+    def infer(cls, p, in_types):
+        x = shape_of(in_types[0])
+        if broadcast_shapes(x, shape_of(in_types[1])) != x:
+            raise VerifyException(f"PRelu slope {shape_of(in_types[1])} does not broadcast to input {x}")
+        return [in_types[0]]
+
+
+@dataclass(frozen=True)
+class PowParams:
+    exponent: float
+
+
+@op_definition
+class PowOp(UnaryOp):
+    """x ** exponent for a constant scalar exponent."""
+
+    name = "top.Pow"
+    PARAMS = PowParams
+
+
+@op_definition
+class Pow3Op(BinaryOp):
+    """lhs ** rhs elementwise with broadcasting (TPU-MLIR's name); the result has lhs's type."""
+
+    name = "top.Pow3"
+
+
+class VariadicOp(TopOp):
+    """Elementwise over any number of inputs with numpy broadcasting."""
+
+    OPERANDS = ("inputs*",)
+
+    @classmethod
+    def infer(cls, p, in_types):
+        return [with_shape(in_types[0], broadcast_shapes(*[shape_of(t) for t in in_types]))]
+
+
+@op_definition
+class MaxOp(VariadicOp):
+    name = "top.Max"
+
+
+@op_definition
+class MinOp(VariadicOp):
+    name = "top.Min"
+
+
+@op_definition
+class WhereOp(TopOp):
+    """cond ? tbrn : fbrn with broadcasting; the result has the branches' element type."""
+
+    name = "top.Where"
+    OPERANDS = ("cond", "tbrn", "fbrn")
+
+    @classmethod
+    def infer(cls, p, in_types):
+        return [with_shape(in_types[1], broadcast_shapes(*[shape_of(t) for t in in_types]))]
+
+
+COMPARE_MODES = ("Equal", "NotEqual", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+                 "And", "Or", "Xor", "Not")
+
+
+@dataclass(frozen=True)
+class CompareParams:
+    mode: str
+
+
+@op_definition
+class CompareOp(TopOp):
+    """Comparisons and logic (TPU-MLIR's modes plus Or); a bool result. ``Not`` takes one operand."""
+
+    name = "top.Compare"
+    PARAMS = CompareParams
+    OPERANDS = ("lhs", "rhs*")
+
+    @classmethod
+    def infer(cls, p: CompareParams, in_types):
+        if p.mode not in COMPARE_MODES:
+            raise VerifyException(f"compare mode {p.mode!r} is not one of {COMPARE_MODES}")
+        if len(in_types) != (1 if p.mode == "Not" else 2):
+            raise VerifyException(f"compare mode {p.mode} takes {1 if p.mode == 'Not' else 2} operands, "
+                                  f"got {len(in_types)}")
+        return [tensor_type(broadcast_shapes(*[shape_of(t) for t in in_types]), np.bool_)]
+
+
+@dataclass(frozen=True)
+class CastParams:
+    to: str  # numpy dtype name of the result: float32, int64, bool, bfloat16...
+
+
+@op_definition
+class CastOp(TopOp):
+    """Element type conversion (ONNX Cast); float -> int truncates, as C casts do."""
+
+    name = "top.Cast"
+    PARAMS = CastParams
+
+    @classmethod
+    def infer(cls, p: CastParams, in_types):
+        return [tensor_type(shape_of(in_types[0]), dtype_from_name(p.to))]
+
+
+REDUCE_MODES = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+
+
+@dataclass(frozen=True)
+class ReduceParams:
+    axes: tuple[int, ...]  # non-negative, ascending, not empty (the frontend resolves 'all')
+    mode: str
+    keepdims: bool = True
+
+
+def _reduced(shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> list[int]:
+    if any(not 0 <= a < len(shape) for a in axes) or len(set(axes)) != len(axes):
+        raise VerifyException(f"reduce axes {tuple(axes)} do not fit rank {len(shape)}")
+    if keepdims:
+        return [1 if i in axes else d for i, d in enumerate(shape)]
+    return [d for i, d in enumerate(shape) if i not in axes]
+
+
+@op_definition
+class ReduceOp(TopOp):
+    """Reduce over ``axes`` by ``mode`` (TPU-MLIR's modes plus SumSquare/LogSum/LogSumExp)."""
+
+    name = "top.Reduce"
+    PARAMS = ReduceParams
+
+    @classmethod
+    def infer(cls, p: ReduceParams, in_types):
+        if p.mode not in REDUCE_MODES:
+            raise VerifyException(f"reduce mode {p.mode!r} is not one of {REDUCE_MODES}")
+        return [with_shape(in_types[0], _reduced(shape_of(in_types[0]), p.axes, p.keepdims))]
+
+
+@dataclass(frozen=True)
+class ArgParams:
+    axis: int  # non-negative
+    mode: str = "ArgMax"  # or ArgMin
+    keepdims: bool = True
+    select_last_index: bool = False
+
+
+@op_definition
+class ArgOp(TopOp):
+    """Index of the max/min along ``axis`` (int64; the first one unless select_last_index)."""
+
+    name = "top.Arg"
+    PARAMS = ArgParams
+
+    @classmethod
+    def infer(cls, p: ArgParams, in_types):
+        if p.mode not in ("ArgMax", "ArgMin"):
+            raise VerifyException(f"arg mode {p.mode!r} is not ArgMax or ArgMin")
+        return [tensor_type(_reduced(shape_of(in_types[0]), (p.axis,), p.keepdims), np.int64)]
+
+
+@op_definition
+class InstanceNormOp(TopOp):
+    """Normalise each (n, c) over the spatial dims; weight/bias [C]."""
+
+    name = "top.InstanceNorm"
+    PARAMS = EpsParams
+    OPERANDS = ("input", "weight", "bias")
+
+
+@dataclass(frozen=True)
+class GroupNormParams:
+    num_groups: int
+    eps: float = 1e-5
+
+
+@op_definition
+class GroupNormOp(TopOp):
+    """Normalise each (n, group of C/num_groups channels) over those channels and the spatial dims;
+    weight/bias per channel [C] (ONNX opset 21's meaning; the frontend widens opset 18's per-group ones)."""
+
+    name = "top.GroupNorm"
+    PARAMS = GroupNormParams
+    OPERANDS = ("input", "weight", "bias")
+
+    @classmethod
+    def infer(cls, p: GroupNormParams, in_types):
+        x = shape_of(in_types[0])
+        if len(x) < 2 or p.num_groups < 1 or x[1] % p.num_groups:
+            raise VerifyException(f"{x[1] if len(x) > 1 else '?'} channels do not split into "
+                                  f"{p.num_groups} groups")
+        return [in_types[0]]
+
+
+@dataclass(frozen=True)
+class LRNParams:
+    size: int
+    alpha: float = 1e-4
+    beta: float = 0.75
+    bias: float = 1.0
+
+
+@op_definition
+class LRNOp(TopOp):
+    """Local response normalisation across ``size`` neighbouring channels."""
+
+    name = "top.LRN"
+    PARAMS = LRNParams
 
 
 TOP_OPS: list[type[TopOp]] = [v for v in list(globals().values())

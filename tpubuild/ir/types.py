@@ -53,3 +53,9 @@ def shape_of(t: Attribute) -> tuple[int, ...]:
 def dtype_of(t: Attribute) -> np.dtype:
     assert isinstance(t, TensorType), t
     return numpy_dtype(t.element_type)
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """A numpy dtype from its name, ml_dtypes' included (``bfloat16`` is not a name numpy knows)."""
+    extra = getattr(ml_dtypes, name, None)
+    return np.dtype(extra) if isinstance(extra, type) else np.dtype(name)

@@ -95,7 +95,10 @@ def _(p: top.PoolParams, x):
 def _(p: top.SoftmaxParams, x):
     if p.beta != 1.0:
         x = x * np.asarray(p.beta, x.dtype)
-    e = np.exp(x - x.max(axis=p.axis, keepdims=True))
+    shifted = x - x.max(axis=p.axis, keepdims=True)
+    e = np.exp(shifted)
+    if p.log:
+        return shifted - np.log(e.sum(axis=p.axis, keepdims=True))
     return e / e.sum(axis=p.axis, keepdims=True)
 
 

@@ -1,3 +1,4 @@
 """One module per ONNX op family; importing them registers their converters."""
 
 from tpubuild.frontend.ops import conv, elementwise, matmul, norm, pool, shape  # noqa: F401
+from tpubuild.frontend.ops import activation, arith, logic, normalization, reduce  # noqa: F401

@@ -1,4 +1,4 @@
-"""Softmax, LayerNormalization, BatchNormalization."""
+"""Softmax, LogSoftmax, LayerNormalization, BatchNormalization."""
 
 from __future__ import annotations
 
@@ -10,25 +10,30 @@ from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
 
-@converter("Softmax", since=1)
-def _(node: Node, ctx: Ctx):
-    """Before opset 13 Softmax flattens to 2-D at ``axis`` and normalises the whole tail."""
+def _softmax_flat(node: Node, ctx: Ctx):
+    """Before opset 13 (Log)Softmax flattens to 2-D at ``axis`` and normalises the whole tail."""
     x, out = node.input(0), node.outputs[0]
     shape = shape_of(x)
     axis = norm_axis(node.attrs.get("axis", 1), len(shape))
+    log = node.op_type == "LogSoftmax"
     if axis == len(shape) - 1:
-        return [ctx.emit(top.SoftmaxOp, [x], top.SoftmaxParams(axis), name=out)]
+        return [ctx.emit(top.SoftmaxOp, [x], top.SoftmaxParams(axis, log=log), name=out)]
     flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
     y = ctx.emit(top.ReshapeOp, [x], top.ShapeParams(flat), name=f"{out}_2d")
-    y = ctx.emit(top.SoftmaxOp, [y], top.SoftmaxParams(1), name=f"{out}_softmax")
+    y = ctx.emit(top.SoftmaxOp, [y], top.SoftmaxParams(1, log=log), name=f"{out}_softmax")
     return [ctx.emit(top.ReshapeOp, [y], top.ShapeParams(shape), name=out)]
 
 
-@converter("Softmax", since=13)
-def _(node: Node, ctx: Ctx):
+def _softmax(node: Node, ctx: Ctx):
     x = node.input(0)
     axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
-    return [ctx.emit(top.SoftmaxOp, [x], top.SoftmaxParams(axis), name=node.outputs[0])]
+    p = top.SoftmaxParams(axis, log=node.op_type == "LogSoftmax")
+    return [ctx.emit(top.SoftmaxOp, [x], p, name=node.outputs[0])]
+
+
+for _op in ("Softmax", "LogSoftmax"):
+    converter(_op, since=1)(_softmax_flat)
+    converter(_op, since=13)(_softmax)
 
 
 @converter("LayerNormalization", since=17)

@@ -1,4 +1,4 @@
-"""MaxPool, AveragePool, GlobalAveragePool."""
+"""MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool."""
 
 from __future__ import annotations
 
@@ -37,10 +37,20 @@ def _(node: Node, ctx: Ctx):
     return _pool(node, ctx, top.AvgPoolOp)
 
 
-@converter("GlobalAveragePool", since=1)
-def _(node: Node, ctx: Ctx):
+def _global(node: Node, ctx: Ctx, cls):
+    """A pool whose window is the whole spatial extent."""
     x = node.input(0)
     spatial = shape_of(x)[2:]
     nd = len(spatial)
     p = top.PoolParams(tuple(spatial), (1,) * nd, (0,) * (2 * nd))
-    return [ctx.emit(top.AvgPoolOp, [x], p, name=node.outputs[0])]
+    return [ctx.emit(cls, [x], p, name=node.outputs[0])]
+
+
+@converter("GlobalAveragePool", since=1)
+def _(node: Node, ctx: Ctx):
+    return _global(node, ctx, top.AvgPoolOp)
+
+
+@converter("GlobalMaxPool", since=1)
+def _(node: Node, ctx: Ctx):
+    return _global(node, ctx, top.MaxPoolOp)

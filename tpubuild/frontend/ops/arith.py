@@ -1,0 +1,95 @@
+"""Math: Exp, Log, Sqrt, Reciprocal, Abs, Neg, Floor, Ceil, Pow, Max, Min, Sum, Mean, Where, Cast."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
+from tpubuild.frontend.registry import converter
+from tpubuild.ir import top
+from tpubuild.ir.types import dtype_of
+
+_PLAIN = {"Exp": top.ExpOp, "Log": top.LogOp, "Sqrt": top.SqrtOp, "Reciprocal": top.ReciprocalOp,
+          "Abs": top.AbsOp, "Floor": top.FloorOp, "Ceil": top.CeilOp}
+
+
+def _plain(node: Node, ctx: Ctx):
+    return [ctx.emit(_PLAIN[node.op_type], [node.input(0)], name=node.outputs[0])]
+
+
+for _op in _PLAIN:
+    converter(_op, since=1)(_plain)
+
+
+def _dtype(value) -> np.dtype:
+    return value.array.dtype if isinstance(value, Const) else dtype_of(value.type)
+
+
+@converter("Neg", since=1)
+def _(node: Node, ctx: Ctx):
+    """x * -1, as TPU-MLIR lowers Neg."""
+    x = node.input(0)
+    minus = Const(np.asarray(-1, _dtype(x)), f"{node.outputs[0]}_minus_one")
+    return [ctx.emit(top.MulOp, [x, minus], name=node.outputs[0])]
+
+
+@converter("Pow", since=1)
+def _(node: Node, ctx: Ctx):
+    """A constant scalar exponent gives top.Pow; anything else the broadcasting top.Pow3."""
+    x, e = node.input(0), node.input(1)
+    if isinstance(e, Const) and e.array.size == 1 and e.array.ndim <= len(shape_of(x)):
+        return [ctx.emit(top.PowOp, [x], top.PowParams(float(e.array.reshape(()))), name=node.outputs[0])]
+    return [ctx.emit(top.Pow3Op, [x, e], name=node.outputs[0])]
+
+
+@converter("Max", since=1)
+def _(node: Node, ctx: Ctx):
+    return [ctx.emit(top.MaxOp, list(node.inputs), name=node.outputs[0])]
+
+
+@converter("Min", since=1)
+def _(node: Node, ctx: Ctx):
+    return [ctx.emit(top.MinOp, list(node.inputs), name=node.outputs[0])]
+
+
+def _sum(node: Node, ctx: Ctx, out: str):
+    """A chain of Adds; the last is named ``out``."""
+    inputs = list(node.inputs)
+    if len(inputs) == 1:
+        return ctx.emit(top.IdentityOp, inputs, name=out)
+    acc = inputs[0]
+    for i, v in enumerate(inputs[1:], start=1):
+        acc = ctx.emit(top.AddOp, [acc, v], name=out if i == len(inputs) - 1 else f"{out}_sum{i}")
+    return acc
+
+
+@converter("Sum", since=1)
+def _(node: Node, ctx: Ctx):
+    return [_sum(node, ctx, node.outputs[0])]
+
+
+@converter("Mean", since=1)
+def _(node: Node, ctx: Ctx):
+    out = node.outputs[0]
+    if len(node.inputs) == 1:
+        return [ctx.emit(top.IdentityOp, [node.input(0)], name=out)]
+    total = _sum(node, ctx, f"{out}_sum")
+    count = Const(np.asarray(len(node.inputs), _dtype(node.input(0))), f"{out}_count")
+    return [ctx.emit(top.DivOp, [total, count], name=out)]
+
+
+@converter("Where", since=9)
+def _(node: Node, ctx: Ctx):
+    return [ctx.emit(top.WhereOp, [node.input(0), node.input(1), node.input(2)], name=node.outputs[0])]
+
+
+@converter("Cast", since=6)
+def _(node: Node, ctx: Ctx):
+    to = helper.tensor_dtype_to_np_dtype(node.attrs["to"])
+    if to.kind not in "fiub" and to.name != "bfloat16":
+        raise NotImplementedError(f"Cast to {TensorProto.DataType.Name(node.attrs['to'])} is not supported")
+    x = node.input(0)
+    if _dtype(x) == to:
+        return [ctx.emit(top.IdentityOp, [x], name=node.outputs[0])]
+    return [ctx.emit(top.CastOp, [x], top.CastParams(to.name), name=node.outputs[0])]

@@ -1,0 +1,47 @@
+"""InstanceNormalization, GroupNormalization, LRN."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
+from tpubuild.frontend.registry import converter
+from tpubuild.ir import top
+
+
+@converter("InstanceNormalization", since=1)
+def _(node: Node, ctx: Ctx):
+    p = top.EpsParams(float(node.attrs.get("epsilon", 1e-5)))
+    return [ctx.emit(top.InstanceNormOp, [node.input(0), node.input(1), node.input(2)], p, name=node.outputs[0])]
+
+
+def _group_norm(node: Node, ctx: Ctx, weight, bias):
+    p = top.GroupNormParams(int(node.attrs["num_groups"]), float(node.attrs.get("epsilon", 1e-5)))
+    return [ctx.emit(top.GroupNormOp, [node.input(0), weight, bias], p, name=node.outputs[0])]
+
+
+@converter("GroupNormalization", since=18)
+def _(node: Node, ctx: Ctx):
+    """Opset 18: scale and bias hold one value per group; widened to one per channel here."""
+    channels = shape_of(node.input(0))[1]
+    groups = int(node.attrs["num_groups"])
+    if groups < 1 or channels % groups:
+        raise ValueError(f"{channels} channels do not split into {groups} groups")
+    per_channel = []
+    for i, what in ((1, "scale"), (2, "bias")):
+        value = ctx.const(node, i, what)
+        per_channel.append(Const(np.repeat(value, channels // groups), f"{node.outputs[0]}_{what}"))
+    return _group_norm(node, ctx, *per_channel)
+
+
+@converter("GroupNormalization", since=21)
+def _(node: Node, ctx: Ctx):
+    """Opset 21: scale and bias per channel; stash_type only picks the float type of the statistics."""
+    return _group_norm(node, ctx, node.input(1), node.input(2))
+
+
+@converter("LRN", since=1)
+def _(node: Node, ctx: Ctx):
+    p = top.LRNParams(int(node.attrs["size"]), float(node.attrs.get("alpha", 1e-4)),
+                      float(node.attrs.get("beta", 0.75)), float(node.attrs.get("bias", 1.0)))
+    return [ctx.emit(top.LRNOp, [node.input(0)], p, name=node.outputs[0])]
