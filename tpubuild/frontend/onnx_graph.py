@@ -115,8 +115,8 @@ class Ctx:
             return None
         if not isinstance(value, Const):
             raise NotImplementedError(
-                f"{node.op_type} input {i} ({what}) must be known at compile time, but it is computed "
-                f"from the graph inputs")
+                f"{node.op_type} input {i} ({what}, tensor {node.proto.input[i]!r}) must be known at compile "
+                f"time, but it is computed from the graph inputs")
         return value.array
 
     def emit(self, cls: type[TensorOp], operands: Sequence[Value], params=None, *, name: str) -> SSAValue:
@@ -159,10 +159,36 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+def upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model brought forward with onnx's version converter when some of its ops have converters only
+    from a later opset (e.g. opset 6 Add, whose `broadcast` attribute opset 7 replaced by numpy rules).
+
+    The target is the lowest opset that serves every such op. When onnx has no adapter for an op the
+    model is returned unchanged, and the unsupported-op report names what is missing.
+    """
+    opset = default_opset(model)
+    table = registry.supported()
+    target = opset
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or registry.find(node.op_type, opset) is not None:
+            continue
+        since = table.get(("", node.op_type))
+        if since:
+            target = max(target, since[0])
+    if target == opset:
+        return model
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, target)
+    except (RuntimeError, onnx.checker.ValidationError):
+        return model
+
+
 class OnnxConverter:
     """Converts one ONNX model (with input shapes fixed) to a TOP module and its weights."""
 
     def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]], *, file: str):
+        model = upgrade_opset(model)
         self.model = model
         self.file = file
         self.opset = default_opset(model)
@@ -295,7 +321,7 @@ class OnnxConverter:
         except (VerifyException, ValueError) as e:
             raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where) from None
         for out_name, value in zip(node.outputs, outs):
-            if isinstance(value, SSAValue) and isinstance(value.owner, TensorOp):
+            if out_name and isinstance(value, SSAValue) and isinstance(value.owner, TensorOp):
                 if value.owner.names[value.index] != out_name:
                     raise AssertionError(f"converter for {node.op_type} named its result "
                                          f"{value.owner.names[value.index]!r}, not {out_name!r}")

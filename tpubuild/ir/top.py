@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from xdsl.dialects.builtin import NoneType, TensorType
+from xdsl.dialects.builtin import NoneType, TensorType, i64
 from xdsl.ir import Attribute, Dialect
 from xdsl.utils.exceptions import VerifyException
 
@@ -357,6 +357,349 @@ class PermuteOp(TopOp):
         if sorted(p.order) != list(range(len(x))):
             raise VerifyException(f"order {p.order} is not a permutation of {len(x)} dims")
         return [with_shape(in_types[0], [x[i] for i in p.order])]
+
+
+# ---- data movement and layout (tensor ops) -----------------------------------
+
+@dataclass(frozen=True)
+class DeconvParams:
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]  # ONNX order, begins then ends; negative pads grow the output
+    dilations: tuple[int, ...]
+    output_padding: tuple[int, ...] = ()
+    group: int = 1
+    do_relu: bool = False
+    relu_limit: float = -1.0
+
+
+@op_definition
+class DeconvOp(TopOp):
+    """Transposed convolution (ONNX ConvTranspose); filter [IC, OC/group, *kernel], optional bias [OC]."""
+
+    name = "top.Deconv"
+    PARAMS = DeconvParams
+    OPERANDS = ("input", "filter", "bias")
+
+    @classmethod
+    def infer(cls, p: DeconvParams, in_types):
+        x, w = shape_of(in_types[0]), shape_of(in_types[1])
+        nd = len(p.kernel_shape)
+        if len(x) != nd + 2 or len(w) != len(x) or x[1] != w[0]:
+            raise VerifyException(f"deconv input {x} / filter {w} do not match kernel {p.kernel_shape}")
+        extra = p.output_padding or (0,) * nd
+        out = [(x[2 + i] - 1) * p.strides[i] + (p.kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
+               - p.pads[i] - p.pads[nd + i] for i in range(nd)]
+        if min(out) < 1:
+            raise VerifyException(f"deconv output size {out} is empty")
+        return [with_shape(in_types[0], [x[0], w[1] * p.group, *out])]
+
+
+@op_definition
+class ExpandOp(TopOp):
+    """Broadcast to ``shape`` (numpy rules, as ONNX Expand)."""
+
+    name = "top.Expand"
+    PARAMS = ShapeParams
+
+    @classmethod
+    def infer(cls, p: ShapeParams, in_types):
+        return [with_shape(in_types[0], broadcast_shapes(shape_of(in_types[0]), p.shape))]
+
+
+@dataclass(frozen=True)
+class TileParams:
+    tile: tuple[int, ...]
+
+
+@op_definition
+class TileOp(TopOp):
+    name = "top.Tile"
+    PARAMS = TileParams
+
+    @classmethod
+    def infer(cls, p: TileParams, in_types):
+        x = shape_of(in_types[0])
+        if len(p.tile) != len(x):
+            raise VerifyException(f"tile {p.tile} does not match rank {len(x)}")
+        return [with_shape(in_types[0], [d * t for d, t in zip(x, p.tile)])]
+
+
+@op_definition
+class GatherOp(TopOp):
+    """ONNX Gather: take ``indices`` (negative counts from the end) along ``axis``."""
+
+    name = "top.Gather"
+    PARAMS = AxisParams
+    OPERANDS = ("input", "indices")
+
+    @classmethod
+    def infer(cls, p: AxisParams, in_types):
+        x, idx = shape_of(in_types[0]), shape_of(in_types[1])
+        axis = _norm_axis(p.axis, len(x))
+        return [with_shape(in_types[0], [*x[:axis], *idx, *x[axis + 1:]])]
+
+
+@op_definition
+class GatherElementsOp(TopOp):
+    name = "top.GatherElements"
+    PARAMS = AxisParams
+    OPERANDS = ("input", "indices")
+
+    @classmethod
+    def infer(cls, p: AxisParams, in_types):
+        x, idx = shape_of(in_types[0]), shape_of(in_types[1])
+        if len(x) != len(idx):
+            raise VerifyException(f"indices rank {len(idx)} differs from input rank {len(x)}")
+        _norm_axis(p.axis, len(x))
+        return [with_shape(in_types[0], idx)]
+
+
+@dataclass(frozen=True)
+class SplitParams:
+    axis: int
+    split_size: tuple[int, ...]
+
+
+@op_definition
+class SplitOp(TopOp):
+    """Split along ``axis`` into pieces of ``split_size``; one result per piece."""
+
+    name = "top.Split"
+    PARAMS = SplitParams
+
+    @classmethod
+    def infer(cls, p: SplitParams, in_types):
+        x = shape_of(in_types[0])
+        axis = _norm_axis(p.axis, len(x))
+        if sum(p.split_size) != x[axis] or min(p.split_size, default=0) < 0:
+            raise VerifyException(f"split sizes {p.split_size} do not add up to dim {axis} of {x}")
+        return [with_shape(in_types[0], [*x[:axis], s, *x[axis + 1:]]) for s in p.split_size]
+
+
+@dataclass(frozen=True)
+class SliceParams:
+    """Per dim (all dims): python-normalised start, stop and step; stop -1 with a negative step means
+    'through index 0'."""
+
+    offset: tuple[int, ...]
+    ends: tuple[int, ...]
+    steps: tuple[int, ...]
+
+
+def slice_len(start: int, stop: int, step: int) -> int:
+    return len(range(start, stop, step))
+
+
+@op_definition
+class SliceOp(TopOp):
+    name = "top.Slice"
+    PARAMS = SliceParams
+
+    @classmethod
+    def infer(cls, p: SliceParams, in_types):
+        x = shape_of(in_types[0])
+        if not len(p.offset) == len(p.ends) == len(p.steps) == len(x) or 0 in p.steps:
+            raise VerifyException(f"slice {p} does not fit input shape {x}")
+        return [with_shape(in_types[0], [slice_len(*a) for a in zip(p.offset, p.ends, p.steps)])]
+
+
+@dataclass(frozen=True)
+class PadParams:
+    paddings: tuple[int, ...]  # ONNX order: begins of every dim, then ends; negative crops
+    val: float = 0.0
+    mode: str = "constant"  # constant, reflect, edge, wrap
+
+
+@op_definition
+class PadOp(TopOp):
+    name = "top.Pad"
+    PARAMS = PadParams
+
+    @classmethod
+    def infer(cls, p: PadParams, in_types):
+        x = shape_of(in_types[0])
+        if len(p.paddings) != 2 * len(x) or p.mode not in ("constant", "reflect", "edge", "wrap"):
+            raise VerifyException(f"pad {p} does not fit input shape {x}")
+        out = [d + p.paddings[i] + p.paddings[len(x) + i] for i, d in enumerate(x)]
+        if min(out, default=1) < 0:
+            raise VerifyException(f"pads {p.paddings} crop more than shape {x}")
+        return [with_shape(in_types[0], out)]
+
+
+@dataclass(frozen=True)
+class InterpParams:
+    """Resize of every dim to ``shape``; ``scales`` (output/input, or as the model gave them) enter the
+    coordinate transform, as ONNX Resize."""
+
+    shape: tuple[int, ...]
+    scales: tuple[float, ...]
+    mode: str = "nearest"  # nearest, linear, cubic
+    coord_mode: str = "half_pixel"  # half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners,
+    #                                 asymmetric, tf_half_pixel_for_nn, tf_crop_and_resize
+    nearest_mode: str = "round_prefer_floor"  # round_prefer_floor, round_prefer_ceil, floor, ceil
+    cubic_coeff_a: float = -0.75
+    exclude_outside: bool = False
+    antialias: bool = False  # downsampling linear/cubic widens the filter by 1/scale (opset 18)
+    roi: tuple[float, ...] = ()  # tf_crop_and_resize: starts of every dim, then ends (normalised)
+    extrapolation_value: float = 0.0  # tf_crop_and_resize: the value outside the roi
+
+
+INTERP_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+                      "tf_half_pixel_for_nn", "tf_crop_and_resize")
+
+
+@op_definition
+class InterpOp(TopOp):
+    """Nearest / (bi)linear / cubic resize (ONNX Resize and Upsample)."""
+
+    name = "top.Interp"
+    PARAMS = InterpParams
+
+    @classmethod
+    def infer(cls, p: InterpParams, in_types):
+        x = shape_of(in_types[0])
+        if len(p.shape) != len(x) or len(p.scales) != len(x):
+            raise VerifyException(f"interp shape {p.shape} / scales {p.scales} do not match rank {len(x)}")
+        if p.mode not in ("nearest", "linear", "cubic"):
+            raise VerifyException(f"unknown interp mode {p.mode!r}")
+        if p.coord_mode not in INTERP_COORD_MODES:
+            raise VerifyException(f"unknown coordinate transformation mode {p.coord_mode!r}")
+        if p.nearest_mode not in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+            raise VerifyException(f"unknown nearest mode {p.nearest_mode!r}")
+        if (p.coord_mode == "tf_crop_and_resize") != (len(p.roi) == 2 * len(x)):
+            raise VerifyException("an roi of 2 x rank values goes with tf_crop_and_resize, and only with it")
+        return [with_shape(in_types[0], p.shape)]
+
+
+@dataclass(frozen=True)
+class Depth2SpaceParams:
+    block_h: int
+    block_w: int
+    is_CRD: bool = False  # channel order of mode CRD (else DCR)
+    is_inversed: bool = False  # SpaceToDepth
+
+
+@op_definition
+class Depth2SpaceOp(TopOp):
+    """DepthToSpace (DCR/CRD) and, inversed, SpaceToDepth on NCHW tensors."""
+
+    name = "top.Depth2Space"
+    PARAMS = Depth2SpaceParams
+
+    @classmethod
+    def infer(cls, p: Depth2SpaceParams, in_types):
+        x = shape_of(in_types[0])
+        if len(x) != 4:
+            raise VerifyException(f"depth2space needs an NCHW input, got {x}")
+        n, c, h, w = x
+        bb = p.block_h * p.block_w
+        if p.is_inversed:
+            if h % p.block_h or w % p.block_w:
+                raise VerifyException(f"spatial dims {h}x{w} are not multiples of block {p.block_h}x{p.block_w}")
+            return [with_shape(in_types[0], [n, c * bb, h // p.block_h, w // p.block_w])]
+        if c % bb:
+            raise VerifyException(f"channels {c} are not a multiple of block {p.block_h}x{p.block_w}")
+        return [with_shape(in_types[0], [n, c // bb, h * p.block_h, w * p.block_w])]
+
+
+@dataclass(frozen=True)
+class EinsumParams:
+    mode: str  # the equation, explicit form ('ab,bc->ac')
+
+
+@op_definition
+class EinsumOp(TopOp):
+    """Einsum the frontend could not lower to MatMul/Permute/Reshape."""
+
+    name = "top.Einsum"
+    PARAMS = EinsumParams
+    OPERANDS = ("inputs*",)
+
+    @classmethod
+    def infer(cls, p: EinsumParams, in_types):
+        shapes = [shape_of(t) for t in in_types]
+        try:
+            out = np.einsum(p.mode, *[np.broadcast_to(np.zeros((), np.float32), s) for s in shapes]).shape
+        except ValueError as e:
+            raise VerifyException(f"einsum {p.mode!r} on shapes {shapes}: {e}") from None
+        return [with_shape(in_types[0], out)]
+
+
+@dataclass(frozen=True)
+class TopKParams:
+    axis: int
+    K: int
+    largest: bool = True
+    sorted: bool = True
+
+
+@op_definition
+class TopKOp(TopOp):
+    """The K largest (or smallest) along ``axis``: values, and their int64 indices."""
+
+    name = "top.TopK"
+    PARAMS = TopKParams
+
+    @classmethod
+    def infer(cls, p: TopKParams, in_types):
+        x = list(shape_of(in_types[0]))
+        axis = _norm_axis(p.axis, len(x))
+        if not 0 <= p.K <= x[axis]:
+            raise VerifyException(f"K={p.K} is out of range for dim {axis} of {x}")
+        x[axis] = p.K
+        return [with_shape(in_types[0], x), TensorType(i64, x)]
+
+
+@dataclass(frozen=True)
+class RnnParams:
+    """ONNX RNN attributes (gate order as ONNX: LSTM iofc, GRU zrh); layout 0 ([seq, batch, ...])."""
+
+    hidden_size: int
+    direction: str = "forward"  # forward, reverse, bidirectional
+    activations: tuple[str, ...] = ()  # () = the ONNX defaults
+    activation_alpha: tuple[float, ...] = ()
+    activation_beta: tuple[float, ...] = ()
+    clip: float = 0.0  # 0: no clipping
+    input_forget: bool = False
+    linear_before_reset: bool = False
+
+
+class RnnOp(TopOp):
+    PARAMS = RnnParams
+    GATES: ClassVar[int] = 1
+
+    @classmethod
+    def infer(cls, p: RnnParams, in_types):
+        x, w = shape_of(in_types[0]), shape_of(in_types[1])
+        dirs = 2 if p.direction == "bidirectional" else 1
+        if len(x) != 3 or w != (dirs, cls.GATES * p.hidden_size, x[2]):
+            raise VerifyException(f"{cls.name}: input {x} / weights {w} do not fit hidden size {p.hidden_size} "
+                                  f"and direction {p.direction}")
+        seq, batch = x[0], x[1]
+        y = with_shape(in_types[0], [seq, dirs, batch, p.hidden_size])
+        h = with_shape(in_types[0], [dirs, batch, p.hidden_size])
+        return [y] + [h] * (cls.NUM_RESULTS - 1)
+
+
+@op_definition
+class LSTMOp(RnnOp):
+    """Single-layer LSTM; results Y, Y_h, Y_c."""
+
+    name = "top.LSTM"
+    OPERANDS = ("input", "filter", "recurrence", "bias", "initial_h", "initial_c", "peephole")
+    GATES = 4
+    NUM_RESULTS = 3
+
+
+@op_definition
+class GRUOp(RnnOp):
+    """Single-layer GRU; results Y, Y_h."""
+
+    name = "top.GRU"
+    OPERANDS = ("input", "filter", "recurrence", "bias", "initial_h")
+    GATES = 3
+    NUM_RESULTS = 2
 
 
 # ---- elementwise math, activations, comparisons, reductions, normalisation --------

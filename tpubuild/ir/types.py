@@ -17,6 +17,9 @@ _TO_MLIR = {
     np.dtype(np.float32): f32, np.dtype(np.float16): f16, np.dtype(ml_dtypes.bfloat16): bf16,
     np.dtype(np.float64): f64, np.dtype(np.int64): i64, np.dtype(np.int32): i32, np.dtype(np.int16): i16,
     np.dtype(np.int8): i8, np.dtype(np.uint8): u8, np.dtype(np.bool_): i1,
+    # wider unsigned types occur in index/shape arithmetic of real graphs
+    np.dtype(np.uint16): IntegerType(16, Signedness.UNSIGNED), np.dtype(np.uint32): IntegerType(32, Signedness.UNSIGNED),
+    np.dtype(np.uint64): IntegerType(64, Signedness.UNSIGNED),
 }
 _FROM_MLIR = {v: k for k, v in _TO_MLIR.items()}
 _STORAGE = {"i8": np.dtype(np.int8), "u8": np.dtype(np.uint8), "i16": np.dtype(np.int16),

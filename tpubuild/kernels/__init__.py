@@ -6,4 +6,5 @@ from tpubuild.kernels.registry import KernelError, get_kernel, kernel  # noqa: F
 def load_all() -> None:
     """Import every kernel module so their registrations run."""
     from tpubuild.kernels import elementwise, nn, tensor  # noqa: F401
+    from tpubuild.kernels import deconv, layout, resize, rnn  # noqa: F401
     from tpubuild.kernels import norm, pointwise, reduce  # noqa: F401

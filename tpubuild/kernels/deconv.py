@@ -1,0 +1,43 @@
+"""Transposed convolution: every input pixel scatters filter-weighted copies into the output."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpubuild.ir import top
+from tpubuild.kernels.activation import fused
+from tpubuild.kernels.registry import kernel
+
+
+@kernel(top.DeconvOp)
+def _(p: top.DeconvParams, x, w, b):
+    nd = len(p.kernel_shape)
+    n, c = x.shape[:2]
+    g = p.group
+    cin, cout = c // g, w.shape[1]
+    spatial = x.shape[2:]
+    kernel_shape = w.shape[2:]
+    extra = p.output_padding or (0,) * nd
+    # contributions of each input pixel for each kernel tap: [n, g, cout, *kernel, *spatial]
+    xg = x.reshape(n, g, cin, math.prod(spatial)).astype(np.float64)
+    wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(np.float64)
+    taps = np.matmul(np.swapaxes(wg, 1, 2)[None], xg).reshape(n, g, cout, *kernel_shape, *spatial)
+    full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
+            for i in range(nd)]
+    y = np.zeros((n, g, cout, *full), np.float64)
+    for tap in np.ndindex(*kernel_shape):
+        window = tuple(slice(k * d, k * d + (size - 1) * s + 1, s)
+                       for k, d, s, size in zip(tap, p.dilations, p.strides, spatial))
+        y[(slice(None),) * 3 + window] += taps[(slice(None),) * 3 + tap]
+    # pads crop the full output; negative pads (from an explicit output_shape) extend it with zeros
+    begins, ends = p.pads[:nd], p.pads[nd:]
+    grow = [(0, 0)] * 3 + [(max(-bb, 0), max(-e, 0)) for bb, e in zip(begins, ends)]
+    y = np.pad(y, grow)
+    crop = tuple(slice(max(bb, 0), y.shape[3 + i] - max(e, 0)) for i, (bb, e) in enumerate(zip(begins, ends)))
+    y = y[(slice(None),) * 3 + crop]
+    y = y.reshape(n, g * cout, *y.shape[3:])
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return fused(y.astype(x.dtype), p)

@@ -1,0 +1,118 @@
+"""Interp (ONNX Resize/Upsample): separable nearest, linear and cubic resampling, one axis at a time.
+
+Source coordinates follow ONNX Resize: each output index maps to a real input
+coordinate by the coordinate transformation mode, the interpolation weights
+come from that coordinate's fraction, and neighbours outside the input are
+clamped to the edge (``exclude_outside`` drops them and renormalises instead).
+Arithmetic is float64, as onnx's reference, then cast back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpubuild.ir import top
+from tpubuild.kernels.registry import kernel
+
+
+def _half_pixel_symmetric(x, scale, in_len, out_len):
+    adjustment = out_len / (scale * in_len)
+    return in_len / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
+
+
+# mode -> fn(output indices, scale, input length, output length) -> source coordinates
+_COORDS = {
+    "half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5,
+    "half_pixel_symmetric": _half_pixel_symmetric,
+    "pytorch_half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5 if s * n != 1 else np.full_like(x, -0.5),
+    "align_corners": lambda x, s, n, m: x * (n - 1) / (s * n - 1) if s * n != 1 else np.zeros_like(x),
+    "asymmetric": lambda x, s, n, m: x / s,
+    "tf_half_pixel_for_nn": lambda x, s, n, m: (x + 0.5) / s,
+}
+
+# nearest_mode -> offset from the left neighbour given the fraction in (0, 1]
+_NEAREST = {
+    "round_prefer_floor": lambda r: (r > 0.5).astype(np.int64),
+    "round_prefer_ceil": lambda r: (r >= 0.5).astype(np.int64),
+    "floor": lambda r: (r == 1.0).astype(np.int64),
+    "ceil": lambda r: np.ones_like(r, dtype=np.int64),
+}
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel at distances d."""
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _taps(frac: np.ndarray, p: top.InterpParams, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Neighbour offsets from the left neighbour, and their weights, per output position.
+
+    Antialiased downsampling stretches the linear/cubic kernel by 1/scale, so more
+    neighbours contribute, and the weights are renormalised (as onnx's reference).
+    """
+    s = min(scale, 1.0) if p.antialias else 1.0
+    if p.mode == "nearest":
+        return _NEAREST[p.nearest_mode](frac)[:, None], np.ones((len(frac), 1))
+    if p.mode == "linear":
+        start = math.floor(-1 / s) + 1
+        offsets = np.arange(start, 2 - start)
+        weights = np.clip(1 - np.abs((offsets - frac[:, None]) * s), 0, 1)
+    else:
+        start = math.floor(-2 / s) + 1
+        offsets = np.arange(start, 2 - start)
+        weights = _cubic((offsets - frac[:, None]) * s, p.cubic_coeff_a)
+    if p.antialias:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return np.broadcast_to(offsets, weights.shape), weights
+
+
+def _resample_axis(x: np.ndarray, axis: int, out_len: int, p: top.InterpParams) -> np.ndarray:
+    in_len = x.shape[axis]
+    scale = p.scales[axis]
+    outside = None
+    if p.coord_mode == "tf_crop_and_resize":
+        rank = len(p.scales)
+        start, end = p.roi[axis], p.roi[rank + axis]
+        full = scale * in_len
+        src = (np.full(out_len, (end - start) * (in_len - 1) / 2) if full == 1
+               else np.arange(out_len) * (end - start) * (in_len - 1) / (full - 1))
+        src = src + start * (in_len - 1)
+        outside = (src < 0) | (src > in_len - 1)
+    else:
+        src = _COORDS[p.coord_mode](np.arange(out_len, dtype=np.float64), scale, in_len, out_len)
+    # the left neighbour, chosen so the fraction lies in (0, 1] (an integer coordinate is its own right one)
+    left = np.ceil(src).astype(np.int64) - 1
+    frac = src - left
+    offsets, weights = _taps(frac, p, scale)
+    idx = left[:, None] + offsets
+    if p.exclude_outside:
+        weights = np.where((idx < 0) | (idx >= in_len), 0.0, weights)
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = weights / np.where(total == 0, 1.0, total)
+    gathered = np.take(x, np.clip(idx, 0, in_len - 1), axis=axis)  # [..., out, taps, ...]
+    shape = (1,) * axis + weights.shape + (1,) * (x.ndim - axis - 1)
+    y = (gathered * weights.reshape(shape)).sum(axis=axis + 1)
+    if outside is not None and outside.any():
+        mask = outside.reshape((1,) * axis + (out_len,) + (1,) * (x.ndim - axis - 1))
+        y = np.where(mask, p.extrapolation_value, y)
+    return y
+
+
+@kernel(top.InterpOp)
+def _(p: top.InterpParams, x):
+    y = x.astype(np.float64)
+    for axis, out_len in enumerate(p.shape):
+        identity = math.isclose(p.scales[axis], 1.0) and out_len == y.shape[axis]
+        if p.roi:
+            rank = len(p.scales)
+            identity = identity and p.roi[axis] == 0.0 and p.roi[rank + axis] == 1.0
+        if not identity:
+            y = _resample_axis(y, axis, out_len, p)
+    if x.dtype.kind in "iu":
+        y = np.rint(y)
+    return y.astype(x.dtype)
