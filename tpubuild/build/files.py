@@ -22,15 +22,31 @@ import numpy as np
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp makes 0600 files; artifacts get the mode a plain open() would give them
+_MODE = 0o666 & ~_umask()
+
+
+def _temp_beside(target: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, _MODE)
+    os.close(fd)
+    return Path(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it replaces ``path``, on error it is removed."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = _temp_beside(target)
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -106,9 +122,7 @@ def all_or_nothing(*paths: str | os.PathLike) -> Iterator[list[Path]]:
     try:
         for t in targets:
             t.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{t.name}.", suffix=".tmp", dir=t.parent)
-            os.close(fd)
-            temps.append(Path(tmp))
+            temps.append(_temp_beside(t))
         yield temps
         for tmp, t in zip(temps, targets):
             os.replace(tmp, t)
