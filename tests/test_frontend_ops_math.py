@@ -463,3 +463,31 @@ def test_every_issue3_math_op_is_registered():
     assert [op for op in wanted if ("", op) not in table] == []
     assert table[("", "ReduceSum")] == [1, 13] and table[("", "ReduceMean")] == [1, 18]
     assert table[("", "GroupNormalization")] == [18, 21] and table[("", "LogSoftmax")] == [1, 13]
+
+
+FLOAT8 = [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ]
+
+
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("to", FLOAT8, ids=TensorProto.DataType.Name)
+def test_cast_through_float8(check_onnx, to, saturate):
+    """float -> float8 -> float: rounding, and out-of-range values/infinities clamped or not."""
+    x = np.concatenate([randn(16) * 10, np.array([1e6, -1e6, np.inf, -np.inf, np.nan, 0.0, 500.0], np.float32)])
+    nodes = [node("Cast", ["x"], ["f8"], to=to, saturate=saturate), node("Cast", ["f8"], to=TensorProto.FLOAT)]
+    check_onnx(nodes, {"x": x}, opset=19, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("to", [TensorProto.INT4, TensorProto.UINT4], ids=TensorProto.DataType.Name)
+def test_cast_through_4bit(check_onnx, to):
+    """Whole values only: for fractions onnxruntime rounds to nearest even while the ONNX test data
+    (and ml_dtypes, and the C cast used for 8-bit and wider) truncate; the spec leaves it open."""
+    x = np.arange(-8, 8, dtype=np.float32) if to == TensorProto.INT4 else np.arange(0, 16, dtype=np.float32)
+    nodes = [node("Cast", ["x"], ["q"], to=to), node("Cast", ["q"], to=TensorProto.FLOAT)]
+    check_onnx(nodes, {"x": x}, opset=21, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceLogSumExp"])
+def test_reduce_empty_set(check_onnx, op):
+    """Reducing over an empty axis gives the reduction's identity (-inf for max, 1 for prod...)."""
+    check_onnx(node(op, ["x", "axes"], keepdims=1), {"x": np.zeros((2, 0, 3), np.float32)},
+               initializers={"axes": np.array([1], np.int64)}, opset=18)

@@ -100,6 +100,24 @@ def test_unknown_quant_storage_refused():
         UniformType.get("i4", f32, [1.0], [0])
 
 
+ELEMENT_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int64, np.int32, np.int16, np.int8,
+                  np.uint8, np.bool_, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz,
+                  ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e8m0fnu, ml_dtypes.int4, ml_dtypes.uint4,
+                  ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.float4_e2m1fn]
+
+
+def test_element_types_round_trip_and_parse_upstream(tmp_path):
+    """Every dtype a tensor may hold maps to an MLIR element type that xDSL and upstream MLIR read back."""
+    builder = mlir.GraphBuilder([tensor_type([2, 3], d) for d in ELEMENT_DTYPES])
+    outs = [builder.add(top.InputOp.make([a], name=f"in{i}")).results[0] for i, a in enumerate(builder.args)]
+    module = builder.finish(outs, name="types", weight_file="types_weights.npz")
+    path = tmp_path / "types.mlir"
+    mlir.save_module(module, path)
+    parsed = mlir.load_module(path)
+    assert [dtype_of(op.results[0].type) for op in mlir.input_ops(parsed)] == [np.dtype(d) for d in ELEMENT_DTYPES]
+    upstream(path)
+
+
 # ---- module attributes, printing, parsing ---------------------------------------
 
 def test_module_attrs_round_trip():
@@ -268,6 +286,8 @@ def weight_arrays():
             "shape": np.array([1, -1], np.int64),
             "half": rng.standard_normal(5).astype(np.float16),
             "bf16": rng.standard_normal(6).astype(ml_dtypes.bfloat16),
+            "f8": rng.standard_normal(6).astype(ml_dtypes.float8_e4m3fn),
+            "i4": np.arange(-8, 8).astype(ml_dtypes.int4),
             "mask": np.array([True, False])}
 
 

@@ -928,7 +928,9 @@ class CompareOp(TopOp):
 
 @dataclass(frozen=True)
 class CastParams:
-    to: str  # numpy dtype name of the result: float32, int64, bool, bfloat16...
+    to: str  # numpy dtype name of the result: float32, int64, bool, bfloat16, float8_e4m3fn...
+    saturate: bool = True  # float8 targets only: out-of-range values clamp to the largest finite one
+    round_mode: str = "up"  # float8_e8m0fnu target only: up, down or nearest (ONNX Cast-24)
 
 
 @op_definition

@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
+from onnx.numpy_helper import to_float8e8m0
 
 from tpubuild.ir import top
 from tpubuild.ir.types import dtype_from_name
@@ -145,5 +147,13 @@ def _(p: top.CompareParams, *xs):
 
 @kernel(top.CastOp)
 def _(p: top.CastParams, x):
+    to = dtype_from_name(p.to)
+    if to == ml_dtypes.float8_e8m0fnu:  # a power of two: its own rounding rule
+        return to_float8e8m0(x, saturate=p.saturate, round_mode=p.round_mode)
+    if p.saturate and to.name.startswith("float8") and x.dtype.kind == "f":
+        # clamp to +-max, infinities too (onnxruntime does so for the fnuz types as well,
+        # although the spec's table says NaN there); NaN stays NaN
+        big = float(ml_dtypes.finfo(to).max)
+        x = np.clip(x, -big, big)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf -> int: ONNX leaves the value undefined
-        return x.astype(dtype_from_name(p.to))  # float -> int truncates toward zero, as ONNX's C cast
+        return x.astype(to)  # float -> int truncates toward zero, as ONNX's C cast

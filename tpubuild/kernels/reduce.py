@@ -9,17 +9,31 @@ from tpubuild.kernels.registry import kernel
 
 
 def _log_sum_exp(x, axis, keepdims):
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0)  # all -inf (or inf) along an axis: let exp/log give the answer
     out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
+def _extreme(fn, pick):
+    """max/min that give the identity (lowest/highest value) over an empty set, as ONNX 18 says."""
+    def run(x, axis, keepdims):
+        if x.dtype == np.bool_:
+            initial = pick == "min"  # max over nothing is False, min is True
+        elif x.dtype.kind == "f":
+            initial = -np.inf if pick == "max" else np.inf
+        else:
+            info = np.iinfo(x.dtype)
+            initial = info.min if pick == "max" else info.max
+        return fn(x, axis=axis, keepdims=keepdims, initial=initial)
+    return run
+
+
 _REDUCE = {
     "ReduceMean": np.mean,
     "ReduceSum": np.sum,
-    "ReduceMax": np.max,
-    "ReduceMin": np.min,
+    "ReduceMax": _extreme(np.max, "max"),
+    "ReduceMin": _extreme(np.min, "min"),
     "ReduceProd": np.prod,
     "ReduceL1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
     "ReduceL2": lambda x, axis, keepdims: np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims)),

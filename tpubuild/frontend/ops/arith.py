@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
-from tpubuild.ir.types import dtype_of
+from tpubuild.ir.types import dtype_of, element_type
 
 _PLAIN = {"Exp": top.ExpOp, "Log": top.LogOp, "Sqrt": top.SqrtOp, "Reciprocal": top.ReciprocalOp,
           "Abs": top.AbsOp, "Floor": top.FloorOp, "Ceil": top.CeilOp}
@@ -87,9 +87,13 @@ def _(node: Node, ctx: Ctx):
 @converter("Cast", since=6)
 def _(node: Node, ctx: Ctx):
     to = helper.tensor_dtype_to_np_dtype(node.attrs["to"])
-    if to.kind not in "fiub" and to.name != "bfloat16":
-        raise NotImplementedError(f"Cast to {TensorProto.DataType.Name(node.attrs['to'])} is not supported")
+    try:
+        element_type(to)
+    except NotImplementedError:
+        raise NotImplementedError(f"Cast to {TensorProto.DataType.Name(node.attrs['to'])} is not supported") from None
     x = node.input(0)
     if _dtype(x) == to:
         return [ctx.emit(top.IdentityOp, [x], name=node.outputs[0])]
-    return [ctx.emit(top.CastOp, [x], top.CastParams(to.name), name=node.outputs[0])]
+    p = top.CastParams(to.name, saturate=bool(node.attrs.get("saturate", 1)),
+                       round_mode=node.attrs.get("round_mode", "up"))
+    return [ctx.emit(top.CastOp, [x], p, name=node.outputs[0])]
