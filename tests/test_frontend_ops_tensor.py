@@ -541,3 +541,32 @@ def test_opset6_upgrade_impossible_is_refused(convert):
 
     with pytest.raises(TpuBuildError, match=r"unsupported ONNX ops at opset 6: Add \(nodes: 'z'\)"):
         convert(_opset6_add((3,), 1), {"x": [2, 3, 4], "y": [3]})
+
+
+# ---- shared converters fixed along the way -----------------------------------------------
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_norm_mean_inv_std_dev(check_onnx, axis):
+    """LayerNormalization's optional Mean/InvStdDev outputs: top.LayerNorm with its stats results."""
+    check_onnx(node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv_std"], axis=axis, epsilon=1e-3),
+               {"x": randn(2, 3, 5)}, initializers={"s": randn(*(3, 5)[axis:] if axis == 1 else (5,)),
+                                                    "b": randn(*(3, 5)[axis:] if axis == 1 else (5,))}, opset=17)
+
+
+def test_prelu_opset6_per_channel(convert):
+    """Before opset 7 a [C] slope applies along dim 1, not numpy-broadcast on the last dim."""
+    from onnx import TensorProto, numpy_helper
+
+    from tpubuild.top.inference import run
+
+    slope = np.array([0.1, -0.5, 2.0], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+        initializer=[numpy_helper.from_array(slope, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)], ir_version=3)
+    x = randn(2, 3, 4)
+    module, weights = convert(model, {"x": [2, 3, 4]})
+    expect = np.where(x >= 0, x, x * slope[None, :, None])
+    np.testing.assert_allclose(run(module, weights, {"x": x})["y"], expect, rtol=1e-6)

@@ -243,6 +243,7 @@ class SoftmaxOp(TopOp):
 class LayerNormParams:
     axis: int = -1
     eps: float = 1e-5
+    stats: bool = False  # also return the mean and 1/stddev (ONNX's Mean/InvStdDev, TPU-MLIR's mean/rstd)
 
 
 @op_definition
@@ -252,6 +253,15 @@ class LayerNormOp(TopOp):
     name = "top.LayerNorm"
     PARAMS = LayerNormParams
     OPERANDS = ("input", "scale", "bias")
+
+    @classmethod
+    def infer(cls, p: LayerNormParams, in_types):
+        if not p.stats:
+            return [in_types[0]]
+        x = shape_of(in_types[0])
+        axis = _norm_axis(p.axis, len(x))
+        stat = with_shape(in_types[0], [*x[:axis], *[1] * (len(x) - axis)])
+        return [in_types[0], stat, stat]
 
 
 @dataclass(frozen=True)

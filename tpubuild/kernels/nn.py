@@ -108,12 +108,14 @@ def _(p: top.LayerNormParams, x, scale, bias):
     mean = x.mean(axis=axes, keepdims=True)
     d = x - mean
     var = (d * d).mean(axis=axes, keepdims=True)
-    y = d / np.sqrt(var + np.asarray(p.eps, x.dtype))
+    rstd = 1 / np.sqrt(var + np.asarray(p.eps, x.dtype))
+    y = d * rstd
     if scale is not None:
         y = y * scale
     if bias is not None:
         y = y + bias
-    return y.astype(x.dtype, copy=False)
+    y = y.astype(x.dtype, copy=False)
+    return (y, mean, rstd) if p.stats else y
 
 
 @kernel(top.BatchNormOp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpubuild.frontend.onnx_graph import Const, Ctx, Node
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
@@ -49,6 +49,18 @@ def _(node: Node, ctx: Ctx):
 
 
 @converter("PRelu", since=1)
+def _(node: Node, ctx: Ctx):
+    """Before opset 7 a 1-D slope of C values is per channel (dim 1), not numpy-broadcast."""
+    x, slope = node.input(0), node.input(1)
+    rank, s = len(shape_of(x)), shape_of(slope)
+    if rank > 2 and len(s) == 1 and s[0] > 1:
+        per_channel = (s[0],) + (1,) * (rank - 2)
+        slope = (Const(slope.array.reshape(per_channel), f"{slope.name}_per_channel") if isinstance(slope, Const)
+                 else ctx.emit(top.ReshapeOp, [slope], top.ShapeParams(per_channel), name=f"{node.outputs[0]}_slope"))
+    return [ctx.emit(top.PReluOp, [x, slope], name=node.outputs[0])]
+
+
+@converter("PRelu", since=7)
 def _(node: Node, ctx: Ctx):
     return [ctx.emit(top.PReluOp, [node.input(0), node.input(1)], name=node.outputs[0])]
 

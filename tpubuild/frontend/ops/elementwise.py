@@ -30,9 +30,13 @@ for _op in _UNARY:
 
 @converter("Dropout", since=1)
 def _(node: Node, ctx: Ctx):
+    # training_mode decides what the op computes, so it must be known (a graph input could be true)
+    training = ctx.const(node, 2, "training_mode")
+    if training is not None and bool(training):
+        ratio = ctx.const(node, 1, "ratio")
+        if ratio is None or float(ratio) != 0.0:  # a zero ratio drops nothing even in training
+            raise NotImplementedError("Dropout with training_mode=true (random drops) is not supported")
     y = ctx.emit(top.IdentityOp, [node.input(0)], name=node.outputs[0])
-    if node.input(2) is not None and isinstance(node.input(2), Const) and bool(node.input(2).array):
-        raise NotImplementedError("Dropout with training_mode=true is not supported at inference")
     # at inference nothing is dropped: the mask, when asked for, is all true
     mask = [Const(np.ones(shape_of(node.input(0)), np.bool_), name) for name in node.outputs[1:2] if name]
     return [y, *mask]

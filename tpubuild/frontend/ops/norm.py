@@ -38,12 +38,16 @@ for _op in ("Softmax", "LogSoftmax"):
 
 @converter("LayerNormalization", since=17)
 def _(node: Node, ctx: Ctx):
-    if any(node.outputs[1:]):
-        raise NotImplementedError("LayerNormalization's Mean/InvStdDev outputs are not supported")
     x = node.input(0)
     axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
-    p = top.LayerNormParams(axis, float(node.attrs.get("epsilon", 1e-5)))
-    return [ctx.emit(top.LayerNormOp, [x, node.input(1), node.input(2)], p, name=node.outputs[0])]
+    operands = [x, node.input(1), node.input(2)]
+    if not any(node.outputs[1:]):
+        p = top.LayerNormParams(axis, float(node.attrs.get("epsilon", 1e-5)))
+        return [ctx.emit(top.LayerNormOp, operands, p, name=node.outputs[0])]
+    # Mean/InvStdDev wanted too: the multi-result form (unused ones get derived names)
+    p = top.LayerNormParams(axis, float(node.attrs.get("epsilon", 1e-5)), stats=True)
+    names = [o or f"{node.label}_stat{i}" for i, o in enumerate((node.outputs + ["", ""])[:3])]
+    return ctx.emit_multi(top.LayerNormOp, operands, p, names=names)
 
 
 @converter("BatchNormalization", since=6)

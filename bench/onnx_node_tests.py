@@ -1,0 +1,360 @@
+"""ONNX backend node tests through frontend + canonicalize + TOP inference.
+
+Every case whose op types are all supported (a converter is registered, or the
+node is constant-folded: Constant, Shape, Size, or inputs that are all
+constants) is converted with its input shapes taken from the test data, run
+through canonicalize and TOP inference, and compared with the expected outputs
+(np.allclose rtol 1e-4, atol 1e-5; integers and booleans exactly).
+
+Suites:
+  node               the generated node test cases. The onnx 1.23 wheel ships only their
+                     generators, so they are regenerated deterministically (numpy seeded, as
+                     `onnx/backend/test/cmd_tools.py generate-data` writes them) into
+                     build/onnx-node-cases/onnx-<version>/ on first use.
+  pytorch-converted  and pytorch-operator: the data folders the wheel does ship.
+
+Graph inputs that the compiler needs at compile time (Resize scales, TopK's K, Slice
+starts, ...) are test inputs in many node cases; such an input is frozen to its
+test value as an initializer (what a user's model has, or a manifest gives), and the
+case is counted as such. A case whose non-tensor types (sequences, optionals, maps)
+the compiler cannot express is counted as unsupported.
+
+Usage: PYTHONPATH=. python bench/onnx_node_tests.py [--suite node] [--filter REGEX] [--limit N] [-v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "build" / "onnx-node-cases"
+WHEEL_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+SUITES = ("node", "pytorch-converted", "pytorch-operator")
+SEED = 0
+RTOL, ATOL = 1e-4, 1e-5
+FOLDED = {"Constant", "Shape", "Size"}  # evaluated at compile time whatever their inputs
+FROZEN_RE = re.compile(r"tensor '([^']*)'\) must be known at compile time")
+
+
+# ---- the node cases, regenerated ------------------------------------------------
+
+def _write_tensor(path: Path, value, name: str) -> None:
+    proto = value if isinstance(value, onnx.TensorProto) else numpy_helper.from_array(np.asarray(value), name)
+    path.write_bytes(proto.SerializeToString())
+
+
+def _write_case(case, out: Path) -> None:
+    """One case as cmd_tools writes it: model.onnx and test_data_set_*/{input,output}_*.pb (tensors only)."""
+    out.mkdir(parents=True)
+    (out / "model.onnx").write_bytes(case.model.SerializeToString())
+    graph = case.model.graph
+    tensor_io = all(v.type.HasField("tensor_type") for v in list(graph.input) + list(graph.output))
+    (out / "meta.json").write_text(json.dumps({"tensor_io": tensor_io}, sort_keys=True))
+    if not tensor_io:
+        return  # sequence/optional/map data: the compiler has no such types; no data written
+    for i, (inputs, outputs) in enumerate(case.data_sets):
+        data_dir = out / f"test_data_set_{i}"
+        data_dir.mkdir()
+        for j, value in enumerate(inputs):
+            _write_tensor(data_dir / f"input_{j}.pb", value, graph.input[j].name)
+        for j, value in enumerate(outputs):
+            _write_tensor(data_dir / f"output_{j}.pb", value, graph.output[j].name)
+
+
+def node_cases_dir() -> Path:
+    """The regenerated node cases, written once per onnx version (atomically: a temp dir renamed)."""
+    target = CACHE / f"onnx-{onnx.__version__}-seed{SEED}"
+    if (target / "COMPLETE").exists():
+        return target
+    import warnings
+
+    from onnx.backend.test.case import node as node_cases
+
+    np.random.seed(SEED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the generators overflow casts on purpose
+        cases = node_cases.collect_testcases()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=CACHE))
+    for case in cases:
+        _write_case(case, tmp / case.name)
+    (tmp / "COMPLETE").write_text(f"{len(cases)} cases, onnx {onnx.__version__}, numpy seed {SEED}\n")
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target
+
+
+# ---- cases ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    suite: str
+    name: str
+    path: Path
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return onnx.load(os.fspath(self.path / "model.onnx"))
+
+    @property
+    def meta(self) -> dict:
+        meta = self.path / "meta.json"
+        return json.loads(meta.read_text()) if meta.exists() else {}
+
+    def data_sets(self) -> Iterator[tuple[list[onnx.TensorProto], list[np.ndarray]]]:
+        for d in sorted(self.path.glob("test_data_set_*")):
+            ins = [_load_tensor(p) for p in sorted(d.glob("input_*.pb"), key=_index)]
+            outs = [numpy_helper.to_array(_load_tensor(p)) for p in sorted(d.glob("output_*.pb"), key=_index)]
+            yield ins, outs
+
+
+def _index(p: Path) -> int:
+    return int(p.stem.rsplit("_", 1)[1])
+
+
+def _load_tensor(path: Path) -> onnx.TensorProto:
+    t = onnx.TensorProto()
+    t.ParseFromString(path.read_bytes())
+    return t
+
+
+def _op_key(model: onnx.ModelProto) -> str:
+    ops = list(dict.fromkeys(n.op_type for n in model.graph.node if n.op_type != "Constant"))
+    return "+".join(ops) or "Constant"
+
+
+def op_key(case: Case, model: onnx.ModelProto) -> str:
+    """What the report groups a case under: its op type; a function's expansion under the function's op."""
+    if "_expanded" in case.name:
+        base = case.path.parent / case.name.split("_expanded")[0]
+        if (base / "model.onnx").exists():
+            return f"{_op_key(onnx.load(os.fspath(base / 'model.onnx')))} (expanded)"
+    return _op_key(model)
+
+
+def suite_dir(suite: str) -> Path:
+    return node_cases_dir() if suite == "node" else WHEEL_DATA / suite
+
+
+def list_cases(suite: str, pattern: str | None = None) -> list[Case]:
+    root = suite_dir(suite)
+    rx = re.compile(pattern) if pattern else None
+    return [Case(suite, d.name, d) for d in sorted(root.iterdir())
+            if d.is_dir() and (d / "model.onnx").exists() and (rx is None or rx.search(d.name))]
+
+
+def unsupported_reason(case: Case, model: onnx.ModelProto) -> str | None:
+    """Why the case is outside what the frontend claims to support (None: it is in scope)."""
+    from tpubuild.frontend import registry
+
+    table = registry.supported()
+    if not case.meta.get("tensor_io", True):
+        return "non-tensor inputs/outputs (sequence/optional/map)"
+    known = {t.name for t in model.graph.initializer}
+    missing = []
+    for node in model.graph.node:
+        static = all(i in known for i in node.input if i)
+        if node.op_type in FOLDED or static or (node.domain in ("", "ai.onnx") and ("", node.op_type) in table):
+            if static or node.op_type in FOLDED:
+                known.update(node.output)
+            continue
+        missing.append(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}")
+    return f"ops without a converter: {', '.join(sorted(set(missing)))}" if missing else None
+
+
+# ---- running one case -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class Result:
+    case: Case
+    op: str
+    status: str  # pass, fail, unsupported
+    reason: str = ""
+    frozen: tuple[str, ...] = ()
+
+
+def _freeze(model: onnx.ModelProto, name: str, value: onnx.TensorProto) -> None:
+    """Make graph input ``name`` an initializer holding its test value."""
+    init = onnx.TensorProto()
+    init.CopyFrom(value)
+    init.name = name
+    model.graph.initializer.append(init)
+    keep = [i for i in model.graph.input if i.name != name]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+
+
+def _shape_inputs(model: onnx.ModelProto, tensor: str, feeds: dict) -> list[str]:
+    """The graph inputs to freeze so ``tensor`` is known at compile time: itself if it is one, else the
+    integer inputs it is computed from (a target shape, say)."""
+    if tensor in feeds:
+        return [tensor]
+    producer = {o: n for n in model.graph.node for o in n.output}
+    seen, todo, found = set(), [tensor], []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in feeds and feeds[name].data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            found.append(name)
+        elif name in producer:
+            todo.extend(i for i in producer[name].input if i)
+    return sorted(found)
+
+
+def _compare(got: np.ndarray, want: np.ndarray) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape} != expected {want.shape}"
+    if want.dtype.kind in "biuUSO":
+        if got.dtype.kind != want.dtype.kind:
+            return f"dtype {got.dtype} != expected {want.dtype}"
+        if not np.array_equal(got, want):
+            return f"{int(np.sum(got != want))} of {want.size} values differ"
+        return None
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != expected {want.dtype}"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    if not np.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True):
+        with np.errstate(invalid="ignore"):
+            err = np.nanmax(np.abs(g - w)) if g.size else 0.0
+        return f"values differ (max abs err {err:.3g})"
+    return None
+
+
+def _canonicalize():
+    """tpubuild.top.canonicalize.canonicalize, or None while it does not exist."""
+    try:
+        from tpubuild.top.canonicalize import canonicalize
+    except ImportError:
+        return None
+    return canonicalize
+
+
+def run_case(case: Case) -> Result:
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.frontend.onnx_graph import OnnxConverter
+    from tpubuild.ir import mlir
+    from tpubuild.top.inference import run
+
+    model = case.model
+    op = op_key(case, model)
+    reason = unsupported_reason(case, model)
+    if reason:
+        return Result(case, op, "unsupported", reason)
+    frozen: list[str] = []
+    for ins, expected in case.data_sets():
+        inits = {t.name for t in model.graph.initializer}
+        real = [i.name for i in model.graph.input if i.name not in inits]
+        feeds = {}
+        for j, tensor in enumerate(ins):
+            name = tensor.name if tensor.name in real else real[j]
+            feeds[name] = tensor
+        for _ in range(len(feeds) + 1):
+            shapes = {n: list(t.dims) for n, t in feeds.items()}
+            try:
+                converter = OnnxConverter(model, shapes, file=f"{case.name}/model.onnx")
+                module, weights = converter.convert(case.name, f"{case.name}_weights.npz")
+                break
+            except TpuBuildError as e:
+                m = FROZEN_RE.search(str(e))
+                names = _shape_inputs(model, m.group(1), feeds) if m else []
+                if not names:
+                    return Result(case, op, "fail", f"frontend: {e.problem}", tuple(frozen))
+                for name in names:
+                    frozen.append(name)
+                    _freeze(model, name, feeds.pop(name))
+            except Exception as e:  # e.g. an element type the IR lacks; this case's failure, not the bench's
+                return Result(case, op, "fail", f"frontend: {type(e).__name__}: {e}", tuple(frozen))
+        canonicalize = _canonicalize()
+        try:
+            if canonicalize is not None:
+                module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
+            module = mlir.parse_module(mlir.print_module(module))
+            outs = run(module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, all_tensors=False)
+        except TpuBuildError as e:
+            return Result(case, op, "fail", f"canonicalize/inference: {e.problem}", tuple(frozen))
+        except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
+            return Result(case, op, "fail", f"{type(e).__name__}: {e}", tuple(frozen))
+        names = mlir.output_names(module)
+        if len(names) != len(expected):
+            return Result(case, op, "fail", f"{len(names)} outputs, expected {len(expected)}", tuple(frozen))
+        for j, (name, want) in enumerate(zip(names, expected)):
+            problem = _compare(np.asarray(outs[name]), want)
+            if problem:
+                return Result(case, op, "fail", f"output {j} ({name}): {problem}", tuple(frozen))
+    return Result(case, op, "pass", frozen=tuple(frozen))
+
+
+# ---- report ---------------------------------------------------------------------------
+
+def report(suite: str, results: Sequence[Result], seconds: float, verbose: bool) -> None:
+    by_op: dict[str, list[Result]] = collections.defaultdict(list)
+    for r in results:
+        by_op[r.op].append(r)
+    print(f"\n=== {suite}: {len(results)} cases ({seconds:.1f} s) ===")
+    print(f"{'op type':40s} {'pass':>5s} {'fail':>5s} {'unsup':>6s}")
+    for op in sorted(by_op):
+        rs = by_op[op]
+        n = collections.Counter(r.status for r in rs)
+        if n["pass"] + n["fail"] == 0 and not verbose:
+            continue
+        print(f"{op:40s} {n['pass']:5d} {n['fail']:5d} {n['unsupported']:6d}")
+    fails = [r for r in results if r.status == "fail"]
+    if fails:
+        print(f"\n--- {suite}: failures ---")
+        for r in fails:
+            print(f"FAIL {r.case.name} [{r.op}]: {r.reason}")
+    if verbose:
+        unsup = collections.Counter(r.reason for r in results if r.status == "unsupported")
+        print(f"\n--- {suite}: unsupported, by reason ---")
+        for reason, count in unsup.most_common():
+            print(f"{count:5d}  {reason}")
+    supported = [r for r in results if r.status != "unsupported"]
+    passed = sum(r.status == "pass" for r in supported)
+    frozen = sum(bool(r.frozen) for r in supported)
+    rate = 100.0 * passed / len(supported) if supported else 0.0
+    print(f"\n{suite}: {len(supported)} of {len(results)} cases supported; {passed} pass, "
+          f"{len(supported) - passed} fail: pass rate {rate:.1f}% "
+          f"({frozen} with graph inputs frozen to constants)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suite", action="append", choices=SUITES, help="suite(s) to run (default: all)")
+    ap.add_argument("--filter", help="regex on case names")
+    ap.add_argument("--limit", type=int, help="at most N cases per suite")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also list unsupported op types and reasons")
+    args = ap.parse_args(argv)
+    totals = []
+    for suite in args.suite or SUITES:
+        cases = list_cases(suite, args.filter)[: args.limit]
+        start = time.perf_counter()
+        results = [run_case(c) for c in cases]
+        report(suite, results, time.perf_counter() - start, args.verbose)
+        supported = [r for r in results if r.status != "unsupported"]
+        totals.append((suite, len(supported), sum(r.status == "pass" for r in supported)))
+    print("\n=== summary ===")
+    for suite, n, passed in totals:
+        print(f"{suite:20s} {passed:5d} / {n:5d} supported cases pass ({100.0 * passed / max(n, 1):.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
