@@ -570,3 +570,13 @@ def test_prelu_opset6_per_channel(convert):
     module, weights = convert(model, {"x": [2, 3, 4]})
     expect = np.where(x >= 0, x, x * slope[None, :, None])
     np.testing.assert_allclose(run(module, weights, {"x": x})["y"], expect, rtol=1e-6)
+
+
+def test_unused_results_get_unique_names(convert, make_model):
+    """Unused (empty) ONNX outputs of two unnamed nodes still give every TOP result its own name."""
+    nodes = [helper.make_node("TopK", ["x", "k"], ["", "i1"], axis=1),
+             helper.make_node("TopK", ["x", "k"], ["", "i2"], axis=0)]
+    model = make_model(nodes, {"x": randn(3, 4)}, ["i1", "i2"], initializers={"k": i64(2)}, opset=11)
+    module, _ = convert(model, {"x": [3, 4]})
+    names = [n for op in mlir.body_ops(module) if isinstance(op, top.TopKOp) for n in op.names]
+    assert len(names) == len(set(names)) == 4 and {"i1", "i2"} <= set(names)

@@ -64,7 +64,7 @@ class Node:
 
     @property
     def label(self) -> str:
-        return self.proto.name or self.proto.output[0]
+        return self.proto.name or next((o for o in self.proto.output if o), "?")
 
     def input(self, i: int) -> Value:
         return self.inputs[i] if i < len(self.inputs) else None

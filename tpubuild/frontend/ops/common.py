@@ -1,4 +1,4 @@
-"""Helpers converters share: pads from auto_pad, axis normalisation."""
+"""Helpers converters share: pads from auto_pad, axis normalisation, names of multi-result ops."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def resolve_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], str
         begins.append(small if mode == "SAME_UPPER" else large)
         ends.append(large if mode == "SAME_UPPER" else small)
     return begins + ends
+
+
+def result_names(outputs: Sequence[str], count: int) -> list[str]:
+    """A tensor name per result of a multi-result op; results the model leaves unused (empty ONNX
+    names) are named after the node's first used output, which is unique in the graph."""
+    first = next((o for o in outputs if o), "unused")
+    padded = list(outputs) + [""] * (count - len(outputs))
+    return [o or f"{first}_out{i}" for i, o in enumerate(padded[:count])]
 
 
 def norm_axis(axis: int, rank: int) -> int:

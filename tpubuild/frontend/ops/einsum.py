@@ -68,7 +68,10 @@ def _lower(node: Node, ctx: Ctx, terms: list[str], out: str) -> Value:
     contract = [c for c in a if c in b and c not in out]
     left = [c for c in out if c in a and c not in b]
     right = [c for c in out if c in b and c not in a]
-    size = lambda letters: math.prod(dims[c] for c in letters)  # noqa: E731
+
+    def size(letters: list[str]) -> int:
+        return math.prod(dims[c] for c in letters)
+
     xa = _permute(x, ctx, [a.index(c) for c in batch + left + contract], f"{name}_lhs_perm")
     xa = _reshape(xa, ctx, [shape_of(xa)[i] for i in range(len(batch))] + [size(left), size(contract)],
                   f"{name}_lhs")

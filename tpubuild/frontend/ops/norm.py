@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
-from tpubuild.frontend.ops.common import norm_axis
+from tpubuild.frontend.ops.common import norm_axis, result_names
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
@@ -46,8 +46,7 @@ def _(node: Node, ctx: Ctx):
         return [ctx.emit(top.LayerNormOp, operands, p, name=node.outputs[0])]
     # Mean/InvStdDev wanted too: the multi-result form (unused ones get derived names)
     p = top.LayerNormParams(axis, float(node.attrs.get("epsilon", 1e-5)), stats=True)
-    names = [o or f"{node.label}_stat{i}" for i, o in enumerate((node.outputs + ["", ""])[:3])]
-    return ctx.emit_multi(top.LayerNormOp, operands, p, names=names)
+    return ctx.emit_multi(top.LayerNormOp, operands, p, names=result_names(node.outputs, 3))
 
 
 @converter("BatchNormalization", since=6)

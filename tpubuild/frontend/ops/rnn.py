@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
-from tpubuild.frontend.ops.tensor import result_names
+from tpubuild.frontend.ops.common import result_names
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
@@ -30,7 +30,7 @@ def _rnn(node: Node, ctx: Ctx, cls: type[top.RnnOp], states: list[int]):
     """``states``: the input positions of the initial states (initial_h, [initial_c])."""
     p = _params(node, cls.GATES)
     batch_first = node.attrs.get("layout", 0) == 1
-    names = result_names(node, cls.NUM_RESULTS)
+    names = result_names(node.outputs, cls.NUM_RESULTS)
     x = node.input(0)
     init = [node.input(i) for i in states]
     if batch_first:

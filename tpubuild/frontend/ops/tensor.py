@@ -12,19 +12,13 @@ import math
 import numpy as np
 
 from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
-from tpubuild.frontend.ops.common import norm_axis
+from tpubuild.frontend.ops.common import norm_axis, result_names
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
 
 def _ints(array) -> list[int]:
     return [int(v) for v in np.asarray(array).reshape(-1)]
-
-
-def result_names(node: Node, count: int) -> list[str]:
-    """A name per result; results the model leaves unused (empty ONNX names) get derived ones."""
-    outs = node.outputs + [""] * (count - len(node.outputs))
-    return [o or f"{node.label}_out{i}" for i, o in enumerate(outs[:count])]
 
 
 # ---- Expand / Tile ------------------------------------------------------------
@@ -73,7 +67,7 @@ def _split(node: Node, ctx: Ctx, sizes: list[int] | None, num_outputs: int | Non
             raise ValueError(f"dim {axis} of {shape} does not split evenly into {count} outputs")
         else:
             sizes = [dim // count] * count
-    names = result_names(node, len(sizes))
+    names = result_names(node.outputs, len(sizes))
     return ctx.emit_multi(top.SplitOp, [x], top.SplitParams(axis, tuple(sizes)), names=names)
 
 
@@ -191,7 +185,7 @@ def _topk(node: Node, ctx: Ctx, k: int):
     axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
     p = top.TopKParams(axis, int(k), largest=bool(node.attrs.get("largest", 1)),
                        sorted=bool(node.attrs.get("sorted", 1)))
-    return ctx.emit_multi(top.TopKOp, [x], p, names=result_names(node, 2))
+    return ctx.emit_multi(top.TopKOp, [x], p, names=result_names(node.outputs, 2))
 
 
 @converter("TopK", since=1)
