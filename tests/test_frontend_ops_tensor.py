@@ -375,9 +375,13 @@ def test_einsum_lowered(check_onnx, convert, make_model, equation):
     assert "top.Einsum" not in op_names(module) and "top.MatMul" in op_names(module)
 
 
-def test_einsum_const_operand(check_onnx):
-    check_onnx(node("Einsum", ["a", "w"], equation="bid,jd->bij"), {"a": randn(2, 3, 4)},
-               initializers={"w": randn(5, 4)}, opset=13)
+def test_einsum_const_operand(check_onnx, convert, make_model):
+    """A projection by a constant: the weight is transposed at compile time and one MatMul remains."""
+    inputs, inits = {"a": randn(2, 3, 4)}, {"w": randn(5, 4)}
+    check_onnx(node("Einsum", ["a", "w"], equation="bid,jd->bij"), inputs, initializers=inits, opset=13)
+    module, _ = convert(make_model(node("Einsum", ["a", "w"], equation="bid,jd->bij"), inputs,
+                                   initializers=inits, opset=13), {"a": [2, 3, 4]})
+    assert [n for n in op_names(module) if n not in ("top.Input", "top.Weight", "top.None")] == ["top.MatMul"]
 
 
 @pytest.mark.parametrize("equation,shapes", [("ij->ji", [(3, 4)]), ("ii->i", [(4, 4)]), ("ij->i", [(3, 4)]),

@@ -72,15 +72,17 @@ def _lower(node: Node, ctx: Ctx, terms: list[str], out: str) -> Value:
     def size(letters: list[str]) -> int:
         return math.prod(dims[c] for c in letters)
 
+    # without batch letters the left operand's free letters stay separate dims, which MatMul broadcasts a
+    # 2-D right operand over ('bid,jd->bij' needs no reshape)
+    rows = [dims[c] for c in left] if left and not batch else [size(left)]
     xa = _permute(x, ctx, [a.index(c) for c in batch + left + contract], f"{name}_lhs_perm")
-    xa = _reshape(xa, ctx, [shape_of(xa)[i] for i in range(len(batch))] + [size(left), size(contract)],
-                  f"{name}_lhs")
+    xa = _reshape(xa, ctx, [shape_of(xa)[i] for i in range(len(batch))] + rows + [size(contract)], f"{name}_lhs")
     yb = _permute(y, ctx, [b.index(c) for c in batch + contract + right], f"{name}_rhs_perm")
     yb = _reshape(yb, ctx, [shape_of(yb)[i] for i in range(len(batch))] + [size(contract), size(right)],
                   f"{name}_rhs")
     product = batch + left + right
     unflat = [dims[c] for c in product]
-    need_reshape = [dims[c] for c in batch] + [size(left), size(right)] != unflat
+    need_reshape = [dims[c] for c in batch] + rows + [size(right)] != unflat
     need_permute = product != list(out)
     z = ctx.emit(top.MatMulOp, [xa, yb, None], name=f"{name}_matmul" if need_reshape or need_permute else name)
     if need_reshape:
