@@ -8,7 +8,7 @@ stage's dump can be compared with every other's and with onnxruntime's.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,20 +32,35 @@ def input_names(module: ModuleOp) -> list[str]:
     return [op.loc_name for op in mlir.input_ops(module)]
 
 
+# observer(op, args, results): called after each computed op (top.Input included, with no args)
+Observer = Callable[[TensorOp, Sequence["np.ndarray | None"], tuple[np.ndarray, ...]], None]
+
+
 def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray], *,
-        all_tensors: bool = True) -> dict[str, np.ndarray]:
-    """Run ``@main``; returns every tensor by name (or just the graph outputs)."""
+        all_tensors: bool = True, observer: Observer | None = None) -> dict[str, np.ndarray]:
+    """Run ``@main``; returns every tensor by name (or just the graph outputs).
+
+    With ``all_tensors=False`` a tensor is dropped after its last use, so memory
+    holds only the live tensors; an ``observer`` still sees every op's operands
+    and results as they are computed (calibration streams its statistics so).
+    """
+    ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
+    outputs = set(mlir.return_op(module).operands)
+    last_use: dict[SSAValue, int] = {}
+    if not all_tensors:
+        for i, op in enumerate(ops):
+            for v in op.operands:
+                last_use[v] = i
     values: dict[SSAValue, np.ndarray | None] = {}
     named: dict[str, np.ndarray] = {}
-    for op in mlir.body_ops(module):
-        if not isinstance(op, TensorOp):
-            continue
+    for i, op in enumerate(ops):
         if isinstance(op, NoneOp):
             values[op.results[0]] = None
             continue
         if isinstance(op, WeightOp):
             values[op.results[0]] = weights[op.loc_name]
             continue
+        args: list[np.ndarray | None] = []
         if isinstance(op, InputOp):
             result = _feed(op, inputs)
         else:
@@ -55,6 +70,7 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
             except (KernelError, ValueError, FloatingPointError) as e:
                 raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
         results = result if isinstance(result, tuple) else (result,)
+        arrays = []
         for value, array, name in zip(op.results, results, op.names):
             array = np.asarray(array)
             expect = shape_of(value.type)
@@ -63,8 +79,15 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
                                     loc=name)
             array = array.astype(dtype_of(value.type), copy=False)
             values[value] = array
+            arrays.append(array)
             if all_tensors:
                 named[name] = array
+        if observer is not None:
+            observer(op, args, tuple(arrays))
+        if not all_tensors:
+            for v in (*op.operands, *op.results):
+                if last_use.get(v, i) == i and v not in outputs:
+                    values.pop(v, None)  # last use, or (a result) no use at all
     outs = {mlir.value_name(v): values[v] for v in mlir.return_op(module).operands}
     named.update(outs)
     return named
