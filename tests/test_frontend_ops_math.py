@@ -429,9 +429,16 @@ def test_new_ops_parse_upstream(make_model, convert, tmp_path):
         node("InstanceNormalization", ["t", "sc", "bi"], ["w"]),
         node("GroupNormalization", ["w", "sc", "bi"], ["gn"], num_groups=2),
         node("LRN", ["gn"], ["z"], size=3), node("LogSoftmax", ["z"], ["y"], axis=1),
+        node("Sign", ["x"], ["e1"]), node("Round", ["e1"], ["e2"]), node("Sin", ["e2"], ["e3"]),
+        node("Cos", ["e3"], ["e4"]), node("Softsign", ["e4"], ["e5"]), node("Celu", ["e5"], ["e6"]),
+        node("ThresholdedRelu", ["e6"], ["e7"]), node("Shrink", ["e7"], ["e8"]), node("Swish", ["e8"], ["e9"]),
+        node("Mod", ["e9", "two"], ["e10"], fmod=1), node("RMSNormalization", ["e10", "rms_scale"], ["e11"], axis=1),
+        node("IsInf", ["e11"], ["inf"]), node("IsNaN", ["e11"], ["nan"]),
     ]
     inits = {"slope": randn(4, 1, 1), "two": np.array(2.0, np.float32), "sc": randn(4), "bi": randn(4)}
-    model = make_model(nodes, {"x": randn(1, 4, 3, 3)}, ["y", "u", "v", "amf"], initializers=inits, opset=21)
+    inits["rms_scale"] = randn(4, 3, 3)
+    model = make_model(nodes, {"x": randn(1, 4, 3, 3)}, ["y", "u", "v", "amf", "inf", "nan"], initializers=inits,
+                       opset=24)
     module, _ = convert(model, {"x": [1, 4, 3, 3]})
     names = {op.name for op in mlir.body_ops(module)}
     wanted = {cls.name for cls in (top.LeakyReluOp, top.PReluOp, top.EluOp, top.SoftplusOp, top.ErfOp, top.GELUOp,
@@ -439,7 +446,9 @@ def test_new_ops_parse_upstream(make_model, convert, tmp_path):
                                    top.Pow3Op, top.SqrtOp, top.ReciprocalOp, top.AbsOp, top.FloorOp, top.CeilOp,
                                    top.MaxOp, top.MinOp, top.CompareOp, top.WhereOp, top.ArgOp, top.CastOp,
                                    top.ReduceOp, top.MaxPoolOp, top.InstanceNormOp, top.GroupNormOp, top.LRNOp,
-                                   top.SoftmaxOp)}
+                                   top.SoftmaxOp, top.SignOp, top.RoundOp, top.SinOp, top.CosOp, top.SoftsignOp,
+                                   top.CeluOp, top.ThresholdedReluOp, top.ShrinkOp, top.SwishOp, top.ModOp,
+                                   top.RMSNormOp, top.IsInfOp, top.IsNaNOp)}
     assert wanted <= names
     text = mlir.print_module(module)
     assert mlir.print_module(mlir.parse_module(text)) == text
@@ -491,3 +500,79 @@ def test_reduce_empty_set(check_onnx, op):
     """Reducing over an empty axis gives the reduction's identity (-inf for max, 1 for prod...)."""
     check_onnx(node(op, ["x", "axes"], keepdims=1), {"x": np.zeros((2, 0, 3), np.float32)},
                initializers={"axes": np.array([1], np.int64)}, opset=18)
+
+
+# ---- further activations and math ---------------------------------------------------
+
+EXTRA_ACTIVATIONS = [
+    ("Celu", {}, 12), ("Celu", {"alpha": 2.0}, 12),
+    ("ThresholdedRelu", {}, 10), ("ThresholdedRelu", {"alpha": -0.5}, 22),
+    ("Shrink", {}, 9), ("Shrink", {"bias": 1.5, "lambd": 2.0}, 9),
+    ("Softsign", {}, 1),
+    ("Swish", {}, 24), ("Swish", {"alpha": 1.702}, 24),
+]
+
+
+@pytest.mark.parametrize("op,attrs,opset", EXTRA_ACTIVATIONS, ids=lambda v: str(v))
+def test_extra_activation(check_onnx, op, attrs, opset):
+    check_onnx(node(op, ["x"], **attrs), {"x": wide(2, 3, 5)}, opset=opset)
+
+
+@pytest.mark.parametrize("op", ["Round", "Sign", "Sin", "Cos"])
+def test_extra_unary(check_onnx, op):
+    x = wide(3, 5)
+    if op == "Round":
+        x.reshape(-1)[:6] = [0.5, 1.5, 2.5, -0.5, -1.5, 2.4999]  # halves go to even
+    check_onnx(node(op, ["x"]), {"x": x}, opset=13)
+
+
+def test_sign_int(check_onnx):
+    check_onnx(node("Sign", ["x"]), {"x": R.integers(-3, 3, (4, 4)).astype(np.int64)}, opset=13)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"detect_positive": 0}, {"detect_negative": 0}], ids=str)
+def test_isinf(check_onnx, attrs):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, 1e38, -3.0], np.float32)
+    got = check_onnx(node("IsInf", ["x"], **attrs), {"x": x}, opset=20)
+    assert got["y"].dtype == np.bool_
+
+
+def test_isnan(check_onnx):
+    check_onnx(node("IsNaN", ["x"]), {"x": np.array([np.inf, np.nan, 0.0, -np.nan], np.float32)}, opset=13)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_int(check_onnx, fmod):
+    a = R.integers(-20, 20, (3, 4)).astype(np.int64)
+    b = np.array([3, -3, 7, -5], np.int64)
+    check_onnx(node("Mod", ["a", "b"], fmod=fmod), {"a": a, "b": b}, opset=13)
+
+
+def test_mod_float_fmod(check_onnx):
+    check_onnx(node("Mod", ["a", "b"], fmod=1), {"a": wide(3, 4), "b": np.array([1.5, -2.0, 0.7, -3.3], np.float32)},
+               opset=13)
+
+
+@pytest.mark.parametrize("target", [np.int64, np.float16, np.bool_])
+def test_castlike(check_onnx, target):
+    like = np.zeros((1,), target)
+    check_onnx(node("CastLike", ["x", "like"]), {"x": randn(3, 4) * 5, "like": like}, opset=15)
+
+
+def test_castlike_constant_to_runtime_type_folds(make_model, check_against_ort, convert):
+    """CastLike reads only its second input's type, so a constant first input stays a constant
+    (here it feeds Pad's constant_value, which must be known at compile time)."""
+    nodes = [node("CastLike", ["neg", "x"], ["value"]), node("Pad", ["x", "pads", "value"])]
+    x = randn(2, 3)
+    model = make_model(nodes, {"x": x}, initializers={"neg": np.array(-7, np.int64),
+                                                      "pads": np.array([0, 1, 0, 2], np.int64)}, opset=19)
+    check_against_ort(model, {"x": x})
+    module, _ = convert(model, {"x": [2, 3]})
+    assert not any(isinstance(op, top.CastOp) for op in mlir.body_ops(module))
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_rms_normalization(check_onnx, axis):
+    x = randn(2, 3, 4) * 2
+    check_onnx(node("RMSNormalization", ["x", "s"], axis=axis, epsilon=1e-4), {"x": x},
+               initializers={"s": randn(*x.shape[axis:])}, opset=23)

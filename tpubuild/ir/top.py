@@ -822,6 +822,129 @@ class HardSigmoidOp(UnaryOp):
     PARAMS = HardSigmoidParams
 
 
+@op_definition
+class SinOp(UnaryOp):
+    name = "top.Sin"
+
+
+@op_definition
+class CosOp(UnaryOp):
+    name = "top.Cos"
+
+
+@op_definition
+class SignOp(UnaryOp):
+    name = "top.Sign"
+
+
+@op_definition
+class RoundOp(UnaryOp):
+    """Round half to even (ONNX Round)."""
+
+    name = "top.Round"
+
+
+@op_definition
+class SoftsignOp(UnaryOp):
+    """x / (1 + |x|)."""
+
+    name = "top.Softsign"
+
+
+@dataclass(frozen=True)
+class BetaParams:
+    beta: float = 1.0
+
+
+@op_definition
+class SwishOp(UnaryOp):
+    """x * sigmoid(beta * x) (SiLU at beta 1)."""
+
+    name = "top.Swish"
+    PARAMS = BetaParams
+
+
+@op_definition
+class CeluOp(UnaryOp):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+
+    name = "top.Celu"
+    PARAMS = AlphaParams
+
+
+@op_definition
+class ThresholdedReluOp(UnaryOp):
+    """x if x > alpha else 0."""
+
+    name = "top.ThresholdedRelu"
+    PARAMS = AlphaParams
+
+
+@dataclass(frozen=True)
+class ShrinkParams:
+    bias: float = 0.0
+    lambd: float = 0.5
+
+
+@op_definition
+class ShrinkOp(UnaryOp):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+
+    name = "top.Shrink"
+    PARAMS = ShrinkParams
+
+
+class PredicateOp(TopOp):
+    """An elementwise test; a bool result."""
+
+    @classmethod
+    def infer(cls, p, in_types):
+        return [tensor_type(shape_of(in_types[0]), np.bool_)]
+
+
+@op_definition
+class IsNaNOp(PredicateOp):
+    name = "top.IsNaN"
+
+
+@dataclass(frozen=True)
+class IsInfParams:
+    detect_positive: bool = True
+    detect_negative: bool = True
+
+
+@op_definition
+class IsInfOp(PredicateOp):
+    name = "top.IsInf"
+    PARAMS = IsInfParams
+
+
+@dataclass(frozen=True)
+class ModParams:
+    fmod: bool = False  # False: the result takes the divisor's sign (Python %); True: the dividend's (C fmod)
+
+
+@op_definition
+class ModOp(BinaryOp):
+    name = "top.Mod"
+    PARAMS = ModParams
+
+
+@dataclass(frozen=True)
+class RMSNormParams:
+    axis: int = -1
+    eps: float = 1e-5
+
+
+@op_definition
+class RMSNormOp(TopOp):
+    """x / sqrt(mean(x^2 over dims axis..end) + eps) * gamma."""
+
+    name = "top.RMSNorm"
+    PARAMS = RMSNormParams
+    OPERANDS = ("input", "gamma")
+
+
 GELU_MODES = ("normal", "tanh")
 
 

@@ -1,4 +1,4 @@
-"""Instance, group and local response normalisation."""
+"""Instance, group, RMS and local response normalisation."""
 
 from __future__ import annotations
 
@@ -49,3 +49,13 @@ def _(p: top.LRNParams, x):
     window = csum[:, p.size:p.size + c] - csum[:, :c]
     scale = (p.bias + p.alpha / p.size * window) ** p.beta
     return (x / scale).astype(x.dtype)
+
+
+@kernel(top.RMSNormOp)
+def _(p: top.RMSNormParams, x, gamma):
+    axes = tuple(range(p.axis % x.ndim, x.ndim))
+    ms = np.mean(np.square(x), axis=axes, keepdims=True)
+    y = x / np.sqrt(ms + np.asarray(p.eps, x.dtype))
+    if gamma is not None:
+        y = y * gamma
+    return y.astype(x.dtype, copy=False)

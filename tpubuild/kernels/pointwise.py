@@ -45,7 +45,8 @@ def softplus(x: np.ndarray) -> np.ndarray:
 def _unary(fn):
     def run(p, x):
         with np.errstate(all="ignore"):  # log(-1), sqrt(-1), 1/0: nan/inf, as onnxruntime gives
-            return np.asarray(fn(x)).astype(x.dtype, copy=False)
+            y = np.asarray(fn(x))
+        return y if y.dtype == np.bool_ else y.astype(x.dtype, copy=False)
     return run
 
 
@@ -60,6 +61,12 @@ _UNARY = {
     top.SoftplusOp: softplus,
     top.MishOp: lambda x: x * np.tanh(softplus(x)),
     top.HardSwishOp: lambda x: x * np.clip(x / np.asarray(6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1),
+    top.SinOp: np.sin,
+    top.CosOp: np.cos,
+    top.SignOp: np.sign,
+    top.RoundOp: np.rint,  # half to even
+    top.SoftsignOp: lambda x: x / (1 + np.abs(x)),
+    top.IsNaNOp: np.isnan,
 }
 for _cls, _fn in _UNARY.items():
     kernel(_cls)(_unary(_fn))
@@ -80,6 +87,41 @@ def _(p: top.AlphaParams, x):
 def _(p: top.AlphaParams, x):
     with np.errstate(over="ignore"):
         return np.where(x > 0, x, np.asarray(p.alpha, x.dtype) * np.expm1(np.minimum(x, 0)))
+
+
+@kernel(top.SwishOp)
+def _(p: top.BetaParams, x):
+    with np.errstate(over="ignore"):
+        return (x / (1.0 + np.exp(-p.beta * x.astype(np.float64)))).astype(x.dtype)
+
+
+@kernel(top.CeluOp)
+def _(p: top.AlphaParams, x):
+    with np.errstate(over="ignore"):
+        neg = p.alpha * np.expm1(np.minimum(x, 0).astype(np.float64) / p.alpha)
+    return (np.maximum(x, 0) + neg).astype(x.dtype)
+
+
+@kernel(top.ThresholdedReluOp)
+def _(p: top.AlphaParams, x):
+    return np.where(x > np.asarray(p.alpha, x.dtype), x, np.zeros((), x.dtype))
+
+
+@kernel(top.ShrinkOp)
+def _(p: top.ShrinkParams, x):
+    bias, lambd = np.asarray(p.bias, x.dtype), np.asarray(p.lambd, x.dtype)
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, np.zeros((), x.dtype))).astype(x.dtype)
+
+
+@kernel(top.IsInfOp)
+def _(p: top.IsInfParams, x):
+    return np.isinf(x) & (((x > 0) & p.detect_positive) | ((x < 0) & p.detect_negative))
+
+
+@kernel(top.ModOp)
+def _(p: top.ModParams, a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.fmod if p.fmod else np.mod)(a, b)
 
 
 @kernel(top.HardSigmoidOp)

@@ -20,11 +20,11 @@ def _extreme(fn, pick):
     def run(x, axis, keepdims):
         if x.dtype == np.bool_:
             initial = pick == "min"  # max over nothing is False, min is True
-        elif x.dtype.kind == "f":
-            initial = -np.inf if pick == "max" else np.inf
-        else:
+        elif x.dtype.kind in "iu":
             info = np.iinfo(x.dtype)
             initial = info.min if pick == "max" else info.max
+        else:  # numpy floats and ml_dtypes' (bfloat16 is kind 'V')
+            initial = -np.inf if pick == "max" else np.inf
         return fn(x, axis=axis, keepdims=keepdims, initial=initial)
     return run
 

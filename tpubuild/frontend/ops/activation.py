@@ -1,4 +1,5 @@
-"""Activations: LeakyRelu, PRelu, Elu, Selu, Softplus, Erf, Gelu, HardSigmoid, HardSwish, Mish."""
+"""Activations: LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, Shrink, Softplus, Softsign, Swish, Erf,
+Gelu, HardSigmoid, HardSwish, Mish."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tpubuild.ir import top
 
 # ONNX op -> (TOP op, first opset) for activations without attributes
 _PLAIN = {"Softplus": (top.SoftplusOp, 1), "Erf": (top.ErfOp, 9), "HardSwish": (top.HardSwishOp, 14),
-          "Mish": (top.MishOp, 18)}
+          "Mish": (top.MishOp, 18), "Softsign": (top.SoftsignOp, 1)}
 
 
 def _plain(node: Node, ctx: Ctx):
@@ -75,3 +76,28 @@ def _(node: Node, ctx: Ctx):
         raise ValueError(f"Gelu approximate={approximate!r} is not 'none' or 'tanh'")
     p = top.GeluParams(_GELU_MODE[approximate])
     return [ctx.emit(top.GELUOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("Celu", since=12)
+def _(node: Node, ctx: Ctx):
+    p = top.AlphaParams(float(node.attrs["alpha"]))
+    return [ctx.emit(top.CeluOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("ThresholdedRelu", since=10)
+def _(node: Node, ctx: Ctx):
+    p = top.AlphaParams(float(node.attrs["alpha"]))
+    return [ctx.emit(top.ThresholdedReluOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("Shrink", since=9)
+def _(node: Node, ctx: Ctx):
+    p = top.ShrinkParams(float(node.attrs["bias"]), float(node.attrs["lambd"]))
+    return [ctx.emit(top.ShrinkOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("Swish", since=24)
+def _(node: Node, ctx: Ctx):
+    """ONNX's alpha is TPU-MLIR's beta: x * sigmoid(alpha * x)."""
+    p = top.BetaParams(float(node.attrs["alpha"]))
+    return [ctx.emit(top.SwishOp, [node.input(0)], p, name=node.outputs[0])]

@@ -1,4 +1,5 @@
-"""Math: Exp, Log, Sqrt, Reciprocal, Abs, Neg, Floor, Ceil, Pow, Max, Min, Sum, Mean, Where, Cast."""
+"""Math: Exp, Log, Sqrt, Reciprocal, Abs, Neg, Floor, Ceil, Round, Sign, Sin, Cos, IsNaN, IsInf, Pow, Mod,
+Max, Min, Sum, Mean, Where, Cast, CastLike."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 from tpubuild.ir.types import dtype_of, element_type
+from tpubuild.kernels import get_kernel
 
 _PLAIN = {"Exp": top.ExpOp, "Log": top.LogOp, "Sqrt": top.SqrtOp, "Reciprocal": top.ReciprocalOp,
-          "Abs": top.AbsOp, "Floor": top.FloorOp, "Ceil": top.CeilOp}
+          "Abs": top.AbsOp, "Floor": top.FloorOp, "Ceil": top.CeilOp, "Round": top.RoundOp, "Sign": top.SignOp,
+          "Sin": top.SinOp, "Cos": top.CosOp, "IsNaN": top.IsNaNOp}
 
 
 def _plain(node: Node, ctx: Ctx):
@@ -84,16 +87,42 @@ def _(node: Node, ctx: Ctx):
     return [ctx.emit(top.WhereOp, [node.input(0), node.input(1), node.input(2)], name=node.outputs[0])]
 
 
-@converter("Cast", since=6)
-def _(node: Node, ctx: Ctx):
-    to = helper.tensor_dtype_to_np_dtype(node.attrs["to"])
+def _cast(node: Node, ctx: Ctx, to: np.dtype, what: str):
     try:
         element_type(to)
     except NotImplementedError:
-        raise NotImplementedError(f"Cast to {TensorProto.DataType.Name(node.attrs['to'])} is not supported") from None
+        raise NotImplementedError(f"{node.op_type} to {what} is not supported") from None
     x = node.input(0)
-    if _dtype(x) == to:
-        return [ctx.emit(top.IdentityOp, [x], name=node.outputs[0])]
     p = top.CastParams(to.name, saturate=bool(node.attrs.get("saturate", 1)),
                        round_mode=node.attrs.get("round_mode", "up"))
+    if isinstance(x, Const):  # CastLike of a constant to a run-time tensor's type is still a constant
+        return [Const(np.asarray(get_kernel(top.CastOp)(p, x.array)), node.outputs[0])]
+    if _dtype(x) == to:
+        return [ctx.emit(top.IdentityOp, [x], name=node.outputs[0])]
     return [ctx.emit(top.CastOp, [x], p, name=node.outputs[0])]
+
+
+@converter("Cast", since=6)
+def _(node: Node, ctx: Ctx):
+    to = node.attrs["to"]
+    return _cast(node, ctx, helper.tensor_dtype_to_np_dtype(to), TensorProto.DataType.Name(to))
+
+
+@converter("CastLike", since=15)
+def _(node: Node, ctx: Ctx):
+    """Cast to the element type of the second input (only its type is read)."""
+    to = _dtype(node.input(1))
+    return _cast(node, ctx, to, str(to))
+
+
+@converter("IsInf", since=10)
+def _(node: Node, ctx: Ctx):
+    p = top.IsInfParams(bool(node.attrs["detect_positive"]), bool(node.attrs["detect_negative"]))
+    return [ctx.emit(top.IsInfOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("Mod", since=10)
+def _(node: Node, ctx: Ctx):
+    """fmod=0 on floats is defined from opset 28 (floored, divisor's sign); earlier models cannot have it."""
+    fmod = bool(node.attrs.get("fmod", 0))
+    return [ctx.emit(top.ModOp, [node.input(0), node.input(1)], top.ModParams(fmod), name=node.outputs[0])]

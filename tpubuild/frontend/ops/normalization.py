@@ -1,10 +1,11 @@
-"""InstanceNormalization, GroupNormalization, LRN."""
+"""InstanceNormalization, GroupNormalization, RMSNormalization, LRN."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
+from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
@@ -45,3 +46,10 @@ def _(node: Node, ctx: Ctx):
     p = top.LRNParams(int(node.attrs["size"]), float(node.attrs.get("alpha", 1e-4)),
                       float(node.attrs.get("beta", 0.75)), float(node.attrs.get("bias", 1.0)))
     return [ctx.emit(top.LRNOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("RMSNormalization", since=23)
+def _(node: Node, ctx: Ctx):
+    axis = norm_axis(int(node.attrs.get("axis", -1)), len(shape_of(node.input(0))))
+    p = top.RMSNormParams(axis, float(node.attrs.get("epsilon", 1e-5)))
+    return [ctx.emit(top.RMSNormOp, [node.input(0), node.input(1)], p, name=node.outputs[0])]
