@@ -86,6 +86,14 @@ def test_maxpool(check_onnx, case):
     check_onnx(node("MaxPool", ["x"], **attrs), {"x": randn(*xs)}, opset=12)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float16])
+def test_maxpool_dtypes(check_onnx, dtype):
+    """Padding must lose against every value of the type, negative int8 included."""
+    lo = 0 if dtype == np.uint8 else -100
+    x = R.integers(lo, lo + 200, (1, 2, 5, 5)).astype(dtype)
+    check_onnx(node("MaxPool", ["x"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]), {"x": x}, opset=12)
+
+
 def test_maxpool_dilations(check_onnx):
     check_onnx(node("MaxPool", ["x"], kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1]),
                {"x": randn(1, 2, 7, 7)}, opset=12)

@@ -69,7 +69,9 @@ def _pool_pads(p: top.PoolParams, spatial) -> tuple[list[int], list[int]]:
 def _(p: top.PoolParams, x):
     nd = len(p.kernel_shape)
     begin, end = _pool_pads(p, x.shape[-nd:])
-    win = windows(x, p.kernel_shape, p.strides, p.dilations or (1,) * nd, begin, end, fill=-np.inf)
+    # padding never wins: the lowest value of the dtype (-inf cannot pad an int8 tensor)
+    lowest = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    win = windows(x, p.kernel_shape, p.strides, p.dilations or (1,) * nd, begin, end, fill=lowest)
     return fused(win.max(axis=tuple(range(-nd, 0))), p)
 
 
