@@ -288,6 +288,14 @@ def test_reduce_noop_with_empty_axes(check_onnx, op, empty):
     assert got["y"].shape == (2, 3)
 
 
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax", "ReduceProd", "ReduceL1", "ReduceSumSquare"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_integer(check_onnx, op, dtype):
+    """Integer reductions stay integer; an integer mean truncates toward zero, as onnxruntime's."""
+    x = R.integers(-7, 7, (3, 5)).astype(dtype)
+    check_onnx(node(op, ["x"], axes=[1], keepdims=0), {"x": x}, opset=13)
+
+
 def test_reduce_sum_opset13_int64(check_onnx):
     x = R.integers(-9, 9, (3, 4)).astype(np.int64)
     check_onnx(node("ReduceSum", ["x", "axes"], keepdims=0), {"x": x},

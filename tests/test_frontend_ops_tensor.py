@@ -122,6 +122,55 @@ def test_gather_elements(check_onnx, axis):
     check_onnx(node("GatherElements", ["x", "i"], axis=axis), {"x": x, "i": idx})
 
 
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd(check_onnx, batch_dims):
+    x = randn(2, 3, 4)
+    idx = np.array([[[1], [0]], [[2], [-1]]], np.int64) if batch_dims else np.array([[0, 2], [1, -1]], np.int64)
+    check_onnx(node("GatherND", ["x", "i"], batch_dims=batch_dims), {"x": x}, initializers={"i": idx}, opset=13)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_scatter_elements(check_onnx, axis, reduction):
+    x = randn(3, 4)
+    if axis == 0:
+        idx = np.array([[0, 2, 1, 0], [2, 1, 0, 1]], np.int64) if reduction == "none" else \
+            np.array([[0, 2, 1, 0], [0, 2, -2, 1]], np.int64)  # repeats accumulate
+    else:
+        idx = np.array([[3, 0], [1, -1], [2, 0]], np.int64)
+    check_onnx(node("ScatterElements", ["x", "i", "u"], axis=axis, reduction=reduction),
+               {"x": x, "u": randn(*idx.shape)}, initializers={"i": idx}, opset=18)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_nd(check_onnx, reduction):
+    x = randn(4, 3, 2)
+    idx = np.array([[1], [3]], np.int64) if reduction == "none" else np.array([[1, 0], [1, 0], [-1, 2]], np.int64)
+    upd = randn(2, 3, 2) if reduction == "none" else randn(3, 2)
+    check_onnx(node("ScatterND", ["x", "i", "u"], reduction=reduction), {"x": x, "u": upd},
+               initializers={"i": idx}, opset=18)
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, -1, 2])
+def test_trilu(check_onnx, upper, k):
+    inits = {} if k is None else {"k": np.array(k, np.int64)}
+    check_onnx(node("Trilu", ["x"] + ([] if k is None else ["k"]), upper=upper), {"x": randn(2, 4, 5)},
+               initializers=inits, opset=14)
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumsum(check_onnx, exclusive, reverse):
+    check_onnx(node("CumSum", ["x", "a"], exclusive=exclusive, reverse=reverse), {"x": randn(3, 5)},
+               initializers={"a": np.array(-1, np.int64)}, opset=14)
+
+
+def test_cumsum_int(check_onnx):
+    check_onnx(node("CumSum", ["x", "a"]), {"x": i64(1, 2, 3, 4).reshape(2, 2)},
+               initializers={"a": np.array(0, np.int32)}, opset=14)
+
+
 # ---- Split ------------------------------------------------------------------------
 
 def test_split_equal(check_onnx):

@@ -466,6 +466,86 @@ class GatherElementsOp(TopOp):
 
 
 @dataclass(frozen=True)
+class GatherNDParams:
+    batch_dims: int = 0
+
+
+@op_definition
+class GatherNDOp(TopOp):
+    """ONNX GatherND: the last dim of ``indices`` addresses the leading dims of the input (after batch_dims)."""
+
+    name = "top.GatherND"
+    PARAMS = GatherNDParams
+    OPERANDS = ("input", "indices")
+
+    @classmethod
+    def infer(cls, p: GatherNDParams, in_types):
+        x, idx = shape_of(in_types[0]), shape_of(in_types[1])
+        depth = idx[-1] if idx else 0
+        if not idx or p.batch_dims + depth > len(x) or x[:p.batch_dims] != idx[:p.batch_dims]:
+            raise VerifyException(f"indices {idx} (batch_dims {p.batch_dims}) do not address input {x}")
+        return [with_shape(in_types[0], [*idx[:-1], *x[p.batch_dims + depth:]])]
+
+
+@dataclass(frozen=True)
+class ScatterParams:
+    axis: int = 0  # ScatterElements only
+    reduction: str = "none"  # none, add, mul, max, min
+
+
+class ScatterOp(TopOp):
+    PARAMS = ScatterParams
+    OPERANDS = ("input", "indices", "updates")
+
+    @classmethod
+    def infer(cls, p: ScatterParams, in_types):
+        if p.reduction not in ("none", "add", "mul", "max", "min"):
+            raise VerifyException(f"unknown scatter reduction {p.reduction!r}")
+        return [in_types[0]]
+
+
+@op_definition
+class ScatterElementsOp(ScatterOp):
+    """ONNX ScatterElements: updates written at ``indices`` along ``axis`` (the input's shape stays)."""
+
+    name = "top.ScatterElements"
+
+
+@op_definition
+class ScatterNDOp(ScatterOp):
+    """ONNX ScatterND: slices of updates written at the index tuples in the last dim of ``indices``."""
+
+    name = "top.ScatterND"
+
+
+@dataclass(frozen=True)
+class TriluParams:
+    upper: bool = True
+    diagonal: int = 0
+
+
+@op_definition
+class TriluOp(TopOp):
+    """Keep the upper (or lower) triangle of the last two dims from ``diagonal`` on; zero the rest."""
+
+    name = "top.Trilu"
+    PARAMS = TriluParams
+
+
+@dataclass(frozen=True)
+class CumSumParams:
+    axis: int
+    exclusive: bool = False
+    reverse: bool = False
+
+
+@op_definition
+class CumSumOp(TopOp):
+    name = "top.CumSum"
+    PARAMS = CumSumParams
+
+
+@dataclass(frozen=True)
 class SplitParams:
     axis: int
     split_size: tuple[int, ...]

@@ -1,4 +1,5 @@
-"""Layout and indexing kernels: expand, tile, gather, split, slice, pad, depth2space, topk, einsum."""
+"""Layout and indexing kernels: expand, tile, gather/scatter, split, slice, pad, depth2space, trilu, cumsum,
+topk, einsum."""
 
 from __future__ import annotations
 
@@ -35,6 +36,61 @@ def _(p: top.AxisParams, x, indices):
 def _(p: top.AxisParams, x, indices):
     axis = p.axis % x.ndim
     return np.take_along_axis(x, _checked_indices(indices, x.shape[axis], "GatherElements"), axis=axis)
+
+
+@kernel(top.GatherNDOp)
+def _(p: top.GatherNDParams, x, indices):
+    b = p.batch_dims
+    depth = indices.shape[-1]
+    batch = int(np.prod(x.shape[:b], dtype=np.int64))
+    data = x.reshape((batch,) + x.shape[b:])
+    idx = indices.reshape(batch, -1, depth).astype(np.int64)
+    coords = [_checked_indices(idx[..., k], data.shape[1 + k], "GatherND") for k in range(depth)]
+    picked = data[(np.arange(batch)[:, None], *coords)]  # [batch, n, rest...]
+    return picked.reshape(indices.shape[:-1] + x.shape[b + depth:])
+
+
+_SCATTER_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter(x, where: tuple, updates, reduction: str):
+    out = x.copy()
+    if reduction == "none":
+        out[where] = updates
+    else:  # ufunc.at is unbuffered: repeated indices all contribute
+        _SCATTER_UFUNC[reduction].at(out, where, updates)
+    return out
+
+
+@kernel(top.ScatterElementsOp)
+def _(p: top.ScatterParams, x, indices, updates):
+    axis = p.axis % x.ndim
+    where = list(np.indices(indices.shape, sparse=True))
+    where[axis] = _checked_indices(indices, x.shape[axis], "ScatterElements")
+    return _scatter(x, tuple(where), updates, p.reduction)
+
+
+@kernel(top.ScatterNDOp)
+def _(p: top.ScatterParams, x, indices, updates):
+    depth = indices.shape[-1]
+    where = tuple(_checked_indices(indices[..., k], x.shape[k], "ScatterND") for k in range(depth))
+    return _scatter(x, where, updates, p.reduction)
+
+
+@kernel(top.TriluOp)
+def _(p: top.TriluParams, x):
+    return np.triu(x, p.diagonal) if p.upper else np.tril(x, p.diagonal)
+
+
+@kernel(top.CumSumOp)
+def _(p: top.CumSumParams, x):
+    axis = p.axis % x.ndim
+    y = np.flip(x, axis) if p.reverse else x
+    total = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if p.exclusive:  # shift by one along the axis, a zero first (no subtraction: exact for floats)
+        zero = np.zeros_like(np.take(total, [0], axis=axis))
+        total = np.concatenate([zero, np.take(total, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.flip(total, axis) if p.reverse else total
 
 
 @kernel(top.SplitOp)

@@ -1,5 +1,5 @@
-"""Indexing and layout: Expand, Tile, Gather, GatherElements, Split, Slice, Pad, DepthToSpace,
-SpaceToDepth, TopK.
+"""Indexing and layout: Expand, Tile, Gather, GatherElements, GatherND, Scatter(Elements/ND), Trilu,
+CumSum, Split, Slice, Pad, DepthToSpace, SpaceToDepth, TopK.
 
 Shape-like operands (shape, repeats, split, starts/ends, pads, K) must be known at
 compile time; they become op parameters.
@@ -49,6 +49,48 @@ def _(node: Node, ctx: Ctx):
     x = node.input(0)
     axis = norm_axis(node.attrs.get("axis", 0), len(shape_of(x)))
     return [ctx.emit(top.GatherElementsOp, [x, node.input(1)], top.AxisParams(axis), name=node.outputs[0])]
+
+
+@converter("GatherND", since=11)
+def _(node: Node, ctx: Ctx):
+    p = top.GatherNDParams(int(node.attrs.get("batch_dims", 0)))
+    return [ctx.emit(top.GatherNDOp, [node.input(0), node.input(1)], p, name=node.outputs[0])]
+
+
+# ---- Scatter ------------------------------------------------------------------
+
+def _scatter(node: Node, ctx: Ctx, cls, axis: int = 0):
+    p = top.ScatterParams(axis, node.attrs.get("reduction", "none"))
+    return [ctx.emit(cls, [node.input(0), node.input(1), node.input(2)], p, name=node.outputs[0])]
+
+
+@converter("Scatter", since=9)  # deprecated at opset 11 as ScatterElements
+@converter("ScatterElements", since=11)
+def _(node: Node, ctx: Ctx):
+    axis = norm_axis(node.attrs.get("axis", 0), len(shape_of(node.input(0))))
+    return _scatter(node, ctx, top.ScatterElementsOp, axis)
+
+
+@converter("ScatterND", since=11)
+def _(node: Node, ctx: Ctx):
+    return _scatter(node, ctx, top.ScatterNDOp)
+
+
+# ---- Trilu / CumSum -------------------------------------------------------------
+
+@converter("Trilu", since=14)
+def _(node: Node, ctx: Ctx):
+    k = ctx.const(node, 1, "k")
+    p = top.TriluParams(bool(node.attrs.get("upper", 1)), 0 if k is None else _ints(k)[0])
+    return [ctx.emit(top.TriluOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+@converter("CumSum", since=11)
+def _(node: Node, ctx: Ctx):
+    x = node.input(0)
+    axis = norm_axis(_ints(ctx.const(node, 1, "axis"))[0], len(shape_of(x)))
+    p = top.CumSumParams(axis, bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0)))
+    return [ctx.emit(top.CumSumOp, [x], p, name=node.outputs[0])]
 
 
 # ---- Split --------------------------------------------------------------------
