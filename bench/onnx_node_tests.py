@@ -162,6 +162,7 @@ def list_cases(suite: str, pattern: str | None = None) -> list[Case]:
 def unsupported_reason(case: Case, model: onnx.ModelProto) -> str | None:
     """Why the case is outside what the frontend claims to support (None: it is in scope)."""
     from tpubuild.frontend import registry
+    from tpubuild.frontend.onnx_graph import CONTROL_FLOW
 
     table = registry.supported()
     if not case.meta.get("tensor_io", True):
@@ -169,6 +170,9 @@ def unsupported_reason(case: Case, model: onnx.ModelProto) -> str | None:
     known = {t.name for t in model.graph.initializer}
     missing = []
     for node in model.graph.node:
+        if node.op_type in CONTROL_FLOW:  # refused by the frontend whatever its inputs
+            missing.append(node.op_type)
+            continue
         static = all(i in known for i in node.input if i)
         if node.op_type in FOLDED or static or (node.domain in ("", "ai.onnx") and ("", node.op_type) in table):
             if static or node.op_type in FOLDED:
