@@ -854,6 +854,13 @@ class HardSwishOp(UnaryOp):
     name = "top.HardSwish"
 
 
+@op_definition
+class SiLUOp(UnaryOp):
+    """x * sigmoid(x) (Swish with beta 1); canonicalize recognises the decomposed form."""
+
+    name = "top.SiLU"
+
+
 @dataclass(frozen=True)
 class ConstValParams:
     const_val: float = 1.0

@@ -36,11 +36,20 @@ def _(p, x):
     return relu(x, p.relu_limit)
 
 
-@kernel(top.SigmoidOp)
-def _(p, x):
+def sigmoid(x: np.ndarray) -> np.ndarray:
     # split by sign so exp never overflows
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+@kernel(top.SigmoidOp)
+def _(p, x):
+    return sigmoid(x)
+
+
+@kernel(top.SiLUOp)
+def _(p, x):
+    return x * sigmoid(x)
 
 
 @kernel(top.TanhOp)

@@ -9,15 +9,20 @@ hold the weight store. The pipeline is a plain list, run in order:
 3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
    and merge Reshape/Permute chains,
 4. drop the ops that left dead,
-5. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
-6. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
+5. recognise decomposed SiLU, GELU, HardSwish and LayerNorm (with its scale and
+   bias) as single ops, dropping x*1 and x+0 on the way,
+6. fold an explicit Pad into the Conv / pool reading it,
+7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
+8. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
    Mul/Div into the Softmax after it (beta),
-7. fuse ReLU / Clip(0, N) into the op that feeds it,
-8. drop the ops the folds left dead.
+9. fuse ReLU / Clip(0, N) into the op that feeds it,
+10. drop the ops the folds left dead.
 
 Folding before fusion matters: Conv -> BatchNorm -> Relu needs the BatchNorm
-gone before the Relu can reach the Conv. Every rewritten op keeps the tensor
-name of the last op it replaces, so comparisons by name still line up.
+gone before the Relu can reach the Conv. Recognition comes before fusion too:
+HardSwish's Clip(x + 3, 0, 6) must still be a Clip, not a ReLU-6 fused into the
+Add. Every rewritten op keeps the tensor name of the last op it replaces, so
+comparisons by name still line up.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWal
 
 from tpubuild.ir import mlir
 from tpubuild.ir.weights import WeightStore
-from tpubuild.top.patterns import cleanup, fold, fuse, layout
+from tpubuild.top.patterns import cleanup, fold, fuse, layout, pad, recognize
 
 
 def _walk(module: ModuleOp, patterns: list[RewritePattern], *, reverse: bool = False) -> None:
@@ -74,6 +79,29 @@ class RemoveDeadOpsPass(ModulePass):
 
 
 @dataclass(frozen=True)
+class RecognizePass(ModulePass):
+    """Decomposed SiLU, GELU, HardSwish and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
+
+    name = "top-recognize"
+    weights: WeightStore = field(default_factory=WeightStore)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        w = self.weights
+        _walk(op, [recognize.RemoveNeutralArith(w), recognize.RecognizeActivation(w),
+                   recognize.RecognizeLayerNorm(w), recognize.RecognizeLayerNormAffine(w)])
+
+
+@dataclass(frozen=True)
+class FoldPadPass(ModulePass):
+    """A constant Pad of spatial dims folded into the Conv / MaxPool / AvgPool reading it."""
+
+    name = "top-fold-pad"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _walk(op, [pad.FoldPadIntoConv(), pad.FoldPadIntoMaxPool(), pad.FoldPadIntoAvgPool()])
+
+
+@dataclass(frozen=True)
 class FoldBatchNormPass(ModulePass):
     """BatchNorm folded into the preceding Conv; one with nothing to fold into becomes Mul + Add."""
 
@@ -110,8 +138,8 @@ class FuseActivationPass(ModulePass):
 
 def get_all_passes() -> dict[str, type[ModulePass]]:
     """Pass name -> class, for tools that pick passes by name."""
-    return {cls.name: cls for cls in (FoldConstantsPass, RemoveNoOpsPass, RemoveDeadOpsPass, FoldBatchNormPass,
-                                      FoldScaleBiasPass, FuseActivationPass)}
+    return {cls.name: cls for cls in (FoldConstantsPass, RemoveNoOpsPass, RemoveDeadOpsPass, RecognizePass,
+                                      FoldPadPass, FoldBatchNormPass, FoldScaleBiasPass, FuseActivationPass)}
 
 
 def pipeline(weights: WeightStore) -> list[ModulePass]:
@@ -121,6 +149,8 @@ def pipeline(weights: WeightStore) -> list[ModulePass]:
         RemoveDeadOpsPass(),
         RemoveNoOpsPass(),
         RemoveDeadOpsPass(),
+        RecognizePass(weights),
+        FoldPadPass(),
         FoldBatchNormPass(weights),
         FoldScaleBiasPass(weights),
         FuseActivationPass(),

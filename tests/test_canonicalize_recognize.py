@@ -1,0 +1,526 @@
+"""Canonicalize's recognition patterns: decomposed SiLU, GELU, HardSwish and LayerNorm become
+single ops, x*1 / x+0 go, an explicit Pad folds into Conv/pools, a scale folds into Softmax.
+
+Each model is built with onnx.helper, converted, canonicalized, printed, re-parsed and
+checked by upstream MLIR; the IR is asserted (op kinds, tensor names: a recognised op
+takes the name of the last op it replaces, params, weights), and the numerics are
+compared: canonical TOP inference against origin TOP inference and against onnxruntime
+(allclose, and cos >= 0.99999 on the outputs).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tpubuild.frontend import convert_onnx
+from tpubuild.ir import mlir, top
+from tpubuild.ir.weights import WeightStore
+from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.verify.reference import onnx_tensors
+from tpubuild.verify.similarity import cosine
+
+R = np.random.default_rng(33)
+PLUMBING = (top.InputOp, top.WeightOp, top.NoneOp)
+SQRT2 = np.float32(math.sqrt(2.0))
+
+
+def randn(*shape, scale=1.0):
+    return (R.standard_normal(shape) * scale).astype(np.float32)
+
+
+def f32(v):
+    return np.array(v, np.float32)
+
+
+def node(op, inputs, output, **attrs):
+    return helper.make_node(op, list(inputs), [output], name=output, **attrs)
+
+
+def upstream_parses(path: Path) -> None:
+    beside = Path(sys.executable).parent / "torch-mlir-opt"
+    tool = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
+    assert tool, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
+    proc = subprocess.run([tool, "--allow-unregistered-dialect", "--verify-each", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def compute_ops(module) -> list:
+    return [op for op in mlir.body_ops(module) if isinstance(op, top.TopOp) and not isinstance(op, PLUMBING)]
+
+
+def kinds(module) -> list[tuple[str, str]]:
+    """(op name, tensor name) of every compute op, in order."""
+    return [(op.name, op.loc_name) for op in compute_ops(module)]
+
+
+def only(module, cls):
+    found = [op for op in compute_ops(module) if isinstance(op, cls)]
+    assert len(found) == 1, kinds(module)
+    return found[0]
+
+
+def operand_array(op, index: int, weights: WeightStore) -> np.ndarray | None:
+    owner = op.operands[index].owner
+    return None if isinstance(owner, top.NoneOp) else weights[owner.loc_name]
+
+
+def assert_close(ref: dict, got: dict, *, rtol=1e-4, atol=1e-5) -> None:
+    """allclose on every common name, ``atol`` relative to the tensor's largest magnitude."""
+    common = sorted(set(ref) & set(got))
+    assert common
+    for name in common:
+        scale = max(1.0, float(np.max(np.abs(ref[name]), initial=0.0)))
+        np.testing.assert_allclose(got[name], ref[name], rtol=rtol, atol=atol * scale, err_msg=name)
+
+
+def canon(tmp_path: Path, nodes, inputs: dict, outputs=None, initializers=None, opset=17):
+    """ONNX model -> (canonical module, its weights); IR saved, re-parsed and checked upstream,
+    numerics checked against the origin module and onnxruntime."""
+    graph_inputs = [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
+    outs = [onnx.ValueInfoProto(name=o) for o in (outputs or [nodes[-1].output[0]])]
+    inits = [onnx.numpy_helper.from_array(np.asarray(a), k) for k, a in (initializers or {}).items()]
+    model = helper.make_model(helper.make_graph(nodes, "t", graph_inputs, outs, inits),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    origin, weights = convert_onnx(path, {k: v.shape for k, v in inputs.items()}, "t", "origin_weights.npz")
+    canonical, cweights = canonicalize(origin, weights, "canonical_weights.npz")
+    text_path = tmp_path / "canonical.mlir"
+    text_path.write_text(mlir.print_module(canonical))
+    upstream_parses(text_path)
+    canonical = mlir.load_module(text_path)
+    assert sorted(cweights) == sorted(mlir.weight_names(canonical))
+    assert mlir.output_names(canonical) == mlir.output_names(origin)
+    got = run(canonical, cweights, inputs)
+    assert_close(run(origin, weights, inputs), got, rtol=1e-5, atol=1e-6)
+    ref = onnx_tensors(path, inputs)
+    assert_close(ref, got)
+    for name in mlir.output_names(canonical):
+        assert cosine(got[name], ref[name]) >= 0.99999, name
+    return canonical, cweights
+
+
+# ---- SiLU ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", [("x", "s"), ("s", "x")])
+def test_x_times_sigmoid_is_silu(tmp_path, order):
+    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", order, "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3, 8, scale=4)})
+    assert kinds(canonical) == [("top.SiLU", "out")]
+
+
+def test_paddle_swish_after_conv_bn_is_silu(tmp_path):
+    """Paddle2ONNX writes swish as Mul(x, Sigmoid(Mul(x, 1.0))); the BN still folds into the Conv."""
+    c = 4
+    inits = {"w": randn(c, 3, 3, 3), "g": R.uniform(0.5, 1.5, c).astype(np.float32), "b": randn(c),
+             "m": randn(c, scale=0.1), "v": R.uniform(0.5, 1.5, c).astype(np.float32), "one": f32([1.0])}
+    nodes = [node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"),
+             node("Mul", ["bn", "one"], "bn_x1"), node("Sigmoid", ["bn_x1"], "sig"), node("Mul", ["bn", "sig"], "swish")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 8, 8)}, initializers=inits)
+    assert kinds(canonical) == [("top.Conv", "bn"), ("top.SiLU", "swish")]
+
+
+@pytest.mark.parametrize("case", ["other_tensor", "beta_2", "sigmoid_is_output"])
+def test_not_silu(tmp_path, case):
+    inputs = {"x": randn(2, 6), "y": randn(2, 6)}
+    outputs = None
+    inits = {"two": f32(2.0)}
+    if case == "other_tensor":  # a gate, as in squeeze-excitation: x * sigmoid(y)
+        nodes = [node("Sigmoid", ["y"], "s"), node("Mul", ["x", "s"], "out")]
+        expect = [("top.Sigmoid", "s"), ("top.Mul", "out")]
+    elif case == "beta_2":  # Swish with beta 2 is no SiLU
+        nodes = [node("Mul", ["x", "two"], "x2"), node("Sigmoid", ["x2"], "s"), node("Mul", ["x", "s"], "out")]
+        expect = [("top.Mul", "x2"), ("top.Sigmoid", "s"), ("top.Mul", "out")]
+    else:  # the sigmoid is needed as a graph output, so it cannot go
+        nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["x", "s"], "out")]
+        outputs = ["out", "s"]
+        expect = [("top.Sigmoid", "s"), ("top.Mul", "out")]
+    canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert kinds(canonical) == expect
+
+
+# ---- GELU --------------------------------------------------------------------------------
+
+def _gelu_erf(form: str) -> tuple[list, dict]:
+    """The exporters' erf forms of GELU on x, the last node named 'out'."""
+    c = {"sqrt2": SQRT2, "inv_sqrt2": f32(1 / math.sqrt(2)), "one": f32(1.0), "half": f32(0.5)}
+    if form == "torch":  # x * (erf(x / sqrt2) + 1) * 0.5, as torch.onnx exports nn.GELU
+        nodes = [node("Div", ["x", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "a"),
+                 node("Mul", ["x", "a"], "m"), node("Mul", ["m", "half"], "out")]
+    elif form == "half_first":  # (0.5 * x) * (1 + erf(x * 0.7071))
+        nodes = [node("Mul", ["half", "x"], "h"), node("Mul", ["x", "inv_sqrt2"], "d"), node("Erf", ["d"], "e"),
+                 node("Add", ["one", "e"], "a"), node("Mul", ["h", "a"], "out")]
+    elif form == "half_of_sum":  # x * (0.5 * (erf(x / sqrt2) + 1))
+        nodes = [node("Div", ["x", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "a"),
+                 node("Mul", ["a", "half"], "h"), node("Mul", ["x", "h"], "out")]
+    else:  # x * 0.5 + x * 0.5 * erf(x / sqrt2), each product on its own
+        nodes = [node("Mul", ["x", "half"], "h1"), node("Mul", ["x", "half"], "h2"), node("Div", ["x", "sqrt2"], "d"),
+                 node("Erf", ["d"], "e"), node("Mul", ["h2", "e"], "he"), node("Add", ["h1", "he"], "out")]
+    return nodes, c
+
+
+@pytest.mark.parametrize("form", ["torch", "half_first", "half_of_sum", "distributed"])
+def test_erf_gelu_forms(tmp_path, form):
+    nodes, inits = _gelu_erf(form)
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 4, 16, scale=3)}, initializers=inits)
+    assert kinds(canonical) == [("top.GELU", "out")]
+    assert only(canonical, top.GELUOp).params.approx_mode == "normal"
+
+
+def test_gelu_matches_onnx_gelu_op(tmp_path):
+    """The recognised op computes what ONNX's own Gelu (opset 20) computes in onnxruntime."""
+    x = randn(3, 40, scale=3)
+    nodes, inits = _gelu_erf("torch")
+    canonical, cw = canon(tmp_path, nodes, {"x": x}, initializers=inits)
+    gelu = helper.make_model(helper.make_graph(
+        [node("Gelu", ["x"], "out")], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [onnx.ValueInfoProto(name="out")]), opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    onnx.save(gelu, tmp_path / "gelu.onnx")
+    np.testing.assert_allclose(run(canonical, cw, {"x": x})["out"], onnx_tensors(tmp_path / "gelu.onnx", {"x": x})["out"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def _gelu_tanh(form: str) -> tuple[list, dict]:
+    k = math.sqrt(2 / math.pi)
+    c = {"k": f32(k), "c": f32(0.044715), "three": f32(3.0), "one": f32(1.0), "half": f32(0.5),
+         "kc": f32(0.044715)}
+    if form == "pow":  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), HF's gelu_new
+        nodes = [node("Pow", ["x", "three"], "p"), node("Mul", ["c", "p"], "cp"), node("Add", ["x", "cp"], "s"),
+                 node("Mul", ["s", "k"], "ks"), node("Tanh", ["ks"], "t"), node("Add", ["one", "t"], "a"),
+                 node("Mul", ["half", "x"], "h"), node("Mul", ["h", "a"], "out")]
+    else:  # x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), Megatron's bias_gelu
+        nodes = [node("Mul", ["x", "x"], "xx"), node("Mul", ["kc", "xx"], "cxx"), node("Add", ["one", "cxx"], "s"),
+                 node("Mul", ["k", "x"], "kx"), node("Mul", ["kx", "s"], "arg"), node("Tanh", ["arg"], "t"),
+                 node("Add", ["t", "one"], "a"), node("Mul", ["x", "half"], "h"), node("Mul", ["h", "a"], "out")]
+    return nodes, c
+
+
+@pytest.mark.parametrize("form", ["pow", "factored"])
+def test_tanh_gelu_forms(tmp_path, form):
+    nodes, inits = _gelu_tanh(form)
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 32, scale=3)}, initializers=inits)
+    assert kinds(canonical) == [("top.GELU", "out")]
+    assert only(canonical, top.GELUOp).params.approx_mode == "tanh"
+
+
+def test_gelu_after_linear_layer(tmp_path):
+    """MatMul + bias feeding GELU: the bias folds into the MatMul, the GELU is recognised."""
+    nodes, inits = _gelu_erf("torch")
+    nodes = [node("MatMul", ["inp", "w"], "mm"), node("Add", ["mm", "b"], "x")] + nodes
+    inits |= {"w": randn(8, 16), "b": randn(16)}
+    canonical, _ = canon(tmp_path, nodes, {"inp": randn(2, 5, 8)}, initializers=inits)
+    assert kinds(canonical) == [("top.MatMul", "x"), ("top.GELU", "out")]
+
+
+@pytest.mark.parametrize("case", ["wrong_half", "wrong_scale", "erf_is_output", "two_inputs"])
+def test_not_gelu(tmp_path, case):
+    nodes, inits = _gelu_erf("torch")
+    inputs = {"x": randn(2, 8)}
+    outputs = None
+    if case == "wrong_half":
+        inits["half"] = f32(0.6)
+    elif case == "wrong_scale":
+        inits["sqrt2"] = f32(2.0)
+    elif case == "erf_is_output":
+        outputs = ["out", "e"]
+    else:  # y * (erf(x / sqrt2) + 1) * 0.5
+        nodes[3] = node("Mul", ["y", "a"], "m")
+        inputs["y"] = randn(2, 8)
+    canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert [k for k, _ in kinds(canonical)] == ["top.Div", "top.Erf", "top.Add", "top.Mul", "top.Mul"]
+
+
+# ---- HardSwish -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", [("x", "hs"), ("hs", "x")])
+def test_hardsigmoid_times_x_is_hardswish(tmp_path, order):
+    nodes = [node("HardSigmoid", ["x"], "hs", alpha=1 / 6, beta=0.5), node("Mul", order, "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 4, 5, 5, scale=4)})
+    assert kinds(canonical) == [("top.HardSwish", "out")]
+
+
+@pytest.mark.parametrize("form", ["paddle", "times_sixth", "clip_over_6"])
+def test_clip_hardswish_forms(tmp_path, form):
+    """PP-OCR's form x * Clip(x + 3, 0, 6) / 6, and its reassociations."""
+    inits = {"three": f32(3.0), "zero": f32(0.0), "six": f32(6.0), "sixth": f32(1 / 6)}
+    nodes = [node("Add", ["x", "three"], "a"), node("Clip", ["a", "zero", "six"], "c")]
+    if form == "paddle":
+        nodes += [node("Mul", ["x", "c"], "m"), node("Div", ["m", "six"], "out")]
+    elif form == "times_sixth":
+        nodes += [node("Mul", ["c", "x"], "m"), node("Mul", ["m", "sixth"], "out")]
+    else:
+        nodes += [node("Div", ["c", "six"], "d"), node("Mul", ["x", "d"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 4, 5, 5, scale=4)}, initializers=inits)
+    assert kinds(canonical) == [("top.HardSwish", "out")]
+
+
+def test_paddle_hardswish_after_conv(tmp_path):
+    """The cls model's block: Conv -> BN -> x * Clip(x + 3, 0, 6) / 6 -> Conv."""
+    c = 6
+    inits = {"w": randn(c, 3, 3, 3), "g": R.uniform(0.5, 1.5, c).astype(np.float32), "b": randn(c),
+             "m": randn(c, scale=0.1), "v": R.uniform(0.5, 1.5, c).astype(np.float32), "w2": randn(4, c, 1, 1),
+             "three": f32(3.0), "zero": f32(0.0), "six": f32(6.0)}
+    nodes = [node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"), node("Add", ["bn", "three"], "a"),
+             node("Clip", ["a", "zero", "six"], "clip"), node("Mul", ["bn", "clip"], "mul"),
+             node("Div", ["mul", "six"], "hswish"), node("Conv", ["hswish", "w2"], "out", kernel_shape=[1, 1])]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 8, 8, scale=2)}, initializers=inits)
+    assert kinds(canonical) == [("top.Conv", "bn"), ("top.HardSwish", "hswish"), ("top.Conv", "out")]
+
+
+@pytest.mark.parametrize("case", ["default_hardsigmoid", "gate", "relu6_missing_shift"])
+def test_not_hardswish(tmp_path, case):
+    inputs = {"x": randn(2, 8, scale=4), "y": randn(2, 8, scale=4)}
+    inits = {"zero": f32(0.0), "six": f32(6.0)}
+    if case == "default_hardsigmoid":  # alpha 0.2: x * hardsigmoid(x) is not HardSwish
+        nodes = [node("HardSigmoid", ["x"], "hs"), node("Mul", ["x", "hs"], "out")]
+    elif case == "gate":  # squeeze-excitation: x * hardsigmoid(y)
+        nodes = [node("HardSigmoid", ["y"], "hs", alpha=1 / 6, beta=0.5), node("Mul", ["x", "hs"], "out")]
+    else:  # x * relu6(x) / 6
+        nodes = [node("Clip", ["x", "zero", "six"], "hs"), node("Mul", ["x", "hs"], "m"),
+                 node("Div", ["m", "six"], "out")]
+    canonical, _ = canon(tmp_path, nodes, inputs, initializers=inits)
+    assert "top.HardSwish" not in [k for k, _ in kinds(canonical)]
+
+
+# ---- x*1, x+0 --------------------------------------------------------------------------------
+
+def test_neutral_arithmetic_removed(tmp_path):
+    inits = {"one": f32([1.0]), "zero": f32(0.0)}
+    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["one", "s"], "m"), node("Add", ["m", "zero"], "a"),
+             node("Div", ["a", "one"], "d"), node("Sub", ["d", "zero"], "sb"), node("Tanh", ["sb"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3)}, initializers=inits)
+    assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
+
+
+def test_neutral_arithmetic_that_broadcasts_stays(tmp_path):
+    """x * ones([2, 1, 3]) makes a larger tensor: not a no-op."""
+    nodes = [node("Mul", ["x", "one"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(4, 3)}, initializers={"one": np.ones((2, 1, 3), np.float32)})
+    assert kinds(canonical) == [("top.Mul", "out")]
+
+
+def test_neutral_arithmetic_output_keeps_its_name(tmp_path):
+    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["s", "one"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3)}, initializers={"one": f32(1.0)})
+    assert kinds(canonical) == [("top.Sigmoid", "out")]
+
+
+# ---- LayerNorm ----------------------------------------------------------------------------------
+
+def _layernorm(square="pow", rstd="div", axes=(-1,), eps=1e-5, scale=True, bias=True, d=16):
+    """The decomposed LayerNorm exporters write, on input 'x', last node named 'out'."""
+    inits = {"two": f32(2.0), "eps": f32(eps), "g": R.uniform(0.5, 1.5, d).astype(np.float32), "b": randn(d),
+             "half": f32(0.5), "mhalf": f32(-0.5)}
+    nodes = [node("ReduceMean", ["x"], "mean", axes=list(axes)), node("Sub", ["x", "mean"], "d")]
+    nodes.append(node("Pow", ["d", "two"], "sq") if square == "pow" else node("Mul", ["d", "d"], "sq"))
+    nodes += [node("ReduceMean", ["sq"], "var", axes=list(axes)), node("Add", ["var", "eps"], "ve")]
+    if rstd == "div":
+        nodes += [node("Sqrt", ["ve"], "std"), node("Div", ["d", "std"], "norm")]
+    elif rstd == "reciprocal":
+        nodes += [node("Sqrt", ["ve"], "std"), node("Reciprocal", ["std"], "rstd"), node("Mul", ["rstd", "d"], "norm")]
+    else:
+        nodes += [node("Pow", ["ve", "mhalf"], "rstd"), node("Mul", ["d", "rstd"], "norm")]
+    last = "norm"
+    if scale:
+        nodes.append(node("Mul", [last, "g"], "scaled"))
+        last = "scaled"
+    if bias:
+        nodes.append(node("Add", [last, "b"], "shifted"))
+        last = "shifted"
+    nodes.append(node("Identity", [last], "out"))
+    return nodes, inits
+
+
+@pytest.mark.parametrize("square, rstd", [("pow", "div"), ("mul", "div"), ("pow", "reciprocal"), ("mul", "pow")])
+def test_decomposed_layernorm_with_scale_and_bias(tmp_path, square, rstd):
+    nodes, inits = _layernorm(square, rstd, eps=1e-6)
+    canonical, w = canon(tmp_path, nodes, {"x": randn(2, 5, 16, scale=3) + 2}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "out")]
+    ln = only(canonical, top.LayerNormOp)
+    assert ln.params.axis % 3 == 2 and ln.params.eps == pytest.approx(1e-6)
+    np.testing.assert_array_equal(operand_array(ln, 1, w), inits["g"])
+    np.testing.assert_array_equal(operand_array(ln, 2, w), inits["b"])
+
+
+@pytest.mark.parametrize("scale, bias", [(False, False), (True, False), (False, True)])
+def test_decomposed_layernorm_optional_scale_bias(tmp_path, scale, bias):
+    nodes, inits = _layernorm(scale=scale, bias=bias)
+    canonical, w = canon(tmp_path, nodes, {"x": randn(3, 16)}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "out")]
+    ln = only(canonical, top.LayerNormOp)
+    assert (operand_array(ln, 1, w) is not None) == scale
+    assert (operand_array(ln, 2, w) is not None) == bias
+
+
+def test_layernorm_over_last_two_dims(tmp_path):
+    nodes, inits = _layernorm(axes=(-2, -1), d=6)
+    inits["g"] = R.uniform(0.5, 1.5, (4, 6)).astype(np.float32)
+    inits["b"] = randn(6)  # broadcast over the normalised dims
+    canonical, w = canon(tmp_path, nodes, {"x": randn(2, 3, 4, 6)}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "out")]
+    ln = only(canonical, top.LayerNormOp)
+    assert ln.params.axis == 2
+    np.testing.assert_array_equal(operand_array(ln, 2, w), np.broadcast_to(inits["b"], (4, 6)))
+
+
+def test_layernorm_takes_the_name_of_the_last_op(tmp_path):
+    """Without the trailing Identity the Add(bias) is the output: the LayerNorm is named after it."""
+    nodes, inits = _layernorm()
+    canonical, _ = canon(tmp_path, nodes[:-1], {"x": randn(2, 16)}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "shifted")]
+
+
+@pytest.mark.parametrize("case", ["inner_axis", "different_axes", "centered_used", "scale_outside"])
+def test_not_layernorm(tmp_path, case):
+    inputs = {"x": randn(2, 5, 16)}
+    if case == "inner_axis":  # normalising over dim 1 of 3 is no LayerNorm
+        nodes, inits = _layernorm(axes=(1,), scale=False, bias=False)
+    elif case == "different_axes":
+        nodes, inits = _layernorm(scale=False, bias=False)
+        nodes[3] = node("ReduceMean", ["sq"], "var", axes=[-2, -1])
+    elif case == "centered_used":  # x - mean is a graph output as well
+        nodes, inits = _layernorm(scale=False, bias=False)
+    else:  # the scale varies along dim 1, outside the normalised dims: the LayerNorm cannot take it
+        nodes, inits = _layernorm(bias=False)
+        inits["g"] = randn(5, 1)
+    outputs = ["out", "d"] if case == "centered_used" else None
+    canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    found = [k for k, _ in kinds(canonical)]
+    if case == "scale_outside":
+        assert found == ["top.LayerNorm", "top.Mul"]
+    else:
+        assert "top.LayerNorm" not in found and "top.Sqrt" in found
+
+
+def test_onnx_layernorm_absorbs_following_affine(tmp_path):
+    """LayerNormalization(x, g, b) * s + t -> one LayerNorm with scale g*s and bias b*s + t."""
+    g, b, s, t = (randn(8) for _ in range(4))
+    nodes = [node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1), node("Mul", ["s", "ln"], "m"),
+             node("Sub", ["m", "t"], "out")]
+    canonical, w = canon(tmp_path, nodes, {"x": randn(3, 8)}, initializers={"g": g, "b": b, "s": s, "t": t})
+    assert kinds(canonical) == [("top.LayerNorm", "out")]
+    ln = only(canonical, top.LayerNormOp)
+    np.testing.assert_allclose(operand_array(ln, 1, w), g * s, rtol=1e-6)
+    np.testing.assert_allclose(operand_array(ln, 2, w), b * s - t, rtol=1e-6, atol=1e-7)
+
+
+# ---- Pad into Conv / pools ---------------------------------------------------------------------
+
+def _pads(*spatial):
+    """ONNX Pad's pads for NCHW: none on N and C, ``spatial`` = (h_begin, w_begin, h_end, w_end)."""
+    h0, w0, h1, w1 = spatial
+    return np.array([0, 0, h0, w0, 0, 0, h1, w1], np.int64)
+
+
+def test_zero_pad_folded_into_conv(tmp_path):
+    nodes = [node("Pad", ["x", "p"], "padded"), node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3],
+                                                       pads=[1, 0, 1, 0])]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 7, 7)},
+                         initializers={"p": _pads(1, 2, 0, 1), "w": randn(4, 3, 3, 3)})
+    assert kinds(canonical) == [("top.Conv", "conv")]
+    assert only(canonical, top.ConvOp).params.pads == (2, 2, 1, 1)
+
+
+@pytest.mark.parametrize("case", ["value_1", "channel_pad", "reflect", "crop"])
+def test_pad_not_folded_into_conv(tmp_path, case):
+    inits = {"p": _pads(1, 1, 1, 1), "w": randn(4, 3, 3, 3), "v": f32(1.0)}
+    pad_in = ["x", "p"]
+    attrs = {}
+    if case == "value_1":
+        pad_in.append("v")
+    elif case == "channel_pad":
+        inits["p"] = np.array([0, 1, 1, 1, 0, 0, 1, 1], np.int64)
+        inits["w"] = randn(4, 4, 3, 3)
+    elif case == "reflect":
+        attrs["mode"] = "reflect"
+    else:
+        inits["p"] = _pads(1, -1, 1, 1)
+    nodes = [node("Pad", pad_in, "padded", **attrs), node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3])]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, initializers=inits)
+    assert kinds(canonical) == [("top.Pad", "padded"), ("top.Conv", "conv")]
+
+
+def test_pad_with_another_user_stays_for_it(tmp_path):
+    nodes = [node("Pad", ["x", "p"], "padded"), node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3]),
+             node("Sigmoid", ["padded"], "s")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, outputs=["conv", "s"],
+                         initializers={"p": _pads(1, 1, 1, 1), "w": randn(4, 3, 3, 3)})
+    assert kinds(canonical) == [("top.Pad", "padded"), ("top.Conv", "conv"), ("top.Sigmoid", "s")]
+    conv = only(canonical, top.ConvOp)
+    assert conv.params.pads == (1, 1, 1, 1) and isinstance(conv.operands[0].owner, top.InputOp)
+
+
+@pytest.mark.parametrize("case, folds", [("minus_inf", True), ("zero_after_relu", True), ("zero_on_raw", False),
+                                         ("too_wide", False), ("ceil_mode", False)])
+def test_pad_into_maxpool(tmp_path, case, folds):
+    """MaxPool's own padding never wins the max: a Pad folds only if its value cannot either."""
+    value = -np.inf if case == "minus_inf" else 0.0
+    pads = _pads(2, 2, 2, 2) if case == "too_wide" else _pads(1, 0, 1, 1)
+    nodes = [node("Relu", ["x"], "r") if case == "zero_after_relu" else node("Identity", ["x"], "r"),
+             node("Pad", ["r", "p", "v"], "padded"),
+             node("MaxPool", ["padded"], "pool", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=int(case == "ceil_mode"))]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 7, 7)}, initializers={"p": pads, "v": f32(value)})
+    found = [k for k, _ in kinds(canonical)]
+    assert ("top.Pad" not in found) == folds, found
+    if folds:
+        assert only(canonical, top.MaxPoolOp).params.pads == (1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("case, folds", [("no_own_pads", True), ("own_pads_counted", True),
+                                         ("own_pads_not_counted", False), ("nonzero", False)])
+def test_pad_into_avgpool(tmp_path, case, folds):
+    """Explicit zeros count in the average: they fold only where the pool counts all its padding."""
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2])
+    if case != "no_own_pads":
+        attrs |= dict(pads=[1, 1, 0, 0], count_include_pad=int(case == "own_pads_counted"))
+    nodes = [node("Pad", ["x", "p", "v"], "padded"), node("AveragePool", ["padded"], "pool", **attrs)]
+    inits = {"p": _pads(1, 0, 1, 1), "v": f32(0.5 if case == "nonzero" else 0.0)}
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 2, 8, 8)}, initializers=inits)
+    found = [k for k, _ in kinds(canonical)]
+    assert ("top.Pad" not in found) == folds, found
+    if folds:
+        p = only(canonical, top.AvgPoolOp).params
+        assert p.count_include_pad and p.pads == ((2, 1, 1, 1) if case == "own_pads_counted" else (1, 0, 1, 1))
+
+
+# ---- Softmax with a preceding scale ----------------------------------------------------------------
+
+def test_attention_scale_from_folded_constant_into_softmax(tmp_path):
+    """Scores / sqrt(d) where sqrt(d) is computed in the graph: folded to a constant, then into beta."""
+    nodes = [node("MatMul", ["q", "k"], "scores"), node("Sqrt", ["dk"], "sqrt_dk"),
+             node("Div", ["scores", "sqrt_dk"], "scaled"), node("Softmax", ["scaled"], "probs", axis=-1)]
+    canonical, _ = canon(tmp_path, nodes, {"q": randn(2, 4, 16), "k": randn(2, 16, 4)},
+                         initializers={"dk": f32(16.0)})
+    assert kinds(canonical) == [("top.MatMul", "scores"), ("top.Softmax", "probs")]
+    assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(0.25)
+
+
+# ---- a transformer block's worth of patterns together ------------------------------------------------
+
+def test_encoder_mlp_block(tmp_path):
+    """Decomposed LayerNorm -> Linear -> erf GELU -> Linear -> residual: everything recognised."""
+    d, h = 16, 32
+    ln, inits = _layernorm(d=d)
+    gelu, ginits = _gelu_erf("torch")
+    internal = {n.output[0] for n in gelu}
+    rename = {"x": "fc1", "out": "act"} | {n: f"gelu_{n}" for n in internal - {"out"}}
+    gelu = [node(n.op_type, [rename.get(i, i) for i in n.input], rename[n.output[0]]) for n in gelu]
+    nodes = ln[:-1] + [node("MatMul", ["shifted", "w1"], "mm1"), node("Add", ["mm1", "b1"], "fc1")] + gelu + [
+        node("MatMul", ["act", "w2"], "mm2"), node("Add", ["mm2", "b2"], "fc2"), node("Add", ["x", "fc2"], "out")]
+    inits |= ginits | {"w1": randn(d, h, scale=0.3), "b1": randn(h), "w2": randn(h, d, scale=0.3), "b2": randn(d)}
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 6, d)}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "shifted"), ("top.MatMul", "fc1"), ("top.GELU", "act"),
+                                ("top.MatMul", "fc2"), ("top.Add", "out")]
