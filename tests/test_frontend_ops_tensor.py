@@ -553,6 +553,21 @@ def test_gru(check_onnx, variant, linear_before_reset):
                {"X": randn(5, 2, 3)}, initializers=inits, opset=14)
 
 
+@pytest.mark.parametrize("variant", RNN_VARIANTS)
+def test_rnn(check_onnx, variant):
+    v = RNN_VARIANTS[variant]
+    dirs = 2 if v["direction"] == "bidirectional" else 1
+    names, inits = _rnn_inputs(1, 5, 2, 3, 4, dirs, v["bias"], v["initial"])
+    check_onnx(node("RNN", names, ["Y", "Y_h"], hidden_size=4, direction=v["direction"]),
+               {"X": randn(5, 2, 3)}, initializers=inits, opset=14)
+
+
+def test_rnn_relu_activation(check_onnx):
+    names, inits = _rnn_inputs(1, 4, 2, 3, 3, 2, True, False)
+    check_onnx(node("RNN", names, ["Y", "Y_h"], hidden_size=3, direction="bidirectional",
+                    activations=["Relu", "Tanh"]), {"X": randn(4, 2, 3)}, initializers=inits, opset=14)
+
+
 def test_gru_runtime_weights(check_onnx):
     check_onnx(node("GRU", ["X", "W", "R"], ["Y", "Y_h"], hidden_size=3),
                {"X": randn(4, 1, 2), "W": randn(1, 9, 2), "R": randn(1, 9, 3)}, opset=14)

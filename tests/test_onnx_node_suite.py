@@ -50,6 +50,7 @@ NODE_CASES = [
     "test_einsum_batch_matmul", "test_einsum_transpose", "test_einsum_sum",
     "test_top_k_negative_axis", "test_top_k_same_values_largest", "test_top_k_smallest",
     "test_lstm_with_peepholes", "test_lstm_bidirectional", "test_gru_with_initial_bias", "test_gru_reverse",
+    "test_simple_rnn_batchwise",
     "test_matmul_bcast", "test_matmul_4d_1d",
     # the rest of the frontend, a few each
     "test_conv_with_strides_and_asymmetric_padding", "test_averagepool_2d_ceil", "test_maxpool_2d_same_lower",

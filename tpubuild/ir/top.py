@@ -792,6 +792,15 @@ class GRUOp(RnnOp):
     NUM_RESULTS = 2
 
 
+@op_definition
+class RNNOp(RnnOp):
+    """Single-layer simple RNN (ONNX RNN); results Y, Y_h."""
+
+    name = "top.RNN"
+    OPERANDS = ("input", "filter", "recurrence", "bias", "initial_h")
+    NUM_RESULTS = 2
+
+
 # ---- elementwise math, activations, comparisons, reductions, normalisation --------
 
 class UnaryOp(TopOp):

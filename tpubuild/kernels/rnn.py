@@ -1,4 +1,4 @@
-"""LSTM and GRU, ONNX semantics: gate order LSTM i,o,f,c and GRU z,r,h; layout [seq, batch, ...].
+"""LSTM, GRU and RNN, ONNX semantics: gate order LSTM i,o,f,c and GRU z,r,h; layout [seq, batch, ...].
 
 Arithmetic is float64 then cast back, so long sequences do not drift from the reference.
 """
@@ -114,6 +114,26 @@ def _(p: top.RnnParams, x, w, r, b, h0):
             else:
                 cand = g(_clip(xh + (reset * ht) @ rh.T + rb[2 * hs:], p))
             ht = (1 - z) * cand + z * ht
+            y[t, d] = ht
+        h_all[d] = ht
+    return y.astype(x.dtype), h_all.astype(x.dtype)
+
+
+@kernel(top.RNNOp)
+def _(p: top.RnnParams, x, w, r, b, h0):
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    backwards = _directions(p)
+    acts = activations(p, ("Tanh",), len(backwards))
+    x64 = x.astype(np.float64)
+    h_all = _initial(h0, len(backwards), batch, hs)
+    y = np.zeros((seq, len(backwards), batch, hs))
+    for d, back in enumerate(backwards):
+        wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
+        bias = np.zeros(hs) if b is None else b[d, :hs].astype(np.float64) + b[d, hs:]
+        ht = h_all[d]
+        for t in (reversed(range(seq)) if back else range(seq)):
+            ht = acts[d](_clip(x64[t] @ wd.T + ht @ rd.T + bias, p))
             y[t, d] = ht
         h_all[d] = ht
     return y.astype(x.dtype), h_all.astype(x.dtype)

@@ -1,4 +1,4 @@
-"""LSTM and GRU -> top.LSTM / top.GRU (single layer; layout 1 by permutes around the op)."""
+"""LSTM, GRU and RNN -> top.LSTM / top.GRU / top.RNN (single layer; layout 1 by permutes around the op)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from tpubuild.ir import top
 def _params(node: Node, gates: int) -> top.RnnParams:
     a = node.attrs
     hidden = a.get("hidden_size") or shape_of(node.input(1))[1] // gates
+    # only activations the node names: RNN's schema default lists two (forward and backward) even for one
+    given = any(attr.name == "activations" for attr in node.proto.attribute)
     return top.RnnParams(
-        int(hidden), a.get("direction", "forward"), tuple(a.get("activations") or ()),
+        int(hidden), a.get("direction", "forward"), tuple(a["activations"]) if given else (),
         tuple(float(v) for v in a.get("activation_alpha") or ()), tuple(float(v) for v in a.get("activation_beta") or ()),
         float(a.get("clip") or 0.0), bool(a.get("input_forget", 0)), bool(a.get("linear_before_reset", 0)))
 
@@ -59,3 +61,8 @@ def _(node: Node, ctx: Ctx):
 @converter("GRU", since=7)
 def _(node: Node, ctx: Ctx):
     return _rnn(node, ctx, top.GRUOp, [5])
+
+
+@converter("RNN", since=7)
+def _(node: Node, ctx: Ctx):
+    return _rnn(node, ctx, top.RNNOp, [5])
