@@ -50,6 +50,15 @@ class ModelPaths:
     def canonical_weights(self) -> Path:
         return self.root / "canonical_weights.npz"
 
+    # calibrate (models with an INT8 target); cali.mlir names canonical_weights.npz
+    @property
+    def cali_mlir(self) -> Path:
+        return self.root / "cali.mlir"
+
+    @property
+    def cali_table(self) -> Path:
+        return self.root / "cali_table"
+
     # verify_top
     @property
     def origin_outs(self) -> Path:

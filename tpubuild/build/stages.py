@@ -53,6 +53,27 @@ def canonicalize(in_mlir: str, in_weights: str, out_mlir: str, out_weights: str)
         weights.save(tmp_weights)
 
 
+def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], data_files: Sequence[str],
+              count: int | None, method: str, user_table: str | None, out_mlir: str, out_table: str) -> None:
+    """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz)."""
+    from tpubuild.build.files import all_or_nothing
+    from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
+    from tpubuild.calib.data import Samples
+    from tpubuild.calib.table import format_table, read_table
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.top.inference import weights_for
+
+    module = load_module(in_mlir)
+    check_state(module, in_mlir)
+    user = read_table(user_table)[1] if user_table else None
+    samples = Samples.of(data_files, inputs, count)
+    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user)
+    text = format_table(entries, ["tpubuild calibration table", f"model: {model}", *header])
+    with all_or_nothing(out_mlir, out_table) as (tmp_mlir, tmp_table):
+        _save_module(apply_table(module, entries), tmp_mlir)
+        tmp_table.write_text(text, encoding="utf-8")
+
+
 def _save_module(module, path: Path) -> None:
     from tpubuild.ir.mlir import save_module
 

@@ -1,0 +1,295 @@
+"""Calibration of a real model: the stage's table and cali.mlir, user tables, data loading, memory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from xdsl.dialects.builtin import TensorType
+
+from tpubuild.build import stages
+from tpubuild.calib.calibrate import AUTO_CANDIDATES, activation_values, calibrate, collect_stats
+from tpubuild.calib.data import InputSpec, Samples, find_files, preprocess_image
+from tpubuild.calib.stats import batch_stats
+from tpubuild.calib.table import Entry, format_table, read_table
+from tpubuild.calib.thresholds import threshold
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir
+from tpubuild.ir.quant import CalibratedType
+from tpubuild.top.inference import infer_file, run, weights_for
+
+REPO = Path(__file__).resolve().parents[1]
+PHOTOS = sorted((REPO / "models" / "calib" / "photos").glob("*.jpg"))
+PREPROCESS = {"mean": [123.675, 116.28, 103.53], "scale": [0.0171, 0.0175, 0.0174], "pixel_format": "rgb",
+              "resize": [32, 32]}
+INPUTS = [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32", "preprocess": PREPROCESS}]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """build/demo_cnn/canonical.mlir (+ weights) of the shipped demo CNN."""
+    root = tmp_path_factory.mktemp("demo")
+    stages.transform(str(REPO / "models" / "demo_cnn.onnx"), [{k: v for k, v in INPUTS[0].items() if k != "preprocess"}],
+                     "demo_cnn", None, str(root / "origin.mlir"), str(root / "origin_weights.npz"),
+                     str(root / "input.npz"))
+    stages.canonicalize(str(root / "origin.mlir"), str(root / "origin_weights.npz"), str(root / "canonical.mlir"),
+                        str(root / "canonical_weights.npz"))
+    return root / "canonical.mlir"
+
+
+def calibrate_stage(demo: Path, out: Path, *, method="kl", count=8, files=PHOTOS, table=None) -> tuple[Path, Path]:
+    out.mkdir(exist_ok=True)
+    shutil.copy(demo.parent / "canonical_weights.npz", out / "canonical_weights.npz")
+    cali, tab = out / "cali.mlir", out / "cali_table"
+    stages.calibrate("demo_cnn", str(demo), INPUTS, [str(f) for f in files], count, method,
+                     str(table) if table else None, str(cali), str(tab))
+    return cali, tab
+
+
+def calibrated_types(module) -> dict[str, CalibratedType]:
+    return {name: v.type.element_type for name, v in activation_values(module).items()
+            if isinstance(v.type.element_type, CalibratedType)}
+
+
+def test_shipped_photos_exist():
+    assert len(PHOTOS) >= 32
+
+
+def test_stage_writes_table_and_cali_mlir(demo, tmp_path):
+    cali, tab = calibrate_stage(demo, tmp_path)
+    header, entries = read_table(tab)
+    canonical = mlir.load_module(demo)
+    names = list(activation_values(canonical))
+    assert list(entries) == names and "input" in names
+    assert "# method: kl" in header and "# sample number: 8" in header and "# model: demo_cnn" in header
+    module = mlir.load_module(cali)
+    assert mlir.module_attr(module, "state") == "TOP_CALIBRATED"
+    assert mlir.module_attr(module, "weight_file") == "canonical_weights.npz"
+    types = calibrated_types(module)
+    assert set(types) == set(names)
+    for name, e in entries.items():
+        assert 0 < e.threshold <= max(-e.min, e.max)
+        lo, hi = (-e.threshold if e.min < 0 else 0.0), e.threshold
+        assert (types[name].min.data, types[name].max.data) == (lo, hi), name
+
+
+def test_relu_outputs_are_unsigned_ranges(demo, tmp_path):
+    _, tab = calibrate_stage(demo, tmp_path)
+    entries = read_table(tab)[1]
+    assert entries["stem.relu"].min == 0.0  # Conv with fused ReLU
+    assert entries["block2.relu6"].max <= 6.0
+    assert entries["input"].min < 0  # normalized pixels
+
+
+def test_cali_mlir_parses_upstream_and_runs(demo, tmp_path):
+    cali, _ = calibrate_stage(demo, tmp_path)
+    opt = Path(sys.executable).parent / "torch-mlir-opt"
+    tool = str(opt) if opt.exists() else shutil.which("torch-mlir-opt")
+    assert tool, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
+    proc = subprocess.run([tool, "--allow-unregistered-dialect", "--verify-each", str(cali), "-o", os.devnull],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "!quant.calibrated<f32<" in cali.read_text()
+    x = {"input": preprocess_image(PHOTOS[0], InputSpec.of(INPUTS[0]))[None]}
+    got = infer_file(cali, x)
+    ref = infer_file(demo, x)
+    assert set(got) == set(ref)
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+        assert got[name].dtype == np.float32
+
+
+def test_deterministic(demo, tmp_path):
+    a = calibrate_stage(demo, tmp_path / "a", method="auto")
+    b = calibrate_stage(demo, tmp_path / "b", method="auto")
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_streaming_stats_equal_batch_stats(demo):
+    """Stats from the observer (tensors freed as they die) equal those of full dumps of every sample."""
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    samples = list(Samples.of(PHOTOS[:6], INPUTS))
+    stats, n = collect_stats(module, weights, samples)
+    assert n == 6
+    dumps = [run(module, weights, s) for s in samples]
+    for name, s in stats.items():
+        b = batch_stats([d[name] for d in dumps])
+        np.testing.assert_array_equal(s.hist, b.hist, err_msg=name)
+        assert (s.min, s.max, s.range, s.zeros) == (b.min, b.max, b.range, b.zeros), name
+
+
+def test_auto_picks_a_candidate_per_tensor(demo):
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    samples = Samples.of(PHOTOS, INPUTS, 8)
+    stats, _ = collect_stats(module, weights, samples)
+    entries, header = calibrate(module, weights, samples, "auto")
+    assert "tune number: 8" in header
+    picked = set()
+    for name, e in entries.items():
+        cands = {m: threshold(stats[name], m) for m in AUTO_CANDIDATES}
+        assert e.threshold in cands.values(), name
+        picked |= {m for m, t in cands.items() if t == e.threshold}
+    assert len(picked) > 1  # not one method in disguise
+
+
+def test_changing_method_changes_thresholds(demo, tmp_path):
+    _, kl = calibrate_stage(demo, tmp_path / "kl", method="kl")
+    _, mx = calibrate_stage(demo, tmp_path / "max", method="max")
+    a, b = read_table(kl)[1], read_table(mx)[1]
+    assert all(a[n].threshold <= b[n].threshold for n in a)
+    assert any(a[n].threshold < b[n].threshold for n in a)
+
+
+# ---- user tables -------------------------------------------------------------
+
+def test_user_table_entries_win(demo, tmp_path):
+    _, computed = calibrate_stage(demo, tmp_path / "first")
+    user = tmp_path / "user_table"
+    user.write_text("# edited by hand\nblock1.b.bn 1.25 -9.0 6.0\n")
+    cali, tab = calibrate_stage(demo, tmp_path / "second", table=user)
+    entries, before = read_table(tab)[1], read_table(computed)[1]
+    assert entries["block1.b.bn"] == Entry(1.25, -9.0, 6.0)
+    assert all(entries[n] == before[n] for n in before if n != "block1.b.bn")
+    t = calibrated_types(mlir.load_module(cali))["block1.b.bn"]
+    assert (t.min.data, t.max.data) == (-1.25, 1.25)
+
+
+def test_full_user_table_needs_no_data(demo, tmp_path):
+    _, computed = calibrate_stage(demo, tmp_path / "first")
+    entries = {n: Entry(e.threshold * 0.5, e.min, e.max) for n, e in read_table(computed)[1].items()}
+    user = tmp_path / "user_table"
+    user.write_text(format_table(entries))
+    _, tab = calibrate_stage(demo, tmp_path / "second", files=[], table=user)
+    header, got = read_table(tab)
+    assert got == entries
+    assert any("user table" in h for h in header)
+
+
+def test_user_table_with_unknown_tensor_is_refused(demo, tmp_path):
+    user = tmp_path / "user_table"
+    user.write_text("no_such_tensor 1.0 0.0 1.0\n")
+    with pytest.raises(TpuBuildError, match="no_such_tensor"):
+        calibrate_stage(demo, tmp_path / "out", table=user)
+    assert not (tmp_path / "out" / "cali.mlir").exists()
+
+
+def test_no_data_is_a_clear_error(demo, tmp_path):
+    with pytest.raises(TpuBuildError, match="calibration.data"):
+        calibrate_stage(demo, tmp_path, files=[])
+
+
+def test_non_f32_module_is_refused(demo, tmp_path):
+    cali, _ = calibrate_stage(demo, tmp_path / "a")
+    with pytest.raises(TpuBuildError, match="TOP_F32"):
+        stages.calibrate("demo_cnn", str(cali), INPUTS, [str(PHOTOS[0])], 1, "kl", None,
+                         str(tmp_path / "b.mlir"), str(tmp_path / "b_table"))
+
+
+# ---- calibration data --------------------------------------------------------
+
+def test_find_files_sorted_and_filtered(tmp_path):
+    for name in ("b.npz", "a.npy", "c.png", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in find_files("*", tmp_path)] == ["a.npy", "b.npz", "c.png"]
+
+
+def test_npz_and_npy_samples(tmp_path):
+    rng = np.random.default_rng(0)
+    one = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    stack = rng.standard_normal((5, 1, 3, 4, 4)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", whatever=one)
+    np.save(tmp_path / "b.npy", stack)
+    specs = [{"name": "x", "shape": [1, 3, 4, 4]}]
+    got = list(Samples.of(find_files("*", tmp_path), specs))
+    assert len(got) == 6
+    np.testing.assert_array_equal(got[0]["x"], one)
+    np.testing.assert_array_equal(np.stack([g["x"] for g in got[1:]]), stack)
+    assert len(list(Samples.of(find_files("*", tmp_path), specs, count=3))) == 3
+
+
+def test_npz_with_two_inputs(tmp_path):
+    np.savez(tmp_path / "s.npz", a=np.ones((2, 2), np.float32), b=np.zeros((3,), np.int64))
+    specs = [{"name": "a", "shape": [2, 2]}, {"name": "b", "shape": [3], "dtype": "int64"}]
+    (sample,) = Samples.of([tmp_path / "s.npz"], specs)
+    assert sample["b"].dtype == np.int64 and sample["a"].shape == (2, 2)
+    with pytest.raises(TpuBuildError, match="no array for input"):
+        list(Samples.of([tmp_path / "s.npz"], [*specs, {"name": "c", "shape": [1]}]))
+
+
+def test_wrong_shape_is_named(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 2), np.float32))
+    with pytest.raises(TpuBuildError, match=r"shape \[2, 2\]; expected \[1, 3, 4, 4\]"):
+        list(Samples.of([tmp_path / "x.npy"], [{"name": "x", "shape": [1, 3, 4, 4]}]))
+
+
+@pytest.mark.parametrize("fmt", ["rgb", "bgr"])
+def test_image_preprocess(tmp_path, fmt):
+    """A 2x3 image, no resize: (pixel - mean) * scale per channel, channels first, in the asked order."""
+    from PIL import Image
+
+    pixels = np.arange(18, dtype=np.uint8).reshape(2, 3, 3) * 10
+    Image.fromarray(pixels, "RGB").save(tmp_path / "img.png")
+    spec = InputSpec.of({"name": "x", "shape": [1, 3, 2, 3],
+                         "preprocess": {"mean": [1, 2, 3], "scale": [0.5, 0.25, 2.0], "pixel_format": fmt}})
+    got = preprocess_image(tmp_path / "img.png", spec)
+    chw = pixels.astype(np.float32).transpose(2, 0, 1)
+    if fmt == "bgr":
+        chw = chw[::-1]
+    expect = (chw - np.array([1, 2, 3], np.float32)[:, None, None]) * np.array([0.5, 0.25, 2.0], np.float32)[:, None, None]
+    np.testing.assert_allclose(got, expect, rtol=1e-6)
+
+
+def test_image_gray_resize_and_crop(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (40, 20), (90, 90, 90)).save(tmp_path / "img.png")
+    spec = InputSpec.of({"name": "x", "shape": [2, 1, 8, 8], "preprocess": {"pixel_format": "gray", "resize": [8, 12]}})
+    got = list(Samples.of([tmp_path / "img.png"] * 4, [{"name": "x", "shape": [2, 1, 8, 8],
+                                                         "preprocess": spec.preprocess}]))
+    assert len(got) == 2 and got[0]["x"].shape == (2, 1, 8, 8)
+    np.testing.assert_array_equal(got[0]["x"], np.full((2, 1, 8, 8), 90.0, np.float32))
+
+
+def test_images_need_an_image_input(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(tmp_path / "img.png")
+    with pytest.raises(TpuBuildError, match="NCHW input"):
+        list(Samples.of([tmp_path / "img.png"], [{"name": "x", "shape": [1, 16]}]))
+
+
+def test_unreadable_image_names_the_file(tmp_path):
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(TpuBuildError, match="bad.png"):
+        list(Samples.of([tmp_path / "bad.png"], INPUTS))
+
+
+# ---- memory ------------------------------------------------------------------
+
+def _peak_bytes(demo: Path, samples: Path, count: int) -> int:
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    data = Samples.of([samples], [{"name": "input", "shape": [1, 3, 32, 32]}], count)
+    tracemalloc.start()
+    try:
+        calibrate(module, weights, data, "kl")
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_samples(demo, tmp_path):
+    """Peak traced memory for 200 samples is within 10 % of that for 50 (numpy reports to tracemalloc)."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "samples.npy", rng.uniform(-2, 2, (200, 1, 3, 32, 32)).astype(np.float32))
+    small = _peak_bytes(demo, tmp_path / "samples.npy", 50)
+    large = _peak_bytes(demo, tmp_path / "samples.npy", 200)
+    assert large < small * 1.1, (small, large)

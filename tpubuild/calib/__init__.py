@@ -1,0 +1,1 @@
+"""Calibration: activation statistics, threshold methods, the calibration table and cali.mlir."""

@@ -1,0 +1,167 @@
+"""canonical.mlir + calibration samples -> calibration table -> cali.mlir.
+
+1. ``collect_stats``: TOP inference one sample at a time; an observer feeds
+   every float activation tensor (graph inputs included) into its streaming
+   statistics, and tensors are freed after their last use.
+2. ``compute_entries``: a threshold per tensor by the manifest's method
+   (thresholds.py), or ``auto`` (tune.py); min and max are the observed ones.
+3. A user table (the manifest's ``calibration.table``) wins: its entries
+   replace computed ones, and when it covers every tensor no inference runs.
+4. ``apply_table``: every calibrated tensor's type becomes
+   ``!quant.calibrated<f32<lo:hi>>`` and ``module.state`` TOP_CALIBRATED.
+   As TPU-MLIR's import-calibration-table (symmetric), [lo, hi] is [-T, T],
+   or [0, T] for a tensor whose min is >= 0; the table keeps the observed
+   min/max for asymmetric lowering.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from xdsl.dialects.builtin import FunctionType, ModuleOp, TensorType
+from xdsl.ir import SSAValue
+from xdsl.rewriter import Rewriter
+
+from tpubuild.calib import thresholds as th
+from tpubuild.calib.stats import BINS, TensorStats
+from tpubuild.calib.table import Entry
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.quant import CalibratedType
+from tpubuild.ir.top import NoneOp, WeightOp
+from tpubuild.ir.types import numpy_dtype
+from tpubuild.ir.weights import WeightStore
+
+METHOD_NAMES = (*th.METHODS, "auto")
+# auto's candidates, in tie-break order
+AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
+
+
+def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
+    """Every float activation tensor by name, in program order (weights and None excluded)."""
+    found: dict[str, SSAValue] = {}
+    for op in mlir.body_ops(module):
+        if not isinstance(op, TensorOp) or isinstance(op, (WeightOp, NoneOp)):
+            continue
+        for value, name in zip(op.results, op.names):
+            if isinstance(value.type, TensorType) and numpy_dtype(value.type.element_type).kind == "f":
+                found[name] = value
+    return found
+
+
+def collect_stats(module: ModuleOp, weights: WeightStore,
+                  samples: Iterable[Mapping[str, np.ndarray]]) -> tuple[dict[str, TensorStats], int]:
+    """Streaming statistics of every float activation tensor, and the number of samples seen."""
+    from tpubuild.top.inference import run
+
+    stats = {name: TensorStats() for name in activation_values(module)}
+
+    def observe(op, args, results) -> None:
+        for name, array in zip(op.names, results):
+            if name in stats:
+                try:
+                    stats[name].update(array)
+                except ValueError as err:
+                    raise TpuBuildError(f"cannot calibrate: {err}", loc=name,
+                                        hint="check the calibration data and its preprocess") from None
+
+    n = 0
+    for sample in samples:
+        run(module, weights, sample, all_tensors=False, observer=observe)
+        n += 1
+    return stats, n
+
+
+def compute_entries(module: ModuleOp, weights: WeightStore, stats: Mapping[str, TensorStats], method: str,
+                    tune_samples: Iterable[Mapping[str, np.ndarray]] = ()) -> dict[str, Entry]:
+    """A table entry per tensor: the method's threshold and the observed min and max."""
+    if method == "auto":
+        from tpubuild.calib.tune import tune
+
+        candidates = {name: _candidates(s) for name, s in stats.items()}
+        levels = {name: th.levels_for(s) for name, s in stats.items()}
+        chosen = tune(module, weights, tune_samples, candidates, levels)
+    elif method in th.METHODS:
+        chosen = {name: th.threshold(s, method) for name, s in stats.items()}
+    else:
+        raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
+    return {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
+
+
+def _candidates(s: TensorStats) -> list[float]:
+    """The distinct thresholds of auto's candidate methods, in tie-break order."""
+    found: list[float] = []
+    for m in AUTO_CANDIDATES:
+        value = th.threshold(s, m)
+        if value not in found:
+            found.append(value)
+    return found
+
+
+def _min_max(s: TensorStats) -> tuple[float, float]:
+    return (s.min, s.max) if s.count else (0.0, 0.0)
+
+
+def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
+              user: Mapping[str, Entry] | None = None) -> tuple[dict[str, Entry], list[str]]:
+    """The calibration table of ``module`` (entries in program order) and its header lines.
+
+    ``samples`` is re-iterable (auto reads the first few samples again); ``user``
+    entries win over computed ones, and cover every tensor, nothing is run.
+    """
+    names = list(activation_values(module))
+    user = dict(user or {})
+    unknown = [n for n in user if n not in names]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise TpuBuildError(f"the calibration table names tensors the model does not have: {shown}",
+                            hint="table names are the tensor names of canonical.mlir; the computed table "
+                                 "build/<model>/cali_table lists them all")
+    header = [f"method: {method}", f"histogram number: {BINS}"]
+    if all(n in user for n in names):
+        computed: dict[str, Entry] = {}
+        header = [f"method: table ({len(user)} entries from the user table)"]
+    else:
+        from tpubuild.calib.tune import TUNE_SAMPLES
+
+        stats, count = collect_stats(module, weights, samples)
+        if count == 0:
+            raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
+        tune_samples = itertools.islice(iter(samples), TUNE_SAMPLES) if method == "auto" else ()
+        computed = compute_entries(module, weights, stats, method, tune_samples)
+        header += [f"sample number: {count}"]
+        if method == "auto":
+            header += [f"tune number: {min(count, TUNE_SAMPLES)}"]
+        if user:
+            header += [f"user table: {len(user)} entries replace computed ones"]
+    entries = {n: user[n] if n in user else computed[n] for n in names}
+    return entries, header
+
+
+def apply_table(module: ModuleOp, entries: Mapping[str, Entry]) -> ModuleOp:
+    """A copy of ``module`` whose tensors in ``entries`` have calibrated types; state TOP_CALIBRATED."""
+    cali = module.clone()
+    values = activation_values(cali)
+    for name, entry in entries.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        old = value.type
+        lo, hi = entry.calibrated_range()
+        new = TensorType(CalibratedType.get(old.element_type, lo, hi), old.get_shape())
+        Rewriter.replace_value_with_new_type(value, new)
+    main = mlir.main_func(cali)
+    outs = [v.type for v in mlir.return_op(cali).operands]
+    main.function_type = FunctionType.from_lists(list(main.function_type.inputs.data), outs)
+    mlir.set_module_attrs(cali, state="TOP_CALIBRATED")
+    return cali
+
+
+def check_state(module: ModuleOp, file: str) -> None:
+    state = mlir.module_attr(module, "state")
+    if state != "TOP_F32":
+        raise TpuBuildError(f"calibration needs a TOP_F32 module, this one is {state}", file=file,
+                            hint="calibrate canonical.mlir")

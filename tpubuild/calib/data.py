@@ -1,0 +1,188 @@
+"""Calibration samples: the manifest's ``calibration.data`` glob, one sample at a time.
+
+- ``.npz``: one array per model input, keyed by input name (a one-input model
+  may use any key). An array of shape ``(S, *input_shape)`` holds S samples.
+- ``.npy``: one-input models only; the input's shape, or ``(S, *shape)`` for S
+  samples (memory-mapped, so a large file is not read at once).
+- images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``): one-input NCHW models; each
+  sample takes N images (the batch) and applies the input's ``preprocess``
+  as TPU-MLIR does: resize to ``preprocess.resize`` (default: the input's H, W;
+  bilinear) and center-crop to H, W if that is larger, convert to
+  ``pixel_format`` (rgb, bgr or gray; default from C), then per channel
+  ``(x - mean) * scale`` (defaults 0 and 1).
+
+Files are taken in sorted order and at most ``count`` samples are produced.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpubuild.errors import TpuBuildError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+ARRAY_SUFFIXES = (".npz", ".npy")
+
+
+def find_files(pattern: str, base: str | Path) -> list[Path]:
+    """The files a glob (relative to ``base``, ``**`` recursive) matches, sorted; only known kinds."""
+    full = str(Path(base) / pattern)
+    found = [Path(p) for p in globlib.glob(full, recursive=True)]
+    return sorted(p.resolve() for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES + ARRAY_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    preprocess: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> "InputSpec":
+        return cls(spec["name"], tuple(int(d) for d in spec["shape"]), spec.get("dtype", "float32"),
+                   spec.get("preprocess"))
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A re-iterable stream of samples ({input name: array}); each pass reads the files again."""
+
+    files: tuple[Path, ...]
+    inputs: tuple[InputSpec, ...]
+    count: int | None = None
+
+    @classmethod
+    def of(cls, files: Sequence[str | Path], inputs: Sequence[Mapping[str, Any]], count: int | None = None) -> "Samples":
+        return cls(tuple(Path(f) for f in files), tuple(InputSpec.of(s) for s in inputs), count)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        n = 0
+        for sample in self._all():
+            if self.count is not None and n >= self.count:
+                return
+            n += 1
+            yield sample
+
+    def _all(self) -> Iterator[dict[str, np.ndarray]]:
+        if not self.files:
+            raise TpuBuildError("no calibration data: the calibration.data glob matches no .npz, .npy or image file",
+                                hint="check calibration.data in the manifest (a glob relative to the manifest)")
+        pending: list[Path] = []  # images waiting to fill a batch
+        for path in self.files:
+            suffix = path.suffix.lower()
+            if suffix in IMAGE_SUFFIXES:
+                pending.append(path)
+                if len(pending) == self._image_input().shape[0]:
+                    yield self._image_sample(pending)
+                    pending = []
+            elif suffix == ".npz":
+                yield from self._npz_samples(path)
+            else:
+                yield from self._npy_samples(path)
+
+    # ---- arrays ---------------------------------------------------------------
+
+    def _npz_samples(self, path: Path) -> Iterator[dict[str, np.ndarray]]:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+        except (OSError, ValueError) as err:
+            raise TpuBuildError(f"cannot read calibration data: {err}", file=str(path)) from None
+        if len(self.inputs) == 1 and len(arrays) == 1 and self.inputs[0].name not in arrays:
+            arrays = {self.inputs[0].name: next(iter(arrays.values()))}  # one input: the key doesn't matter
+        missing = [s.name for s in self.inputs if s.name not in arrays]
+        if missing:
+            raise TpuBuildError(f"calibration data has no array for input(s) {missing} (it has {sorted(arrays)})",
+                                file=str(path), hint="key each array by its model input name")
+        stacks = {s.name: _stacked(arrays[s.name], s, path) for s in self.inputs}
+        counts = {len(v) for v in stacks.values()}
+        if len(counts) != 1:
+            raise TpuBuildError(f"calibration data holds different sample counts per input: "
+                                f"{ {k: len(v) for k, v in stacks.items()} }", file=str(path))
+        for i in range(counts.pop()):
+            yield {s.name: stacks[s.name][i].astype(s.dtype) for s in self.inputs}
+
+    def _npy_samples(self, path: Path) -> Iterator[dict[str, np.ndarray]]:
+        if len(self.inputs) != 1:
+            raise TpuBuildError(f"an .npy file holds one input, but the model has {len(self.inputs)}",
+                                file=str(path), hint="use .npz files with one array per input name")
+        spec = self.inputs[0]
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise TpuBuildError(f"cannot read calibration data: {err}", file=str(path)) from None
+        for sample in _stacked(array, spec, path):
+            yield {spec.name: np.array(sample, dtype=spec.dtype)}
+
+    # ---- images ---------------------------------------------------------------
+
+    def _image_input(self) -> InputSpec:
+        if len(self.inputs) != 1:
+            raise TpuBuildError(f"image calibration data needs a one-input model; this one has {len(self.inputs)}",
+                                hint="use .npz files with one array per input name")
+        spec = self.inputs[0]
+        if len(spec.shape) != 4 or spec.shape[1] not in (1, 3):
+            raise TpuBuildError(f"input {spec.name!r} has shape {list(spec.shape)}: images need an NCHW input "
+                                "with 1 or 3 channels", hint="give .npz or .npy calibration data instead")
+        return spec
+
+    def _image_sample(self, paths: list[Path]) -> dict[str, np.ndarray]:
+        spec = self._image_input()
+        batch = np.stack([preprocess_image(p, spec) for p in paths])
+        return {spec.name: batch.astype(spec.dtype)}
+
+
+def _stacked(array: np.ndarray, spec: InputSpec, path: Path) -> np.ndarray:
+    """The array as a stack of samples: (1, *shape) for one sample, or as is for (S, *shape)."""
+    if tuple(array.shape) == spec.shape:
+        return array[None]
+    if tuple(array.shape[1:]) == spec.shape:
+        return array
+    raise TpuBuildError(f"calibration array for input {spec.name!r} has shape {list(array.shape)}; "
+                        f"expected {list(spec.shape)} or [S, {', '.join(map(str, spec.shape))}] for S samples",
+                        file=str(path))
+
+
+def _per_channel(values, channels: int, what: str, spec: InputSpec) -> np.ndarray:
+    arr = np.asarray(values, np.float32).reshape(-1)
+    if arr.size not in (1, channels):
+        raise TpuBuildError(f"input {spec.name!r}: preprocess.{what} has {arr.size} values for {channels} channels")
+    return np.broadcast_to(arr, (channels,)).reshape(channels, 1, 1)
+
+
+def preprocess_image(path: str | Path, spec: InputSpec) -> np.ndarray:
+    """One image -> a (C, H, W) float32 array, per the input's preprocess."""
+    from PIL import Image, UnidentifiedImageError
+
+    _, channels, height, width = spec.shape
+    pre = dict(spec.preprocess or {})
+    fmt = pre.get("pixel_format", "gray" if channels == 1 else "rgb")
+    if (fmt == "gray") != (channels == 1):
+        raise TpuBuildError(f"input {spec.name!r} has {channels} channels but preprocess.pixel_format is {fmt}")
+    try:
+        with Image.open(path) as img:
+            img = img.convert("L" if fmt == "gray" else "RGB")
+            rh, rw = pre.get("resize", (height, width))
+            if (img.height, img.width) != (rh, rw):
+                img = img.resize((rw, rh), Image.Resampling.BILINEAR)
+            pixels = np.asarray(img, np.float32)
+    except (OSError, UnidentifiedImageError) as err:
+        raise TpuBuildError(f"cannot read calibration image: {err}", file=str(path)) from None
+    if rh < height or rw < width:
+        raise TpuBuildError(f"input {spec.name!r}: preprocess.resize {[rh, rw]} is smaller than the input's "
+                            f"{[height, width]}", hint="resize to at least the input size (larger is center-cropped)")
+    top, left = (rh - height) // 2, (rw - width) // 2
+    pixels = pixels[top:top + height, left:left + width]
+    chw = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    if fmt == "bgr":
+        chw = chw[::-1]
+    mean = _per_channel(pre.get("mean", [0.0]), channels, "mean", spec)
+    scale = _per_channel(pre.get("scale", [1.0]), channels, "scale", spec)
+    return ((chw - mean) * scale).astype(np.float32)

@@ -1,0 +1,94 @@
+"""``auto``: per tensor, the candidate threshold that disturbs its consumers least.
+
+Each tensor has a few candidate thresholds (those of the other methods). On a
+few samples the float model runs once; at every op, each float activation
+operand in turn is fake-quantized at each of its candidates (the other
+operands stay float), the op's kernel runs again, and the squared error of
+its results against the float results is accumulated, relative to their
+energy. A tensor's score for a candidate is the sum over its consumers (and,
+for a graph output, over itself); the lowest wins, the first listed on a tie.
+
+This is TPU-MLIR's tuning step (which tries 10 thresholds between KL's and
+the max) with the candidates of every method instead, and streaming: memory
+holds one sample's live tensors plus a few numbers per (tensor, consumer).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from tpubuild.ir.weights import WeightStore
+
+TUNE_SAMPLES = 8
+
+
+def fake_quant(x: np.ndarray, threshold: float, levels: int) -> np.ndarray:
+    """Symmetric quantize-dequantize: int8 (levels 127, clamped to [-128, 127]) or uint8 (255, [0, 255])."""
+    step = threshold / levels
+    lo = 0 if levels == 255 else -levels - 1
+    return (np.clip(np.round(x / step), lo, levels) * step).astype(x.dtype)
+
+
+def _sq(a: np.ndarray) -> float:
+    a = np.asarray(a, np.float64)
+    return float(np.vdot(a, a))
+
+
+def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
+         candidates: Mapping[str, Sequence[float]], levels: Mapping[str, int]) -> dict[str, float]:
+    """The chosen threshold per tensor of ``candidates`` (tensors with one candidate keep it)."""
+    from tpubuild.ir.base import TensorOp
+    from tpubuild.ir.mlir import body_ops, return_op
+    from tpubuild.kernels import get_kernel
+    from tpubuild.top.inference import run
+
+    names = {value: name for op in body_ops(module) if isinstance(op, TensorOp)
+             for value, name in zip(op.results, op.names) if name in candidates}
+    outputs = {v for v in return_op(module).operands if v in names}
+    # err[name][consumer]: squared error per candidate; energy[consumer]: squared float results
+    err: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
+    energy: dict[str, float] = defaultdict(float)
+
+    def errors(name: str, consumer: str) -> np.ndarray:
+        return err[name].setdefault(consumer, np.zeros(len(candidates[name])))
+
+    def observe(op, args, results) -> None:
+        for value, x in zip(op.results, results):
+            if value in outputs:  # nothing consumes it: judge the tensor itself
+                name = names[value]
+                key = f"{name} (graph output)"
+                energy[key] += _sq(x)
+                acc = errors(name, key)
+                for c, th in enumerate(candidates[name]):
+                    acc[c] += _sq(x - fake_quant(x, th, levels[name]))
+        operands = list(op.operands)
+        tuned = [v for v in dict.fromkeys(operands) if v in names and len(candidates[names[v]]) > 1]
+        if not tuned:
+            return
+        key = op.loc_name
+        energy[key] += sum(_sq(y) for y in results)
+        kernel, params = get_kernel(type(op)), op.params
+        for value in tuned:
+            name = names[value]
+            acc = errors(name, key)
+            x = args[operands.index(value)]
+            for c, th in enumerate(candidates[name]):
+                q = fake_quant(x, th, levels[name])
+                out = kernel(params, *[q if v is value else a for v, a in zip(operands, args)])
+                outs = out if isinstance(out, tuple) else (out,)
+                acc[c] += sum(_sq(np.asarray(y, np.float64) - np.asarray(o, np.float64))
+                              for y, o in zip(results, outs))
+
+    for sample in samples:
+        run(module, weights, sample, all_tensors=False, observer=observe)
+    chosen = {}
+    for name, cands in candidates.items():
+        score = np.zeros(len(cands))
+        for key, errs in err.get(name, {}).items():
+            score += errs / max(energy[key], 1e-30)
+        chosen[name] = float(cands[int(np.argmin(score))])
+    return chosen
