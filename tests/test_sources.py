@@ -1,0 +1,174 @@
+"""Model sources: `prepare` steps in the fetch stage, the {path, prepare} form, and their manifest spelling.
+
+The light model used is the one the pinned onnx wheel installs (the same bytes
+configs/models/light_squeezenet.yaml fetches from PyPI), so most of this needs
+no download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tpubuild.build import fetch
+from tpubuild.build.manifest import SCHEMA_PATH, load_manifest
+from tpubuild.errors import TpuBuildError
+from tpubuild.frontend.prepare import PREPARE_STEPS, prepare_model
+
+REPO = Path(__file__).resolve().parents[1]
+SQUEEZENET = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_squeezenet.onnx"
+SQUEEZENET_SHA256 = "770b0f3c8623e18bf58b53754d710051b4c268248422142980a132bbe6dfe908"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"data_0": x})[0]
+
+
+def test_prepare_steps_match_schema_and_docs():
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    assert set(schema["$defs"]["prepare"]["items"]["enum"]) == set(PREPARE_STEPS)
+    docs = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
+    for step in PREPARE_STEPS:
+        assert f"| `{step}` |" in docs, f"docs/manifest.md does not describe the prepare step {step}"
+
+
+def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
+    assert sha256(SQUEEZENET) == SQUEEZENET_SHA256, "the pinned onnx wheel ships a different light_squeezenet"
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    fetch.prepare_file(str(SQUEEZENET), ["fill_weights"], str(first))
+    # again in a fresh process: no hash-seed or process state in the weights
+    code = ("import sys; from tpubuild.build import fetch; "
+            "fetch.prepare_file(sys.argv[1], ['fill_weights'], sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(SQUEEZENET), str(second)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"})
+    assert first.read_bytes() == second.read_bytes()
+
+    original, prepared = onnx.load(str(SQUEEZENET)), onnx.load(str(first))
+    shapes = {t.name: tuple(numpy_helper.to_array(t)) for t in original.graph.initializer}
+    fills = {n.output[0]: shapes[n.input[0]] for n in original.graph.node if n.op_type == "ConstantOfShape"}
+    assert len(fills) == 39  # every conv filter, and the biases the exporter did not keep
+    assert "ConstantOfShape" not in {n.op_type for n in prepared.graph.node}
+    weights = {t.name: numpy_helper.to_array(t) for t in prepared.graph.initializer}
+    for name, shape in fills.items():
+        w = weights[name]
+        assert w.shape == shape and w.dtype == np.float32
+        assert len(np.unique(w)) > w.size // 2, f"{name} is still (nearly) constant"
+    onnx.checker.check_model(prepared)
+
+    # constant filters make every channel the same, so every class gets the same score;
+    # real weights make the classes differ
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32)
+    assert np.ptp(run_ort(original, x)) < 1e-6
+    assert np.ptp(run_ort(prepared, x)) > 1e-3
+
+
+def test_prepare_errors(tmp_path):
+    with pytest.raises(TpuBuildError, match=r"unknown prepare step\(s\) \['fill'\]; known: \['fill_weights'"):
+        prepare_model(onnx.ModelProto(), ["fill"])
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model")
+    with pytest.raises(TpuBuildError, match="not a valid ONNX model") as err:
+        fetch.prepare_file(str(text), ["fill_weights"], str(tmp_path / "out.onnx"))
+    assert str(text) in str(err.value)
+    with pytest.raises(TpuBuildError, match="cannot read the source model"):
+        fetch.prepare_file(str(tmp_path / "missing.onnx"), ["fill_weights"], str(tmp_path / "out.onnx"))
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def manifest(tmp_path: Path, source: str, name: str = "m") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nsource: {source}\ninputs: [{{name: data_0, shape: [1, 3, 224, 224]}}]\n")
+    return path
+
+
+def test_source_forms(tmp_path):
+    plain = load_manifest(manifest(tmp_path, "m.onnx"))
+    assert (plain.source_kind, plain.prepare, plain.needs_fetch) == ("path", (), False)
+    assert plain.source_path == (tmp_path / "m.onnx").resolve()
+    prepared = load_manifest(manifest(tmp_path, "{path: sub/m.onnx, prepare: [fill_weights]}"))
+    assert (prepared.source_kind, prepared.prepare, prepared.needs_fetch) == ("path", ("fill_weights",), True)
+    assert prepared.source_path == (tmp_path / "sub" / "m.onnx").resolve()
+    in_place = load_manifest(manifest(tmp_path, "{path: m.onnx, prepare: []}"))
+    assert not in_place.needs_fetch
+    pypi = load_manifest(manifest(tmp_path, f"{{pypi: onnx==1.23.2, member: a.onnx, sha256: '{'0' * 64}', "
+                                            "prepare: [fill_weights]}"))
+    assert (pypi.source_kind, pypi.prepare, pypi.source_path) == ("pypi", ("fill_weights",), None)
+    torch = load_manifest(manifest(tmp_path, "{torch: 'nets/net.py:make', example_shape: [1, 3, 8, 8]}"))
+    assert torch.source_kind == "torch" and torch.needs_fetch
+
+
+@pytest.mark.parametrize("source, where, expected", [
+    ("{path: m.onnx, prepare: [fill]}", "source.prepare[0]", "fill_weights"),
+    ("{path: m.onnx, prepare: fill_weights}", "source.prepare", "list of preparation steps"),
+    ("{path: m.txt}", "source.path", ".onnx"),
+    ("{path: m.onnx, sha256: abc}", "source", "'sha256' was unexpected"),
+    (f"{{pypi: a==1, member: b, sha256: '{'0' * 64}', prepare: [x]}}", "source.prepare[0]", "fill_weights"),
+    ("{torch: 'net:make', example_shape: [1], prepare: [x]}", "source.prepare[0]", "fill_weights"),
+    ("{torch: 'a b.py:make', example_shape: [1]}", None, None),
+    ("{torch: 'nets/net.pt:make', example_shape: [1]}", "source.torch", "file.py:factory"),
+])
+def test_bad_sources_name_the_field(tmp_path, source, where, expected):
+    path = manifest(tmp_path, source)
+    if where is None:  # accepted
+        load_manifest(path)
+        return
+    with pytest.raises(TpuBuildError) as err:
+        load_manifest(path)
+    line = next((ln for ln in str(err.value).splitlines() if ln.strip().startswith(f"{where}:")), None)
+    assert line is not None, str(err.value)
+    assert expected in line
+
+
+def doit(tmp_path: Path, manifests: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifests), "TPUBUILD_BUILD_DIR": str(tmp_path / "build")}
+    return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
+                          capture_output=True, text=True)
+
+
+def test_prepare_steps_are_fetch_config(tmp_path):
+    """Adding or removing a step refetches; a file source with steps gets a fetch task with the file as file_dep."""
+    models = tmp_path / "models"
+    models.mkdir()
+    yaml = manifest(models, f"{{path: {SQUEEZENET}, prepare: [fill_weights]}}")
+    fetched = tmp_path / "build" / "m" / "source.onnx"
+
+    run = doit(tmp_path, models, "fetch:m")
+    assert run.returncode == 0, run.stdout + run.stderr
+    filled = fetched.read_bytes()
+    assert "ConstantOfShape" not in {n.op_type for n in onnx.load_model_from_string(filled).graph.node}
+    info = doit(tmp_path, models, "info", "fetch:m").stdout
+    assert str(SQUEEZENET) in info, info
+    assert "-- fetch:m" in doit(tmp_path, models, "fetch:m").stdout
+
+    # same source, the steps' list changed: fetch runs again
+    yaml.write_text(yaml.read_text().replace("prepare: [fill_weights]", "prepare: [fill_weights, fill_weights]"))
+    again = doit(tmp_path, models, "fetch:m")
+    assert ".  fetch:m" in again.stdout, again.stdout
+    # filling is idempotent: nothing is left to fill the second time
+    assert fetched.read_bytes() == filled
+
+
+def test_default_zoo_needs_no_torch():
+    """`doit compile` over configs/models works without the torch extra: PyTorch manifests live in a subfolder."""
+    from tpubuild.build.tasks import find_manifests
+
+    kinds = {load_manifest(p).source_kind for p in find_manifests([str(REPO / "configs" / "models")])}
+    assert "torch" not in kinds
+    torch_dir = REPO / "configs" / "models" / "torch"
+    assert {load_manifest(p).source_kind for p in torch_dir.glob("*.yaml")} == {"torch"}
