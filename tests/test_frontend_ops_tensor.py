@@ -648,3 +648,24 @@ def test_unused_results_get_unique_names(convert, make_model):
     module, _ = convert(model, {"x": [3, 4]})
     names = [n for op in mlir.body_ops(module) if isinstance(op, top.TopKOp) for n in op.names]
     assert len(names) == len(set(names)) == 4 and {"i1", "i2"} <= set(names)
+
+
+MAXPOOL_INDICES_CASES = {
+    "basic": ((2, 3, 6, 6), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "pads_overlap": ((1, 2, 5, 7), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    "column_major": ((2, 2, 5, 4), dict(kernel_shape=[2, 3], strides=[1, 1], pads=[0, 1, 1, 0], storage_order=1)),
+    "ceil_dilated": ((1, 2, 8, 8), dict(kernel_shape=[2, 2], dilations=[2, 2], strides=[2, 2], ceil_mode=1)),
+    "pool1d": ((2, 3, 9), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+}
+
+
+@pytest.mark.parametrize("case", MAXPOOL_INDICES_CASES)
+def test_maxpool_indices(check_onnx, case):
+    """MaxPool's Indices output: top.MaxPoolWithMask (flat int64 positions, batch and channel included)."""
+    shape, attrs = MAXPOOL_INDICES_CASES[case]
+    check_onnx(node("MaxPool", ["x"], ["y", "i"], **attrs), {"x": randn(*shape)}, opset=12)
+
+
+def test_maxpool_storage_order_without_indices(check_onnx):
+    """storage_order orders only the Indices; without them it changes nothing."""
+    check_onnx(node("MaxPool", ["x"], kernel_shape=[2, 2], storage_order=1), {"x": randn(1, 2, 4, 4)}, opset=12)

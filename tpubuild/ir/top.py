@@ -307,6 +307,25 @@ class MaxPoolOp(PoolOp):
     name = "top.MaxPool"
 
 
+@dataclass(frozen=True)
+class MaskPoolParams(PoolParams):
+    storage_order: int = 0  # of the indices: 0 row-major, 1 column-major spatial order
+
+
+@op_definition
+class MaxPoolWithMaskOp(PoolOp):
+    """MaxPool that also returns where each maximum came from (ONNX MaxPool's Indices output): int64
+    flat indices into the input, batch and channel included."""
+
+    name = "top.MaxPoolWithMask"
+    PARAMS = MaskPoolParams
+
+    @classmethod
+    def infer(cls, p: MaskPoolParams, in_types):
+        (y,) = PoolOp.infer.__func__(cls, p, in_types)
+        return [y, TensorType(i64, shape_of(y))]
+
+
 @op_definition
 class AvgPoolOp(PoolOp):
     name = "top.AvgPool"

@@ -75,6 +75,31 @@ def _(p: top.PoolParams, x):
     return fused(win.max(axis=tuple(range(-nd, 0))), p)
 
 
+@kernel(top.MaxPoolWithMaskOp)
+def _(p: top.MaskPoolParams, x):
+    nd = len(p.kernel_shape)
+    spatial = x.shape[-nd:]
+    begin, end = _pool_pads(p, spatial)
+    lowest = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    dil = p.dilations or (1,) * nd
+    win = windows(x, p.kernel_shape, p.strides, dil, begin, end, fill=lowest)
+    flat = win.reshape(win.shape[:-nd] + (-1,))
+    # the first maximum in window order, as onnxruntime; padding never wins (it is lowest, or out of range)
+    pos = windows(np.arange(math.prod(spatial)).reshape(spatial), p.kernel_shape, p.strides, dil, begin, end,
+                  fill=-1)
+    pos = np.broadcast_to(pos.reshape(pos.shape[:nd] + (-1,)), flat.shape)
+    best = np.where(pos >= 0, flat, lowest).max(axis=-1, keepdims=True)
+    pick = np.argmax((flat == best) & (pos >= 0), axis=-1)[..., None]  # argmax: the first True
+    y = np.take_along_axis(flat, pick, axis=-1)[..., 0]
+    where = np.take_along_axis(pos, pick, axis=-1)[..., 0]
+    if p.storage_order:  # column-major: the first spatial dim varies fastest
+        coords = np.unravel_index(where, spatial)
+        where = np.ravel_multi_index(coords, spatial, order="F")
+    plane = math.prod(spatial)
+    lead = np.arange(math.prod(x.shape[:-nd])).reshape(x.shape[:-nd] + (1,) * nd) * plane
+    return fused(y, p), (where + lead).astype(np.int64)
+
+
 @kernel(top.AvgPoolOp)
 def _(p: top.PoolParams, x):
     nd = len(p.kernel_shape)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
 from tpubuild.frontend.ops.common import resolve_pads
 from tpubuild.frontend.registry import converter
@@ -9,8 +11,6 @@ from tpubuild.ir import top
 
 
 def _pool(node: Node, ctx: Ctx, cls):
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise NotImplementedError("MaxPool's Indices output is not supported")
     x = node.input(0)
     spatial = shape_of(x)[2:]
     kernel = node.attrs["kernel_shape"]
@@ -22,14 +22,15 @@ def _pool(node: Node, ctx: Ctx, cls):
                        dilations=tuple(dilations) if any(d != 1 for d in dilations) else (),
                        ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
                        count_include_pad=bool(node.attrs.get("count_include_pad", 0)))
+    if len(node.outputs) > 1 and node.outputs[1]:  # MaxPool's Indices
+        p = top.MaskPoolParams(**dataclasses.asdict(p), storage_order=int(node.attrs.get("storage_order", 0)))
+        return ctx.emit_multi(top.MaxPoolWithMaskOp, [x], p, names=node.outputs[:2])
     return [ctx.emit(cls, [x], p, name=node.outputs[0])]
 
 
 @converter("MaxPool", since=1)
 def _(node: Node, ctx: Ctx):
-    if node.attrs.get("storage_order", 0):
-        raise NotImplementedError("MaxPool storage_order=1 is not supported")
-    return _pool(node, ctx, top.MaxPoolOp)
+    return _pool(node, ctx, top.MaxPoolOp)  # storage_order only orders the Indices output
 
 
 @converter("AveragePool", since=1)
