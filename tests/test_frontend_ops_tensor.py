@@ -302,6 +302,9 @@ RESIZE_CASES = {
     "linear_pytorch_half_pixel": ((1, 1, 4, 4), None, (1, 1, 3, 1),
                                   dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel")),
     "linear_sizes": ((2, 3, 5, 6), None, (2, 3, 8, 4), dict(mode="linear")),
+    # 1/49 * 49 is not exactly 1 in floating point: still the 'one output' rule of pytorch_half_pixel
+    "pytorch_half_pixel_to_one": ((1, 1, 2, 49), None, (1, 1, 2, 1),
+                                  dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel")),
     "cubic": ((1, 1, 4, 4), (1, 1, 2, 2), None, dict(mode="cubic")),
     "cubic_exclude": ((1, 1, 4, 4), (1, 1, 1.5, 1.5), None,
                       dict(mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1)),

@@ -22,12 +22,17 @@ def _half_pixel_symmetric(x, scale, in_len, out_len):
     return in_len / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
 
 
+def _one(s: float, n: int) -> bool:
+    """Is the resized length (scale x input, as onnx's reference takes it) 1? (1/49 * 49 is not exactly 1.)"""
+    return math.isclose(s * n, 1.0, rel_tol=1e-9)
+
+
 # mode -> fn(output indices, scale, input length, output length) -> source coordinates
 _COORDS = {
     "half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5,
     "half_pixel_symmetric": _half_pixel_symmetric,
-    "pytorch_half_pixel": lambda x, s, n, m: (x + 0.5) / s - 0.5 if s * n != 1 else np.full_like(x, -0.5),
-    "align_corners": lambda x, s, n, m: x * (n - 1) / (s * n - 1) if s * n != 1 else np.zeros_like(x),
+    "pytorch_half_pixel": lambda x, s, n, m: np.full_like(x, -0.5) if _one(s, n) else (x + 0.5) / s - 0.5,
+    "align_corners": lambda x, s, n, m: np.zeros_like(x) if _one(s, n) else x * (n - 1) / (s * n - 1),
     "asymmetric": lambda x, s, n, m: x / s,
     "tf_half_pixel_for_nn": lambda x, s, n, m: (x + 0.5) / s,
 }
@@ -79,7 +84,7 @@ def _resample_axis(x: np.ndarray, axis: int, out_len: int, p: top.InterpParams) 
         rank = len(p.scales)
         start, end = p.roi[axis], p.roi[rank + axis]
         full = scale * in_len
-        src = (np.full(out_len, (end - start) * (in_len - 1) / 2) if full == 1
+        src = (np.full(out_len, (end - start) * (in_len - 1) / 2) if _one(scale, in_len)
                else np.arange(out_len) * (end - start) * (in_len - 1) / (full - 1))
         src = src + start * (in_len - 1)
         outside = (src < 0) | (src > in_len - 1)
