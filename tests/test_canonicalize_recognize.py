@@ -524,3 +524,31 @@ def test_encoder_mlp_block(tmp_path):
     canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 6, d)}, initializers=inits)
     assert kinds(canonical) == [("top.LayerNorm", "shifted"), ("top.MatMul", "fc1"), ("top.GELU", "act"),
                                 ("top.MatMul", "fc2"), ("top.Add", "out")]
+
+
+@pytest.mark.parametrize("side, op, c, beta", [(0, "Mul", 0.25, 0.25), (1, "Mul", -0.5, -0.5), (0, "Div", 4.0, 0.25)])
+def test_query_scale_folded_through_scores_into_softmax(tmp_path, side, op, c, beta):
+    """SVTR's attention scales q before q @ k^T: the scale still ends up in the Softmax's beta."""
+    operands = ["q", "k"]
+    nodes = [node(op, [operands[side], "c"], "scaled"), None, node("Softmax", ["scores"], "probs", axis=-1),
+             node("MatMul", ["probs", "v"], "out")]
+    operands[side] = "scaled"
+    nodes[1] = node("MatMul", operands, "scores")
+    inputs = {"q": randn(2, 4, 8, scale=2), "k": randn(2, 8, 4, scale=2), "v": randn(2, 4, 8)}
+    canonical, _ = canon(tmp_path, nodes, inputs, initializers={"c": f32(c)})
+    assert kinds(canonical) == [("top.MatMul", "scores_unscaled"), ("top.Softmax", "probs"), ("top.MatMul", "out")]
+    assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(beta)
+
+
+@pytest.mark.parametrize("case", ["scores_used", "per_element", "matmul_bias"])
+def test_query_scale_not_folded(tmp_path, case):
+    inputs = {"q": randn(2, 4, 8), "k": randn(2, 8, 4)}
+    inits = {"c": randn(8) if case == "per_element" else f32(0.5), "b": randn(4)}
+    nodes = [node("Mul", ["q", "c"], "scaled"), node("MatMul", ["scaled", "k"], "scores"),
+             node("Softmax", ["scores"], "probs")]
+    outputs = ["probs", "scores"] if case == "scores_used" else None
+    if case == "matmul_bias":  # (q*s) @ k + b: the bias is not scaled, so s is not a temperature
+        nodes[2:] = [node("Add", ["scores", "b"], "biased"), node("Softmax", ["biased"], "probs")]
+    canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert ("top.Mul", "scaled") in kinds(canonical)
+    assert only(canonical, top.SoftmaxOp).params.beta == 1.0

@@ -14,7 +14,8 @@ hold the weight store. The pipeline is a plain list, run in order:
 6. fold an explicit Pad into the Conv / pool reading it,
 7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
 8. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
-   Mul/Div into the Softmax after it (beta),
+   Mul/Div into the Softmax after it (beta), also through the MatMul of
+   attention scores (Softmax((q * s) @ k)),
 9. fuse ReLU / Clip(0, N) into the op that feeds it,
 10. drop the ops the folds left dead.
 
@@ -123,7 +124,8 @@ class FoldScaleBiasPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         _walk(op, [fold.FoldMulIntoProducer(self.weights), fold.FoldAddIntoProducer(self.weights),
-                   fold.FoldSubIntoProducer(self.weights), fold.FoldScaleIntoSoftmax(self.weights)])
+                   fold.FoldSubIntoProducer(self.weights), fold.FoldScaleIntoSoftmax(self.weights),
+                   fold.FoldQueryScaleIntoSoftmax(self.weights)])
 
 
 @dataclass(frozen=True)

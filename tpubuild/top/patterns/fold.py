@@ -254,3 +254,54 @@ class FoldScaleIntoSoftmax(RewritePattern):
             rewriter.replace(op, top.SoftmaxOp.make([x], replace(op.params, beta=beta), name=op.names[0]))
             rewriter.erase(scale_op)
             return
+
+
+def _scalar_scale(scale_op, weights: WeightStore, result_shape) -> tuple[SSAValue, float] | None:
+    """(x, s) if ``scale_op`` is x * s or x / s (the power already applied), s a usable scalar."""
+    if type(scale_op) not in _SCALES or getattr(scale_op.params, "do_relu", False):
+        return None
+    orders, power = _SCALES[type(scale_op)]
+    for i, j in orders:
+        x, c = scale_op.operands[i], weight_array(scale_op.operands[j], weights)
+        if c is None or c.size != 1 or c.dtype.kind != "f" or shape_of(x.type) != result_shape:
+            continue
+        s = float(c.reshape(()))
+        return (x, s ** power) if s != 0.0 and np.isfinite(s) else None
+    return None
+
+
+@dataclass
+class FoldQueryScaleIntoSoftmax(RewritePattern):
+    """Softmax((q * s) @ k), s a constant scalar (either MatMul operand scaled, or divided) ->
+    Softmax(q @ k) with beta scaled: attention that scales q before its scores (SVTR, timm).
+
+    The unscaled MatMul is a new tensor, so it gets a new name (``<matmul>_unscaled``);
+    the Softmax keeps its own.
+    """
+
+    weights: WeightStore
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.SoftmaxOp, rewriter: PatternRewriter) -> None:
+        mm = producer(op.operands[0], top.MatMulOp)
+        if mm is None or single_user(op.operands[0]) is not op or mm.params.do_relu:
+            return
+        if not isinstance(mm.operands[2].owner, top.NoneOp):
+            return  # a bias is not scaled with the product
+        for side in (0, 1):
+            scale_op = mm.operands[side].owner
+            if single_user(mm.operands[side]) is not mm:
+                continue
+            found = _scalar_scale(scale_op, self.weights, shape_of(mm.operands[side].type))
+            if found is None:
+                continue
+            x, s = found
+            operands = list(mm.operands)
+            operands[side] = x
+            scores = rebuilt(mm, operands=operands, name=f"{mm.names[0]}_unscaled")
+            softmax = top.SoftmaxOp.make([scores.results[0]], replace(op.params, beta=op.params.beta * s),
+                                         name=op.names[0])
+            rewriter.replace(op, [scores, softmax])
+            rewriter.erase(mm)
+            rewriter.erase(scale_op)
+            return
