@@ -36,6 +36,7 @@ STAGE_DOCS = {
     "transform": "ONNX -> origin.mlir + origin_weights.npz, and the test input input.npz",
     "reference": "onnxruntime on the source model, every tensor -> onnx_outs.npz",
     "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
+    "calibrate": "canonical.mlir + calibration data -> cali_table and cali.mlir (models with an INT8 target)",
     "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
     "compile": "build a model to a verified result and print its verification summary",
 }
@@ -150,10 +151,45 @@ def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
                 file_dep=[src, p.origin_mlir, p.origin_weights, p.canonical_mlir, p.canonical_weights,
                           p.input_npz, p.onnx_outs],
                 targets=[p.origin_outs, p.top_outs, p.verify_top], config={"tolerance": tol})
+    calibrate = _calibrate_task(m, p)
+    if calibrate:
+        yield calibrate
+    # until INT8 lowering depends on it, compile is what pulls the calibration in
     yield _task("compile", m.name, stages.summarize,
                 {"model": m.name, "verify_jsons": [str(p.verify_top)], "out_summary": str(p.summary)},
-                file_dep=[p.verify_top], targets=[p.summary], config={},
+                file_dep=[p.verify_top] + ([p.cali_table] if calibrate else []), targets=[p.summary], config={},
                 verbosity=2, meta={"summary": str(p.summary)})
+
+
+def _calibrate_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
+    """calibrate:<model> for a model with an INT8 target (others never wait for calibration).
+
+    Its config is what calibration reads (the `calibration` mapping, each input's
+    shape and preprocess); the data files and a user table are file_dep, so editing
+    one recalibrates, and a changed method re-runs calibrate and what reads cali.mlir.
+    """
+    from tpubuild.calib.files import find_files
+
+    if not any(t.mode == "INT8" for t in m.targets):
+        return None
+    if m.calibration is None:
+        message = (f"{m.file}: model {m.name} has an INT8 target but no `calibration` section\n"
+                   "  hint: add calibration: {data: <glob of .npz, .npy or images, relative to the manifest>, "
+                   "method: kl} (docs/manifest.md)")
+        return {"basename": "calibrate", "name": m.name, "doc": f"{STAGE_DOCS['calibrate']} [{m.name}]",
+                "actions": [(fail_with, [message])], "targets": [str(p.cali_mlir), str(p.cali_table)],
+                "uptodate": [False]}
+    cal = m.calibration
+    files = find_files(cal["data"], m.file.parent)
+    table = m.resolve(cal["table"]) if "table" in cal else None
+    inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
+    return _task("calibrate", m.name, stages.calibrate,
+                 {"model": m.name, "in_mlir": str(p.canonical_mlir), "inputs": inputs,
+                  "data_files": [str(f) for f in files], "count": cal.get("count"),
+                  "method": cal.get("method", "kl"), "user_table": str(table) if table else None,
+                  "out_mlir": str(p.cali_mlir), "out_table": str(p.cali_table)},
+                 file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
+                 targets=[p.cali_mlir, p.cali_table], config={"calibration": cal, "inputs": inputs})
 
 
 def broken_model_task(name: str, message: str) -> dict[str, Any]:

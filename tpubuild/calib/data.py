@@ -16,7 +16,6 @@ Files are taken in sorted order and at most ``count`` samples are produced.
 
 from __future__ import annotations
 
-import glob as globlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
 from tpubuild.errors import TpuBuildError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-ARRAY_SUFFIXES = (".npz", ".npy")
-
-
-def find_files(pattern: str, base: str | Path) -> list[Path]:
-    """The files a glob (relative to ``base``, ``**`` recursive) matches, sorted; only known kinds."""
-    full = str(Path(base) / pattern)
-    found = [Path(p) for p in globlib.glob(full, recursive=True)]
-    return sorted(p.resolve() for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES + ARRAY_SUFFIXES)
+__all__ = ["InputSpec", "Samples", "find_files", "preprocess_image"]
 
 
 @dataclass(frozen=True)

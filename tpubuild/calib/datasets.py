@@ -44,6 +44,7 @@ DOCUMENTS = {
 PHOTO_SIZE = 256
 LINE_SIZE = (320, 48)  # width, height
 PAGE_SIZE = 640
+PAGES = 20
 
 LINES = [
     "Hello World 2024", "quantize int8 model", "TPU-MLIR ONNX", "calibration table", "Invoice No. 30417",
@@ -130,7 +131,7 @@ def _page(i: int):
 
     img = Image.new("RGB", (PAGE_SIZE, PAGE_SIZE), (255, 255, 255) if i % 2 else (242, 238, 228))
     draw = ImageDraw.Draw(img)
-    y = 24 + 8 * i
+    y = 24 + 8 * (i % 8)
     k = 5 * i
     title = ImageFont.load_default(size=40)
     draw.text((32, y), LINES[k % len(LINES)].upper(), font=title, fill=(0, 0, 0))
@@ -151,7 +152,7 @@ def text_images() -> Iterator[tuple[str, bytes]]:
 
     for i, text in enumerate(LINES):
         yield f"line_{i:02d}.png", _encode(_line(i, text), "PNG")
-    for i in range(8):
+    for i in range(PAGES):
         yield f"page_{i:02d}.png", _encode(_page(i), "PNG")
     for name, data in _member_bytes(DOCUMENTS):
         with Image.open(io.BytesIO(data)) as img:

@@ -1,0 +1,121 @@
+"""calibrate:<model> in the doit graph: only INT8 models have it, and a method change re-runs only it.
+
+Drives `doit` in a subprocess on temp manifests, as tests/test_build_graph.py does
+(".  task" = executed, "-- task" = up to date).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+
+MANIFEST = """\
+name: {name}
+source: tiny.onnx
+inputs:
+  - name: x
+    shape: [2, 4]
+    range: [-1, 1]
+{calibration}targets:
+{targets}"""
+CALIBRATION = """calibration:
+  data: calib/*.npz
+  method: {method}
+"""
+INT8 = "  - {chip: bm1684x, mode: F32}\n  - {chip: bm1684x, mode: INT8}\n"
+F32 = "  - {chip: bm1684x, mode: F32}\n"
+
+
+def tiny_onnx(path: Path) -> None:
+    """y = Relu(x @ w + b) with a heavy-tailed x making KL and max disagree."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["add"]),
+             helper.make_node("Relu", ["add"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+class Zoo:
+    def __init__(self, root: Path):
+        self.models, self.build = root / "models", root / "build"
+        (self.models / "calib").mkdir(parents=True)
+        tiny_onnx(self.models / "tiny.onnx")
+        rng = np.random.default_rng(3)
+        for i in range(6):
+            x = rng.standard_normal((2, 4)).astype(np.float32)
+            x[0, 0] *= 30.0  # a rare large value: clipped by KL, kept by max
+            np.savez(self.models / "calib" / f"s{i}.npz", x=x)
+
+    def manifest(self, name: str, *, method: str | None = "kl", targets: str = INT8) -> None:
+        cal = CALIBRATION.format(method=method) if method else ""
+        (self.models / f"{name}.yaml").write_text(MANIFEST.format(name=name, calibration=cal, targets=targets))
+
+    def doit(self, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build)}
+        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+
+def executed(out: str) -> set[str]:
+    return {line[3:].strip() for line in out.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture
+def zoo(tmp_path) -> Zoo:
+    return Zoo(tmp_path)
+
+
+def test_only_int8_models_calibrate(zoo):
+    zoo.manifest("q")
+    zoo.manifest("f", targets=F32)
+    run = zoo.doit("compile")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = executed(run.stdout)
+    assert "calibrate:q" in ran and "calibrate:f" not in ran
+    assert (zoo.build / "q" / "cali.mlir").is_file() and (zoo.build / "q" / "cali_table").is_file()
+    assert not (zoo.build / "f" / "cali.mlir").exists()
+    assert "# sample number: 6" in (zoo.build / "q" / "cali_table").read_text()
+
+
+def test_method_change_reruns_only_calibration(zoo):
+    zoo.manifest("q")
+    zoo.manifest("r")
+    assert zoo.doit("compile").returncode == 0
+    before = (zoo.build / "q" / "cali_table").read_text()
+    zoo.manifest("q", method="max")
+    run = zoo.doit("compile")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert executed(run.stdout) == {"calibrate:q", "compile:q"}
+    assert (zoo.build / "q" / "cali_table").read_text() != before
+    assert executed(zoo.doit("compile").stdout) == set()
+
+
+def test_new_calibration_file_recalibrates(zoo):
+    zoo.manifest("q")
+    assert zoo.doit("compile").returncode == 0
+    np.savez(zoo.models / "calib" / "s9.npz", x=np.full((2, 4), 5.0, np.float32))
+    run = zoo.doit("compile")
+    assert run.returncode == 0
+    assert "calibrate:q" in executed(run.stdout) and "canonicalize:q" not in executed(run.stdout)
+    assert "# sample number: 7" in (zoo.build / "q" / "cali_table").read_text()
+
+
+def test_int8_without_calibration_fails_clearly(zoo):
+    zoo.manifest("q", method=None)
+    run = zoo.doit("compile")
+    assert run.returncode != 0
+    assert "INT8 target but no `calibration` section" in run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
