@@ -552,3 +552,59 @@ def test_query_scale_not_folded(tmp_path, case):
     canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
     assert ("top.Mul", "scaled") in kinds(canonical)
     assert only(canonical, top.SoftmaxOp).params.beta == 1.0
+
+
+# ---- an input's constant scale and shift into the Conv / MatMul reading it --------------------------
+
+@pytest.mark.parametrize("group, per_channel", [(1, False), (1, True), (2, True), (4, True)])
+def test_input_affine_folded_into_unpadded_conv(tmp_path, group, per_channel):
+    """PP-LCNetV3's learnable affine after HardSwish, before a 1x1 conv: W*(a*x+b) = (W*a)*x + W*b."""
+    c = 4
+    shape = (1, c, 1, 1) if per_channel else (1,)
+    inits = {"a": randn(*shape), "b": randn(*shape), "w": randn(6 if group != 4 else 8, c // group, 1, 3),
+             "bias": randn(6 if group != 4 else 8)}
+    nodes = [node("HardSwish", ["x"], "hs"), node("Mul", ["a", "hs"], "scaled"), node("Add", ["scaled", "b"], "shifted"),
+             node("Conv", ["shifted", "w", "bias"], "conv", kernel_shape=[1, 3], group=group)]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, c, 5, 6, scale=3)}, initializers=inits)
+    assert kinds(canonical) == [("top.HardSwish", "hs"), ("top.Conv", "conv")]
+
+
+def test_input_affine_into_padded_conv(tmp_path):
+    """A padded conv takes a scale (0 * a is still 0) but not a shift (its padding would need b)."""
+    inits = {"a": randn(1, 3, 1, 1), "b": randn(1, 3, 1, 1), "w": randn(4, 3, 3, 3)}
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["s", "a"], "scaled"), node("Conv", ["scaled", "w"], "c1", **conv),
+             node("Sigmoid", ["x"], "s2"), node("Mul", ["s2", "a"], "scaled2"), node("Add", ["scaled2", "b"], "shifted"),
+             node("Conv", ["shifted", "w"], "c2", **conv), node("Add", ["c1", "c2"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 5, 5)}, initializers=inits)
+    assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Conv", "c1"), ("top.Sigmoid", "s2"), ("top.Mul", "scaled2"),
+                                ("top.Add", "shifted"), ("top.Conv", "c2"), ("top.Add", "out")]
+
+
+def test_input_affine_with_another_user_stays_for_it(tmp_path):
+    inits = {"a": f32([2.0]), "b": f32([0.5]), "w": randn(4, 3, 1, 1)}
+    nodes = [node("Tanh", ["x"], "t"), node("Mul", ["t", "a"], "scaled"), node("Add", ["scaled", "b"], "shifted"),
+             node("Conv", ["shifted", "w"], "conv", kernel_shape=[1, 1]), node("Sigmoid", ["shifted"], "gate")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 4, 4)}, outputs=["conv", "gate"], initializers=inits)
+    assert kinds(canonical) == [("top.Tanh", "t"), ("top.Mul", "scaled"), ("top.Add", "shifted"), ("top.Conv", "conv"),
+                                ("top.Sigmoid", "gate")]
+    assert isinstance(only(canonical, top.ConvOp).operands[0].owner, top.TanhOp)
+
+
+@pytest.mark.parametrize("case, folds", [("const_weight", True), ("runtime_weight", False), ("sub_shift", True)])
+def test_input_affine_folded_into_matmul(tmp_path, case, folds):
+    inits = {"a": randn(8), "b": randn(8), "w": randn(8, 5)}
+    inputs = {"x": randn(2, 3, 8)}
+    if case == "runtime_weight":
+        inputs["w"] = inits.pop("w")
+    nodes = [node("Tanh", ["x"], "t"), node("Mul", ["a", "t"], "scaled"),
+             node("Sub" if case == "sub_shift" else "Add", ["scaled", "b"], "shifted"),
+             node("MatMul", ["shifted", "w"], "out")]
+    canonical, w = canon(tmp_path, nodes, inputs, initializers=inits)
+    if folds:
+        assert kinds(canonical) == [("top.Tanh", "t"), ("top.MatMul", "out")]
+        mm = only(canonical, top.MatMulOp)
+        sign = -1 if case == "sub_shift" else 1
+        np.testing.assert_allclose(operand_array(mm, 2, w), sign * inits["b"] @ inits["w"], rtol=1e-5, atol=1e-6)
+    else:
+        assert [k for k, _ in kinds(canonical)] == ["top.Tanh", "top.Mul", "top.Add", "top.MatMul"]

@@ -15,7 +15,8 @@ hold the weight store. The pipeline is a plain list, run in order:
 7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
 8. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
    Mul/Div into the Softmax after it (beta), also through the MatMul of
-   attention scores (Softmax((q * s) @ k)),
+   attention scores (Softmax((q * s) @ k)); what no producer takes, a Conv or
+   MatMul reading it may (W * (a*x + b) = (W*a) * x + W*b),
 9. fuse ReLU / Clip(0, N) into the op that feeds it,
 10. drop the ops the folds left dead.
 
@@ -37,7 +38,7 @@ from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWal
 
 from tpubuild.ir import mlir
 from tpubuild.ir.weights import WeightStore
-from tpubuild.top.patterns import cleanup, fold, fuse, layout, pad, recognize
+from tpubuild.top.patterns import cleanup, fold, fold_input, fuse, layout, pad, recognize
 
 
 def _walk(module: ModuleOp, patterns: list[RewritePattern], *, reverse: bool = False) -> None:
@@ -116,8 +117,8 @@ class FoldBatchNormPass(ModulePass):
 
 @dataclass(frozen=True)
 class FoldScaleBiasPass(ModulePass):
-    """Mul/Add/Sub by per-channel constants folded into Conv/MatMul weights and bias, and a
-    scalar scale into the Softmax after it."""
+    """Mul/Add/Sub by per-channel constants folded into the Conv/MatMul weights and bias before
+    (or else after) them, and a scalar scale into the Softmax after it."""
 
     name = "top-fold-scale-bias"
     weights: WeightStore = field(default_factory=WeightStore)
@@ -125,7 +126,8 @@ class FoldScaleBiasPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         _walk(op, [fold.FoldMulIntoProducer(self.weights), fold.FoldAddIntoProducer(self.weights),
                    fold.FoldSubIntoProducer(self.weights), fold.FoldScaleIntoSoftmax(self.weights),
-                   fold.FoldQueryScaleIntoSoftmax(self.weights)])
+                   fold.FoldQueryScaleIntoSoftmax(self.weights), fold_input.FoldInputAffineIntoConv(self.weights),
+                   fold_input.FoldInputAffineIntoMatMul(self.weights)])
 
 
 @dataclass(frozen=True)
