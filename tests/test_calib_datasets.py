@@ -1,0 +1,45 @@
+"""The shipped calibration images are exactly what models/make_calib.py makes from the pinned wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "models" / "calib"
+
+
+def test_regenerated_sets_are_byte_identical(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "models" / "make_calib.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    shipped = sorted(p.relative_to(SHIPPED) for p in SHIPPED.rglob("*") if p.is_file() and p.name != "README.md")
+    assert made == shipped
+    for rel in made:
+        assert (tmp_path / rel).read_bytes() == (SHIPPED / rel).read_bytes(), rel
+
+
+def test_sets_are_real_varied_images():
+    photos = sorted((SHIPPED / "photos").glob("*.jpg"))
+    lines = sorted((SHIPPED / "text").glob("line_*.png"))
+    pages = sorted((SHIPPED / "text").glob("page_*.png"))
+    assert len(photos) >= 32 and len(lines) >= 16 and len(pages) >= 16
+    means = []
+    for path in photos:
+        with Image.open(path) as img:
+            assert img.size == (256, 256) and img.mode == "RGB"
+            pixels = np.asarray(img, np.float32)
+        assert pixels.std() > 10  # not a flat fill
+        means.append(pixels.mean(axis=(0, 1)))
+    assert np.std(means, axis=0).min() > 10  # different images, not one repeated
+    for path in lines:
+        with Image.open(path) as img:
+            assert img.size == (320, 48)
+            gray = np.asarray(img.convert("L"))
+        dark = gray < 128
+        assert 0.02 < dark.mean() < 0.5  # text drawn, background kept
