@@ -60,25 +60,25 @@ class TensorStats:
         x = np.asarray(x)
         if x.dtype != np.float32:
             x = x.astype(np.float32)  # f16/bf16 tensors: exact in f32
+        self.samples += 1
         if x.size == 0:
-            self.samples += 1
             return
-        lo, hi = float(x.min()), float(x.max())
+        flat = x.reshape(-1)  # a copy only if x is not contiguous: every pass below then streams
+        lo, hi = float(flat.min()), float(flat.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError("the tensor holds NaN or infinite values")
-        self.samples += 1
-        self.count += x.size
+        self.count += flat.size
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         peak = max(-lo, hi)
         if peak == 0.0:
-            self.zeros += x.size
+            self.zeros += flat.size
             return
         if peak >= self.range:
             self._grow(peak)
-        zeros = x.size - np.count_nonzero(x)
+        scaled = np.abs(flat)
+        zeros = flat.size - np.count_nonzero(scaled)
         # bins / range is a power of two: the scaling is exact and |x| * scale < bins
         scale = self.bins / self.range
-        scaled = np.abs(x).ravel()
         if not 2.0**-100 < scale < 2.0**100:  # beyond float32's normal range
             scaled = scaled.astype(np.float64)
         scaled *= scaled.dtype.type(scale)
