@@ -293,3 +293,26 @@ def test_memory_does_not_grow_with_samples(demo, tmp_path):
     small = _peak_bytes(demo, tmp_path / "samples.npy", 50)
     large = _peak_bytes(demo, tmp_path / "samples.npy", 200)
     assert large < small * 1.1, (small, large)
+
+
+# ---- auto: the tuning step ---------------------------------------------------
+
+def test_tune_prefers_the_candidate_that_disturbs_consumers_least(make_model, convert):
+    """x -> Relu -> Mul by 2: a far too wide (all rounds to 0) or far too narrow range loses to a sane one."""
+    from onnx import helper
+
+    from tpubuild.calib.tune import tune
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "two"], ["y"])]
+    model = make_model(nodes, {"x": x}, initializers={"two": np.float32(2.0)})
+    module, weights = convert(model, {"x": [1, 64]})
+    samples = [{"x": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(4)]
+    for cands in ([1000.0, 4.0], [0.01, 4.0], [4.0, 1000.0]):
+        chosen = tune(module, weights, samples, {"x": cands}, {"x": 127})
+        assert chosen == {"x": 4.0}, cands
+    # a graph output has no consumer: it is judged on itself
+    outs = mlir.output_names(module)
+    chosen = tune(module, weights, samples, {outs[0]: [0.001, 9.0]}, {outs[0]: 255})
+    assert chosen[outs[0]] == 9.0

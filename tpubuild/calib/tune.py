@@ -21,7 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.mlir import body_ops, return_op
 from tpubuild.ir.weights import WeightStore
+from tpubuild.kernels import get_kernel
+from tpubuild.top.inference import run
 
 TUNE_SAMPLES = 8
 
@@ -41,11 +45,6 @@ def _sq(a: np.ndarray) -> float:
 def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
          candidates: Mapping[str, Sequence[float]], levels: Mapping[str, int]) -> dict[str, float]:
     """The chosen threshold per tensor of ``candidates`` (tensors with one candidate keep it)."""
-    from tpubuild.ir.base import TensorOp
-    from tpubuild.ir.mlir import body_ops, return_op
-    from tpubuild.kernels import get_kernel
-    from tpubuild.top.inference import run
-
     names = {value: name for op in body_ops(module) if isinstance(op, TensorOp)
              for value, name in zip(op.results, op.names) if name in candidates}
     outputs = {v for v in return_op(module).operands if v in names}
@@ -58,7 +57,7 @@ def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, 
 
     def observe(op, args, results) -> None:
         for value, x in zip(op.results, results):
-            if value in outputs:  # nothing consumes it: judge the tensor itself
+            if value in outputs and len(candidates[names[value]]) > 1:  # no consumer: judge the tensor itself
                 name = names[value]
                 key = f"{name} (graph output)"
                 energy[key] += _sq(x)
