@@ -76,3 +76,35 @@ class ModelPaths:
     @property
     def summary(self) -> Path:
         return self.root / "summary.txt"
+
+    def target(self, target_id: str) -> "TargetPaths":
+        return TargetPaths(self.root / target_id)
+
+
+@dataclass(frozen=True)
+class TargetPaths:
+    """One deploy target's stages: build/<model>/<chip>-<mode>[-asym]/."""
+
+    root: Path
+
+    # lower
+    @property
+    def tpu_mlir(self) -> Path:
+        return self.root / "tpu.mlir"
+
+    @property
+    def tpu_weights(self) -> Path:
+        return self.root / "tpu_weights.npz"
+
+    # verify_tpu: real values (compare with TOP by name) and stored bits (what the chip must reproduce)
+    @property
+    def tpu_outs(self) -> Path:
+        return self.root / "tpu_outs.npz"
+
+    @property
+    def tpu_raw(self) -> Path:
+        return self.root / "tpu_raw.npz"
+
+    @property
+    def verify_tpu(self) -> Path:
+        return self.root / "verify_tpu.json"

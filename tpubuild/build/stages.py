@@ -130,6 +130,88 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
         tmp_json.write_text(text, encoding="utf-8")
 
 
+def lower(model: str, in_mlir: str, cali_table: str | None, quantize_table: str | None, chip: str, mode: str,
+          asymmetric: bool, out_mlir: str, out_weights: str) -> None:
+    """canonical.mlir (float targets) or cali.mlir + cali_table (INT8) -> tpu.mlir + tpu_weights.npz."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.build.files import all_or_nothing
+    from tpubuild.calib.table import read_table
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.lower.lowering import lower_module
+    from tpubuild.lower.qtable import read_quantize_table
+    from tpubuild.top.inference import weights_for
+
+    target = load_chip(chip)
+    target.check_mode(mode)  # before any work
+    module = load_module(in_mlir)
+    cali = read_table(cali_table)[1] if cali_table else None
+    qtable = read_quantize_table(quantize_table) if quantize_table else None
+    tpu_module, weights = lower_module(module, weights_for(module, in_mlir), chip=target, mode=mode,
+                                       asymmetric=asymmetric, cali=cali, qtable=qtable,
+                                       weight_file=Path(out_weights).name)
+    with all_or_nothing(out_mlir, out_weights) as (tmp_mlir, tmp_weights):
+        _save_module(tpu_module, tmp_mlir)
+        weights.save(tmp_weights)
+
+
+def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz: str, top_outs: str,
+               tolerance: Mapping[str, float], out_tpu_outs: str, out_tpu_raw: str, out_json: str) -> None:
+    """TPU inference (real values) vs TOP inference by tensor name, plus per-output max abs error and top-1.
+
+    Fails (publishing nothing) below tolerance or when nothing is compared. Keeps the
+    stored bits too (tpu_raw.npz): what the chip simulation must reproduce.
+    """
+    import numpy as np
+
+    from tpubuild.build.files import all_or_nothing, read_npz, write_npz
+    from tpubuild.lower.inference import infer_tpu
+    from tpubuild.verify.compare import compare_tensors, jsonable
+    from tpubuild.verify.similarity import max_abs_error
+
+    tol = _tolerance(tolerance)
+    raw, real = infer_tpu(tpu_mlir, read_npz(input_npz))
+    ref = read_npz(top_outs)
+    tpu_outputs, top_outputs = _top_outputs(tpu_mlir), _top_outputs(top_mlir)
+    report = compare_tensors(real, ref, tol, test_outputs=tpu_outputs, ref_outputs=top_outputs)
+    # graph outputs by position (a lowered output may be a cast of the named tensor), judged beyond one cosine
+    pairs = [(t, r) for t, r in zip(tpu_outputs, top_outputs) if np.shape(real[t]) == np.shape(ref[r])]
+    if len(pairs) != len(top_outputs):
+        raise TpuBuildError(f"the TPU graph's outputs {tpu_outputs} do not pair with TOP's {top_outputs} "
+                            "(by position, with equal shapes)", model=model, stage="verify_tpu", file=tpu_mlir)
+    report["outputs"] = [{"name": t, "ref_name": r, "max_abs": max_abs_error(real[t], ref[r]),
+                          "ref_max_abs": float(np.max(np.abs(ref[r]))) if np.size(ref[r]) else 0.0,
+                          "top1_agreement": _top1(real[t], ref[r])} for t, r in pairs]
+    if not report["passed"]:
+        raise TpuBuildError(f"TPU inference ({target}) does not match TOP inference:\n"
+                            + _failure_text("tpu", report), model=model, stage="verify_tpu",
+                            hint=f"to inspect: tpubuild compare {out_tpu_outs} {top_outs}, or pin the worst ops "
+                                 "to a float mode in a quantize table")
+    doc = {"model": model, "stage": "verify_tpu", "target": target,
+           "comparisons": [{"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name,
+                            **report}]}
+    text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
+    with all_or_nothing(out_tpu_outs, out_tpu_raw, out_json) as (tmp_outs, tmp_raw, tmp_json):
+        write_npz(tmp_outs, real)
+        write_npz(tmp_raw, raw)
+        tmp_json.write_text(text, encoding="utf-8")
+
+
+def _tolerance(tolerance: Mapping[str, float]):
+    from tpubuild.verify.similarity import Tolerance
+
+    return Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
+
+
+def _top1(test, ref) -> float | None:
+    """The fraction of rows (all but the last dim) whose argmax agrees; None for a scalar or one-wide output."""
+    import numpy as np
+
+    test, ref = np.asarray(test), np.asarray(ref)
+    if test.ndim == 0 or test.shape[-1] < 2:
+        return None
+    return float(np.mean(np.argmax(test, axis=-1) == np.argmax(ref, axis=-1)))
+
+
 def _failure_text(level: str, report: dict) -> str:
     from tpubuild.verify.compare import format_row, worst
 
@@ -141,7 +223,7 @@ def _failure_text(level: str, report: dict) -> str:
     return "\n".join(lines)
 
 
-SUMMARY_HEADER = f"{'level':<10} {'compared':<34} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+SUMMARY_HEADER = f"{'level':<10} {'compared':<44} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
 
 
 def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
@@ -151,7 +233,7 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
         for comp in doc["comparisons"]:
             what = f"{comp['test']} vs {comp['ref']}"
-            lines.append(f"{comp['level']:<10} {what:<34} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
+            lines.append(f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
                          f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
                          f"{'PASS' if comp['passed'] else 'FAIL'}")
     return lines

@@ -10,6 +10,7 @@ the compiler version, so an edit re-runs only the stages it affects.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import signal
 import sys
@@ -22,7 +23,8 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from tpubuild.build import fetch, stages
-from tpubuild.build.manifest import Manifest, load_manifest
+from tpubuild.build.chips import load_chip
+from tpubuild.build.manifest import Manifest, Target, load_manifest
 from tpubuild.build.paths import ModelPaths
 from tpubuild.build.reporter import SummaryReporter
 from tpubuild.build.version import compiler_version
@@ -38,6 +40,8 @@ STAGE_DOCS = {
     "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
     "calibrate": "canonical.mlir + calibration data -> cali_table and cali.mlir (models with an INT8 target)",
     "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
+    "lower": "canonical.mlir (float) or cali.mlir (INT8) -> <chip>-<mode>[-asym]/tpu.mlir + tpu_weights.npz",
+    "verify_tpu": "TPU inference of tpu.mlir vs TOP inference by tensor name -> verify_tpu.json",
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -154,11 +158,64 @@ def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
     calibrate = _calibrate_task(m, p)
     if calibrate:
         yield calibrate
-    # until INT8 lowering depends on it, compile is what pulls the calibration in
+    verify_jsons = [p.verify_top]
+    for target in m.targets:
+        yield from _target_tasks(m, p, target)
+        verify_jsons.append(p.target(target.id).verify_tpu)
     yield _task("compile", m.name, stages.summarize,
-                {"model": m.name, "verify_jsons": [str(p.verify_top)], "out_summary": str(p.summary)},
-                file_dep=[p.verify_top] + ([p.cali_table] if calibrate else []), targets=[p.summary], config={},
+                {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
+                file_dep=verify_jsons, targets=[p.summary], config={},
                 verbosity=2, meta={"summary": str(p.summary)})
+
+
+def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[str, Any]]:
+    """lower:<model>/<target> and verify_tpu:<model>/<target>.
+
+    Float targets read canonical.mlir and never wait for calibration; INT8 targets
+    read cali.mlir and the cali_table. Lowering's config is the target itself, the
+    chip's modes (it picks the float mode ops fall back to) and the quantize
+    table's content, so editing one target or recalibrating re-runs only what reads it.
+    """
+    tp = p.target(target.id)
+    name = f"{m.name}/{target.id}"
+    int8 = target.mode == "INT8"
+    in_mlir = p.cali_mlir if int8 else p.canonical_mlir
+    qtable = m.quantize_table
+    yield _task("lower", name, stages.lower,
+                {"model": m.name, "in_mlir": str(in_mlir), "cali_table": str(p.cali_table) if int8 else None,
+                 "quantize_table": str(qtable) if qtable else None, "chip": target.chip, "mode": target.mode,
+                 "asymmetric": target.asymmetric, "out_mlir": str(tp.tpu_mlir), "out_weights": str(tp.tpu_weights)},
+                file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else []),
+                targets=[tp.tpu_mlir, tp.tpu_weights],
+                config={"target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},
+                        "chip_modes": list(load_chip(target.chip).modes), "quantize_table": _digest(qtable)})
+    tol = m.tolerance["tpu"][target.mode]
+    yield _task("verify_tpu", name, stages.verify_tpu,
+                {"model": m.name, "target": target.id, "tpu_mlir": str(tp.tpu_mlir), "top_mlir": str(p.canonical_mlir),
+                 "input_npz": str(p.input_npz), "top_outs": str(p.top_outs), "tolerance": tol,
+                 "out_tpu_outs": str(tp.tpu_outs), "out_tpu_raw": str(tp.tpu_raw), "out_json": str(tp.verify_tpu)},
+                file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
+                targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
+
+
+def _digest(path: Path | None) -> str | None:
+    """A file's sha256 (None: no file; 'missing': named but absent, which lowering reports)."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def check_targets(m: Manifest) -> None:
+    """Refuse an unknown chip or a mode the chip does not support, before any stage runs."""
+    for i, target in enumerate(m.targets):
+        try:
+            load_chip(target.chip).check_mode(target.mode)
+        except TpuBuildError as err:
+            raise TpuBuildError(f"targets[{i}] ({target.id}): {err.problem}", file=str(m.file),
+                                hint=err.hint) from None
 
 
 def _calibrate_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
@@ -215,6 +272,7 @@ def zoo_tasks(manifest_files: Iterable[Path], build_dir: Path) -> Iterator[dict[
     for file in manifest_files:
         try:
             m = load_manifest(file)
+            check_targets(m)
         except TpuBuildError as err:
             bad.append((Path(file), str(err)))
             continue

@@ -1,0 +1,375 @@
+"""Lowering TOP -> TPU: small ONNX models lowered to every mode, TPU inference against TOP inference.
+
+TOP inference is itself checked against onnxruntime (test_frontend_*); here the
+TPU result of each tensor is compared with TOP's by name, with DESIGN.md's
+tolerances: F32 bit-equal, BF16/F16 cos >= 0.99 and euc >= 0.90, INT8 cos >= 0.99
+on these small models (the default bar is 0.90).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from xdsl.dialects.builtin import bf16, f16, f32
+
+from tpubuild.build.chips import load_chip
+from tpubuild.calib.calibrate import apply_table, calibrate
+from tpubuild.errors import TpuBuildError
+from tpubuild.frontend import convert_onnx
+from tpubuild.ir import mlir, top, tpu
+from tpubuild.ir.quant import UniformType
+from tpubuild.ir.weights import WeightStore
+from tpubuild.lower.inference import dequantized
+from tpubuild.lower.lowering import lower_module
+from tpubuild.lower.qtable import parse_quantize_table
+from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.verify.similarity import cosine, euclidean
+
+BM1684X = load_chip("bm1684x")
+
+
+def node(op, inputs, output, **attrs):
+    return helper.make_node(op, list(inputs), [output], name=output, **attrs)
+
+
+def randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def cnn_model(make_model):
+    """conv+relu, maxpool, residual add, 1x1 conv, sigmoid gate (SiLU-like Mul), concat, GAP, gemm, softmax."""
+    rng = np.random.default_rng(3)
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]),
+        node("Relu", ["c1"], "r1"),
+        node("MaxPool", ["r1"], "p1", kernel_shape=[2, 2], strides=[2, 2]),
+        node("Conv", ["p1", "w2", "b2"], "c2", pads=[1, 1, 1, 1]),
+        node("Add", ["p1", "c2"], "res"),
+        node("Relu", ["res"], "res_relu"),
+        node("Conv", ["res_relu", "w3", "b3"], "c3"),
+        node("Sigmoid", ["c3"], "gate"),
+        node("Mul", ["c3", "gate"], "silu"),  # canonicalize fuses these into top.SiLU
+        node("Concat", ["res_relu", "silu"], "cat", axis=1),
+        node("AveragePool", ["cat"], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        node("GlobalAveragePool", ["pool"], "gap"),
+        node("Flatten", ["gap"], "flat"),
+        node("Gemm", ["flat", "wf", "bf"], "logits", transB=1),
+        node("Softmax", ["logits"], "probs", axis=-1),
+    ]
+    inits = {"w1": randn(rng, 8, 3, 3, 3, scale=0.4), "b1": randn(rng, 8, scale=0.1),
+             "w2": randn(rng, 8, 8, 3, 3, scale=0.15), "b2": randn(rng, 8, scale=0.1),
+             "w3": randn(rng, 4, 8, 1, 1, scale=0.4), "b3": randn(rng, 4, scale=0.1),
+             "wf": randn(rng, 5, 12, scale=0.8), "bf": randn(rng, 5, scale=0.1)}
+    return make_model(nodes, {"x": x}, initializers=inits)
+
+
+class Built:
+    """A model's canonical TOP module, its weights, a calibration table and a test input."""
+
+    def __init__(self, model: onnx.ModelProto, shapes: dict, tmp_path: Path, samples: int = 8, seed: int = 0):
+        path = tmp_path / "model.onnx"
+        onnx.save(model, path)
+        module, weights = convert_onnx(path, shapes, "test", "origin_weights.npz")
+        self.module, self.weights = canonicalize(module, weights, "canonical_weights.npz")
+        rng = np.random.default_rng(seed)
+        self.samples = [{k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
+                        for _ in range(samples)]
+        self.cali, _ = calibrate(self.module, self.weights, self.samples, "max")
+        self.inputs = {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
+        self.top = run(self.module, self.weights, self.inputs)
+        self.tmp = tmp_path
+
+    def lower(self, mode: str, *, asymmetric=False, chip=BM1684X, qtable=None, module=None):
+        """Lowered, printed and parsed back (as a stage file is), with its weights saved and reloaded."""
+        tm, tw = lower_module(module or self.module, self.weights, chip=chip, mode=mode, asymmetric=asymmetric,
+                              cali=self.cali, qtable=qtable)
+        tag = f"{chip.name}-{mode}{'-asym' if asymmetric else ''}"
+        tw.save(self.tmp / f"{tag}.npz")
+        return mlir.parse_module(mlir.print_module(tm)), WeightStore.load(self.tmp / f"{tag}.npz")
+
+    def tpu(self, mode: str, **kw):
+        tm, tw = self.lower(mode, **kw)
+        raw = run(tm, tw, self.inputs)
+        return tm, raw, dequantized(tm, raw)
+
+
+@pytest.fixture
+def cnn(make_model, tmp_path) -> Built:
+    return Built(cnn_model(make_model), {"x": (1, 3, 16, 16)}, tmp_path)
+
+
+def ops_of(module, cls) -> list:
+    return [op for op in mlir.body_ops(module) if isinstance(op, cls)]
+
+
+def op_named(module, name):
+    (op,) = [op for op in mlir.body_ops(module) if getattr(op, "loc_name", None) == name]
+    return op
+
+
+def similarity_by_name(real: dict, ref: dict) -> dict[str, tuple[float, float]]:
+    common = sorted(set(real) & set(ref))
+    assert len(common) >= 5, common
+    return {n: (cosine(real[n], ref[n]), euclidean(real[n], ref[n])) for n in common}
+
+
+# ---- F32 -----------------------------------------------------------------------------
+
+def test_f32_is_bit_equal_to_top(cnn):
+    tm, raw, real = cnn.tpu("F32")
+    compared = sorted(set(real) & set(cnn.top))
+    assert len(compared) == len(cnn.top)
+    for name in compared:
+        np.testing.assert_array_equal(real[name], cnn.top[name], err_msg=name)
+    assert not ops_of(tm, tpu.CastOp)
+    assert {op.name for op in mlir.body_ops(tm)} <= {"top.Input", "top.Weight", "top.None", "func.return"} | \
+        {c.name for c in tpu.TPU_OPS}
+    assert mlir.module_attr(tm, "state") == "TPU_LOWERED"
+    assert (mlir.module_attr(tm, "chip"), mlir.module_attr(tm, "mode"), mlir.module_attr(tm, "asymmetric")) == \
+        ("bm1684x", "F32", "false")
+
+
+# ---- BF16 / F16 ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, elem, dtype", [("BF16", bf16, ml_dtypes.bfloat16), ("F16", f16, np.float16)])
+def test_half_modes_meet_tolerance(cnn, mode, elem, dtype):
+    tm, raw, real = cnn.tpu(mode)
+    for name, (cos, euc) in similarity_by_name(real, cnn.top).items():
+        assert cos >= 0.99 and euc >= 0.90, (name, cos, euc)
+    # every computing op in the mode's type, a cast at the input and one back at the output
+    conv = op_named(tm, "r1")  # (the first conv, its ReLU fused)
+    assert conv.result_types[0].element_type == elem and raw["r1"].dtype == dtype
+    cast_in = op_named(tm, f"x_{mode.lower()}")
+    assert isinstance(cast_in, tpu.CastOp) and cast_in.operands[0].owner.name == "top.Input"
+    assert mlir.output_names(tm) == ["probs_f32"] and raw["probs_f32"].dtype == np.float32
+    # weights stored in the mode's type (bf16 as its raw bits in the npz) and read back as such
+    weight = conv.operands[1].owner
+    assert isinstance(weight, top.WeightOp) and weight.result_types[0].element_type == elem
+
+
+def test_half_mode_rounds_every_op_result(cnn):
+    """BF16 results are bf16 values: exactly representable, so a second rounding changes nothing."""
+    _, raw, _ = cnn.tpu("BF16")
+    for name in ("r1", "res_relu", "silu", "logits"):
+        as_f32 = raw[name].astype(np.float32)
+        np.testing.assert_array_equal(as_f32.astype(ml_dtypes.bfloat16).astype(np.float32), as_f32)
+
+
+# ---- INT8 ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_int8_meets_tolerance(cnn, asymmetric):
+    tm, raw, real = cnn.tpu("INT8", asymmetric=asymmetric)
+    sims = similarity_by_name(real, cnn.top)
+    for name, (cos, euc) in sims.items():
+        assert cos >= 0.99 and euc >= 0.85, (name, cos, euc)
+    assert np.argmax(real["probs"]) == np.argmax(cnn.top["probs"])
+    assert raw["c2"].dtype == np.int8
+    assert mlir.module_attr(tm, "asymmetric") == str(asymmetric).lower()
+
+
+def test_int8_structure(cnn):
+    tm, raw, _ = cnn.tpu("INT8")
+    conv = op_named(tm, "c2")
+    w_type = conv.operands[1].type.element_type
+    b_type = conv.operands[2].type.element_type
+    assert isinstance(w_type, UniformType) and w_type.storage_type == "i8" and w_type.quant_axis == 0
+    assert len(w_type.scale_list) == 8 and len(conv.params.multiplier) == 8 == len(conv.params.rshift)
+    assert isinstance(b_type, UniformType) and b_type.storage_type == "i32"
+    # the bias scale of each channel is s_in * s_w
+    in_scale = conv.operands[0].type.element_type.scale_list[0]
+    assert b_type.scale_list == pytest.approx([in_scale * s for s in w_type.scale_list])
+    # after a ReLU the tensor is unsigned with 255 steps
+    r1 = op_named(tm, "r1")
+    assert r1.result_types[0].element_type.storage_type == "u8" and raw["r1"].dtype == np.uint8
+    # the sigmoid (or SiLU, where canonicalize fuses x * sigmoid(x)) is a table; softmax stays in F16
+    assert ops_of(tm, tpu.LutOp)
+    softmax = op_named(tm, "probs")
+    assert isinstance(softmax, tpu.SoftmaxOp) and softmax.result_types[0].element_type == f16
+    assert isinstance(softmax.operands[0].owner, tpu.CastOp)
+    assert isinstance(op_named(tm, "x_i8"), tpu.CastOp)
+    # maxpool keeps its input's quantization (exact)
+    p1 = op_named(tm, "p1")
+    assert p1.result_types[0].element_type == p1.operands[0].type.element_type
+
+
+@pytest.mark.parametrize("op, fn", [("Sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("Tanh", np.tanh),
+                                     ("Exp", np.exp), ("Softplus", lambda x: np.log1p(np.exp(x)))])
+def test_int8_lut_is_exact_to_half_a_step(make_model, tmp_path, op, fn):
+    """A table entry is f(real input) rounded once: within half an output step of the float function."""
+    rng = np.random.default_rng(2)
+    model = make_model([node("Conv", ["x", "w", "b"], "c"), node(op, ["c"], "y")],
+                       {"x": np.zeros((1, 3, 6, 6), np.float32)},
+                       initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1)})
+    built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
+    tm, raw, real = built.tpu("INT8")
+    lut = op_named(tm, "y")
+    assert isinstance(lut, tpu.LutOp) and lut.operands[1].type.get_shape() == (256,)
+    y_type = lut.result_types[0].element_type
+    assert y_type.storage_type == ("u8" if op != "Tanh" else "i8")  # non-negative results: 255 steps
+    expect = fn(real["c"].astype(np.float64))
+    assert np.max(np.abs(real["y"] - expect)) <= y_type.scale_list[0] / 2 + 1e-6
+
+
+def test_int8_on_cv183x_falls_back_to_bf16(cnn):
+    tm, _, real = cnn.tpu("INT8", chip=load_chip("cv183x"))
+    assert op_named(tm, "probs").result_types[0].element_type == bf16
+    assert cosine(real["probs"], cnn.top["probs"]) >= 0.99
+
+
+def test_int8_from_cali_mlir_is_the_same(cnn):
+    """Lowering reads cali.mlir's calibrated types as f32: the same TPU module as from canonical.mlir."""
+    cali_module = apply_table(cnn.module.clone(), cnn.cali)
+    a, _ = cnn.lower("INT8")
+    b, _ = cnn.lower("INT8", module=mlir.parse_module(mlir.print_module(cali_module)))
+    assert mlir.print_module(a) == mlir.print_module(b)
+
+
+def test_int8_without_calibration_is_refused(cnn):
+    with pytest.raises(TpuBuildError, match="calibration"):
+        lower_module(cnn.module, cnn.weights, chip=BM1684X, mode="INT8")
+
+
+def test_int8_missing_tensor_names_it(cnn):
+    cali = {k: v for k, v in cnn.cali.items() if k != "c2"}
+    with pytest.raises(TpuBuildError, match="'c2'") as err:
+        lower_module(cnn.module, cnn.weights, chip=BM1684X, mode="INT8", cali=cali)
+    assert err.value.loc == "c2"
+
+
+# ---- Concat: per-branch requantization, and float where one scale cannot hold both --------------
+
+def concat_model(make_model, ratio: float):
+    rng = np.random.default_rng(5)
+    nodes = [node("Conv", ["x", "wa", "ba"], "a"), node("Conv", ["x", "wb", "bb"], "b"),
+             node("Concat", ["a", "b"], "cat", axis=1), node("Relu", ["cat"], "out")]
+    inits = {"wa": randn(rng, 4, 3, 1, 1), "ba": randn(rng, 4, scale=0.1),
+             "wb": randn(rng, 4, 3, 1, 1, scale=1 / ratio), "bb": randn(rng, 4, scale=0.1 / ratio)}
+    return make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits)
+
+
+def test_concat_requantizes_each_branch(make_model, tmp_path):
+    built = Built(concat_model(make_model, 8.0), {"x": (1, 3, 8, 8)}, tmp_path)
+    tm, raw, real = built.tpu("INT8")
+    cat = op_named(tm, "cat")
+    assert isinstance(cat, tpu.ConcatOp) and len(cat.params.multiplier) == 2
+    in_scales = [v.type.element_type.scale_list[0] for v in cat.operands]
+    assert in_scales[0] > 4 * in_scales[1]  # each branch quantized at its own scale before the join
+    for name in ("a", "b", "cat", "out"):
+        assert cosine(real[name], built.top[name]) >= 0.99, name
+
+
+def test_concat_of_disparate_ranges_stays_float(make_model, tmp_path):
+    built = Built(concat_model(make_model, 1000.0), {"x": (1, 3, 8, 8)}, tmp_path)
+    tm, raw, real = built.tpu("INT8")
+    assert op_named(tm, "cat").result_types[0].element_type == f16
+    assert op_named(tm, "out").result_types[0].element_type == f16  # and what comes after it
+    small = real["out"][:, 4:]
+    ref = built.top["out"][:, 4:]
+    # the small branch keeps its own resolution: a shared 8-bit scale would have zeroed it
+    assert np.count_nonzero(ref) > 10 and cosine(small, ref) >= 0.99
+
+
+# ---- transformer-ish: matmul of two activations, layernorm, GELU table ------------------------
+
+def attention_model(make_model):
+    rng = np.random.default_rng(11)
+    nodes = [node("MatMul", ["x", "wq"], "q"), node("MatMul", ["x", "wk"], "k"),
+             node("Transpose", ["k"], "kt", perm=[0, 2, 1]), node("MatMul", ["q", "kt"], "scores"),
+             node("Softmax", ["scores"], "attn", axis=-1), node("MatMul", ["attn", "x"], "ctx"),
+             node("Add", ["ctx", "x"], "res"), node("LayerNormalization", ["res", "g", "beta"], "ln", axis=-1),
+             node("Gelu", ["ln"], "act"), node("MatMul", ["act", "wo"], "out")]
+    inits = {"wq": randn(rng, 16, 16, scale=0.3), "wk": randn(rng, 16, 16, scale=0.3),
+             "g": np.ones(16, np.float32), "beta": np.zeros(16, np.float32), "wo": randn(rng, 16, 8, scale=0.3)}
+    return make_model(nodes, {"x": np.zeros((1, 6, 16), np.float32)}, initializers=inits, opset=20)
+
+
+@pytest.mark.parametrize("mode", ["BF16", "F16", "INT8"])
+def test_attention_block(make_model, tmp_path, mode):
+    built = Built(attention_model(make_model), {"x": (1, 6, 16)}, tmp_path)
+    tm, raw, real = built.tpu(mode)
+    for name, (cos, euc) in similarity_by_name(real, built.top).items():
+        assert cos >= 0.99 and euc >= 0.85, (name, cos, euc)
+    if mode == "INT8":
+        scores = op_named(tm, "scores")
+        assert all(isinstance(v.type.element_type, UniformType) for v in scores.operands[:2])
+        assert isinstance(op_named(tm, "act"), tpu.LutOp)
+        assert op_named(tm, "ln").result_types[0].element_type == f16
+
+
+# ---- quantize table ------------------------------------------------------------------------
+
+def test_quantize_table_pins_ops_to_a_float_mode(cnn):
+    qtable = parse_quantize_table("# keep the residual path exact\nc2 F32\nres_relu f16\n")
+    assert qtable == {"c2": "F32", "res_relu": "F16"}
+    tm, raw, real = cnn.tpu("INT8", qtable=qtable)
+    assert op_named(tm, "c2").result_types[0].element_type == f32
+    assert op_named(tm, "res_relu").result_types[0].element_type == f16
+    assert isinstance(op_named(tm, "r1").result_types[0].element_type, UniformType)
+    # c2 reads its input dequantized to f32, and res reads c2 cast to f16
+    assert isinstance(op_named(tm, "c2").operands[0].owner, tpu.CastOp)
+    assert isinstance(op_named(tm, "p1_f32"), tpu.CastOp) and isinstance(op_named(tm, "c2_f16"), tpu.CastOp)
+    assert cosine(real["res_relu"], cnn.top["res_relu"]) >= 0.999
+
+
+def test_quantize_table_in_a_bf16_target(cnn):
+    tm, _, real = cnn.tpu("BF16", qtable={"logits": "F32"})
+    assert op_named(tm, "logits").result_types[0].element_type == f32
+    assert op_named(tm, "r1").result_types[0].element_type == bf16
+
+
+@pytest.mark.parametrize("text, match", [("c2 INT8\n", "line 1"), ("c2\n", "line 1"), ("# ok\nc2 F16 extra\n", "line 2")])
+def test_quantize_table_syntax_errors(text, match):
+    with pytest.raises(TpuBuildError, match=match):
+        parse_quantize_table(text)
+
+
+def test_quantize_table_unknown_op_refused(cnn):
+    with pytest.raises(TpuBuildError, match="no_such_op"):
+        cnn.lower("INT8", qtable={"no_such_op": "F16"})
+
+
+def test_quantize_table_mode_the_chip_lacks_refused(cnn):
+    with pytest.raises(TpuBuildError, match="F16.*BF16, INT8"):
+        cnn.lower("INT8", chip=load_chip("cv183x"), qtable={"c2": "F16"})
+
+
+# ---- chips -----------------------------------------------------------------------------
+
+def test_unsupported_mode_refused_with_the_supported_list(cnn):
+    with pytest.raises(TpuBuildError, match="cv183x does not support mode F32; it supports BF16, INT8"):
+        cnn.lower("F32", chip=load_chip("cv183x"))
+
+
+def test_unknown_chip_lists_known_ones():
+    with pytest.raises(TpuBuildError, match="bm1684x, bm1688, cv183x"):
+        load_chip("bm9999")
+
+
+# ---- upstream MLIR parses every mode's file ------------------------------------------------------
+
+def mlir_opt() -> str:
+    beside = Path(sys.executable).parent / "torch-mlir-opt"
+    found = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
+    assert found, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
+    return found
+
+
+def test_every_mode_parses_upstream(cnn, tmp_path):
+    for mode, asym in (("F32", False), ("BF16", False), ("F16", False), ("INT8", False), ("INT8", True)):
+        tm, _ = cnn.lower(mode, asymmetric=asym)
+        path = tmp_path / f"tpu-{mode}-{asym}.mlir"
+        mlir.save_module(tm, path)
+        res = subprocess.run([mlir_opt(), "--allow-unregistered-dialect", "--verify-each", str(path)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (mode, asym, res.stderr[:2000])

@@ -1,0 +1,74 @@
+"""Chip models: configs/chips/<name>.yaml validated against configs/schema/chip.schema.json.
+
+Cheap to import (yaml and jsonschema only): the task graph reads a chip's
+modes to refuse an unsupported target before any work is done.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpubuild.errors import TpuBuildError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CHIPS_DIR = CONFIGS / "chips"
+SCHEMA_PATH = CONFIGS / "schema" / "chip.schema.json"
+
+# Where an INT8 target computes what stays in float, best first: F16 keeps 3 more
+# mantissa bits than BF16 where the chip has both.
+FLOAT_PREFERENCE = ("F16", "BF16", "F32")
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    modes: tuple[str, ...]
+    file: Path | None = None
+
+    @property
+    def float_mode(self) -> str:
+        """The float mode an INT8 target falls back to for ops that stay in float."""
+        return next(m for m in FLOAT_PREFERENCE if m in self.modes)
+
+    def check_mode(self, mode: str, *, what: str = "mode") -> None:
+        if mode not in self.modes:
+            raise TpuBuildError(f"chip {self.name} does not support {what} {mode}; it supports "
+                                f"{', '.join(self.modes)}", file=str(self.file) if self.file else None,
+                                hint=f"pick one of {', '.join(self.modes)} for {self.name}")
+
+
+def known_chips() -> list[str]:
+    return sorted(p.stem for p in CHIPS_DIR.glob("*.yaml"))
+
+
+@functools.cache
+def _validator():
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+@functools.cache
+def load_chip(name: str) -> Chip:
+    """The chip called ``name``; a TpuBuildError names the known chips or the bad fields."""
+    from tpubuild.build.manifest import json_path, read_yaml
+
+    path = CHIPS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise TpuBuildError(f"unknown chip {name!r}; known chips: {', '.join(known_chips())}",
+                            hint=f"add {path} or use a known chip")
+    data = read_yaml(path)
+    errors = [f"{json_path(e.absolute_path)}: {e.message}" for e in _validator().iter_errors(data)]
+    if not errors and data["name"] != name:
+        errors.append(f"name: {data['name']!r} differs from the file name {name!r}")
+    if errors:
+        raise TpuBuildError("invalid chip file:\n  " + "\n  ".join(errors), file=str(path),
+                            hint=f"the chip format is {SCHEMA_PATH}")
+    modes = tuple(data["modes"])
+    if not any(m in modes for m in FLOAT_PREFERENCE):
+        raise TpuBuildError("a chip needs at least one float mode (F16, BF16 or F32)", file=str(path))
+    return Chip(name=name, modes=modes, file=path)

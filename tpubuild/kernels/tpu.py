@@ -1,0 +1,200 @@
+"""TPU kernels: TOP's arithmetic in the lowered types, bit-exact to the chip.
+
+Float modes: 16-bit float operands are widened exactly to float32, the TOP
+kernel computes in float32, and the interpreter rounds the result to the op's
+result type (nearest even) when it stores it: one rounding per op, as the
+chip's float units do.
+
+INT8: an op whose data operands are int8/uint8 runs its integer path
+(tpu_arith.py states the rules); every number it needs is in its parameters.
+Ops that only move data (Reshape, Permute, Slice, Pad...) run the TOP kernel on
+the stored integers directly, which is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+
+from tpubuild.ir import top, tpu
+from tpubuild.ir.types import dtype_from_name
+from tpubuild.kernels import nn
+from tpubuild.kernels.registry import _KERNELS, get_kernel, kernel
+from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
+                                        exact_int, is_float, requantize, rshift_round, saturate)
+
+_NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def widen(x):
+    """bf16/f16 -> float32 (exact); anything else unchanged."""
+    return x.astype(np.float32) if x is not None and x.dtype in _NARROW_FLOATS else x
+
+
+def is_quant(x) -> bool:
+    return x is not None and x.dtype in _QUANT_STORAGE
+
+
+def _float_kernel(top_kernel):
+    def run(p, *xs):
+        return top_kernel(p, *[widen(x) for x in xs])
+    return run
+
+
+def _zp(p, i: int) -> int:
+    return p.in_zp[i] if i < len(p.in_zp) else 0
+
+
+def _no_relu(p):
+    return dataclasses.replace(p, do_relu=False, relu_limit=-1.0)
+
+
+def _acc32(acc: np.ndarray) -> np.ndarray:
+    """A BLAS accumulator as int64 holding the chip's saturated int32."""
+    return saturate(exact_int(acc), INT32_MIN, INT32_MAX)
+
+
+# ---- ops with an integer path ---------------------------------------------------------
+
+@kernel(tpu.ConvOp)
+def _(p, x, w, b):
+    if not is_quant(x):
+        return get_kernel(top.ConvOp)(p, widen(x), widen(w), widen(b))
+    # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units
+    bias = None if b is None else b.astype(np.float64)
+    acc = _acc32(get_kernel(top.ConvOp)(_no_relu(p), centered(x, _zp(p, 0)), w.astype(np.float64), bias))
+    return requantize(acc, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
+                      p.out_zp, p.qmin, p.qmax)
+
+
+@kernel(tpu.MatMulOp)
+def _(p, a, b, bias):
+    if not is_quant(a):
+        return get_kernel(top.MatMulOp)(p, widen(a), widen(b), widen(bias))
+    acc = np.matmul(centered(a, _zp(p, 0)), centered(b, _zp(p, 1)))
+    if bias is not None:
+        acc = acc + bias.astype(np.float64)
+    acc = _acc32(acc)
+    return requantize(acc, channel_shape(p.multiplier, acc.ndim, -1), channel_shape(p.rshift, acc.ndim, -1),
+                      p.out_zp, p.qmin, p.qmax)
+
+
+def _linear_sum(p, xs, signs) -> np.ndarray:
+    """Add/Sub: clamp(RSR(sum_i sign_i * m_i * (x_i - zp_i), rshift) + out_zp, qmin, qmax)."""
+    acc = sum(sign * np.int64(m) * (x.astype(np.int64) - _zp(p, i))
+              for i, (sign, m, x) in enumerate(zip(signs, p.multiplier, xs)))
+    return saturate(rshift_round(acc, p.rshift[0]) + p.out_zp, p.qmin, p.qmax)
+
+
+@kernel(tpu.AddOp)
+def _(p, a, b):
+    if not is_quant(a):
+        return get_kernel(top.AddOp)(p, widen(a), widen(b))
+    return _linear_sum(p, (a, b), (1, 1))
+
+
+@kernel(tpu.SubOp)
+def _(p, a, b):
+    if not is_quant(a):
+        return get_kernel(top.SubOp)(p, widen(a), widen(b))
+    return _linear_sum(p, (a, b), (1, -1))
+
+
+@kernel(tpu.MulOp)
+def _(p, a, b):
+    if not is_quant(a):
+        return get_kernel(top.MulOp)(p, widen(a), widen(b))
+    acc = (a.astype(np.int64) - _zp(p, 0)) * (b.astype(np.int64) - _zp(p, 1))
+    return requantize(acc, p.multiplier[0], p.rshift[0], p.out_zp, p.qmin, p.qmax)
+
+
+@kernel(tpu.ConcatOp)
+def _(p, *xs):
+    if not is_quant(xs[0]):
+        return get_kernel(top.ConcatOp)(p, *[widen(x) for x in xs])
+    # each input requantized to the output's scale on its own (a branch keeps its resolution)
+    parts = [requantize(x.astype(np.int64) - _zp(p, i), m, r, p.out_zp, p.qmin, p.qmax)
+             for i, (x, m, r) in enumerate(zip(xs, p.multiplier, p.rshift))]
+    return np.concatenate(parts, axis=p.axis)
+
+
+@kernel(tpu.AvgPoolOp)
+def _(p, x):
+    if not is_quant(x):
+        return get_kernel(top.AvgPoolOp)(p, widen(x))
+    sums, counts = window_sums(p, centered(x, _zp(p, 0)))
+    # the multiplier of each output element is the one for its window's element count
+    index = np.searchsorted(np.asarray(p.counts), counts)
+    mult = np.asarray(p.multiplier, np.int64)[np.broadcast_to(index, sums.shape)]
+    return requantize(exact_int(sums), mult, p.rshift[0], p.out_zp, p.qmin, p.qmax)
+
+
+def window_sums(p: top.PoolParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per output element: the sum of its window and its element count (the TOP AvgPool divisor)."""
+    nd = len(p.kernel_shape)
+    dil = p.dilations or (1,) * nd
+    spatial = x.shape[-nd:]
+    begin, end = nn._pool_pads(p, spatial)
+    axes = tuple(range(-nd, 0))
+    sums = nn.windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes)
+    ones = np.ones(spatial, np.float64)
+    if p.count_include_pad:
+        ones = np.pad(ones, list(zip(p.pads[:nd], p.pads[nd:])), constant_values=1.0)
+        begin = [b - pb for b, pb in zip(begin, p.pads[:nd])]
+        end = [e - pe for e, pe in zip(end, p.pads[nd:])]
+    counts = nn.windows(ones, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes)
+    return sums, np.rint(counts).astype(np.int64)
+
+
+def avgpool_counts(p: top.PoolParams, in_shape) -> list[int]:
+    """The distinct window element counts of a pool over ``in_shape`` (what AvgPool needs multipliers for)."""
+    nd = len(p.kernel_shape)
+    _, counts = window_sums(p, np.zeros((1,) + tuple(in_shape[-nd:])))
+    return sorted({int(c) for c in counts.ravel()})
+
+
+@kernel(tpu.MaxPoolOp)
+def _(p, x):
+    if not is_quant(x):
+        return get_kernel(top.MaxPoolOp)(p, widen(x))
+    # a fused ReLU is in [qmin, qmax]
+    y = get_kernel(top.MaxPoolOp)(_no_relu(p), x)
+    return saturate(y, p.qmin, p.qmax)
+
+
+# ---- casts and tables ------------------------------------------------------------------
+
+@kernel(tpu.CastOp)
+def _(p: tpu.CastParams, x):
+    to = dtype_from_name(p.to) if p.to else None
+    if to in _QUANT_STORAGE and is_float(x.dtype):
+        lo, hi = STORAGE_RANGE[to]
+        inv = np.float32(1.0) / np.float32(p.scale)
+        with np.errstate(invalid="ignore", over="ignore"):
+            q = ROUNDERS[p.round_mode](widen(x).astype(np.float32) * inv)
+        return saturate(q + p.zero_point, lo, hi).astype(to)
+    if is_quant(x) and (to is None or is_float(to)):
+        real = (x.astype(np.int32) - np.int32(p.zero_point)).astype(np.float32) * np.float32(p.scale)
+        return real if to is None else real.astype(to)
+    if to is None:
+        return widen(x)
+    onnx_round = p.round_mode if to == ml_dtypes.float8_e8m0fnu else "up"
+    return get_kernel(top.CastOp)(top.CastParams(to=p.to, saturate=p.saturate, round_mode=onnx_round), x)
+
+
+@kernel(tpu.LutOp)
+def _(p, x, table):
+    # the index is the stored byte: int8 -1 is entry 255
+    return table[x.view(np.uint8) if x.dtype == np.int8 else x]
+
+
+# ---- every other TPU op: the TOP kernel on widened operands ---------------------------
+
+def register_mirrors() -> None:
+    """Every TPU op without a kernel of its own runs its TOP op's on widened operands (idempotent)."""
+    for top_cls, tpu_cls in tpu.MIRROR.items():
+        if tpu_cls not in _KERNELS and top_cls in _KERNELS:
+            kernel(tpu_cls)(_float_kernel(_KERNELS[top_cls]))

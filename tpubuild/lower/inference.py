@@ -1,0 +1,60 @@
+"""TPU inference: tpubuild.top.inference.run on a tpu.mlir, plus its tensors as real numbers.
+
+``run`` gives each tensor in its stored type (int8/uint8 for INT8 ops, bf16,
+f16): the bits the chip holds, which the simulator must reproduce exactly.
+``dequantized`` turns them into float32 real values (scale * (q - zero point)
+for quantized types), which compare by name with TOP inference.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp, TensorType
+
+from tpubuild.ir import mlir
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.quant import UniformType
+from tpubuild.kernels.tpu_arith import is_float
+from tpubuild.top.inference import run, weights_for
+
+
+def tensor_types(module: ModuleOp) -> dict[str, TensorType]:
+    """tensor name -> its type, for every op result."""
+    types: dict[str, TensorType] = {}
+    for op in mlir.body_ops(module):
+        if isinstance(op, TensorOp):
+            for name, value in zip(op.names, op.results):
+                if isinstance(value.type, TensorType):
+                    types[name] = value.type
+    return types
+
+
+def dequantize(array: np.ndarray, elem) -> np.ndarray:
+    """Stored values -> real float32 values (float arrays just widen to float32)."""
+    if isinstance(elem, UniformType):
+        scales = np.asarray(elem.scale_list, np.float64)
+        zps = np.asarray(elem.zero_point_list, np.float64)
+        if elem.quant_axis >= 0:
+            shape = [1] * array.ndim
+            shape[elem.quant_axis] = -1
+            scales, zps = scales.reshape(shape), zps.reshape(shape)
+        return ((array.astype(np.float64) - zps) * scales).astype(np.float32)
+    if is_float(array.dtype) and array.dtype != np.float32:
+        return array.astype(np.float32)
+    return array
+
+
+def dequantized(module: ModuleOp, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    types = tensor_types(module)
+    return {name: dequantize(np.asarray(a), types[name].element_type) if name in types else a
+            for name, a in tensors.items()}
+
+
+def infer_tpu(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """(stored tensors, real-valued tensors) of a tpu.mlir, every tensor by name."""
+    module = mlir.load_module(mlir_path)
+    raw = run(module, weights_for(module, mlir_path), inputs)
+    return raw, dequantized(module, raw)

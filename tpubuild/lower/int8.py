@@ -1,0 +1,261 @@
+"""INT8 lowering rules, one per TOP op class (tpubuild/lower/quant.py states the scheme).
+
+- Conv, MatMul: int8 x int8 -> int32 with per-output-channel weight scales
+  and multipliers, int32 bias.
+- Add, Sub, Mul, Concat, AvgPool: every input requantized to the output's scale
+  by its own multiplier (a Concat input keeps its resolution until the join).
+- MaxPool and data movement (Reshape, Permute, Slice, Pad...): the output keeps
+  the input's quantization, so they are exact.
+- Unary functions (Sigmoid, GELU, SiLU, Exp, ...), and binary ops with a scalar
+  constant: a 256-entry table from the input's stored byte to the output's,
+  computed with the TOP kernel, so exact for per-tensor int8.
+- Everything else (Softmax, LayerNorm, Div by a tensor, ...) has no rule here
+  and stays in the chip's float mode with casts around it.
+
+A rule returns None when its op cannot be INT8 after all (a conv whose filter
+is not a constant, a sum that could overflow int32): that op stays float too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from xdsl.dialects.builtin import NoneType, f32
+from xdsl.ir import Operation, SSAValue
+
+from tpubuild.ir import mlir, top, tpu
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.quant import UniformType
+from tpubuild.ir.types import shape_of
+from tpubuild.kernels import get_kernel
+from tpubuild.kernels.tpu import avgpool_counts
+from tpubuild.lower.lowering import Lowering, int8_rule, is_float_type, retyped, tpu_params
+from tpubuild.lower.quant import (QType, channel_scales, multiplier_rshift, quantize_bias, quantize_per_channel,
+                                  shared_rshift)
+
+ACC_LIMIT = 2**31  # int32 accumulator
+# A Concat whose inputs' ranges differ by more than this stays float, and so does
+# everything after it: one 8-bit scale cannot hold both (a detection head's boxes
+# in 0..320 next to scores in 0..0.005 would leave every score 0).
+CONCAT_RANGE_RATIO = 64.0
+
+
+def relu_bounds(qy: QType, p) -> tuple[int, int]:
+    """The output clamp with a fused ReLU (do_relu / relu_limit) folded in."""
+    lo, hi = qy.qmin, qy.qmax
+    if getattr(p, "do_relu", False):
+        lo = max(lo, qy.zero_point)
+        if p.relu_limit >= 0:
+            hi = min(hi, qy.stored(p.relu_limit))
+    return lo, hi
+
+
+def _requant(params, qy: QType, p, multipliers, rshifts, in_zps):
+    lo, hi = relu_bounds(qy, p)
+    return dataclasses.replace(params, multiplier=tuple(int(m) for m in multipliers),
+                               rshift=tuple(int(r) for r in rshifts), in_zp=tuple(int(z) for z in in_zps),
+                               out_zp=qy.zero_point, qmin=lo, qmax=hi)
+
+
+def _emit(lw: Lowering, op: TensorOp, operands, params, elem) -> list[SSAValue]:
+    types = [retyped(t, elem) if is_float_type(t) else t for t in op.result_types]
+    return list(lw.emit(tpu.MIRROR[type(op)], operands, params, op.names, types).results)
+
+
+def _per_channel(values, axis: int, storage: str) -> UniformType:
+    values = [float(v) for v in np.atleast_1d(values)]
+    if len(values) == 1:
+        return UniformType.get(storage, f32, values, [0])
+    return UniformType.get(storage, f32, values, [0] * len(values), axis=axis)
+
+
+# ---- weighted sums -------------------------------------------------------------------
+
+@int8_rule(top.ConvOp)
+def _(lw: Lowering, op: TensorOp):
+    x, wv, bv = op.operands
+    w = lw.weight_array(wv)
+    bias = lw.weight_array(bv)
+    if w is None or (bias is None and not isinstance(bv.type, NoneType)):
+        return None  # a filter or bias computed at run time: float
+    if math.prod(w.shape[1:]) * 255 * 128 >= ACC_LIMIT:
+        return None
+    xin, qx = lw.quant_value(x)
+    qy = lw.out_qtype(op.loc_name)
+    s_w = channel_scales(w, 0)
+    acc_scale = qx.scale * s_w
+    mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
+    wq = lw.weight(wv.owner.loc_name, "i8", quantize_per_channel(w, s_w, 0), _per_channel(s_w, 0, "i8"))
+    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale),
+                                                 _per_channel(acc_scale, 0, "i32"))
+    params = _requant(tpu_params(tpu.ConvOp, op.params), qy, op.params, mults, shifts, [qx.zero_point])
+    return _emit(lw, op, [xin, wq, bq], params, qy.element())
+
+
+@int8_rule(top.MatMulOp)
+def _(lw: Lowering, op: TensorOp):
+    a, b, bv = op.operands
+    w = lw.weight_array(b)
+    bias = lw.weight_array(bv)
+    if bias is None and not isinstance(bv.type, NoneType):
+        return None
+    if shape_of(a.type)[-1] * 255 * 255 >= ACC_LIMIT:
+        return None
+    ain, qa = lw.quant_value(a)
+    if w is not None and w.ndim >= 2:  # per output channel (the last dim)
+        axis = w.ndim - 1
+        s_b = channel_scales(w, axis)
+        bin_ = lw.weight(b.owner.loc_name, "i8", quantize_per_channel(w, s_b, axis), _per_channel(s_b, axis, "i8"))
+        zp_b = 0
+    else:
+        bin_, qb = lw.quant_value(b)
+        s_b, zp_b = np.array([qb.scale]), qb.zero_point
+    qy = lw.out_qtype(op.loc_name)
+    acc_scale = qa.scale * s_b
+    mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
+    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale),
+                                                 _per_channel(acc_scale, bias.ndim - 1, "i32"))
+    params = _requant(tpu_params(tpu.MatMulOp, op.params), qy, op.params, mults, shifts, [qa.zero_point, zp_b])
+    return _emit(lw, op, [ain, bin_, bq], params, qy.element())
+
+
+# ---- elementwise and joins: each input requantized to the output's scale -------------------
+
+@int8_rule(top.AddOp, top.SubOp)
+def _(lw: Lowering, op: TensorOp):
+    index = _scalar_const_operands(lw, op)
+    if index is not None:
+        return lut(lw, op, index)
+    ins = [lw.quant_value(v) for v in op.operands]
+    qy = lw.out_qtype(op.loc_name)
+    mults, r = shared_rshift([q.scale / qy.scale for _, q in ins])
+    params = _requant(tpu_params(tpu.MIRROR[type(op)], op.params), qy, op.params, mults, [r],
+                      [q.zero_point for _, q in ins])
+    return _emit(lw, op, [v for v, _ in ins], params, qy.element())
+
+
+@int8_rule(top.MulOp)
+def _(lw: Lowering, op: TensorOp):
+    index = _scalar_const_operands(lw, op)
+    if index is not None:
+        return lut(lw, op, index)
+    (a, qa), (b, qb) = (lw.quant_value(v) for v in op.operands)
+    qy = lw.out_qtype(op.loc_name)
+    m, r = multiplier_rshift(qa.scale * qb.scale / qy.scale)
+    params = _requant(tpu_params(tpu.MulOp, op.params), qy, op.params, [m], [r], [qa.zero_point, qb.zero_point])
+    return _emit(lw, op, [a, b], params, qy.element())
+
+
+@int8_rule(top.ConcatOp)
+def _(lw: Lowering, op: TensorOp):
+    ins = [lw.quant_value(v) for v in op.operands]
+    qy = lw.out_qtype(op.loc_name)
+    mrs = [(1, 0) if q == qy else multiplier_rshift(q.scale / qy.scale) for _, q in ins]
+    params = _requant(tpu_params(tpu.ConcatOp, op.params), qy, op.params, [m for m, _ in mrs],
+                      [r for _, r in mrs], [q.zero_point for _, q in ins])
+    return _emit(lw, op, [v for v, _ in ins], params, qy.element())
+
+
+@int8_rule(top.AvgPoolOp)
+def _(lw: Lowering, op: TensorOp):
+    xin, qx = lw.quant_value(op.operands[0])
+    qy = lw.out_qtype(op.loc_name)
+    counts = avgpool_counts(op.params, shape_of(op.operands[0].type))
+    mults, r = shared_rshift([qx.scale / (qy.scale * k) for k in counts])
+    params = _requant(tpu_params(tpu.AvgPoolOp, op.params), qy, op.params, mults, [r], [qx.zero_point])
+    return _emit(lw, op, [xin], dataclasses.replace(params, counts=tuple(counts)), qy.element())
+
+
+@int8_rule(top.MaxPoolOp)
+def _(lw: Lowering, op: TensorOp):
+    xin, qx = lw.quant_value(op.operands[0])
+    params = _requant(tpu_params(tpu.MaxPoolOp, op.params), qx, op.params, [], [], [qx.zero_point])
+    return _emit(lw, op, [xin], params, qx.element())
+
+
+# ---- data movement: the input's quantization passes through -------------------------------
+
+SAME_TYPE = (top.ReshapeOp, top.PermuteOp, top.SliceOp, top.SplitOp, top.TileOp, top.ExpandOp, top.Depth2SpaceOp,
+             top.PadOp, top.GatherOp, top.GatherElementsOp, top.IdentityOp, top.InterpOp)
+
+
+@int8_rule(*SAME_TYPE)
+def _(lw: Lowering, op: TensorOp):
+    data, *rest = op.operands
+    if not is_float_type(data.type) or any(is_float_type(v.type) for v in rest):
+        return None
+    p = op.params
+    if isinstance(op, top.InterpOp) and p.mode != "nearest":
+        return None  # interpolation makes new values: float
+    xin, qx = lw.quant_value(data)
+    params = tpu_params(tpu.MIRROR[type(op)], p)
+    if isinstance(op, top.PadOp):
+        params = dataclasses.replace(params, val=float(qx.stored(p.val)))  # the pad value in stored units
+    return _emit(lw, op, [xin, *[lw.raw_value(v) for v in rest]], params, qx.element())
+
+
+# ---- tables -------------------------------------------------------------------------------
+
+UNARY = tuple(c for c in top.TOP_OPS if issubclass(c, top.UnaryOp)) + (top.ReluOp, top.SigmoidOp, top.TanhOp,
+                                                                       top.ClipOp)
+
+
+def _scalar_const_operands(lw: Lowering, op: TensorOp) -> int | None:
+    """The index of the one tensor operand when every other operand is a one-element constant."""
+    tensors = [i for i, v in enumerate(op.operands) if lw.weight_array(v) is None or lw.weight_array(v).size != 1]
+    if len(tensors) != 1 or len(op.operands) < 2:
+        return None
+    x = op.operands[tensors[0]]
+    return tensors[0] if shape_of(x.type) == shape_of(op.result_types[0]) else None
+
+
+def lut(lw: Lowering, op: TensorOp, x_index: int = 0):
+    """y = f(x) as a table over the 256 stored values of x; f is the op's TOP kernel."""
+    x = op.operands[x_index]
+    if len(op.results) != 1 or not is_float_type(x.type) or not is_float_type(op.result_types[0]):
+        return None
+    xin, qx = lw.quant_value(x)
+    qy = lw.out_qtype(op.loc_name)
+    real = qx.dequantize(np.arange(256, dtype=np.uint8).view(qx.dtype))  # entry i: the stored byte i
+    args = [real if i == x_index else lw.weight_array(v) for i, v in enumerate(op.operands)]
+    with np.errstate(all="ignore"):
+        y = np.asarray(get_kernel(type(op))(op.params, *args), np.float64).reshape(-1)
+    table = qy.quantize(np.nan_to_num(y, nan=0.0))
+    tv = lw.weight(op.loc_name, "table", table, qy.element())
+    return list(lw.emit(tpu.LutOp, [xin, tv], None, op.names, [retyped(op.result_types[0], qy.element())]).results)
+
+
+@int8_rule(*UNARY)
+def _(lw: Lowering, op: TensorOp):
+    return lut(lw, op)
+
+
+@int8_rule(top.DivOp, top.Pow3Op, top.MaxOp, top.MinOp)
+def _(lw: Lowering, op: TensorOp):
+    index = _scalar_const_operands(lw, op)
+    return None if index is None else lut(lw, op, index)
+
+
+# ---- where INT8 must not go ------------------------------------------------------------
+
+def _range(lw: Lowering, v: SSAValue) -> float:
+    array = lw.weight_array(v)
+    if array is not None:
+        return float(np.max(np.abs(array))) if array.size else 0.0
+    stats = lw.cali.get(mlir.value_name(v))
+    return 0.0 if stats is None else max(stats.threshold, abs(stats.min), abs(stats.max))
+
+
+def float_region(lw: Lowering) -> set[Operation]:
+    """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and every op after them."""
+    forced: set[Operation] = set()
+    for op in lw.ops:
+        if any(v.owner in forced for v in op.operands):
+            forced.add(op)
+        elif isinstance(op, top.ConcatOp):
+            ranges = [r for r in (_range(lw, v) for v in op.operands) if r > 0]
+            if ranges and max(ranges) > CONCAT_RANGE_RATIO * min(ranges):
+                forced.add(op)
+    return forced

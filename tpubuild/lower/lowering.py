@@ -1,0 +1,329 @@
+"""TOP -> TPU: one pass over the ops for a target {chip, mode, asymmetric}.
+
+Each TOP op gets a mode: the target's, or the quantize table's pin. Its rule
+(registered per TOP op class, one table per kind of mode) emits TPU ops and
+asks the pass for its operands in the form it needs: a float tensor of a given
+mode (``float_value``) or a per-tensor quantized one (``quant_value``). The
+pass remembers how each value was lowered and inserts the ``tpu.Cast`` that
+converts it, once per value and form, named ``<tensor>_<type>``. So an INT8 op
+after an op that stayed in F16 gets a quantizing cast, a graph output gets a
+cast back to f32, and no rule has to know its neighbours.
+
+Rules: ``FLOAT_RULES`` (float modes; every TOP op without one is mirrored by
+``mirror``) and ``INT8_RULES`` (an INT8 rule may return None: that op then
+stays in the chip's float mode, with casts around it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, NoneType, TensorType, bf16, f16, f32
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from tpubuild.build.chips import Chip
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir, top, tpu
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.quant import CalibratedType, UniformType
+from tpubuild.ir.types import shape_of
+from tpubuild.ir.weights import WeightStore
+from tpubuild.calib.table import Entry
+from tpubuild.lower.quant import QType, activation_qtype
+
+MODES = ("F32", "BF16", "F16", "INT8")
+MODE_DTYPE = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16)}
+MODE_ELEM = {"F32": f32, "BF16": bf16, "F16": f16}
+SUFFIX = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
+
+FloatRule = Callable[["Lowering", TensorOp, str], Sequence[SSAValue]]
+Int8Rule = Callable[["Lowering", TensorOp], "Sequence[SSAValue] | None"]
+
+FLOAT_RULES: dict[type, FloatRule] = {}
+INT8_RULES: dict[type, Int8Rule] = {}
+
+
+def _register(table: dict, classes: Sequence[type]) -> Callable:
+    def register(fn):
+        for cls in classes:
+            if cls in table:
+                raise ValueError(f"a lowering rule for {cls.name} is already registered")
+            table[cls] = fn
+        return fn
+    return register
+
+
+def float_rule(*classes: type) -> Callable[[FloatRule], FloatRule]:
+    return _register(FLOAT_RULES, classes)
+
+
+def int8_rule(*classes: type) -> Callable[[Int8Rule], Int8Rule]:
+    return _register(INT8_RULES, classes)
+
+
+def plain_type(t: Attribute) -> Attribute:
+    """A calibrated tensor type as the float type it annotates."""
+    if isinstance(t, TensorType) and isinstance(t.element_type, CalibratedType):
+        return TensorType(t.element_type.expressed, list(t.get_shape()))
+    return t
+
+
+def is_float_type(t: Attribute) -> bool:
+    return isinstance(t, TensorType) and (t.element_type in (f32, f16, bf16)
+                                          or isinstance(t.element_type, CalibratedType))
+
+
+def retyped(t: Attribute, elem: Attribute) -> TensorType:
+    return TensorType(elem, list(shape_of(t)))
+
+
+def tpu_params(tpu_cls: type, p) -> object:
+    """A TOP op's parameters as its TPU op's (extra fields at their defaults)."""
+    return tpu_cls.PARAMS(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+
+
+class Lowering:
+    """One TOP -> TPU lowering; rules call its ``float_value``/``quant_value``/``emit``/``weight`` methods."""
+
+    def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, mode: str, asymmetric: bool = False,
+                 cali: Mapping[str, Entry] | None = None, qtable: Mapping[str, str] | None = None):
+        if mode not in MODES:
+            raise TpuBuildError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        chip.check_mode(mode)
+        self.module, self.weights, self.chip, self.mode = module, weights, chip, mode
+        self.asymmetric = asymmetric
+        self.cali = dict(cali or {})
+        self.qtable = dict(qtable or {})
+        self.fallback = chip.float_mode if mode == "INT8" else mode
+        self.ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
+        self._check_qtable()
+        if mode == "INT8" and not self.cali:
+            raise TpuBuildError("an INT8 target needs a calibration table", hint="add a calibration section "
+                                "to the manifest (data: a glob of sample inputs)")
+        self.used: set[str] = {n for op in self.ops for n in op.names}
+        self.lowered: dict[SSAValue, SSAValue] = {}
+        self.converted: dict[tuple[SSAValue, str], SSAValue] = {}
+        self.out_weights = WeightStore()
+        self._weight_values: dict[tuple[str, str], SSAValue] = {}
+        self._none: SSAValue | None = None
+        args = mlir.main_func(module).body.block.args
+        self.block = Block(arg_types=[plain_type(a.type) for a in args])
+        self.float_forced: set[Operation] = set()
+
+    # ---- the pass -------------------------------------------------------------------
+
+    def run(self, weight_file: str) -> tuple[ModuleOp, WeightStore]:
+        if self.mode == "INT8":
+            from tpubuild.lower.int8 import float_region
+            self.float_forced = float_region(self)
+        arg_index = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
+        for op in self.ops:
+            if isinstance(op, top.WeightOp):
+                continue  # emitted where first used, in the form the user needs
+            if isinstance(op, top.NoneOp):
+                self.lowered[op.results[0]] = self.none()
+                continue
+            if isinstance(op, top.InputOp):
+                arg = self.block.args[arg_index[op.operands[0]]]
+                new = self.emit(top.InputOp, [arg], None, op.loc_name, [plain_type(op.results[0].type)])
+                self.lowered[op.results[0]] = new.results[0]
+                continue
+            try:
+                results = self.lower_op(op)
+            except TpuBuildError as e:
+                raise e.with_context(loc=op.loc_name) from None
+            for old, new in zip(op.results, results, strict=True):
+                self.lowered[old] = new
+        outputs = [self.output_value(v) for v in mlir.return_op(self.module).operands]
+        self.block.add_op(func.ReturnOp(*outputs))
+        ftype = ([a.type for a in self.block.args], [v.type for v in outputs])
+        new_module = ModuleOp([func.FuncOp("main", ftype, Region(self.block))])
+        mlir.set_module_attrs(new_module, name=mlir.module_attr(self.module, "name") or "model",
+                              weight_file=weight_file, state="TPU_LOWERED", chip=self.chip.name, mode=self.mode,
+                              asymmetric=self.asymmetric)
+        return new_module, self.out_weights
+
+    def mode_of(self, op: TensorOp) -> str:
+        for name in op.names:
+            if name in self.qtable:
+                return self.qtable[name]
+        return self.mode
+
+    def lower_op(self, op: TensorOp) -> Sequence[SSAValue]:
+        mode = self.mode_of(op)
+        if mode == "INT8":
+            rule = INT8_RULES.get(type(op))
+            results = rule(self, op) if rule and op not in self.float_forced else None
+            if results is not None:
+                return results
+            mode = self.fallback
+        if type(op) not in FLOAT_RULES and type(op) not in tpu.MIRROR:
+            raise TpuBuildError(f"{op.name} has no TPU lowering", hint="this op cannot be compiled for a TPU yet")
+        return FLOAT_RULES.get(type(op), mirror)(self, op, mode)
+
+    def _check_qtable(self) -> None:
+        names = {n for op in self.ops for n in op.names}
+        unknown = sorted(set(self.qtable) - names)
+        if unknown:
+            raise TpuBuildError(f"quantize table names ops this model does not have: {', '.join(unknown[:5])}"
+                                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+                                hint="op names are tensor names, as in canonical.mlir's locations")
+        for mode in sorted(set(self.qtable.values())):
+            self.chip.check_mode(mode, what="quantize table mode")
+
+    # ---- building -------------------------------------------------------------------
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.used:
+            name = f"{base}_{i}"
+            i += 1
+        self.used.add(name)
+        return name
+
+    def emit(self, cls: type[TensorOp], operands: Sequence[SSAValue], params, name: str | Sequence[str],
+             result_types: Sequence[Attribute]) -> TensorOp:
+        if not isinstance(name, str) and len(name) == 1:
+            name = name[0]  # one result: a NameLoc, as every stage writes it
+        op = cls.make(operands, params, name=name, result_types=result_types)
+        self.block.add_op(op)
+        return op
+
+    def none(self) -> SSAValue:
+        if self._none is None:
+            self._none = self.emit(top.NoneOp, [], None, "None", [NoneType()]).results[0]
+        return self._none
+
+    def weight(self, base: str, form: str, array: np.ndarray, elem: Attribute | None = None) -> SSAValue:
+        """A top.Weight for ``array`` (one per base name and form); the plain form keeps the base name."""
+        key = (base, form)
+        if key not in self._weight_values:
+            name = base if form == "" else self.fresh(f"{base}_{form}")
+            self.out_weights.set(name, array)
+            elem = elem if elem is not None else _elem_of_dtype(array.dtype)
+            op = self.emit(top.WeightOp, [], None, name, [TensorType(elem, list(array.shape))])
+            self._weight_values[key] = op.results[0]
+        return self._weight_values[key]
+
+    # ---- operands in the form a rule needs --------------------------------------------
+
+    def weight_array(self, v: SSAValue) -> np.ndarray | None:
+        """The array of a TOP weight operand, else None."""
+        return self.weights[v.owner.loc_name] if isinstance(v.owner, top.WeightOp) else None
+
+    def raw_value(self, v: SSAValue) -> SSAValue:
+        """An operand as it is (integer/bool tensors, absent operands)."""
+        if isinstance(v.type, NoneType):
+            return self.none()
+        if isinstance(v.owner, top.WeightOp):
+            return self.weight(v.owner.loc_name, "", self.weights[v.owner.loc_name], plain_type(v.type).element_type)
+        return self.lowered[v]
+
+    def float_value(self, v: SSAValue, mode: str) -> SSAValue:
+        """A float operand in ``mode``'s float type (other operands as they are)."""
+        if not is_float_type(v.type):
+            return self.raw_value(v)
+        dtype, elem = MODE_DTYPE[mode], MODE_ELEM[mode]
+        if isinstance(v.owner, top.WeightOp):
+            array = self.weights[v.owner.loc_name]
+            form = "" if array.dtype == dtype else SUFFIX[mode]
+            return self.weight(v.owner.loc_name, form, array.astype(dtype), elem)
+        lv = self.lowered[v]
+        have = lv.type.element_type
+        if have == elem:
+            return lv
+        return self.convert(v, SUFFIX[mode], elem, _cast_params(have, mode))
+
+    def quant_value(self, v: SSAValue) -> tuple[SSAValue, QType]:
+        """A float operand quantized per tensor: weights symmetric i8, activations by calibration."""
+        array = self.weight_array(v)
+        if array is not None:
+            amax = float(np.max(np.abs(array))) if array.size else 0.0
+            qt = QType("i8", amax / 127 if amax > 0 else 1.0)
+            return self.weight(v.owner.loc_name, "i8", qt.quantize(array), qt.element()), qt
+        lv = self.lowered[v]
+        have = QType.of(lv.type.element_type)
+        if have is not None:
+            return lv, have
+        qt = self.out_qtype(mlir.value_name(v))
+        params = tpu.CastParams(to=qt.dtype.name, scale=qt.scale, zero_point=qt.zero_point)
+        return self.convert(v, qt.storage, qt.element(), params), qt
+
+    def convert(self, v: SSAValue, form: str, elem: Attribute, params: tpu.CastParams) -> SSAValue:
+        """``v`` cast to element type ``elem`` (once per value and form), named <tensor>_<form>."""
+        key = (v, form)
+        if key not in self.converted:
+            lv = self.lowered[v]
+            name = self.fresh(f"{mlir.value_name(v)}_{form}")
+            self.converted[key] = self.emit(tpu.CastOp, [lv], params, name, [retyped(lv.type, elem)]).results[0]
+        return self.converted[key]
+
+    def output_value(self, v: SSAValue) -> SSAValue:
+        """A graph output: float results go back to f32, as the source model's outputs are."""
+        if isinstance(v.owner, (top.WeightOp, top.InputOp)) or not is_float_type(v.type):
+            return self.raw_value(v) if isinstance(v.owner, top.WeightOp) else self.lowered[v]
+        return self.float_value(v, "F32")
+
+    def out_qtype(self, name: str) -> QType:
+        """The quantization of an activation, from its calibration."""
+        stats = self.cali.get(name)
+        if stats is None:
+            raise TpuBuildError(f"no calibration for tensor {name!r}", loc=name,
+                                hint="the calibration table does not match this model: rebuild it "
+                                     "(doit calibrate:<model>) or add the tensor to the user table")
+        return activation_qtype(stats, self.asymmetric)
+
+
+def _elem_of_dtype(dtype: np.dtype) -> Attribute:
+    from tpubuild.ir.types import element_type
+
+    return element_type(dtype)
+
+
+def _cast_params(have: Attribute, mode: str) -> tpu.CastParams:
+    """A cast to ``mode``'s float type from a float or per-tensor quantized element type."""
+    qt = QType.of(have)
+    to = MODE_DTYPE[mode].name
+    if qt is not None:
+        return tpu.CastParams(to=to, scale=qt.scale, zero_point=qt.zero_point)
+    if isinstance(have, UniformType):
+        raise TpuBuildError(f"cannot convert {have} to {mode}")
+    return tpu.CastParams(to=to)
+
+
+def float_operand(lw: Lowering, v: SSAValue, mode: str) -> SSAValue:
+    return lw.float_value(v, mode) if not isinstance(v.type, NoneType) else lw.none()
+
+
+def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
+    """The float lowering of most ops: the TPU twin, float operands and results in ``mode``'s type."""
+    tpu_cls = tpu.MIRROR[type(op)]
+    operands = [float_operand(lw, v, mode) for v in op.operands]
+    types = [retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t for t in op.result_types]
+    return lw.emit(tpu_cls, operands, tpu_params(tpu_cls, op.params), op.names, types).results
+
+
+@float_rule(top.CastOp)
+def _(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
+    """ONNX Cast: tpu.Cast rounding towards zero; a float32 result becomes the mode's float type."""
+    p = op.params
+    to = MODE_DTYPE[mode].name if p.to == "float32" else p.to
+    round_mode = p.round_mode if p.to == "float8_e8m0fnu" else "TowardsZero"
+    params = tpu.CastParams(to=to, round_mode=round_mode, saturate=p.saturate)
+    (t,) = op.result_types
+    result = retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t
+    return lw.emit(tpu.CastOp, [float_operand(lw, op.operands[0], mode)], params, op.names, [result]).results
+
+
+def lower_module(module: ModuleOp, weights: WeightStore, *, chip: Chip, mode: str, asymmetric: bool = False,
+                 cali: Mapping[str, Entry] | None = None, qtable: Mapping[str, str] | None = None,
+                 weight_file: str = "tpu_weights.npz") -> tuple[ModuleOp, WeightStore]:
+    """TOP (canonical or calibrated) module -> TPU module and its weights."""
+    from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
+
+    return Lowering(module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali,
+                    qtable=qtable).run(weight_file)
