@@ -1,0 +1,188 @@
+"""lower:<model>/<target> and verify_tpu:<model>/<target> in the doit graph, driven as a user drives it.
+
+Which tasks ran is read from doit's console output (".  task" = executed,
+"-- task" = up to date), on a small model in its own build tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+
+MANIFEST = """\
+name: m
+source: tiny.onnx
+inputs:
+  - name: x
+    shape: [2, 8]
+    range: [-1, 1]
+calibration:
+  data: calib/*.npz
+  method: {method}
+{extra}targets:
+{targets}
+"""
+
+
+def target_lines(*targets: str) -> str:
+    lines = []
+    for t in targets:
+        chip, mode, *asym = t.split("-")
+        lines.append(f"  - {{chip: {chip}, mode: {mode}" + (", asymmetric: true}" if asym else "}"))
+    return "\n".join(lines)
+
+
+def tiny_onnx(path: Path) -> None:
+    """y = softmax(relu(x @ w1 + b1) @ w2), batch fixed by the manifest."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.5, n)
+             for n, s in (("w1", (8, 16)), ("b1", (16,)), ("w2", (16, 4)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b1"], ["add"], name="add"),
+             helper.make_node("Relu", ["add"], ["act"], name="act"),
+             helper.make_node("MatMul", ["act", "w2"], ["logits"], name="logits"),
+             helper.make_node("Softmax", ["logits"], ["y"], name="y", axis=-1)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], initializer=inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+class Zoo:
+    def __init__(self, root: Path):
+        self.models = root / "models"
+        self.build = root / "build"
+        (self.models / "calib").mkdir(parents=True)
+        tiny_onnx(self.models / "tiny.onnx")
+        rng = np.random.default_rng(2)
+        for i in range(4):
+            np.savez(self.models / "calib" / f"s{i}.npz", x=rng.uniform(-1, 1, (2, 8)).astype(np.float32))
+
+    def manifest(self, *targets: str, method: str = "max", extra: str = "") -> None:
+        (self.models / "m.yaml").write_text(MANIFEST.format(method=method, extra=extra,
+                                                            targets=target_lines(*targets)))
+
+    def doit(self, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
+               "PYTHONUNBUFFERED": "1"}
+        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    def compile(self) -> set[str]:
+        run = self.doit("compile")
+        assert run.returncode == 0, run.stdout + run.stderr
+        return {line[3:].strip() for line in run.stdout.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture
+def zoo(tmp_path) -> Zoo:
+    return Zoo(tmp_path)
+
+
+def target_tasks(*targets: str) -> set[str]:
+    return {f"{stage}:m/{t}" for t in targets for stage in ("lower", "verify_tpu")}
+
+
+def test_targets_build_verify_and_summarize(zoo):
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16")
+    ran = zoo.compile()
+    assert target_tasks("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16") <= ran
+    for t in ("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16"):
+        root = zoo.build / "m" / t
+        assert {p.name for p in root.iterdir()} == {"tpu.mlir", "tpu_weights.npz", "tpu_outs.npz", "tpu_raw.npz",
+                                                   "verify_tpu.json"}
+        (comp,) = json.loads((root / "verify_tpu.json").read_text())["comparisons"]
+        assert comp["passed"] and comp["compared"] >= 4, comp
+        assert comp["min_cos"] >= 0.99, (t, comp["min_cos"])
+        (out,) = comp["outputs"]
+        assert out["ref_name"] == "y" and out["top1_agreement"] == 1.0 and out["max_abs"] < 0.05
+    labels = {row["label"] for row in json.loads((zoo.build / "m" / "bm1684x-F32" / "verify_tpu.json").read_text())
+              ["comparisons"][0]["tensors"]}
+    assert labels == {"EQUAL"}
+    raw = np.load(zoo.build / "m" / "bm1684x-INT8" / "tpu_raw.npz")
+    assert raw["logits"].dtype == np.int8  # the stored bits, for the chip simulation to match
+    summary = (zoo.build / "m" / "summary.txt").read_text()
+    assert summary.count("PASS") == 6 and "bm1684x-INT8-asym/tpu.mlir" in summary
+
+
+def test_float_targets_never_wait_for_calibration(zoo):
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8")
+    run = zoo.doit("lower:m/bm1684x-F32")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "calibrate:m" not in run.stdout
+    run = zoo.doit("lower:m/bm1684x-INT8")
+    assert ".  calibrate:m" in run.stdout
+
+
+def test_changing_one_target_reruns_that_target_only(zoo):
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8")
+    zoo.compile()
+    zoo.manifest("bm1684x-F16", "bm1684x-INT8")
+    assert zoo.compile() == target_tasks("bm1684x-F16") | {"compile:m"}
+    zoo.manifest("bm1684x-F16", "bm1684x-INT8-asym")
+    assert zoo.compile() == target_tasks("bm1684x-INT8-asym") | {"compile:m"}
+
+
+def test_changing_calibration_method_reruns_int8_targets_only(zoo):
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym")
+    zoo.compile()
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", method="kl")
+    ran = zoo.compile()
+    assert {"calibrate:m", "lower:m/bm1684x-INT8", "lower:m/bm1684x-INT8-asym"} <= ran
+    assert not {t for t in ran if "F32" in t}, ran
+
+
+def test_quantize_table_content_reruns_lowering(zoo):
+    (zoo.models / "qtable.txt").write_text("# pins\n")
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8", extra="quantize_table: qtable.txt\n")
+    zoo.compile()
+    assert zoo.compile() == set()
+    (zoo.models / "qtable.txt").write_text("logits F16\n")
+    assert zoo.compile() == {"compile:m"} | target_tasks("bm1684x-F32", "bm1684x-INT8")
+    text = (zoo.build / "m" / "bm1684x-INT8" / "tpu.mlir").read_text()
+    assert '"tpu.MatMul"' in text and "xf16> loc(\"logits\")" in text
+
+
+def test_unsupported_mode_is_refused_before_any_work(zoo):
+    zoo.manifest("bm1684x-INT8", "cv183x-F32")
+    run = zoo.doit("compile")
+    assert run.returncode != 0
+    out = run.stdout + run.stderr
+    assert "cv183x does not support mode F32; it supports BF16, INT8" in out and "targets[1]" in out
+    assert not any(line.startswith(".  ") and "compile" not in line for line in run.stdout.splitlines()), out
+    assert not (zoo.build / "m").exists()
+
+
+def test_unknown_chip_is_refused(zoo):
+    zoo.manifest("bm9999-INT8")
+    run = zoo.doit("compile")
+    assert run.returncode != 0 and "unknown chip 'bm9999'; known chips: bm1684x, bm1688, cv183x" in run.stdout + \
+        run.stderr
+
+
+def test_shipped_demo_cnn_int8_and_transformer(tmp_path):
+    """The shipped manifests' targets verify: demo_cnn's INT8 at cos >= 0.99 on every tensor, and every
+    tpu.mlir parses with upstream MLIR."""
+    shipped = os.pathsep.join(str(REPO / "configs" / "models" / f"{m}.yaml") for m in ("demo_cnn", "tiny_transformer"))
+    build = tmp_path / "build"
+    env = {**os.environ, "TPUBUILD_MANIFESTS": shipped, "TPUBUILD_BUILD_DIR": str(build)}
+    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "compile"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (comp,) = json.loads((build / "demo_cnn" / "bm1684x-INT8" / "verify_tpu.json").read_text())["comparisons"]
+    assert comp["passed"] and comp["compared"] >= 10 and comp["min_cos"] >= 0.99, comp["min_cos"]
+    opt = Path(sys.executable).parent / "torch-mlir-opt"
+    for path in sorted(build.glob("*/*/tpu.mlir")):
+        check = subprocess.run([str(opt), "--allow-unregistered-dialect", "--verify-each", str(path), "-o", os.devnull],
+                               capture_output=True, text=True)
+        assert check.returncode == 0, (path, check.stderr[:2000])
+    assert len(list(build.glob("*/*/tpu.mlir"))) >= 3
