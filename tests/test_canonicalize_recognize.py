@@ -668,3 +668,19 @@ def test_ppocr_models(tmp_path, manifest, shape):
     assert len(common) > 20
     for name in common:
         assert cosine(got[name], ref[name]) >= 0.99999, name
+
+
+# ---- Mish -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", [("x", "t"), ("t", "x")])
+def test_x_times_tanh_softplus_is_mish(tmp_path, order):
+    """Mish as exported before opset 18: x * tanh(softplus(x))."""
+    nodes = [node("Softplus", ["x"], "sp"), node("Tanh", ["sp"], "t"), node("Mul", order, "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3, 8, scale=4)})
+    assert kinds(canonical) == [("top.Mish", "out")]
+
+
+def test_tanh_of_softplus_used_elsewhere_is_not_mish(tmp_path):
+    nodes = [node("Softplus", ["x"], "sp"), node("Tanh", ["sp"], "t"), node("Mul", ["x", "t"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 8)}, outputs=["out", "sp"])
+    assert [k for k, _ in kinds(canonical)] == ["top.Softplus", "top.Tanh", "top.Mul"]

@@ -9,8 +9,8 @@ hold the weight store. The pipeline is a plain list, run in order:
 3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
    and merge Reshape/Permute chains,
 4. drop the ops that left dead,
-5. recognise decomposed SiLU, GELU, HardSwish and LayerNorm (with its scale and
-   bias) as single ops, dropping x*1 and x+0 on the way,
+5. recognise decomposed SiLU, GELU, HardSwish, Mish and LayerNorm (with its scale
+   and bias) as single ops, dropping x*1 and x+0 on the way,
 6. fold an explicit Pad into the Conv / pool reading it,
 7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
 8. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
@@ -82,7 +82,7 @@ class RemoveDeadOpsPass(ModulePass):
 
 @dataclass(frozen=True)
 class RecognizePass(ModulePass):
-    """Decomposed SiLU, GELU, HardSwish and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
+    """Decomposed SiLU, GELU, HardSwish, Mish and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
 
     name = "top-recognize"
     weights: WeightStore = field(default_factory=WeightStore)

@@ -1,9 +1,9 @@
 """Decomposed activations and LayerNorm recognised as the single TOP ops TPU-MLIR lowers whole.
 
-Pointwise activations (SiLU, GELU, HardSwish) are recognised by their algebra rather
+Pointwise activations (SiLU, GELU, HardSwish, Mish) are recognised by their algebra rather
 than by the shape of the graph. A candidate root (Mul, Div, Add, Sub) is read as a
-polynomial in its input x and one nonlinear leaf T (Sigmoid, Erf, Tanh, or a clamp:
-HardSigmoid, Clip(0, N), ReLU-N), where T's argument is itself a polynomial in x.
+polynomial in its input x and one nonlinear leaf T (Sigmoid, Erf, Tanh, Tanh(Softplus),
+or a clamp: HardSigmoid, Clip(0, N), ReLU-N), where T's argument is itself a polynomial in x.
 Every exporter's operand order and association gives the same polynomials:
 x*0.5*(1+erf(x/sqrt2)), (x*(erf(x*0.7071)+1))*0.5 and x*(0.5*(1+erf(...))) are all
 0.5x + 0.5xT with T = erf(0.7071x); x*x*x and Pow(x, 3) are both x^3. A recipe is
@@ -19,7 +19,7 @@ op takes the root's tensor name, the last one the match replaces.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from xdsl.ir import Operation, SSAValue
@@ -118,6 +118,10 @@ LEAVES = {
 }
 
 
+# (leaf kind, class of the private op feeding it) -> the kind of the two together
+_COMPOSED = {("tanh", top.SoftplusOp): "tanh_softplus"}
+
+
 # ---- reading an expression ------------------------------------------------------------
 
 class _Reader:
@@ -154,7 +158,14 @@ class _Reader:
             result = _ARITH[type(op)](self, op)
         elif type(op) in LEAVES and self.leaf_op is None and (leaf := LEAVES[type(op)](op.params)) is not None:
             self.leaf_op, self.leaf = op, leaf
-            arg = self.read(op.operands[0])
+            arg_value = op.operands[0]
+            inner = producer(arg_value)
+            composed = _COMPOSED.get((leaf.kind, type(inner)))
+            if composed is not None and arg_value.has_one_use():
+                self.leaf = replace(leaf, kind=composed)
+                self.ops.append(inner)
+                arg_value = inner.operands[0]
+            arg = self.read(arg_value)
             if any(j for (_, j) in arg):
                 raise _NoMatch
             self.arg = _p_add(_p_scale(arg, leaf.arg_scale), {(0, 0): leaf.arg_shift})
@@ -218,6 +229,7 @@ RECIPES = (
     Recipe("tanh", {(1, 0): _K, (3, 0): _K * 0.044715}, _HALF_X_ONE_PLUS_T, top.GELUOp, top.GeluParams("tanh")),
     # x * clip(x/6 + 1/2, 0, 1): HardSigmoid(1/6, 1/2) * x, and x * Clip(x + 3, 0, 6) / 6
     Recipe("unit_clamp", {(1, 0): 1 / 6, (0, 0): 0.5}, {(1, 1): 1.0}, top.HardSwishOp),
+    Recipe("tanh_softplus", {(1, 0): 1.0}, {(1, 1): 1.0}, top.MishOp),
 )
 
 
@@ -235,7 +247,7 @@ def _erase_dead(ops: list[Operation], rewriter: PatternRewriter) -> None:
 
 @dataclass
 class RecognizeActivation(RewritePattern):
-    """A Mul/Div/Add/Sub computing SiLU, GELU (erf or tanh form) or HardSwish of one x
+    """A Mul/Div/Add/Sub computing SiLU, GELU (erf or tanh form), HardSwish or Mish of one x
     -> that op on x (see the module docstring for how forms are matched)."""
 
     weights: WeightStore
