@@ -134,7 +134,16 @@ def test_paddle_swish_after_conv_bn_is_silu(tmp_path):
     assert kinds(canonical) == [("top.Conv", "bn"), ("top.SiLU", "swish")]
 
 
-@pytest.mark.parametrize("case", ["other_tensor", "beta_2", "sigmoid_is_output"])
+@pytest.mark.parametrize("scale, beta", [("Mul", 1.702), ("Div", 1 / 1.702)])
+def test_x_times_sigmoid_of_scaled_x_is_swish(tmp_path, scale, beta):
+    """x * sigmoid(beta x) with beta not 1 is TPU-MLIR's Swish (GELU's sigmoid approximation at 1.702)."""
+    nodes = [node(scale, ["x", "k"], "kx"), node("Sigmoid", ["kx"], "s"), node("Mul", ["s", "x"], "out")]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3, 8, scale=4)}, initializers={"k": f32(1.702)})
+    assert kinds(canonical) == [("top.Swish", "out")]
+    assert only(canonical, top.SwishOp).params.beta == pytest.approx(beta, rel=1e-6)
+
+
+@pytest.mark.parametrize("case", ["other_tensor", "shifted", "sigmoid_is_output"])
 def test_not_silu(tmp_path, case):
     inputs = {"x": randn(2, 6), "y": randn(2, 6)}
     outputs = None
@@ -142,9 +151,9 @@ def test_not_silu(tmp_path, case):
     if case == "other_tensor":  # a gate, as in squeeze-excitation: x * sigmoid(y)
         nodes = [node("Sigmoid", ["y"], "s"), node("Mul", ["x", "s"], "out")]
         expect = [("top.Sigmoid", "s"), ("top.Mul", "out")]
-    elif case == "beta_2":  # Swish with beta 2 is no SiLU
-        nodes = [node("Mul", ["x", "two"], "x2"), node("Sigmoid", ["x2"], "s"), node("Mul", ["x", "s"], "out")]
-        expect = [("top.Mul", "x2"), ("top.Sigmoid", "s"), ("top.Mul", "out")]
+    elif case == "shifted":  # x * sigmoid(x + 2) is neither SiLU nor Swish
+        nodes = [node("Add", ["x", "two"], "x2"), node("Sigmoid", ["x2"], "s"), node("Mul", ["x", "s"], "out")]
+        expect = [("top.Add", "x2"), ("top.Sigmoid", "s"), ("top.Mul", "out")]
     else:  # the sigmoid is needed as a graph output, so it cannot go
         nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["x", "s"], "out")]
         outputs = ["out", "s"]

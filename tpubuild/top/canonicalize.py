@@ -9,7 +9,7 @@ hold the weight store. The pipeline is a plain list, run in order:
 3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat)
    and merge Reshape/Permute chains,
 4. drop the ops that left dead,
-5. recognise decomposed SiLU, GELU, HardSwish, Mish and LayerNorm (with its scale
+5. recognise decomposed SiLU/Swish, GELU, HardSwish, Mish and LayerNorm (with its scale
    and bias) as single ops, dropping x*1 and x+0 on the way,
 6. fold an explicit Pad into the Conv / pool reading it,
 7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),

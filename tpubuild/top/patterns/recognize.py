@@ -1,6 +1,6 @@
 """Decomposed activations and LayerNorm recognised as the single TOP ops TPU-MLIR lowers whole.
 
-Pointwise activations (SiLU, GELU, HardSwish, Mish) are recognised by their algebra rather
+Pointwise activations (SiLU / Swish, GELU, HardSwish, Mish) are recognised by their algebra rather
 than by the shape of the graph. A candidate root (Mul, Div, Add, Sub) is read as a
 polynomial in its input x and one nonlinear leaf T (Sigmoid, Erf, Tanh, Tanh(Softplus),
 or a clamp: HardSigmoid, Clip(0, N), ReLU-N), where T's argument is itself a polynomial in x.
@@ -214,17 +214,30 @@ _HALF_X_ONE_PLUS_T = {(1, 0): 0.5, (1, 1): 0.5}
 
 @dataclass(frozen=True)
 class Recipe:
-    """root = ``result`` (in x and T) with T = ``kind``(``arg`` (in x)) is ``op``(x, params)."""
+    """root = ``result`` (in x and T) with T = ``kind``(``arg`` (in x)) is ``op``(x, params).
+
+    ``arg`` None: T's argument is beta * x for any beta, which goes into ``params`` (a BetaParams).
+    """
 
     kind: str
-    arg: Poly
+    arg: Poly | None
     result: Poly
     op: type
     params: object = None
 
+    def fit(self, arg: Poly, result: Poly) -> tuple[bool, object]:
+        """(matches, the new op's params)."""
+        if not poly_close(result, self.result):
+            return False, None
+        if self.arg is not None:
+            return poly_close(arg, self.arg), self.params
+        beta = arg.get((1, 0), 0.0)
+        return beta != 0.0 and poly_close(arg, {(1, 0): beta}), top.BetaParams(beta)
+
 
 RECIPES = (
     Recipe("sigmoid", {(1, 0): 1.0}, {(1, 1): 1.0}, top.SiLUOp),
+    Recipe("sigmoid", None, {(1, 1): 1.0}, top.SwishOp),  # x * sigmoid(beta * x), beta not 1
     Recipe("erf", {(1, 0): 1 / math.sqrt(2.0)}, _HALF_X_ONE_PLUS_T, top.GELUOp, top.GeluParams("normal")),
     Recipe("tanh", {(1, 0): _K, (3, 0): _K * 0.044715}, _HALF_X_ONE_PLUS_T, top.GELUOp, top.GeluParams("tanh")),
     # x * clip(x/6 + 1/2, 0, 1): HardSigmoid(1/6, 1/2) * x, and x * Clip(x + 3, 0, 6) / 6
@@ -247,7 +260,7 @@ def _erase_dead(ops: list[Operation], rewriter: PatternRewriter) -> None:
 
 @dataclass
 class RecognizeActivation(RewritePattern):
-    """A Mul/Div/Add/Sub computing SiLU, GELU (erf or tanh form), HardSwish or Mish of one x
+    """A Mul/Div/Add/Sub computing SiLU, Swish, GELU (erf or tanh form), HardSwish or Mish of one x
     -> that op on x (see the module docstring for how forms are matched)."""
 
     weights: WeightStore
@@ -263,10 +276,11 @@ class RecognizeActivation(RewritePattern):
         if reader.leaf is None or reader.x is None or shape_of(reader.x.type) != reader.shape:
             return
         for recipe in RECIPES:
-            if (recipe.kind == reader.leaf.kind and poly_close(reader.arg, recipe.arg)
-                    and poly_close(result, recipe.result)):
-                new = recipe.op.make([reader.x], recipe.params, name=op.names[0],
-                                     result_types=[op.results[0].type])
+            if recipe.kind != reader.leaf.kind:
+                continue
+            matches, params = recipe.fit(reader.arg, result)
+            if matches:
+                new = recipe.op.make([reader.x], params, name=op.names[0], result_types=[op.results[0].type])
                 rewriter.replace(op, new)
                 _erase_dead([o for o in reversed(reader.ops) if o is not op], rewriter)
                 return
