@@ -1,0 +1,1 @@
+"""Backend: layer group, memory assign, command set and the .model file."""

@@ -1,0 +1,1 @@
+"""The chip simulator: runs a .model file (never the .mlir) and estimates its cycles."""
