@@ -66,6 +66,23 @@ def test_test_input_file(tmp_path):
         make_inputs("m", SPECS, str(tmp_path / "bad.npz"))
 
 
+def test_test_input_image(tmp_path):
+    """An image test_input goes through the input's preprocess: resize, BGR, (pixel - mean) * scale, batch."""
+    from PIL import Image
+
+    rgb = np.zeros((4, 6, 3), np.uint8)
+    rgb[..., 0], rgb[..., 1], rgb[..., 2] = 200, 100, 50  # R, G, B
+    Image.fromarray(rgb).save(tmp_path / "in.png")
+    spec = {"name": "img", "shape": [2, 3, 4, 6], "dtype": "float32",
+            "preprocess": {"mean": [10, 20, 30], "scale": [0.5], "pixel_format": "bgr"}}
+    got = make_inputs("m", [spec], str(tmp_path / "in.png"))["img"]
+    assert got.shape == (2, 3, 4, 6) and got.dtype == np.float32
+    expected = np.array([(50 - 10) * 0.5, (100 - 20) * 0.5, (200 - 30) * 0.5], np.float32)  # B, G, R planes
+    np.testing.assert_array_equal(got, np.broadcast_to(expected[None, :, None, None], (2, 3, 4, 6)))
+    with pytest.raises(TpuBuildError, match="one NCHW input"):
+        make_inputs("m", SPECS, str(tmp_path / "in.png"))
+
+
 def test_transform_writes_all_outputs(tmp_path):
     tiny_onnx(tmp_path / "m.onnx")
     stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))

@@ -43,9 +43,9 @@ class InputSpec:
     preprocess: dict[str, Any] | None = None
 
     def config(self) -> dict[str, Any]:
-        """The JSON form, as stage options for config_changed."""
+        """The JSON form, as stage options for config_changed (preprocess makes an image test_input)."""
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "range": list(self.range) if self.range else None}
+                "range": list(self.range) if self.range else None, "preprocess": self.preprocess}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tpubuild.calib.files import IMAGE_SUFFIXES
 from tpubuild.errors import TpuBuildError
 
 # Without a manifest `range`: floats in [0, 1), integers in [0, 10) (small enough
@@ -62,8 +63,24 @@ def _from_file(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.n
     return out
 
 
+def _from_image(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """An image, made into the model's one NCHW input by its `preprocess` (as calibration images are)."""
+    from tpubuild.calib.data import InputSpec, preprocess_image
+
+    if len(specs) != 1 or len(specs[0]["shape"]) != 4:
+        raise TpuBuildError("an image test_input needs a model with one NCHW input", file=str(path),
+                            hint="give an .npz with one array per input instead")
+    spec = specs[0]
+    chw = preprocess_image(path, InputSpec.of(spec))
+    # every image of the batch is the same one
+    return {spec["name"]: np.broadcast_to(chw, tuple(spec["shape"])).astype(spec.get("dtype", "float32"))}
+
+
 def make_inputs(model: str, specs: Sequence[Mapping[str, Any]], test_input: str | None) -> dict[str, np.ndarray]:
-    """The test input by input name: read from ``test_input`` if given, else generated."""
+    """The test input by input name: read from ``test_input`` (.npz or image) if given, else generated."""
     if test_input:
-        return _from_file(Path(test_input), specs)
+        path = Path(test_input)
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            return _from_image(path, specs)
+        return _from_file(path, specs)
     return {spec["name"]: default_input(model, spec) for spec in specs}

