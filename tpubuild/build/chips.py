@@ -27,6 +27,34 @@ class Chip:
     name: str
     modes: tuple[str, ...]
     file: Path | None = None
+    # hardware figures (the backend stages and the cycle model; see configs/schema/chip.schema.json)
+    clock_mhz: float = 1000.0
+    lanes: int = 64
+    eu_bytes: int = 64
+    lmem_bytes: int = 256 * 1024  # per lane
+    lmem_banks: int = 16
+    macs: tuple[tuple[str, int], ...] = ()  # (mode, MACs per lane per cycle)
+    ddr_bytes: int = 1 << 32
+    ddr_gb_s: float = 64.0
+    ddr_align: int = 64
+    gdma_latency: int = 0  # cycles per GDMA transfer
+    bdc_overhead: int = 0  # cycles per BDC command
+
+    def macs_per_lane(self, mode: str) -> int:
+        """Peak MACs per lane per cycle in ``mode`` (F32, BF16, F16, INT8)."""
+        rates = dict(self.macs)
+        if mode not in rates:
+            raise TpuBuildError(f"chip {self.name} has no MAC rate for {mode}", file=str(self.file) if self.file else None,
+                                hint=f"add {mode} to macs_per_lane_per_cycle")
+        return rates[mode]
+
+    @property
+    def ddr_bytes_per_cycle(self) -> float:
+        return self.ddr_gb_s * 1e9 / (self.clock_mhz * 1e6)
+
+    @property
+    def lmem_bank_bytes(self) -> int:
+        return self.lmem_bytes // self.lmem_banks
 
     @property
     def float_mode(self) -> str:
@@ -71,4 +99,12 @@ def load_chip(name: str) -> Chip:
     modes = tuple(data["modes"])
     if not any(m in modes for m in FLOAT_PREFERENCE):
         raise TpuBuildError("a chip needs at least one float mode (F16, BF16 or F32)", file=str(path))
-    return Chip(name=name, modes=modes, file=path)
+    missing = [m for m in modes if m not in data["macs_per_lane_per_cycle"]]
+    if missing:
+        raise TpuBuildError(f"macs_per_lane_per_cycle has no rate for mode {', '.join(missing)}", file=str(path))
+    lmem, ddr = data["local_memory"], data["ddr"]
+    return Chip(name=name, modes=modes, file=path, clock_mhz=float(data["clock_mhz"]), lanes=data["lanes"],
+                eu_bytes=data["eu_bytes"], lmem_bytes=lmem["bytes_per_lane"], lmem_banks=lmem["banks"],
+                macs=tuple(sorted(data["macs_per_lane_per_cycle"].items())), ddr_bytes=ddr["bytes"],
+                ddr_gb_s=float(ddr["bandwidth_gb_s"]), ddr_align=ddr["align_bytes"],
+                gdma_latency=data["gdma_latency_cycles"], bdc_overhead=data["bdc_overhead_cycles"])
