@@ -126,8 +126,8 @@ class ModelFile:
 
 # ---- writer ------------------------------------------------------------------------------
 
-def encode_model(model: ModelFile) -> bytes:
-    """The file's bytes (deterministic). Validates the model first, as the reader would."""
+def encode_model(model: ModelFile, *, validate: bool = True) -> bytes:
+    """The file's bytes (deterministic), validated as the reader would (tests may skip that)."""
     params_section = bytearray()
     offsets: dict[bytes, int] = {}
     bdc_records = [COUNT.pack(len(model.bdc))]
@@ -155,7 +155,8 @@ def encode_model(model: ModelFile) -> bytes:
     head = FILE_HEAD.pack(MAGIC, FORMAT_VERSION, len(payloads)) + b"".join(table)
     head += b"\0" * (cmd.align_up(len(head), SECTION_ALIGN) - len(head))
     data = head + bytes(body)
-    decode_model(data, file="<being written>")  # never write a file the reader would refuse
+    if validate:
+        decode_model(data, file="<being written>")  # never write a file the reader would refuse
     return data
 
 
@@ -232,6 +233,10 @@ def _sections(data: bytes, file: str) -> dict[str, bytes]:
     for (o1, s1, n1), (o2, _, n2) in zip(spans, spans[1:]):
         if o1 + s1 > o2:
             raise ModelFileError(f"overlaps section {n2!r}", file=file, section=n1)
+    end = cmd.align_up(max((o + s for o, s, _ in spans), default=table_end), SECTION_ALIGN)
+    if len(data) != end:
+        raise ModelFileError(f"truncated or padded: the sections end at {end} bytes (8-aligned), the file has "
+                             f"{len(data)}", file=file)
     missing = [s for s in SECTIONS if s not in found]
     if missing:
         raise ModelFileError(f"missing section(s) {', '.join(missing)}", file=file)
@@ -379,13 +384,15 @@ class Validator:
             if b.wait_gdma > n_gdma:
                 self.fail("bdc", i, f"waits for GDMA command {b.wait_gdma}, the queue has {n_gdma}")
             self.bdc_op(i, b)
-            for j, t in enumerate((*b.operands, *b.results)):
-                self.tensor(i, j, t, is_result=j >= len(b.operands))
+            for j, t in enumerate(b.operands):
+                self.tensor(i, j, t, is_result=False)
+            for j, t in enumerate(b.results):
+                self.tensor(i, j, t, is_result=True)
         self.deadlock_free()
 
     def ddr_range(self, section: str, index: int, addr: int, shape, strides, dtype: str, what: str) -> None:
-        if any(s < 0 for s in strides):
-            self.fail(section, index, f"{what}: negative stride in {tuple(strides)}")
+        if any(s < 0 or s > self.model.header.ddr_size for s in strides):
+            self.fail(section, index, f"{what}: a stride in {tuple(strides)} is negative or beyond DDR")
         if 0 in shape:
             return
         end = addr + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * cmd.itemsize(dtype)
