@@ -21,7 +21,7 @@ from tpubuild.ir.types import dtype_from_name
 from tpubuild.sim.chip import simulate
 
 CHIP = ChipParams(name="toy", lanes=4, lane_bytes=4096, banks=2, eu_bytes=16, ddr_bandwidth=8e9, clock_hz=1e9,
-                  macs_per_lane_per_cycle={"float32": 4, "int8": 32}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
+                  macs_per_lane_per_cycle={"F32": 4, "INT8": 32}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
 
 
 def _small_model():

@@ -18,7 +18,7 @@ from tpubuild.sim.chip import simulate
 
 # 4 lanes: 8 and 16 channels take several slots per lane, and lane_start wraps
 CHIP = ChipParams(name="toy", lanes=4, lane_bytes=64 * 1024, banks=4, eu_bytes=16, ddr_bandwidth=16e9, clock_hz=1e9,
-                  macs_per_lane_per_cycle={"int8": 64, "float32": 8, "bfloat16": 32, "float16": 32},
+                  macs_per_lane_per_cycle={"INT8": 64, "F32": 8, "BF16": 32, "F16": 32},
                   gdma_latency_cycles=50, bdc_overhead_cycles=10)
 
 H = W = 16

@@ -68,9 +68,26 @@ class ChipParams:
     eu_bytes: int               # bytes an EU row processes per cycle; local planes align to it
     ddr_bandwidth: float        # bytes per second
     clock_hz: float             # BDC/GDMA clock
-    macs_per_lane_per_cycle: Mapping[str, float]  # by operand dtype name (int8, bfloat16, float16, float32)
+    macs_per_lane_per_cycle: Mapping[str, float]  # by mode: INT8, F16, BF16, F32 (as the chip YAML)
     gdma_latency_cycles: int = 0    # fixed cost of each GDMA command
     bdc_overhead_cycles: int = 0    # fixed cost of each BDC command
+
+    @classmethod
+    def from_chip(cls, chip) -> "ChipParams":
+        """The header figures of a chip model (tpubuild.build.chips.Chip, from configs/chips/<name>.yaml)."""
+        return cls(name=chip.name, lanes=chip.lanes, lane_bytes=chip.lmem_bytes, banks=chip.lmem_banks,
+                   eu_bytes=chip.eu_bytes, ddr_bandwidth=chip.ddr_gb_s * 1e9, clock_hz=chip.clock_mhz * 1e6,
+                   macs_per_lane_per_cycle=dict(chip.macs), gdma_latency_cycles=chip.gdma_latency,
+                   bdc_overhead_cycles=chip.bdc_overhead)
+
+    def to_chip(self):
+        """A tpubuild.build.chips.Chip with these figures (what the cost formulas take)."""
+        from tpubuild.build.chips import Chip
+
+        return Chip(name=self.name, modes=tuple(sorted(self.macs_per_lane_per_cycle)), clock_mhz=self.clock_hz / 1e6,
+                    lanes=self.lanes, eu_bytes=self.eu_bytes, lmem_bytes=self.lane_bytes, lmem_banks=self.banks,
+                    macs=tuple(sorted(self.macs_per_lane_per_cycle.items())), ddr_gb_s=self.ddr_bandwidth / 1e9,
+                    gdma_latency=self.gdma_latency_cycles, bdc_overhead=self.bdc_overhead_cycles)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "lanes": self.lanes, "lane_bytes": self.lane_bytes, "banks": self.banks,

@@ -28,6 +28,8 @@ from tpubuild.codegen.commands import Bdc, Gdma
 from tpubuild.codegen.model_file import ChipParams, ModelFile, tpu_op_class
 from tpubuild.ir import top, tpu
 
+MODE_OF_DTYPE = {"int8": "INT8", "uint8": "INT8", "float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+
 # ---- BDC work per op -----------------------------------------------------------------------
 
 def _out_elems(b: Bdc) -> int:
@@ -82,8 +84,8 @@ def bdc_compute_cycles(chip: ChipParams, b: Bdc, params) -> float:
     per_lane = sum(_lane_rounds(t, chip.lanes) for t in b.results)
     macs = bdc_macs(b, params)
     if macs:
-        dtype = b.operands[0].dtype
-        rate = chip.macs_per_lane_per_cycle.get(dtype) or min(chip.macs_per_lane_per_cycle.values(), default=1.0)
+        mode = MODE_OF_DTYPE.get(b.operands[0].dtype)
+        rate = chip.macs_per_lane_per_cycle.get(mode) or min(chip.macs_per_lane_per_cycle.values(), default=1.0)
         total_out = max(_out_elems(b), 1)
         return per_lane * (macs / total_out) / rate
     factor = WORK_FACTOR.get(op_cls)
