@@ -34,6 +34,25 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import json
+
+    from tpubuild.build.files import write_npz, write_text
+    from tpubuild.sim.chip import run_file
+
+    result = run_file(args.model, _read_npz(args.input))
+    write_npz(args.output, result.outputs)
+    p = result.profile
+    print(f"ran {p['gdma']['commands']} GDMA + {p['bdc']['commands']} BDC commands on {p['chip']}: "
+          f"{p['total_cycles']} cycles = {p['time_ms']:.4g} ms at {p['clock_hz'] / 1e6:g} MHz; "
+          f"DDR read {p['ddr_read_bytes']} B, written {p['ddr_write_bytes']} B; "
+          f"utilisation GDMA {p['gdma']['utilisation']:.0%}, BDC {p['bdc']['utilisation']:.0%}")
+    print(f"wrote {len(result.outputs)} outputs to {args.output}")
+    if args.profile:
+        write_text(args.profile, json.dumps(p, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from tpubuild.verify.compare import compare_tensors, format_row
     from tpubuild.verify.similarity import Tolerance
@@ -96,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="out.npz")
     p.add_argument("--all-tensors", action="store_true", help="write every tensor, not only graph outputs")
     p.set_defaults(func=cmd_infer)
+
+    p = sub.add_parser("run", help="run a .model file on the simulated chip (outputs and a cycle estimate)")
+    p.add_argument("model", metavar="MODEL.model")
+    p.add_argument("--input", required=True, metavar="in.npz", help="one array per model input, by name")
+    p.add_argument("--output", required=True, metavar="out.npz", help="the model outputs, in their stored types")
+    p.add_argument("--profile", metavar="profile.json", help="write cycles, time, DDR bytes and utilisation here")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="compare two .npz files tensor by tensor (B is the reference)")
     p.add_argument("a", metavar="A.npz")

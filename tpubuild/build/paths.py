@@ -108,3 +108,22 @@ class TargetPaths:
     @property
     def verify_tpu(self) -> Path:
         return self.root / "verify_tpu.json"
+
+    # codegen: the chip model, named after the model (build/<model>/<target>/<model>.model)
+    @property
+    def model_file(self) -> Path:
+        return self.root / f"{self.root.parent.name}.model"
+
+    # run: the simulated chip's outputs (stored types) and its cycle estimate
+    @property
+    def chip_outs(self) -> Path:
+        return self.root / "chip_outs.npz"
+
+    @property
+    def profile(self) -> Path:
+        return self.root / "profile.json"
+
+    # verify_chip: Chip vs Tpu, with the ONNX/Top/Tpu comparisons, as one report
+    @property
+    def verify(self) -> Path:
+        return self.root / "verify.json"

@@ -196,6 +196,69 @@ def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz:
         tmp_json.write_text(text, encoding="utf-8")
 
 
+def run_chip(model_file: str, input_npz: str, out_outs: str, out_profile: str) -> None:
+    """The simulated chip on the test input: its outputs (stored types) and its cycle estimate."""
+    from tpubuild.build.files import all_or_nothing, read_npz, write_npz
+    from tpubuild.sim.chip import run_file
+
+    result = run_file(model_file, read_npz(input_npz))
+    text = json.dumps(result.profile, indent=1, sort_keys=True) + "\n"
+    with all_or_nothing(out_outs, out_profile) as (tmp_outs, tmp_profile):
+        write_npz(tmp_outs, result.outputs)
+        tmp_profile.write_text(text, encoding="utf-8")
+
+
+# What Chip vs Tpu must reach per mode: the chip runs TPU inference's kernels, so INT8 is
+# bit-exact by construction and F32 differs at most by summation order inside a slice.
+CHIP_REQUIRED = {"INT8": ("EQUAL",), "F32": ("EQUAL", "CLOSE")}
+
+
+def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: str, tpu_raw: str,
+                verify_top_json: str, verify_tpu_json: str, profile_json: str, tolerance: Mapping[str, float],
+                out_json: str) -> None:
+    """Chip outputs vs TPU inference's stored outputs -> verify.json with every level (ONNX, Top, Tpu, Chip).
+
+    INT8 targets must match bit for bit, F32 within float round-off (CLOSE), BF16/F16 within
+    ``tolerance``. Fails (publishing nothing) otherwise or when no output pairs by name.
+    """
+    from tpubuild.build.files import read_npz, write_text
+    from tpubuild.verify.compare import compare_tensors, jsonable
+    from tpubuild.verify.similarity import NOT_MATCH, NOT_SIMILAR
+
+    chip = read_npz(chip_outs)
+    raw = read_npz(tpu_raw)
+    missing = sorted(set(chip) - set(raw))
+    if missing:
+        raise TpuBuildError(f"chip outputs {missing} are not tensors of TPU inference ({Path(tpu_raw).name})",
+                            model=model, stage="verify_chip", file=model_file,
+                            hint="codegen must name the model's outputs as tpu.mlir's graph outputs")
+    report = compare_tensors(chip, {name: raw[name] for name in chip}, _tolerance(tolerance))
+    required = CHIP_REQUIRED.get(mode)
+    if required:
+        for row in report["tensors"]:
+            row["required"] = " or ".join(required)
+            row["passed"] = row["label"] in required
+        report["failed"] = sum(not row["passed"] for row in report["tensors"])
+        report["passed"] = report["compared"] > 0 and report["failed"] == 0
+    if not report["passed"]:
+        lines = [f"  {row['name']}: {row['label']}" + (f" (required: {row['required']})" if "required" in row else "")
+                 + f", cos {row['cos']:.6f}, max abs err {row['max_abs']:.3g}" for row in report["tensors"]
+                 if not row["passed"] or row["label"] in (NOT_MATCH, NOT_SIMILAR)]
+        raise TpuBuildError(f"the simulated chip ({target}) does not reproduce TPU inference:\n" + "\n".join(lines),
+                            model=model, stage="verify_chip",
+                            hint=f"to inspect: tpubuild run {model_file} --input <input.npz> --output chip.npz && "
+                                 f"tpubuild compare chip.npz {tpu_raw}")
+    levels = []
+    for path in (verify_top_json, verify_tpu_json):
+        levels += json.loads(Path(path).read_text(encoding="utf-8"))["comparisons"]
+    levels.append({"level": "chip", "test": f"{target}/{Path(model_file).name}", "ref": Path(tpu_raw).name, **report})
+    profile = json.loads(Path(profile_json).read_text(encoding="utf-8"))
+    doc = {"model": model, "stage": "verify_chip", "target": target, "levels": ["onnx", "top", "tpu", "chip"],
+           "comparisons": levels, "passed": all(c["passed"] for c in levels),
+           "chip": {k: profile[k] for k in ("total_cycles", "time_ms", "ddr_read_bytes", "ddr_write_bytes")}}
+    write_text(out_json, json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n")
+
+
 def _tolerance(tolerance: Mapping[str, float]):
     from tpubuild.verify.similarity import Tolerance
 
