@@ -221,6 +221,33 @@ def test_int8_lut_is_exact_to_half_a_step(make_model, tmp_path, op, fn):
     assert np.max(np.abs(real["y"] - expect)) <= y_type.scale_list[0] / 2 + 1e-6
 
 
+def test_int8_chain_of_table_ops_is_one_table(make_model, tmp_path):
+    """hardswish, then x * a + b (PP-LCNetV3's learnable affine block): one table over the conv output,
+    computed in float, so one rounding; a tensor with a second user is materialized."""
+    rng = np.random.default_rng(4)
+    nodes = [node("Conv", ["x", "w", "b"], "c"), node("HardSwish", ["c"], "hs"),
+             node("Mul", ["hs", "a"], "scaled"), node("Add", ["scaled", "beta"], "affine"),
+             node("Sigmoid", ["affine"], "gate"), node("Add", ["affine", "gate"], "out")]
+    model = make_model(nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)},
+                       initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1),
+                                     "a": np.array(0.7, np.float32), "beta": np.array(0.2, np.float32)})
+    built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
+    tm, raw, real = built.tpu("INT8")
+    affine = op_named(tm, "affine")
+    assert isinstance(affine, tpu.LutOp) and affine.operands[0].owner.loc_name == "c"
+    assert "hs" not in raw and "scaled" not in raw  # computed inside the table
+    assert isinstance(op_named(tm, "gate"), tpu.LutOp) and isinstance(op_named(tm, "out"), tpu.AddOp)
+    c = real["c"].astype(np.float64)
+    expect = c * np.clip(c / 6 + 0.5, 0, 1) * 0.7 + 0.2
+    assert np.max(np.abs(real["affine"] - expect)) <= affine.result_types[0].element_type.scale_list[0] / 2 + 1e-6
+
+
+def test_half_mode_keeps_a_constant_bias_f32(cnn):
+    tm, _ = cnn.lower("BF16")
+    conv = op_named(tm, "c2")
+    assert conv.operands[1].type.element_type == bf16 and conv.operands[2].type.element_type == f32
+
+
 def test_int8_on_cv183x_falls_back_to_bf16(cnn):
     tm, _, real = cnn.tpu("INT8", chip=load_chip("cv183x"))
     assert op_named(tm, "probs").result_types[0].element_type == bf16

@@ -117,6 +117,14 @@ def test_asymmetric_zero_point():
     assert q.stored(0.0) == -64 and q.stored(-1.0) == -128 and q.stored(3.0) == 127
 
 
+def test_asymmetric_range_is_clipped_to_the_threshold():
+    # observed [-1, 8], threshold 2 (the method clipped the outliers): range [-1, 2], scale 3/255
+    q = activation_qtype(Entry(2.0, -1.0, 8.0), True)
+    assert q.scale == pytest.approx(3 / 255)
+    assert q.zero_point == -43  # -128 - round(-1 / (3/255)) = -128 + 85
+    assert q.stored(8.0) == 127  # beyond the threshold: saturated
+
+
 def test_asymmetric_range_always_holds_zero():
     q = activation_qtype(Entry(5.0, 1.0, 5.0), True)  # min > 0: widened to [0, 5]
     assert q.zero_point == -128 and q.stored(0.0) == -128

@@ -125,9 +125,8 @@ def _(lw: Lowering, op: TensorOp):
 
 @int8_rule(top.AddOp, top.SubOp)
 def _(lw: Lowering, op: TensorOp):
-    index = _scalar_const_operands(lw, op)
-    if index is not None:
-        return lut(lw, op, index)
+    if lut_operand(lw, op) is not None:
+        return lut(lw, op)
     ins = [lw.quant_value(v) for v in op.operands]
     qy = lw.out_qtype(op.loc_name)
     mults, r = shared_rshift([q.scale / qy.scale for _, q in ins])
@@ -138,9 +137,8 @@ def _(lw: Lowering, op: TensorOp):
 
 @int8_rule(top.MulOp)
 def _(lw: Lowering, op: TensorOp):
-    index = _scalar_const_operands(lw, op)
-    if index is not None:
-        return lut(lw, op, index)
+    if lut_operand(lw, op) is not None:
+        return lut(lw, op)
     (a, qa), (b, qb) = (lw.quant_value(v) for v in op.operands)
     qy = lw.out_qtype(op.loc_name)
     m, r = multiplier_rshift(qa.scale * qb.scale / qy.scale)
@@ -211,31 +209,72 @@ def _scalar_const_operands(lw: Lowering, op: TensorOp) -> int | None:
     return tensors[0] if shape_of(x.type) == shape_of(op.result_types[0]) else None
 
 
-def lut(lw: Lowering, op: TensorOp, x_index: int = 0):
-    """y = f(x) as a table over the 256 stored values of x; f is the op's TOP kernel."""
-    x = op.operands[x_index]
-    if len(op.results) != 1 or not is_float_type(x.type) or not is_float_type(op.result_types[0]):
+SCALAR_BINARY = (top.AddOp, top.SubOp, top.MulOp, top.DivOp, top.Pow3Op, top.MaxOp, top.MinOp)
+
+
+def lut_operand(lw: Lowering, op: TensorOp) -> int | None:
+    """Which operand a table over 256 stored values would index: the op is elementwise in that one
+    tensor (a unary function, or a binary op with a scalar constant) from float to float; else None."""
+    if len(op.results) != 1 or not is_float_type(op.result_types[0]):
         return None
+    index = 0 if isinstance(op, UNARY) else _scalar_const_operands(lw, op) if isinstance(op, SCALAR_BINARY) else None
+    return index if index is not None and is_float_type(op.operands[index].type) else None
+
+
+def lut(lw: Lowering, op: TensorOp):
+    """y = f(x) as a table over the 256 stored values of x; f is the op's TOP kernel.
+
+    A chain of such ops (a hardswish, then x * a + b, ...) is one table over the
+    first op's input, computed in float: one rounding instead of one per op.
+    """
+    chain = [*lw.chains.get(op, []), op]
+    head = chain[0]
+    x = head.operands[lut_operand(lw, head)]
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
-    real = qx.dequantize(np.arange(256, dtype=np.uint8).view(qx.dtype))  # entry i: the stored byte i
-    args = [real if i == x_index else lw.weight_array(v) for i, v in enumerate(op.operands)]
+    values = qx.dequantize(np.arange(256, dtype=np.uint8).view(qx.dtype))  # entry i: the stored byte i
     with np.errstate(all="ignore"):
-        y = np.asarray(get_kernel(type(op))(op.params, *args), np.float64).reshape(-1)
-    table = qy.quantize(np.nan_to_num(y, nan=0.0))
+        for step in chain:
+            i = lut_operand(lw, step)
+            args = [values if j == i else lw.weight_array(v) for j, v in enumerate(step.operands)]
+            values = np.asarray(get_kernel(type(step))(step.params, *args), np.float32).reshape(-1)
+    table = qy.quantize(values)
     tv = lw.weight(op.loc_name, "table", table, qy.element())
     return list(lw.emit(tpu.LutOp, [xin, tv], None, op.names, [retyped(op.result_types[0], qy.element())]).results)
 
 
 @int8_rule(*UNARY)
 def _(lw: Lowering, op: TensorOp):
-    return lut(lw, op)
+    return lut(lw, op) if lut_operand(lw, op) is not None else None
 
 
 @int8_rule(top.DivOp, top.Pow3Op, top.MaxOp, top.MinOp)
 def _(lw: Lowering, op: TensorOp):
-    index = _scalar_const_operands(lw, op)
-    return None if index is None else lut(lw, op, index)
+    return None if lut_operand(lw, op) is None else lut(lw, op)
+
+
+def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
+    """op -> the table ops before it that it absorbs: each feeds only the next, which is a table op too."""
+    users: dict[SSAValue, int] = {}
+    for op in lw.ops:
+        for v in op.operands:
+            users[v] = users.get(v, 0) + 1
+    for v in mlir.return_op(lw.module).operands:
+        users[v] = users.get(v, 0) + 1  # a graph output is materialized
+
+    def lut_able(op) -> bool:
+        return (isinstance(op, TensorOp) and lw.mode_of(op) == "INT8" and op not in lw.float_forced
+                and lut_operand(lw, op) is not None)
+
+    chains: dict[Operation, list[TensorOp]] = {}
+    for op in lw.ops:
+        if not lut_able(op):
+            continue
+        x = op.operands[lut_operand(lw, op)]
+        producer = x.owner
+        if lut_able(producer) and users.get(x) == 1:
+            chains[op] = [*chains.pop(producer, []), producer]
+    return chains
 
 
 # ---- where INT8 must not go ------------------------------------------------------------

@@ -112,18 +112,22 @@ class Lowering:
         self._none: SSAValue | None = None
         args = mlir.main_func(module).body.block.args
         self.block = Block(arg_types=[plain_type(a.type) for a in args])
-        self.float_forced: set[Operation] = set()
+        self.float_forced: set[Operation] = set()  # INT8: ops that must stay float (int8.float_region)
+        self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
+        self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
 
     # ---- the pass -------------------------------------------------------------------
 
     def run(self, weight_file: str) -> tuple[ModuleOp, WeightStore]:
         if self.mode == "INT8":
-            from tpubuild.lower.int8 import float_region
+            from tpubuild.lower.int8 import float_region, lut_chains
             self.float_forced = float_region(self)
+            self.chains = lut_chains(self)
+            self.absorbed = {op for chain in self.chains.values() for op in chain}
         arg_index = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
         for op in self.ops:
-            if isinstance(op, top.WeightOp):
-                continue  # emitted where first used, in the form the user needs
+            if isinstance(op, top.WeightOp) or op in self.absorbed:
+                continue  # weights: emitted where first used, in the form the user needs
             if isinstance(op, top.NoneOp):
                 self.lowered[op.results[0]] = self.none()
                 continue
@@ -302,9 +306,17 @@ def float_operand(lw: Lowering, v: SSAValue, mode: str) -> SSAValue:
 def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
     """The float lowering of most ops: the TPU twin, float operands and results in ``mode``'s type."""
     tpu_cls = tpu.MIRROR[type(op)]
-    operands = [float_operand(lw, v, mode) for v in op.operands]
+    # a constant bias stays f32: it joins the f32 accumulator, and rounding it first only adds error
+    operands = [float_operand(lw, v, "F32" if name == "bias" and isinstance(v.owner, top.WeightOp) else mode)
+                for v, name in zip(op.operands, _operand_names(op))]
     types = [retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t for t in op.result_types]
     return lw.emit(tpu_cls, operands, tpu_params(tpu_cls, op.params), op.names, types).results
+
+
+def _operand_names(op: TensorOp) -> list[str]:
+    """The OPERANDS name of each operand (a trailing variadic name repeats)."""
+    names = [n.rstrip("*") for n in op.OPERANDS]
+    return [names[min(i, len(names) - 1)] for i in range(len(op.operands))] if names else []
 
 
 @float_rule(top.CastOp)

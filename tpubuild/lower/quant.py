@@ -2,8 +2,10 @@
 
 - Activations, per tensor, from calibration. Symmetric: scale = threshold/127
   (i8), or threshold/255 as u8 when calibration saw no negative value.
-  Asymmetric: the range [min, max] widened to hold 0, scale = (max-min)/255,
-  i8 storage with zero point -128 - round(min/scale), so real 0 is exact.
+  Asymmetric: the observed [min, max] clipped to [-threshold, threshold] (so
+  the calibration method's outlier clipping applies to both ends) and widened
+  to hold 0; scale = (max-min)/255, i8 storage with zero point
+  -128 - round(min/scale), so real 0 is exact.
 - Weights: per output channel, symmetric i8, scale = max|w_c|/127; bias int32
   = round(b / (s_in * s_w_c)).
 - A real multiplier M (e.g. s_in*s_w/s_out) becomes an integer multiplier m
@@ -101,7 +103,9 @@ class QType:
         return None
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        q = round_half_away(np.asarray(x, np.float64) / self.scale) + self.zero_point
+        # (clipped before rounding: an infinite or huge value saturates instead of overflowing int64)
+        v = np.clip(np.nan_to_num(np.asarray(x, np.float64) / self.scale, nan=0.0), -(2.0**40), 2.0**40)
+        q = round_half_away(v) + self.zero_point
         return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
@@ -115,7 +119,7 @@ class QType:
 def activation_qtype(stats: Entry, asymmetric: bool) -> QType:
     """A tensor's quantization from its calibration table entry (threshold, observed min and max)."""
     if asymmetric:
-        lo, hi = min(stats.min, 0.0), max(stats.max, 0.0)
+        lo, hi = min(max(stats.min, -stats.threshold), 0.0), max(min(stats.max, stats.threshold), 0.0)
         if not hi > lo:  # never seen anything but 0
             return QType("i8", 1.0 / 255, -128)
         scale = (hi - lo) / 255
