@@ -109,6 +109,15 @@ class TargetPaths:
     def verify_tpu(self) -> Path:
         return self.root / "verify_tpu.json"
 
+    # layergroup, assign (the backend)
+    @property
+    def lg_mlir(self) -> Path:
+        return self.root / "lg.mlir"
+
+    @property
+    def addr_mlir(self) -> Path:
+        return self.root / "addr.mlir"
+
     # codegen: the chip model, named after the model (build/<model>/<target>/<model>.model)
     @property
     def model_file(self) -> Path:

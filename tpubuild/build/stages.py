@@ -259,6 +259,30 @@ def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: 
     write_text(out_json, json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n")
 
 
+def layergroup(model: str, chip: str, in_mlir: str, out_mlir: str) -> None:
+    """tpu.mlir -> lg.mlir: layer groups, their slicing and local memory (group info on every op)."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.codegen.layergroup import layer_group
+    from tpubuild.ir.mlir import load_module
+
+    module, groups = layer_group(load_module(in_mlir), load_chip(chip))
+    local = sum(g.kind == "local" for g in groups)
+    _save_module(module, Path(out_mlir))
+    print(f"{model}: {len(groups)} groups ({local} local), estimated {sum(g.cycles for g in groups)} cycles")
+
+
+def assign(model: str, chip: str, in_mlir: str, out_mlir: str) -> None:
+    """lg.mlir -> addr.mlir: DDR addresses of weights and activations; prints peak vs lower bound."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.codegen.assign import memory_assign
+    from tpubuild.ir.mlir import load_module
+
+    module, a = memory_assign(load_module(in_mlir), load_chip(chip))
+    _save_module(module, Path(out_mlir))
+    print(f"{model}: weights {a.weight_bytes} B, activations {a.activation_bytes} B "
+          f"(lower bound {a.lower_bound} B, x{a.ratio:.3f})")
+
+
 def _tolerance(tolerance: Mapping[str, float]):
     from tpubuild.verify.similarity import Tolerance
 

@@ -42,6 +42,8 @@ STAGE_DOCS = {
     "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
     "lower": "canonical.mlir (float) or cali.mlir (INT8) -> <chip>-<mode>[-asym]/tpu.mlir + tpu_weights.npz",
     "verify_tpu": "TPU inference of tpu.mlir vs TOP inference by tensor name -> verify_tpu.json",
+    "layergroup": "tpu.mlir -> lg.mlir: layer groups chosen over the chip's cost model, slices, local memory",
+    "assign": "lg.mlir -> addr.mlir: DDR addresses of weights and activations (liveness-based reuse)",
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -196,6 +198,27 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[s
                  "out_tpu_outs": str(tp.tpu_outs), "out_tpu_raw": str(tp.tpu_raw), "out_json": str(tp.verify_tpu)},
                 file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
                 targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
+    yield from _backend_tasks(m, name, tp, target)
+
+
+def _backend_tasks(m: Manifest, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:
+    """layergroup and assign for one target; their config is the chip file's content (every figure the
+    cost model and the allocators read), so editing a chip re-plans only the targets on it."""
+    chip = _chip_config(target.chip)
+    yield _task("layergroup", name, stages.layergroup,
+                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.tpu_mlir), "out_mlir": str(tp.lg_mlir)},
+                file_dep=[tp.tpu_mlir], targets=[tp.lg_mlir], config={"chip": chip})
+    yield _task("assign", name, stages.assign,
+                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.lg_mlir), "out_mlir": str(tp.addr_mlir)},
+                file_dep=[tp.lg_mlir], targets=[tp.addr_mlir], config={"chip": chip})
+
+
+def _chip_config(chip: str) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    fields = asdict(load_chip(chip))
+    fields.pop("file")
+    return fields
 
 
 def _digest(path: Path | None) -> str | None:

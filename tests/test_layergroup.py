@@ -1,0 +1,345 @@
+"""Layer group: halo math, group slicing executed tile by tile against whole-tensor inference, local
+memory never overlapping, memory assign's reuse, upstream parse, determinism, a generated 500-op model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tpubuild.build.chips import load_chip
+from tpubuild.codegen import alloc
+from tpubuild.codegen.assign import assign, ddr_lifetimes, memory_assign
+from tpubuild.codegen.cost import nchw
+from tpubuild.codegen.graph import build_graph
+from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, read_groups
+from tpubuild.codegen.slicing import Window, local_rule
+from tpubuild.codegen.synthetic import residual_net
+from tpubuild.ir import mlir, tpu
+from tpubuild.ir.top import InputOp
+from tpubuild.ir.types import tensor_type
+from tpubuild.ir.weights import WeightStore
+from tpubuild.kernels import get_kernel
+from tpubuild.top.inference import run
+
+BM1684X = load_chip("bm1684x")
+
+
+def small_chip(lmem: int = 16 * 1024, lanes: int = 4):
+    """bm1684x with a small local memory and few lanes: groups must slice."""
+    return dataclasses.replace(BM1684X, lmem_bytes=lmem, lanes=lanes, lmem_banks=4)
+
+
+# ---- halo math ----------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(1, 5), s=st.integers(1, 3), d=st.integers(1, 2), pb=st.integers(0, 3), pe=st.integers(0, 3),
+       h=st.integers(1, 20), data=st.data())
+def test_window_need_covers_the_rows_the_windows_touch(k, s, d, pb, pe, h, data):
+    span = (k - 1) * d + 1
+    out_h = (h + pb + pe - span) // s + 1
+    if out_h < 1 or max(pb, pe) >= span:
+        return  # windows lying wholly in the padding: such ops keep H whole (slicing.Rule)
+    lo = data.draw(st.integers(0, out_h - 1))
+    hi = data.draw(st.integers(lo + 1, out_h))
+    first, end, top, bottom = Window(k, s, d, pb, pe).need(lo, hi, h)
+    touched = {r * s - pb + j * d for r in range(lo, hi) for j in range(k)}
+    inside = [x for x in touched if 0 <= x < h]
+    # a contiguous run over every row touched (a dilated window may skip rows inside it)
+    assert 0 <= first <= min(inside) and max(inside) < end <= h
+    assert top == max(pb - lo * s, 0)
+    # the tile plus the slice's pads yields exactly hi - lo rows
+    assert (end - first + top + bottom - span) // s + 1 == hi - lo
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), pad=st.integers(0, 2), h=st.integers(10, 16),
+       pieces=st.integers(1, 4), d=st.integers(1, 2))
+def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, h, 12)).astype(np.float32)
+    w = rng.standard_normal((4, 3, k, k)).astype(np.float32)
+    if pad >= (k - 1) * d + 1:
+        return
+    p = tpu.ConvOp.PARAMS(kernel_shape=(k, k), strides=(s, s), pads=(pad, pad, pad, pad), dilations=(d, d))
+    kernel = get_kernel(tpu.ConvOp)
+    full = kernel(p, x, w, None)
+    out_h = full.shape[2]
+    win = Window(k, s, d, pad, pad)
+    for i in range(min(pieces, out_h)):
+        lo, hi = i * out_h // pieces, (i + 1) * out_h // pieces
+        first, end, top, bottom = win.need(lo, hi, h)
+        tile = kernel(dataclasses.replace(p, pads=(top, pad, bottom, pad)), x[:, :, first:end], w, None)
+        np.testing.assert_allclose(tile, full[:, :, lo:hi], rtol=1e-5, atol=1e-5)
+
+
+# ---- executing a plan tile by tile ----------------------------------------------------------------
+
+def _with_h_pads(params, top: int, bottom: int):
+    pads = list(params.pads)
+    nd = len(params.kernel_shape)
+    pads[0], pads[nd] = top, bottom
+    return dataclasses.replace(params, pads=tuple(pads))
+
+
+def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]:
+    """Run an lg.mlir as the chip would: each local group slice by slice on tiles holding only the planned
+    rows (reading a tile outside them fails), global ops on whole tensors."""
+    graph = build_graph(module)
+    groups = read_groups(module, graph)
+    planner = Planner(graph, BM1684X)
+    ddr = {name: np.asarray(a) for name, a in inputs.items()}
+    arrays = {name: weights[name] for name, t in graph.tensors.items() if t.weight}
+    for group in groups:
+        if group.kind != LOCAL:
+            node = graph.ops[group.ops[0]]
+            args = [None if t is None else (arrays[t] if graph.tensors[t].weight else ddr[t]) for t in node.inputs]
+            result = get_kernel(type(node.op))(node.op.params, *args)
+            for name, r in zip(node.outputs, result if isinstance(result, tuple) else (result,)):
+                ddr[name] = np.asarray(r).astype(graph.tensors[name].dtype)
+            continue
+        stored = {o: np.full(graph.tensors[o].shape, np.nan).astype(graph.tensors[o].dtype) for o in group.outputs}
+        for s in range(group.slices):
+            tiles = {}
+            for t in group.inputs:
+                tiles[t] = (group.ranges[t][s], _tile(ddr[t], group.ranges[t][s]))
+            for p in group.ops:
+                node = graph.ops[p]
+                f = planner.ops[p]
+                out_r = group.ranges[node.name][s]
+                out4 = planner.t[node.name].shape4
+                params = node.op.params
+                args = []
+                for k, t in enumerate(node.inputs):
+                    if t is None:
+                        args.append(None)
+                    elif graph.tensors[t].weight:
+                        args.append(arrays[t])
+                    else:
+                        have, tile = tiles[t]
+                        s4 = planner.t[t].shape4
+                        if len(graph.tensors[t].shape) == len(graph.tensors[node.name].shape):
+                            n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
+                            h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
+                            if k == 0 and f.rule.window is not None:
+                                params = _with_h_pads(params, top, bottom)
+                        else:
+                            n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
+                        assert have[0] <= n_lo and n_hi <= have[1] and have[2] <= h_lo and h_hi <= have[3], \
+                            f"{node.name} reads {t} rows outside its tile"
+                        view = tile[n_lo - have[0]:n_hi - have[0], :, h_lo - have[2]:h_hi - have[2]]
+                        args.append(view.reshape(_logical(graph.tensors[t].shape, view.shape)))
+                result = np.asarray(get_kernel(type(node.op))(params, *args)).astype(graph.tensors[node.name].dtype)
+                tiles[node.name] = (out_r, result.reshape(nchw(result.shape)))
+            for o in group.outputs:
+                own = group.own[o][s]
+                have, tile = tiles[o]
+                view = stored[o].reshape(planner.t[o].shape4)
+                view[own[0]:own[1], :, own[2]:own[3]] = tile[own[0] - have[0]:own[1] - have[0], :,
+                                                             own[2] - have[2]:own[3] - have[2]]
+        ddr.update(stored)
+    return ddr
+
+
+def _tile(array, r):
+    a = np.asarray(array).reshape(nchw(array.shape))
+    return a[r[0]:r[1], :, r[2]:r[3]].copy()
+
+
+def _logical(full_shape, shape4):
+    """The kernel-facing shape of a 4-D tile of a tensor of ``full_shape`` (sliced dims shrunk)."""
+    n, c, h, w = shape4
+    if len(full_shape) == 4:
+        return (n, c, h, w)
+    if len(full_shape) == 3:
+        return (n, full_shape[1], full_shape[2])
+    return tuple(full_shape)
+
+
+def conv_chain(h: int = 24, c: int = 4) -> tuple:
+    """input -> conv3x3 s1 -> relu -> conv3x3 s2 -> maxpool 3x3 s1 p1 -> conv1x1 -> add(pool) -> conv 5x5 p2."""
+    rng = np.random.default_rng(1)
+    b = mlir.GraphBuilder([tensor_type((2, c, h, h))])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    weights = WeightStore()
+
+    def conv(v, name, k, s, p, cin):
+        weights.add(f"{name}.w", rng.standard_normal((c, cin, k, k)).astype(np.float32) * 0.3)
+        weights.add(f"{name}.b", rng.standard_normal((c,)).astype(np.float32) * 0.1)
+        w = b.weight(f"{name}.w", tensor_type((c, cin, k, k)))
+        bias = b.weight(f"{name}.b", tensor_type((c,)))
+        params = tpu.ConvOp.PARAMS(kernel_shape=(k, k), strides=(s, s), pads=(p, p, p, p), dilations=(1, 1))
+        return b.add(tpu.ConvOp.make([v, w, bias], params, name=name)).results[0]
+
+    y = conv(x, "c1", 3, 1, 1, c)
+    y = b.add(tpu.ReluOp.make([y], name="r1")).results[0]
+    y = conv(y, "c2", 3, 2, 1, c)
+    pool = b.add(tpu.MaxPoolOp.make([y], tpu.MaxPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1),
+                                                                 pads=(1, 1, 1, 1)), name="pool")).results[0]
+    z = conv(pool, "c3", 1, 1, 0, c)
+    z = b.add(tpu.AddOp.make([z, pool], name="add")).results[0]
+    z = conv(z, "c4", 5, 1, 2, c)
+    module = b.finish([z, pool], name="chain", weight_file="w.npz", state="TPU_LOWERED")
+    return module, weights, {"x": rng.standard_normal((2, c, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("lmem,lanes", [(256 * 1024, 64), (6 * 1024, 4), (2 * 1024, 4), (3 * 1024, 8)])
+def test_group_slices_reproduce_whole_tensor_inference(lmem, lanes):
+    module, weights, inputs = conv_chain()
+    chip = small_chip(lmem, lanes)
+    ref = run(module, weights, inputs)
+    lg, groups = layer_group(module, chip)
+    lg = mlir.parse_module(mlir.print_module(lg))
+    got = execute(lg, weights, inputs)
+    for name in ("pool", "c4"):
+        np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-4, err_msg=name)
+    if lmem <= 6 * 1024:
+        assert any(g.kind == LOCAL and g.h_secs > 1 for g in groups), "a small local memory must force H slices"
+    assert any(g.kind == LOCAL and len(g.ops) > 1 for g in groups), "ops must be grouped"
+
+
+def test_slices_cover_outputs_and_halos_grow_backwards():
+    module, _, _ = conv_chain(h=32)
+    _, groups = layer_group(module, small_chip(3 * 1024, 8))
+    graph = build_graph(module)
+    sliced = [g for g in groups if g.kind == LOCAL and g.h_secs > 1]
+    assert sliced
+    for g in sliced:
+        for o in g.outputs:
+            n, _, h, _ = nchw(graph.tensors[o].shape)
+            covered = np.zeros((n, h), int)
+            for r in g.own[o]:
+                covered[r[0]:r[1], r[2]:r[3]] += 1
+            assert covered.min() >= 1, f"{o}: some rows are never stored"
+        # every conv 3x3 (stride 1, pad 1) input tile holds one more row than the output tile on each
+        # inner border, and conv 5x5 two
+        for p in g.ops:
+            node = graph.ops[p]
+            if node.kind != "tpu.Conv" or node.inputs[0] not in g.ranges:
+                continue
+            k = node.op.params.kernel_shape[0]
+            s_ = node.op.params.strides[0]
+            h_in = nchw(graph.tensors[node.inputs[0]].shape)[2]
+            for r_in, r_out in zip(g.ranges[node.inputs[0]], g.ranges[node.name]):
+                if s_ == 1 and r_out[2] > 0:
+                    assert r_in[2] <= r_out[2] - (k - 1) // 2
+                if s_ == 1 and r_out[3] < h_in:
+                    assert r_in[3] >= r_out[3] + (k - 1) // 2
+
+
+# ---- local memory --------------------------------------------------------------------------------
+
+buffers_strategy = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6), st.integers(0, 5000)),
+                            min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(specs=buffers_strategy, align=st.sampled_from([1, 16, 64]), banks=st.sampled_from([0, 1024]))
+def test_placement_never_overlaps_live_buffers(specs, align, banks):
+    bufs = [alloc.Buffer(f"b{i}", s, s + d, size) for i, (s, d, size) in enumerate(specs)]
+    avoid = {f"b{i}": [f"b{i + 1}"] for i in range(len(bufs) - 1)}
+    offsets = alloc.place(bufs, align=align, bank_bytes=banks, avoid=avoid)
+    for a in bufs:
+        assert offsets[a.key] % align == 0
+        for b in bufs:
+            if a.key < b.key and a.meets(b) and a.size and b.size:
+                lo_a, lo_b = offsets[a.key], offsets[b.key]
+                assert lo_a + a.size <= lo_b or lo_b + b.size <= lo_a, (a, b, lo_a, lo_b)
+    assert alloc.peak(bufs, offsets) >= alloc.live_bound(bufs)
+    with pytest.raises(alloc.AllocError):
+        alloc.place(bufs + [alloc.Buffer("huge", 0, 20, 10**6)], align=align, capacity=10**6 - 1)
+
+
+def test_group_local_buffers_fit_and_never_overlap_in_lg_mlir():
+    module, _ = residual_net(60, size=56)
+    chip = small_chip(64 * 1024, 16)
+    lg, groups = layer_group(module, chip)
+    graph = build_graph(lg)
+    for g in read_groups(lg, graph):
+        if g.kind != LOCAL:
+            continue
+        planner = Planner(graph, chip)
+        i, j = g.ops[0], g.ops[-1] + 1
+        bufs, _ = planner.buffers(i, j, {k.split("#")[0] if not k.endswith("#buf") else k: v
+                                         for k, v in g.sizes.items()}, g.copies)
+        alloc.check(bufs, g.addrs, capacity=chip.lmem_bytes)
+        assert g.lmem_bytes <= chip.lmem_bytes
+
+
+# ---- memory assign -------------------------------------------------------------------------------
+
+def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
+    module, _ = residual_net(120, size=64)
+    lg, groups = layer_group(module, small_chip(32 * 1024, 16))
+    graph = build_graph(lg)
+    groups = read_groups(lg, graph)
+    a = assign(graph, groups, BM1684X)
+    life = ddr_lifetimes(graph, groups)
+    names = sorted(life)
+    for x in names:
+        for y in names:
+            if x < y and a.members[x] != a.members[y]:
+                (s1, e1), (s2, e2) = life[x], life[y]
+                if s1 <= e2 and s2 <= e1:
+                    ax, ay = a.activations[x], a.activations[y]
+                    assert ax + graph.tensors[x].nbytes <= ay or ay + graph.tensors[y].nbytes <= ax, (x, y)
+    ws = sorted((addr, graph.tensors[w].nbytes) for w, addr in a.weights.items())
+    for (a1, n1), (a2, _) in zip(ws, ws[1:]):
+        assert a1 + n1 <= a2 and a2 % BM1684X.ddr_align == 0
+    assert a.weight_bytes <= a.activation_base and min(a.activations.values()) >= a.activation_base
+    assert a.lower_bound <= a.activation_bytes <= 1.05 * a.lower_bound
+    # reuse happened: the region is far smaller than every DDR tensor side by side
+    assert a.activation_bytes < sum(graph.tensors[t].nbytes for t in life) / 2
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+def _mlir_opt() -> str:
+    beside = Path(sys.executable).parent / "torch-mlir-opt"
+    found = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
+    assert found, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
+    return found
+
+
+def test_lg_and_addr_mlir_parse_upstream_and_are_deterministic(tmp_path):
+    texts = []
+    for _ in range(2):
+        module, _, _ = conv_chain()
+        lg, _ = layer_group(module, small_chip(3 * 1024, 8))
+        lg_text = mlir.print_module(lg)
+        addr, _ = memory_assign(mlir.parse_module(lg_text), BM1684X)
+        texts.append((lg_text, mlir.print_module(addr)))
+    assert texts[0] == texts[1]
+    for name, text in zip(("lg.mlir", "addr.mlir"), texts[0]):
+        path = tmp_path / name
+        path.write_text(text)
+        proc = subprocess.run([_mlir_opt(), "--allow-unregistered-dialect", "--verify-each", str(path)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert 'module.state = "TPU_GROUPED"' in texts[0][0] and 'module.state = "TPU_ADDRESSED"' in texts[0][1]
+    assert "ginfo = {" in texts[0][0] and "lg.groups = [" in texts[0][0]
+
+
+def test_a_generated_500_op_model_plans_and_assigns():
+    module, _ = residual_net(500, size=96)
+    graph = build_graph(module)
+    assert len(graph.ops) == 500
+    lg, groups = layer_group(module, BM1684X)
+    assert sum(len(g.ops) for g in groups) == 500
+    assert sorted(p for g in groups for p in g.ops) == list(range(500))
+    assert sum(g.kind == LOCAL and len(g.ops) > 1 for g in groups) >= 10
+    _, a = memory_assign(mlir.parse_module(mlir.print_module(lg)), BM1684X)
+    assert a.activation_bytes <= 1.05 * a.lower_bound
+
+
+def test_every_lowered_op_kind_has_a_rule_or_runs_global():
+    module, _, _ = conv_chain()
+    graph = build_graph(module)
+    assert all(local_rule(graph, node) is not None for node in graph.ops)

@@ -1,0 +1,192 @@
+"""Memory assign: DDR addresses for weights and for every tensor that leaves local memory (addr.mlir).
+
+DDR holds, from address 0: the weights, packed in order of first use, each
+aligned to the chip's DDR alignment; then the activations. An activation lives
+in DDR when it crosses a group boundary (a group's load or store, a global
+op's operand or result) or is a graph input or output; tensors inside a group
+never get a DDR address. Its lifetime runs over group steps, from the group
+that produces it (graph inputs: from the start) to the last group that reads
+it (graph outputs: to the end). A Reshape's result shares its input's buffer.
+Buffers whose lifetimes do not meet share bytes: each of a few greedy orders
+(largest first, longest-lived first, earliest first) places every buffer at
+the lowest free aligned offset, and the smallest peak wins. The stage reports
+that peak next to the lower bound — the most bytes alive at any one step.
+
+addr.mlir is lg.mlir with ``addr`` on every top.Input/top.Weight op and on
+every compute op (one DDR address per result, -1 for a result that stays in
+local memory) and the module attributes ``addr.weight_bytes``,
+``addr.activation_base``, ``addr.activation_bytes``,
+``addr.activation_lower_bound``, ``addr.ddr_bytes``; state TPU_ADDRESSED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, i64
+
+from tpubuild.build.chips import Chip
+from tpubuild.codegen import alloc
+from tpubuild.codegen.graph import Graph, build_graph
+from tpubuild.codegen.layergroup import ALIAS, Group, read_groups
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.top import InputOp, WeightOp
+
+
+@dataclass
+class Assignment:
+    weights: dict[str, int]  # weight -> DDR address
+    activations: dict[str, int]  # DDR tensor -> address
+    weight_bytes: int
+    activation_base: int
+    activation_bytes: int  # peak of the activation region
+    lower_bound: int  # most bytes alive at one step
+    buffers: list[alloc.Buffer]  # activation buffers (one per alias class), offsets relative to the base
+    members: dict[str, str]  # tensor -> its buffer's key
+
+    @property
+    def ddr_bytes(self) -> int:
+        return self.activation_base + self.activation_bytes
+
+    @property
+    def ratio(self) -> float:
+        return self.activation_bytes / self.lower_bound if self.lower_bound else 1.0
+
+
+def ddr_lifetimes(graph: Graph, groups: list[Group]) -> dict[str, tuple[int, int]]:
+    """Tensor -> (first, last) group step for every activation that lives in DDR."""
+    span: dict[str, list[int]] = {}
+    end = len(groups)
+
+    def touch(tensor: str, step: int) -> None:
+        s = span.setdefault(tensor, [step, step])
+        s[0], s[1] = min(s[0], step), max(s[1], step)
+
+    for name in graph.inputs:
+        touch(name, 0)
+    for step, group in enumerate(groups):
+        for t in group.inputs:
+            touch(t, step)
+        for t in group.outputs:
+            touch(t, step)
+    for name in graph.outputs:
+        touch(name, end)
+    return {t: (s[0], s[1]) for t, s in span.items()}
+
+
+def _alias_roots(graph: Graph, groups: list[Group]) -> dict[str, str]:
+    """Tensor -> the tensor whose buffer it shares (a Reshape's result shares its input's)."""
+    root: dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while root.get(t, t) != t:
+            t = root[t]
+        return t
+
+    for group in groups:
+        if group.kind == ALIAS:
+            node = graph.ops[group.ops[0]]
+            src = graph.data_inputs(node)[0]
+            root[node.name] = find(src)
+    return {t: find(t) for t in root}
+
+
+ORDERS = {
+    "size": lambda b: (-b.size, b.start, b.key),
+    "lifetime": lambda b: (-(b.end - b.start), -b.size, b.key),
+    "start": lambda b: (b.start, -b.size, b.key),
+}
+
+
+def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
+    align = chip.ddr_align
+    weights: dict[str, int] = {}
+    offset = 0
+    for node in graph.ops:
+        for w in graph.weights_of(node):
+            if w not in weights:
+                weights[w] = offset
+                offset = alloc.align_up(offset + graph.tensors[w].nbytes, align)
+    weight_bytes = offset
+    life = ddr_lifetimes(graph, groups)
+    roots = _alias_roots(graph, groups)
+    merged: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    members: dict[str, str] = {}
+    for t, (a, b) in life.items():
+        r = roots.get(t, t)
+        members[t] = r
+        span = merged.setdefault(r, [a, b])
+        span[0], span[1] = min(span[0], a), max(span[1], b)
+        sizes[r] = max(sizes.get(r, 0), alloc.align_up(graph.tensors[t].nbytes, align))
+    buffers = [alloc.Buffer(r, a, b, sizes[r]) for r, (a, b) in sorted(merged.items())]
+    best: tuple[int, dict[str, int]] | None = None
+    for order in ORDERS.values():
+        offsets = alloc.place(buffers, align=align, order=order, what="DDR activations")
+        peak = alloc.peak(buffers, offsets)
+        if best is None or peak < best[0]:
+            best = (peak, offsets)
+    peak, offsets = best
+    base = alloc.align_up(weight_bytes, align)
+    if base + peak > chip.ddr_bytes:
+        raise TpuBuildError(f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
+                            f"activations); {chip.name} has {chip.ddr_bytes}",
+                            hint="use a smaller input shape or batch, or a chip with more DDR")
+    activations = {t: base + offsets[r] for t, r in members.items() if r in offsets}
+    return Assignment(weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members)
+
+
+def _ints(values) -> ArrayAttr:
+    return ArrayAttr([IntegerAttr(int(v), i64) for v in values])
+
+
+def annotate(module: ModuleOp, a: Assignment) -> None:
+    for op in mlir.body_ops(module):
+        if not isinstance(op, TensorOp):
+            continue
+        if isinstance(op, WeightOp):
+            if op.loc_name in a.weights:
+                op.attributes["addr"] = IntegerAttr(a.weights[op.loc_name], i64)
+        elif isinstance(op, InputOp):
+            op.attributes["addr"] = IntegerAttr(a.activations[op.loc_name], i64)
+        elif op.results and "ginfo" in op.attributes:
+            op.attributes["addr"] = _ints([a.activations.get(name, -1) for name in op.names])
+    for key, value in (("weight_bytes", a.weight_bytes), ("activation_base", a.activation_base),
+                       ("activation_bytes", a.activation_bytes), ("activation_lower_bound", a.lower_bound),
+                       ("ddr_bytes", a.ddr_bytes)):
+        module.attributes[f"addr.{key}"] = IntegerAttr(value, i64)
+    mlir.set_module_attrs(module, state="TPU_ADDRESSED")
+
+
+def memory_assign(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, Assignment]:
+    """lg.mlir -> addr.mlir (in place), with the assignment."""
+    state = mlir.module_attr(module, "state")
+    if state != "TPU_GROUPED":
+        raise TpuBuildError(f"memory assign reads a grouped module (state TPU_GROUPED), this one is {state}",
+                            hint="run the layergroup stage first")
+    graph = build_graph(module)
+    groups = read_groups(module, graph)
+    a = assign(graph, groups, chip)
+    annotate(module, a)
+    return module, a
+
+
+def read_assignment(module: ModuleOp) -> tuple[dict[str, int], dict[str, int]]:
+    """(weight -> address, DDR tensor -> address) of an addr.mlir."""
+    weights: dict[str, int] = {}
+    acts: dict[str, int] = {}
+    for op in mlir.body_ops(module):
+        if not isinstance(op, TensorOp) or "addr" not in op.attributes:
+            continue
+        attr = op.attributes["addr"]
+        if isinstance(op, WeightOp):
+            weights[op.loc_name] = attr.value.data
+        elif isinstance(op, InputOp):
+            acts[op.loc_name] = attr.value.data
+        else:
+            for name, v in zip(op.names, attr.data):
+                if v.value.data >= 0:
+                    acts[name] = v.value.data
+    return weights, acts

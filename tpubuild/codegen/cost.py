@@ -1,0 +1,271 @@
+"""The chip's cost model: cycles of one GDMA transfer and of one BDC command, from the chip YAML.
+
+One set of formulas serves the compiler (layer group's search estimates a
+group from the commands it would emit) and the simulator's cycle model (which
+replays the emitted commands), so a plan and its replay agree by construction.
+Everything here works on plain data (op names, parameter dataclasses, shapes,
+numpy dtypes) because the simulator sees only the model file.
+
+- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)``.
+- BDC on local tiles: ``bdc_overhead + MAC cycles + vector cycles``. Channels
+  spread over lanes, so a tile with C channels keeps ``ceil(C / lanes)``
+  channels per lane and every per-lane count uses that. MAC cycles run on the
+  cube at ``macs_per_lane_per_cycle[mode]``, reducing input channels in chunks
+  of one EU (``eu_bytes / element size``); vector cycles process ``eu_bytes``
+  per lane per cycle, times a per-op factor (an exp costs more than an add).
+- A global op (one that reads and writes DDR directly) is charged one GDMA
+  transfer per DDR operand and result and its compute, one after the other: no
+  double buffering is credited to it, so the layer-group search prefers local
+  groups whenever they fit.
+
+Work per op is registered by op name without its dialect (``Conv`` serves
+``top.Conv`` and ``tpu.Conv``); an unregistered op costs one vector pass over
+its output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpubuild.build.chips import Chip
+
+Shape = Sequence[int]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one command computes, per lane: cube MACs (already padded to the EU) and vector element-ops."""
+
+    macs: float = 0.0
+    vector: float = 0.0  # element-operations of `esize` bytes each
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """An op's shapes and element size as a cost formula sees them."""
+
+    params: object
+    ins: tuple[tuple[int, ...], ...]
+    outs: tuple[tuple[int, ...], ...]
+    esize: int  # bytes per element of the computation
+    lanes: int
+    eu_elems: int  # elements per EU
+
+    def per_lane(self, shape: Shape) -> int:
+        """Elements of ``shape`` one lane holds (its ``nchw`` channel dim spread over lanes)."""
+        n, c, h, w = nchw(shape)
+        return n * math.ceil(c / self.lanes) * h * w
+
+    def pad_eu(self, k: int) -> int:
+        return math.ceil(k / self.eu_elems) * self.eu_elems
+
+
+def nchw(shape: Shape, rank: int | None = None) -> tuple[int, int, int, int]:
+    """The (n, c, h, w) view the chip lays a tensor out in, left-padded with 1s to ``rank`` first.
+
+    [w] -> (1, 1, 1, w), [c, w] -> (1, c, 1, w), [n, c, w] -> (n, c, 1, w); rank > 4 folds the
+    middle dims into h. Channel c lives in lane c % lanes.
+    """
+    s = tuple(int(d) for d in shape)
+    if rank is not None and len(s) < rank:
+        s = (1,) * (rank - len(s)) + s
+    if len(s) == 0:
+        return (1, 1, 1, 1)
+    if len(s) == 1:
+        return (1, 1, 1, s[0])
+    if len(s) == 2:
+        return (1, s[0], 1, s[1])
+    if len(s) == 3:
+        return (s[0], s[1], 1, s[2])
+    return (s[0], s[1], int(np.prod(s[2:-1], dtype=np.int64)), s[-1])
+
+
+WorkFn = Callable[[OpShape], Work]
+_WORK: dict[str, WorkFn] = {}
+
+# vector passes per output element: transcendental functions run as short polynomial/LUT sequences
+VECTOR_FACTOR = {
+    **dict.fromkeys(("Exp", "Log", "Sigmoid", "Tanh", "Erf", "GELU", "SiLU", "Swish", "Softplus", "Mish", "Elu",
+                     "Celu", "Pow", "Sin", "Cos", "Softsign"), 8),
+    **dict.fromkeys(("Div", "Reciprocal", "Sqrt", "HardSwish", "HardSigmoid", "Mod"), 4),
+}
+
+
+def work(*names: str) -> Callable[[WorkFn], WorkFn]:
+    def register(fn: WorkFn) -> WorkFn:
+        for name in names:
+            if name in _WORK:
+                raise ValueError(f"a cost formula for {name} is already registered")
+            _WORK[name] = fn
+        return fn
+    return register
+
+
+def bare_name(op: str) -> str:
+    return op.split(".", 1)[-1]
+
+
+@work("Conv")
+def _conv(s: OpShape) -> Work:
+    x, w = s.ins[0], s.ins[1]
+    out = s.outs[0]
+    group = getattr(s.params, "group", 1)
+    k = int(np.prod(w[2:], dtype=np.int64))
+    ic_per_group = x[1] // group
+    positions = s.per_lane(out)
+    if ic_per_group == 1:
+        # depthwise: no input-channel reduction for the cube; the vector unit multiplies-accumulates
+        return Work(vector=positions * k)
+    return Work(macs=positions * k * s.pad_eu(ic_per_group))
+
+
+@work("Deconv")
+def _deconv(s: OpShape) -> Work:
+    x, w = s.ins[0], s.ins[1]
+    group = getattr(s.params, "group", 1)
+    k = int(np.prod(w[2:], dtype=np.int64))
+    # every input position scatters into k outputs per output channel: count on the input grid
+    per_lane_in = int(np.prod(x, dtype=np.int64)) // max(x[1], 1)
+    oc = s.outs[0][1]
+    return Work(macs=per_lane_in * math.ceil(oc / s.lanes) * k * s.pad_eu(max(x[1] // group, 1)))
+
+
+@work("MatMul")
+def _matmul(s: OpShape) -> Work:
+    out = s.outs[0]
+    if len(out) < 2:
+        return Work(vector=s.per_lane(out))
+    k = s.ins[0][-1]
+    m, n = out[-2], out[-1]
+    batch = int(np.prod(out[:-2], dtype=np.int64))
+    # the compiler puts whichever of rows or columns fills the lanes better on lanes
+    per_lane = min(math.ceil(m / s.lanes) * n, math.ceil(n / s.lanes) * m)
+    return Work(macs=batch * per_lane * s.pad_eu(k))
+
+
+@work("MaxPool", "AvgPool", "MaxPoolWithMask")
+def _pool(s: OpShape) -> Work:
+    k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
+    return Work(vector=s.per_lane(s.outs[0]) * k)
+
+
+@work("Softmax", "LogSoftmax")
+def _softmax(s: OpShape) -> Work:
+    # max, subtract+exp, sum, divide
+    return Work(vector=s.per_lane(s.outs[0]) * (1 + VECTOR_FACTOR["Exp"] + 1 + VECTOR_FACTOR["Div"]))
+
+
+@work("LayerNorm", "RMSNorm", "InstanceNorm", "GroupNorm")
+def _norm(s: OpShape) -> Work:
+    # mean, variance, rsqrt, scale and shift
+    return Work(vector=s.per_lane(s.outs[0]) * 6)
+
+
+@work("BatchNorm")
+def _batchnorm(s: OpShape) -> Work:
+    return Work(vector=s.per_lane(s.outs[0]) * 2)
+
+
+@work("Reshape", "Identity")
+def _free(s: OpShape) -> Work:
+    return Work()
+
+
+@work("Reduce")
+def _reduce(s: OpShape) -> Work:
+    return Work(vector=s.per_lane(s.ins[0]))
+
+
+@work("Interp")
+def _interp(s: OpShape) -> Work:
+    # bilinear: four taps per output element
+    return Work(vector=s.per_lane(s.outs[0]) * 4)
+
+
+def _elementwise(name: str, s: OpShape) -> Work:
+    passes = max(len(s.ins) - 1, 1) * VECTOR_FACTOR.get(name, 1)
+    return Work(vector=s.per_lane(s.outs[0]) * passes)
+
+
+MODE_OF_DTYPE = {"int8": "INT8", "uint8": "INT8", "float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+
+
+def compute_mode(chip: Chip, dtype: np.dtype | str) -> str:
+    """The MAC rate a computation on ``dtype`` runs at (int32 and wider run at the slowest float rate)."""
+    mode = MODE_OF_DTYPE.get(np.dtype(dtype).name if not isinstance(dtype, str) else dtype)
+    rates = dict(chip.macs)
+    if mode in rates:
+        return mode
+    return min(rates, key=lambda m: rates[m])
+
+
+def op_shape(chip: Chip, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+             dtype: np.dtype | str) -> OpShape:
+    esize = np.dtype(dtype).itemsize if not isinstance(dtype, str) else _itemsize(dtype)
+    return OpShape(params=params, ins=tuple(tuple(int(d) for d in s) for s in in_shapes),
+                   outs=tuple(tuple(int(d) for d in s) for s in out_shapes), esize=esize, lanes=chip.lanes,
+                   eu_elems=max(chip.eu_bytes // esize, 1))
+
+
+def _itemsize(name: str) -> int:
+    from tpubuild.ir.types import dtype_from_name
+
+    return dtype_from_name(name).itemsize
+
+
+def op_work(op: str, s: OpShape) -> Work:
+    name = bare_name(op)
+    fn = _WORK.get(name)
+    return fn(s) if fn else _elementwise(name, s)
+
+
+def compute_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                   dtype: np.dtype | str) -> float:
+    """Cycles of the op's arithmetic alone (no command overhead)."""
+    s = op_shape(chip, params, in_shapes, out_shapes, dtype)
+    w = op_work(op, s)
+    mac_cycles = w.macs / chip.macs_per_lane(compute_mode(chip, dtype))
+    vector_cycles = w.vector * s.esize / chip.eu_bytes
+    return mac_cycles + vector_cycles
+
+
+def bdc_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+               dtype: np.dtype | str) -> int:
+    """One BDC command on local tiles of these shapes."""
+    return chip.bdc_overhead + math.ceil(compute_cycles(chip, op, params, in_shapes, out_shapes, dtype))
+
+
+def gdma_cycles(chip: Chip, nbytes: int) -> int:
+    """One GDMA transfer of ``nbytes`` between DDR and local memory (or DDR to DDR)."""
+    return chip.gdma_latency + math.ceil(nbytes / chip.ddr_bytes_per_cycle)
+
+
+def global_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                  dtype: np.dtype | str, transfers: Sequence[int]) -> int:
+    """An op that streams its operands from DDR and its results back (a global BDC command);
+    ``transfers``: the bytes of each DDR operand and result, each one GDMA transfer."""
+    compute = compute_cycles(chip, op, params, in_shapes, out_shapes, dtype)
+    return chip.bdc_overhead + sum(gdma_cycles(chip, b) for b in transfers) + math.ceil(compute)
+
+
+def true_macs(op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> int:
+    """The op's multiply-accumulates as arithmetic counts them (no lane or EU padding): the roofline's numerator."""
+    name = bare_name(op)
+    if name == "Conv":
+        x, w, out = in_shapes[0], in_shapes[1], out_shapes[0]
+        group = getattr(params, "group", 1)
+        return int(np.prod(out, dtype=np.int64)) * int(np.prod(w[2:], dtype=np.int64)) * (x[1] // group)
+    if name == "Deconv":
+        x, w = in_shapes[0], in_shapes[1]
+        return int(np.prod(x, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+    if name == "MatMul" and len(out_shapes[0]) >= 2:
+        return int(np.prod(out_shapes[0], dtype=np.int64)) * int(in_shapes[0][-1])
+    return 0
+
+
+def cycles_to_ms(chip: Chip, cycles: float) -> float:
+    return cycles / (chip.clock_mhz * 1e3)

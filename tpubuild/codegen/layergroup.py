@@ -1,0 +1,716 @@
+"""Layer group: which consecutive ops run together from local memory, how they are sliced, where tiles live.
+
+A group is a run of consecutive ops (in the module's topological order) that
+the chip executes slice by slice without touching DDR in between: per slice it
+loads the group's inputs, computes every op on local tiles and stores the
+group's outputs; weights are loaded once. Slices split N first, then H; an
+output's rows are split evenly and every op's needed input rows — with the
+halo of a conv or pool window — are propagated backwards through the group
+(``slicing.Rule``), a tensor read by several ops holding the union. The
+schedule is software-pipelined (load slice i+1 and store slice i-1 while
+computing slice i), so group inputs and outputs get two buffers each.
+
+The grouping is chosen by dynamic programming over the op order: best[j] =
+min over i of best[i] + cycles(group ops[i:j]), where a group's cycles come
+from the cost model (``cost.py``, shared with the simulator) at its best slicing
+(the fewest slices that fit, or a few more when pipelining pays). Ops without a
+slice rule (or whose single-op group cannot fit) run as global ops, reading and
+writing DDR directly; a Reshape is an alias of its input's DDR buffer.
+
+Local memory is allocated per group by lifetime (position in the group's op
+order): weights, inputs and outputs live across the whole step, intermediate
+tensors from their producer to their last reader; offsets are EU-aligned, an
+op's output avoids its inputs' banks where possible, and a group that does not
+fit is re-sliced — the final check raises, never overlaps.
+
+lg.mlir is tpu.mlir plus group info (as TPU-MLIR's): each op gets a ``ginfo``
+dictionary (group, id, kind; for local ops the output's local addresses and
+size per lane, scratch buffer, and per slice n_idx/n_slice/h_idx/h_slice of
+the rows it computes); the module's ``lg.groups`` lists every group with its
+slicing, estimated cycles and DDR bytes, and its loads, stores and weights
+with their local addresses and per-slice ranges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.ir import Attribute
+
+from tpubuild.build.chips import Chip
+from tpubuild.codegen import alloc, cost
+from tpubuild.codegen.cost import nchw
+from tpubuild.codegen.graph import Graph, build_graph
+from tpubuild.codegen.slicing import Rule, align, local_rule, weight_lane_bytes
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir, tpu
+
+LOCAL, GLOBAL, ALIAS = "local", "global", "alias"
+MAX_GROUP_OPS = 24  # longer runs gain little (DDR traffic is already cut) and cost search time
+ALIAS_OPS = (tpu.ReshapeOp,)
+
+Range = tuple[int, int, int, int]  # n_lo, n_hi, h_lo, h_hi in the tensor's (n, c, h, w) view
+
+
+def split(total: int, parts: int, index: int) -> tuple[int, int]:
+    return index * total // parts, (index + 1) * total // parts
+
+
+# ---- per-op and per-tensor facts the search reuses ------------------------------------------------
+
+@dataclass
+class TensorFacts:
+    shape4: tuple[int, int, int, int]
+    esize: int
+    c_lane: int  # channels per lane
+    row: int  # bytes of one (n, h) row over all channels and w: DDR bytes = n * h * row
+
+    def lane_bytes(self, chip: Chip, n: int, h: int) -> int:
+        return n * self.c_lane * align(h * self.shape4[3] * self.esize, chip.eu_bytes)
+
+    def ddr_bytes(self, n: int, h: int) -> int:
+        return n * h * self.row
+
+
+@dataclass
+class OpFacts:
+    index: int
+    name: str  # the op's (first) result tensor
+    kind: str  # LOCAL, GLOBAL or ALIAS
+    rule: Rule | None
+    operands: list[tuple[int, str, bool]]  # (operand index, activation tensor, same rank as the result)
+    weights: list[str]
+    weight_lane: int  # bytes per lane of all its weights
+    weight_cycles: int  # GDMA cycles to load them
+    compute: float  # cycles of the whole op's arithmetic
+    rows: int  # n x h of its result: compute scales with the share of these a slice computes
+    global_cycles: int
+    global_bytes: int  # DDR bytes read and written as a global op (or alone, unsliced)
+
+
+# ---- a planned group ----------------------------------------------------------------------------
+
+@dataclass
+class Group:
+    """One group as planned (and as lg.mlir records it)."""
+
+    id: int
+    kind: str
+    ops: list[int]
+    n_secs: int = 1
+    h_secs: int = 1
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    weights: list[str] = field(default_factory=list)
+    ranges: dict[str, list[Range]] = field(default_factory=dict)  # tensor -> per slice: rows held locally
+    own: dict[str, list[Range]] = field(default_factory=dict)  # output -> per slice: rows stored
+    sizes: dict[str, int] = field(default_factory=dict)  # buffer key -> bytes per lane
+    addrs: dict[str, int] = field(default_factory=dict)  # buffer key -> local address
+    copies: int = 1
+    cycles: int = 0
+    ddr_bytes: int = 0
+    lmem_bytes: int = 0
+
+    @property
+    def slices(self) -> int:
+        return self.n_secs * self.h_secs
+
+    def buffer_keys(self, tensor: str) -> list[str]:
+        n = self.copies if tensor in self.inputs or tensor in self.outputs else 1
+        return [f"{tensor}#{c}" for c in range(n)]
+
+
+@dataclass
+class Estimate:
+    cycles: int
+    n_secs: int
+    h_secs: int
+    index: int  # position in the slicing sequence
+
+
+class Planner:
+    def __init__(self, graph: Graph, chip: Chip):
+        self.g, self.chip = graph, chip
+        self.t: dict[str, TensorFacts] = {}
+        for name, t in graph.tensors.items():
+            s4 = nchw(t.shape)
+            self.t[name] = TensorFacts(s4, t.dtype.itemsize, math.ceil(s4[1] / chip.lanes),
+                                       s4[1] * s4[3] * t.dtype.itemsize)
+        self.ops = [self._facts(node) for node in graph.ops]
+        self._structure: dict[tuple[int, int], tuple] = {}
+        self._memo: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
+
+    def _facts(self, node) -> OpFacts:
+        g, chip = self.g, self.chip
+        rule = local_rule(g, node)
+        kind = ALIAS if isinstance(node.op, ALIAS_OPS) else (LOCAL if rule else GLOBAL)
+        out_rank = len(g.tensors[node.name].shape)
+        operands = [(k, t, len(g.tensors[t].shape) == out_rank) for k, t in enumerate(node.inputs)
+                    if t is not None and not g.tensors[t].weight]
+        weights = list(dict.fromkeys(g.weights_of(node)))
+        in_shapes = [g.tensors[t].shape if t is not None else () for t in node.inputs]
+        out_shapes = [g.tensors[o].shape for o in node.outputs if o in g.tensors]
+        dtype = self._compute_dtype(node)
+        compute = cost.compute_cycles(chip, node.kind, node.op.params, in_shapes, out_shapes, dtype)
+        transfers = ([g.tensors[t].nbytes for t in dict.fromkeys(x for x in node.inputs if x is not None)]
+                     + [g.tensors[o].nbytes for o in node.outputs if o in g.tensors])
+        nbytes = sum(transfers)
+        gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
+                                                             out_shapes, dtype, transfers)
+        wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
+        wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
+        s4 = nchw(g.tensors[node.name].shape)
+        return OpFacts(node.index, node.name, kind, rule, operands, weights, wlane, wcycles, compute,
+                       s4[0] * s4[2], gcycles, nbytes)
+
+    def _compute_dtype(self, node):
+        data = [t for t in node.inputs if t is not None and not self.g.tensors[t].weight]
+        first = data[0] if data else node.outputs[0]
+        return self.g.tensors[first].dtype
+
+    # ---- group structure ------------------------------------------------------------------------
+
+    def structure(self, i: int, j: int):
+        """(inputs, outputs, weights, last in-group reader of each produced tensor) of ops[i:j]."""
+        key = (i, j)
+        if key not in self._structure:
+            produced = {self.ops[p].name: p for p in range(i, j)}
+            inputs: dict[str, None] = {}
+            weights: dict[str, None] = {}
+            last: dict[str, int] = {}
+            for p in range(i, j):
+                f = self.ops[p]
+                for _, t, _ in f.operands:
+                    if t in produced:
+                        last[t] = p
+                    else:
+                        inputs.setdefault(t)
+                for w in f.weights:
+                    weights.setdefault(w)
+            outputs = [name for name, p in produced.items()
+                       if self.g.tensors[name].graph_output or any(u >= j for u in self.g.tensors[name].users)]
+            self._structure[key] = (list(inputs), outputs, list(weights), last)
+            if len(self._structure) > 4096:
+                self._structure.clear()
+                self._structure[key] = (list(inputs), outputs, list(weights), last)
+        return self._structure[key]
+
+    def limits(self, i: int, j: int) -> tuple[int, int]:
+        """The most N and H slices ops[i:j] allows (1 where an op keeps the dim whole)."""
+        _, outputs, _, _ = self.structure(i, j)
+        n_max = min(self.t[o].shape4[0] for o in outputs) if outputs else 1
+        h_max = min(self.t[o].shape4[2] for o in outputs) if outputs else 1
+        for p in range(i, j):
+            rule = self.ops[p].rule
+            if not rule.n_split:
+                n_max = 1
+            if not rule.h_split:
+                h_max = 1
+        return n_max, h_max
+
+    def sequence(self, i: int, j: int) -> list[tuple[int, int]]:
+        """Slicings in the order they are tried: N first (each distinct slice size once), then H."""
+        n_max, h_max = self.limits(i, j)
+        seq, seen = [], set()
+        for ns in range(1, n_max + 1):
+            step = -(-n_max // ns)
+            if step not in seen:
+                seen.add(step)
+                seq.append((ns, 1))
+        ns = seq[-1][0]
+        seen = set()
+        for hs in range(2, h_max + 1):
+            # only slice counts that change the tallest output slice (and so the working set)
+            tallest = -(-h_max // hs)
+            if tallest not in seen:
+                seen.add(tallest)
+                seq.append((ns, hs))
+        return seq
+
+    # ---- ranges ---------------------------------------------------------------------------------
+
+    def ranges(self, i: int, j: int, ns: int, hs: int, ni: int, hi: int | None) -> dict[str, Range]:
+        """Rows each tensor of ops[i:j] holds in slice (ni, hi); ``hi=None``: a middle slice of the
+        tallest size (what the search sizes buffers by)."""
+        _, outputs, _, _ = self.structure(i, j)
+        need: dict[str, Range] = {}
+        for o in outputs:
+            need[o] = self.own_range(o, ns, hs, ni, hi)
+        for p in range(j - 1, i - 1, -1):
+            f = self.ops[p]
+            r = need.get(f.name)
+            if r is None:
+                r = need[f.name] = self.own_range(f.name, ns, hs, ni, hi)
+            o4 = self.t[f.name].shape4
+            for k, t, same in f.operands:
+                s4 = self.t[t].shape4
+                if same:
+                    n_lo, n_hi = (r[0], r[1]) if s4[0] == o4[0] else (0, s4[0])
+                    h_lo, h_hi, _, _ = f.rule.in_h_range(k, r[2], r[3], s4[2], o4[2])
+                else:
+                    n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
+                old = need.get(t)
+                if old is not None and old != (n_lo, n_hi, h_lo, h_hi):
+                    n_lo, n_hi = min(n_lo, old[0]), max(n_hi, old[1])
+                    h_lo, h_hi = min(h_lo, old[2]), max(h_hi, old[3])
+                    if self.multi_plane(t, n_hi - n_lo):
+                        # readers needing different rows of one tile: a reader's rows are a view into
+                        # the tile, which the command format expresses only for one plane per lane
+                        need["#view"] = (0, 0, 0, 0)
+                need[t] = (n_lo, n_hi, h_lo, h_hi)
+        return need
+
+    def multi_plane(self, tensor: str, n: int) -> bool:
+        """Does an n-row-batch tile of ``tensor`` take more than one plane per lane?"""
+        return n * self.t[tensor].c_lane > 1
+
+    def own_range(self, tensor: str, ns: int, hs: int, ni: int, hi: int | None) -> Range:
+        n, _, h, _ = self.t[tensor].shape4
+        if hi is None:
+            n_len, h_len = -(-n // ns), -(-h // hs)
+            h_lo = (h - h_len) // 2
+            return 0, n_len, h_lo, h_lo + h_len
+        return (*split(n, ns, ni), *split(h, hs, hi))
+
+    # ---- one slicing's cost and fit -------------------------------------------------------------
+
+    def slice_costs(self, i: int, j: int, need: dict[str, Range], own: dict[str, Range]) -> tuple[int, int, int, int]:
+        """(load cycles, compute cycles, store cycles, DDR bytes) of one slice."""
+        chip = self.chip
+        inputs, outputs, _, _ = self.structure(i, j)
+        load = store = nbytes = 0
+        for t in inputs:
+            r = need[t]
+            b = self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2])
+            load += cost.gdma_cycles(chip, b)
+            nbytes += b
+        for o in outputs:
+            r = own[o]
+            b = self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2])
+            store += cost.gdma_cycles(chip, b)
+            nbytes += b
+        compute = 0
+        for p in range(i, j):
+            f = self.ops[p]
+            r = need[f.name]
+            s4 = self.t[f.name].shape4
+            frac = (r[1] - r[0]) * (r[3] - r[2]) / (s4[0] * s4[2])
+            compute += chip.bdc_overhead + math.ceil(f.compute * frac)
+        return load, compute, store, nbytes
+
+    def buffers(self, i: int, j: int, sizes: dict[str, int], copies: int) -> tuple[list[alloc.Buffer], dict]:
+        """Local buffers of ops[i:j] (per lane) with lifetimes in group positions, and bank conflicts."""
+        inputs, outputs, weights, last = self.structure(i, j)
+        m = j - i
+        bufs: list[alloc.Buffer] = []
+        for w in weights:
+            bufs.append(alloc.Buffer(f"{w}#0", 0, m - 1, sizes[w]))
+        whole = set(inputs) | set(outputs)
+        for t in list(inputs) + list(outputs):
+            bufs += [alloc.Buffer(f"{t}#{c}", 0, m - 1, sizes[t]) for c in range(copies)]
+        avoid: dict[str, list[str]] = {}
+        for p in range(i, j):
+            f = self.ops[p]
+            if f.name not in whole:
+                bufs.append(alloc.Buffer(f"{f.name}#0", p - i, last.get(f.name, p) - i, sizes[f.name]))
+            scratch = sizes.get(f"{f.name}#buf", 0)
+            if scratch:
+                bufs.append(alloc.Buffer(f"{f.name}#buf", p - i, p - i, scratch))
+            outs = [f"{f.name}#{c}" for c in range(copies if f.name in whole else 1)]
+            ins = [f"{t}#{c}" for _, t, _ in f.operands for c in range(copies if t in whole else 1)]
+            for o in outs:
+                avoid.setdefault(o, []).extend(ins)
+                for x in ins:
+                    avoid.setdefault(x, []).append(o)
+        return bufs, avoid
+
+    def sizes_of(self, i: int, j: int, needs: Sequence[dict[str, Range]]) -> dict[str, int]:
+        chip = self.chip
+        sizes: dict[str, int] = {}
+        for need in needs:
+            for t, r in need.items():
+                b = self.t[t].lane_bytes(chip, r[1] - r[0], r[3] - r[2])
+                if b > sizes.get(t, 0):
+                    sizes[t] = b
+        _, _, weights, _ = self.structure(i, j)
+        for w in weights:
+            t = self.g.tensors[w]
+            sizes[w] = weight_lane_bytes(chip, t.shape, t.dtype.itemsize)
+        for p in range(i, j):
+            f = self.ops[p]
+            if f.rule.buffer_factor:
+                sizes[f"{f.name}#buf"] = align(int(sizes[f.name] * f.rule.buffer_factor * 4 / self.t[f.name].esize),
+                                               chip.eu_bytes)
+        return sizes
+
+    def estimate(self, i: int, j: int, ns: int, hs: int) -> tuple[bool, int]:
+        """(fits, cycles) of ops[i:j] at this slicing, sized by a middle slice of the tallest size.
+
+        The search's inner loop: one pass, no allocation (the live-bytes bound decides the fit;
+        ``finalize`` places the buffers for real and re-slices in the rare case that fails).
+        """
+        key = (i, j, ns, hs)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        chip, facts = self.chip, self.t
+        inputs, outputs, _, last = self.structure(i, j)
+        need = self.ranges(i, j, ns, hs, 0, None)
+        if "#view" in need:
+            self._memo[key] = (False, 0)
+            return False, 0
+        copies = 2 if ns * hs > 1 else 1
+        base = load = store = wcycles = compute = 0
+        for t in inputs:
+            r = need[t]
+            f = facts[t]
+            base += copies * f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
+            load += cost.gdma_cycles(chip, f.ddr_bytes(r[1] - r[0], r[3] - r[2]))
+        for o in outputs:
+            r = need[o]
+            f = facts[o]
+            base += copies * f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
+            own = self.own_range(o, ns, hs, 0, None)
+            store += cost.gdma_cycles(chip, f.ddr_bytes(own[1] - own[0], own[3] - own[2]))
+        whole = set(inputs) | set(outputs)
+        m = j - i
+        diff = [0] * (m + 1)
+        for p in range(i, j):
+            op = self.ops[p]
+            r = need[op.name]
+            f = facts[op.name]
+            base += op.weight_lane
+            wcycles += op.weight_cycles
+            compute += chip.bdc_overhead + math.ceil(op.compute * (r[1] - r[0]) * (r[3] - r[2]) / op.rows)
+            size = f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
+            if op.name not in whole:
+                diff[p - i] += size
+                diff[last.get(op.name, p) - i + 1] -= size
+            if op.rule.buffer_factor:
+                scratch = int(size * op.rule.buffer_factor * 4 / f.esize)
+                diff[p - i] += scratch
+                diff[p - i + 1] -= scratch
+        live = top = 0
+        for d in diff:
+            live += d
+            top = max(top, live)
+        if base + top > chip.lmem_bytes:
+            result = (False, 0)
+        else:
+            result = (True, wcycles + pipelined(ns * hs, load, compute, store))
+        self._memo[key] = result
+        if len(self._memo) > 1 << 16:
+            self._memo.clear()
+        return result
+
+    def best_local(self, i: int, j: int, hint: int = 0) -> Estimate | None:
+        """The cheapest slicing of ops[i:j] among the fewest slices that fit and about 2x and 4x as many
+        (more slices overlap more DMA with compute but add halo rows and command overheads); None: none fits."""
+        seq = self.sequence(i, j)
+        first = self._first_fit(i, j, seq, min(hint, len(seq) - 1))
+        if first is None:
+            return None
+        k0 = seq[first][0] * seq[first][1]
+        tried = [first]
+        for factor in (2, 4):
+            idx = next((x for x in range(first, len(seq)) if seq[x][0] * seq[x][1] >= factor * k0), None)
+            if idx is not None and idx not in tried:
+                tried.append(idx)
+        best: Estimate | None = None
+        for idx in tried:
+            fits, cycles = self.estimate(i, j, *seq[idx])
+            if fits and (best is None or cycles < best.cycles):
+                best = Estimate(cycles, seq[idx][0], seq[idx][1], first)
+        return best
+
+    def _first_fit(self, i: int, j: int, seq: list[tuple[int, int]], hint: int) -> int | None:
+        """The first slicing in ``seq`` that fits, searching from ``hint`` (fit only improves along seq)."""
+        if self.estimate(i, j, *seq[hint])[0]:
+            lo = hint
+            while lo > 0 and self.estimate(i, j, *seq[lo - 1])[0]:
+                lo -= 1
+            return lo
+        # gallop forward, then bisect
+        step, lo, hi = 1, hint, None
+        while True:
+            idx = lo + step
+            if idx >= len(seq):
+                idx = len(seq) - 1
+                if idx == lo or not self.estimate(i, j, *seq[idx])[0]:
+                    return None
+                hi = idx
+                break
+            if self.estimate(i, j, *seq[idx])[0]:
+                hi = idx
+                break
+            lo, step = idx, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.estimate(i, j, *seq[mid])[0]:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    # ---- the search -----------------------------------------------------------------------------
+
+    def alone_cycles(self, p: int) -> tuple[int, str, Estimate | None]:
+        """(cycles, kind, local estimate) of op p in a group of its own (or as a global op)."""
+        f = self.ops[p]
+        if f.kind == ALIAS:
+            return 0, ALIAS, None
+        if f.kind == LOCAL:
+            e = self.best_local(p, p + 1)
+            if e is not None and e.cycles <= f.global_cycles:
+                return e.cycles, LOCAL, e
+        return f.global_cycles, GLOBAL, None
+
+    def search(self) -> list[tuple[int, int, str, Estimate | None]]:
+        """Dynamic programming over the op order: [(first op, end, kind, estimate)] covering every op."""
+        n = len(self.ops)
+        best = [0] + [math.inf] * n
+        choice: list[tuple[int, str, Estimate | None] | None] = [None] * (n + 1)
+        for j in range(1, n + 1):
+            cycles, kind, est = self.alone_cycles(j - 1)
+            best[j], choice[j] = best[j - 1] + cycles, (j - 1, kind, est)
+            if self.ops[j - 1].kind != LOCAL:
+                continue
+            hint = est.index if est else 0
+            for i in range(j - 2, max(-1, j - 1 - MAX_GROUP_OPS), -1):
+                if self.ops[i].kind != LOCAL:
+                    break
+                e = self.best_local(i, j, hint)
+                if e is None:
+                    break
+                hint = e.index
+                if best[i] + e.cycles < best[j]:
+                    best[j], choice[j] = best[i] + e.cycles, (i, LOCAL, e)
+        groups = []
+        j = n
+        while j > 0:
+            i, kind, est = choice[j]
+            groups.append((i, j, kind, est))
+            j = i
+        return groups[::-1]
+
+    # ---- the final plan -------------------------------------------------------------------------
+
+    def finalize(self, gid: int, i: int, j: int, ns: int, hs: int) -> Group | None:
+        """Exact ranges for every slice, local addresses, cycles; None if it does not fit at this slicing."""
+        inputs, outputs, weights, _ = self.structure(i, j)
+        needs, owns = [], []
+        for ni in range(ns):
+            for hi in range(hs):
+                need = self.ranges(i, j, ns, hs, ni, hi)
+                if "#view" in need:
+                    return None
+                needs.append(need)
+                # a multi-plane output is stored whole as computed (rows shared with a neighbour slice
+                # are written twice, with the same values): its own rows would be a view
+                owns.append({o: need[o] if self.multi_plane(o, need[o][1] - need[o][0])
+                             else self.own_range(o, ns, hs, ni, hi) for o in outputs})
+        sizes = self.sizes_of(i, j, needs)
+        copies = 2 if ns * hs > 1 else 1
+        bufs, avoid = self.buffers(i, j, sizes, copies)
+        try:
+            addrs = alloc.place(bufs, align=self.chip.eu_bytes, bank_bytes=self.chip.lmem_bank_bytes, avoid=avoid,
+                                capacity=self.chip.lmem_bytes, what="local memory")
+        except alloc.AllocError:
+            return None
+        per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns)]
+        wbytes = sum(self.g.tensors[w].nbytes for w in weights)
+        wcycles = sum(cost.gdma_cycles(self.chip, self.g.tensors[w].nbytes) for w in weights)
+        cycles = wcycles + pipelined_exact([c[0] for c in per_slice], [c[1] for c in per_slice],
+                                           [c[2] for c in per_slice])
+        keyed = {b.key: b.size for b in bufs}
+        return Group(gid, LOCAL, list(range(i, j)), ns, hs, inputs, outputs, weights,
+                     ranges={t: [need[t] for need in needs] for t in needs[0]},
+                     own={o: [own[o] for own in owns] for o in outputs},
+                     sizes=keyed, addrs=addrs, copies=copies, cycles=cycles,
+                     ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs))
+
+    def plan(self) -> list[Group]:
+        groups: list[Group] = []
+        for i, j, kind, est in self.search():
+            if kind != LOCAL:
+                groups.append(self._single(len(groups), i, kind))
+                continue
+            groups.extend(self._settle(len(groups), i, j, est))
+        return groups
+
+    def _settle(self, gid: int, i: int, j: int, est: Estimate) -> list[Group]:
+        """The group at its estimated slicing, re-sliced until the exact plan fits; split if it never does."""
+        seq = self.sequence(i, j)
+        start = seq.index((est.n_secs, est.h_secs)) if (est.n_secs, est.h_secs) in seq else 0
+        for ns, hs in seq[start:]:
+            group = self.finalize(gid, i, j, ns, hs)
+            if group is not None:
+                return [group]
+        if j - i == 1:
+            return [self._single(gid, i, GLOBAL)]
+        out: list[Group] = []
+        for p in range(i, j):
+            e = self.best_local(p, p + 1)
+            out.extend(self._settle(gid + len(out), p, p + 1, e) if e else [self._single(gid + len(out), p, GLOBAL)])
+        return out
+
+    def _single(self, gid: int, p: int, kind: str) -> Group:
+        f = self.ops[p]
+        node = self.g.ops[p]
+        inputs = list(dict.fromkeys(t for _, t, _ in f.operands))
+        outputs = [o for o in node.outputs if o in self.g.tensors]
+        return Group(gid, kind, [p], inputs=inputs, outputs=outputs, weights=f.weights,
+                     cycles=f.global_cycles if kind == GLOBAL else 0,
+                     ddr_bytes=f.global_bytes if kind == GLOBAL else 0)
+
+
+def pipelined(k: int, load: int, compute: int, store: int) -> int:
+    """Cycles of k equal slices, loading slice t+1 and storing slice t-1 (one GDMA engine) while computing t."""
+    if k == 1:
+        return load + compute + store
+    return (load + max(load, compute) + (k - 2) * max(load + store, compute) + max(store, compute) + store)
+
+
+def pipelined_exact(loads: Sequence[int], computes: Sequence[int], stores: Sequence[int]) -> int:
+    """``pipelined`` with each slice's own cycles (slices differ at the borders)."""
+    k = len(loads)
+    if k == 1:
+        return loads[0] + computes[0] + stores[0]  # nothing to overlap
+    total = 0
+    for t in range(k + 2):
+        gdma = (loads[t] if t < k else 0) + (stores[t - 2] if 2 <= t else 0)
+        bdc = computes[t - 1] if 1 <= t <= k else 0
+        total += max(gdma, bdc)
+    return total
+
+
+# ---- lg.mlir ------------------------------------------------------------------------------------
+
+def _ints(values: Sequence[int]) -> ArrayAttr:
+    return ArrayAttr([IntegerAttr(int(v), i64) for v in values])
+
+
+def _int(v: int) -> IntegerAttr:
+    return IntegerAttr(int(v), i64)
+
+
+def _slices_attr(ranges: Sequence[Range]) -> dict[str, Attribute]:
+    return {"n_idx": _ints([r[0] for r in ranges]), "n_slice": _ints([r[1] - r[0] for r in ranges]),
+            "h_idx": _ints([r[2] for r in ranges]), "h_slice": _ints([r[3] - r[2] for r in ranges])}
+
+
+def _tensor_attr(group: Group, tensor: str, ranges: Sequence[Range]) -> DictionaryAttr:
+    keys = group.buffer_keys(tensor)
+    return DictionaryAttr({"tensor": StringAttr(tensor), "addr": _ints([group.addrs[k] for k in keys]),
+                           "size": _int(group.sizes[keys[0]]), **_slices_attr(ranges)})
+
+
+def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
+    """Write the plan into the module: ``ginfo`` on every op, ``lg.groups`` on the module, state TPU_GROUPED."""
+    for group in groups:
+        for pos, p in enumerate(group.ops):
+            node = graph.ops[p]
+            info: dict[str, Attribute] = {"group": _int(group.id), "id": _int(pos), "kind": StringAttr(group.kind)}
+            if group.kind == LOCAL:
+                keys = group.buffer_keys(node.name)
+                info.update({"out_addr": _ints([group.addrs[k] for k in keys]),
+                             "out_size": _int(group.sizes[keys[0]]),
+                             "buffer_addr": _int(group.addrs.get(f"{node.name}#buf", 0)),
+                             "buffer_size": _int(group.sizes.get(f"{node.name}#buf", 0)),
+                             **_slices_attr(group.ranges[node.name])})
+            node.op.attributes["ginfo"] = DictionaryAttr(info)
+    entries = []
+    for group in groups:
+        entry: dict[str, Attribute] = {
+            "id": _int(group.id), "kind": StringAttr(group.kind),
+            "ops": ArrayAttr([StringAttr(graph.ops[p].name) for p in group.ops]),
+            "n_secs": _int(group.n_secs), "h_secs": _int(group.h_secs),
+            "cycles": _int(group.cycles), "ddr_bytes": _int(group.ddr_bytes),
+        }
+        if group.kind == LOCAL:
+            entry.update({
+                "lmem_bytes": _int(group.lmem_bytes),
+                "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
+                "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
+                "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": _int(group.addrs[f"{w}#0"]),
+                                                      "size": _int(group.sizes[f"{w}#0"])}) for w in group.weights]),
+            })
+        entries.append(DictionaryAttr(entry))
+    module.attributes["lg.groups"] = ArrayAttr(entries)
+    mlir.set_module_attrs(module, state="TPU_GROUPED")
+
+
+def layer_group(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, list[Group]]:
+    """Plan tpu.mlir's groups for ``chip`` and annotate the module in place (-> lg.mlir)."""
+    state = mlir.module_attr(module, "state")
+    if state != "TPU_LOWERED":
+        raise TpuBuildError(f"layer group reads a lowered module (state TPU_LOWERED), this one is {state}",
+                            hint="run the lower stage first")
+    graph = build_graph(module)
+    groups = Planner(graph, chip).plan()
+    annotate(module, graph, groups)
+    return module, groups
+
+
+# ---- reading lg.mlir back -----------------------------------------------------------------------
+
+def _py(attr: Attribute):
+    if isinstance(attr, IntegerAttr):
+        return attr.value.data
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, ArrayAttr):
+        return [_py(a) for a in attr.data]
+    if isinstance(attr, DictionaryAttr):
+        return {k: _py(v) for k, v in attr.data.items()}
+    raise TpuBuildError(f"unexpected attribute {attr} in lg.groups")
+
+
+def _ranges(d: dict) -> list[Range]:
+    return [(n, n + ns, h, h + hs) for n, ns, h, hs in zip(d["n_idx"], d["n_slice"], d["h_idx"], d["h_slice"])]
+
+
+def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:
+    """The groups an lg.mlir (or addr.mlir) records, as ``Group`` objects."""
+    graph = graph or build_graph(module)
+    attr = module.attributes.get("lg.groups")
+    if attr is None:
+        raise TpuBuildError("the module has no lg.groups attribute", hint="run the layergroup stage first")
+    index = {node.name: node.index for node in graph.ops}
+    infos = {node.name: _py(node.op.attributes["ginfo"]) for node in graph.ops if "ginfo" in node.op.attributes}
+    groups = []
+    for d in _py(attr):
+        g = Group(d["id"], d["kind"], [index[name] for name in d["ops"]], d["n_secs"], d["h_secs"],
+                  cycles=d["cycles"], ddr_bytes=d["ddr_bytes"])
+        if g.kind == LOCAL:
+            g.copies = 2 if g.slices > 1 else 1
+            g.lmem_bytes = d["lmem_bytes"]
+            for load in d["loads"]:
+                g.inputs.append(load["tensor"])
+                g.ranges[load["tensor"]] = _ranges(load)
+                for c, a in enumerate(load["addr"]):
+                    g.addrs[f"{load['tensor']}#{c}"], g.sizes[f"{load['tensor']}#{c}"] = a, load["size"]
+            for store in d["stores"]:
+                g.outputs.append(store["tensor"])
+                g.own[store["tensor"]] = _ranges(store)
+            for w in d["weights"]:
+                g.weights.append(w["tensor"])
+                g.addrs[f"{w['tensor']}#0"], g.sizes[f"{w['tensor']}#0"] = w["addr"], w["size"]
+            for p in g.ops:
+                name = graph.ops[p].name
+                info = infos[name]
+                g.ranges[name] = _ranges(info)
+                for c, a in enumerate(info["out_addr"]):
+                    g.addrs[f"{name}#{c}"], g.sizes[f"{name}#{c}"] = a, info["out_size"]
+                if info["buffer_size"]:
+                    g.addrs[f"{name}#buf"], g.sizes[f"{name}#buf"] = info["buffer_addr"], info["buffer_size"]
+        else:
+            node = graph.ops[g.ops[0]]
+            g.inputs = list(dict.fromkeys(graph.data_inputs(node)))
+            g.outputs = [o for o in node.outputs if o in graph.tensors]
+            g.weights = list(dict.fromkeys(graph.weights_of(node)))
+        groups.append(g)
+    return groups

@@ -1,0 +1,208 @@
+"""How ops run on local tiles: the 4-D layout, tile sizes per lane, and each op's slice rule.
+
+Local layout (DESIGN.md "The chip model"): a tensor is seen as (n, c, h, w);
+channel c lives in lane c % lanes and each lane holds n x ceil(c / lanes)
+planes of h x w elements, every plane starting on an EU boundary. Lower ranks
+map as [w] -> (1, 1, 1, w), [c, w] -> (1, c, 1, w), [n, c, w] -> (n, c, 1, w).
+Weights keep their first non-unit dim on lanes (a conv filter's output
+channels) and the rest contiguous.
+
+An op runs inside a layer group when it has a rule here: which of its tensors
+can be sliced along N and H, and for a windowed operand (conv, pool) which
+input rows an output row range needs — the halo — and the padding that is left
+at that slice's borders. Everything else runs as a global op.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tpubuild.build.chips import Chip
+from tpubuild.codegen.cost import nchw
+from tpubuild.codegen.graph import Graph, Node
+from tpubuild.ir import top, tpu
+
+Shape4 = tuple[int, int, int, int]
+
+
+def align(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def tile_lane_bytes(chip: Chip, shape4: Shape4, esize: int) -> int:
+    """Bytes one lane needs for an (n, c, h, w) tile: n x ceil(c / lanes) EU-aligned h x w planes."""
+    n, c, h, w = shape4
+    return n * math.ceil(c / chip.lanes) * align(h * w * esize, chip.eu_bytes)
+
+
+def weight_lane_bytes(chip: Chip, shape: tuple[int, ...], esize: int) -> int:
+    """Bytes one lane needs for a weight: its first non-unit dim on lanes, the rest one aligned row."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    if not dims:
+        dims = [1]
+    rest = math.prod(dims[1:])
+    return math.ceil(dims[0] / chip.lanes) * align(rest * esize, chip.eu_bytes)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over H: output row r reads input rows r*stride - pad_begin + j*dilation, j < kernel."""
+
+    kernel: int
+    stride: int
+    dilation: int
+    pad_begin: int
+    pad_end: int
+
+    def need(self, lo: int, hi: int, in_h: int) -> tuple[int, int, int, int]:
+        """(first, end) input rows for output rows [lo, hi), clipped to the input, and the (top, bottom)
+        padding the kernel must add to that tile to produce exactly hi - lo rows."""
+        first = lo * self.stride - self.pad_begin
+        end = (hi - 1) * self.stride - self.pad_begin + (self.kernel - 1) * self.dilation + 1
+        return max(first, 0), min(end, in_h), max(-first, 0), max(end - in_h, 0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one op's tiles relate: may the group slice it along N / H, and which operands are special."""
+
+    n_split: bool = True
+    h_split: bool = True
+    window: Window | None = None  # on operand 0
+    whole: frozenset[int] = frozenset()  # operand indices needed in full along H (e.g. a matmul's right side)
+    buffer_factor: float = 0.0  # scratch per lane, as a multiple of the output tile (f32 working copies)
+
+    def in_h_range(self, k: int, lo: int, hi: int, in_h: int, out_h: int) -> tuple[int, int, int, int]:
+        """Operand k's rows for output rows [lo, hi): (first, end, pad_top, pad_bottom)."""
+        if k == 0 and self.window is not None:
+            return self.window.need(lo, hi, in_h)
+        if k in self.whole or in_h != out_h:
+            return 0, in_h, 0, 0  # whole operand, or broadcast along H (in_h == 1)
+        return lo, hi, 0, 0
+
+    @staticmethod
+    def in_n_range(lo: int, hi: int, in_n: int, out_n: int) -> tuple[int, int]:
+        return (lo, hi) if in_n == out_n else (0, in_n)
+
+
+RuleFn = Callable[[Graph, Node], "Rule | None"]
+_RULES: dict[type, RuleFn] = {}
+
+
+def rule_for(*classes: type) -> Callable[[RuleFn], RuleFn]:
+    def register(fn: RuleFn) -> RuleFn:
+        for cls in classes:
+            if cls in _RULES:
+                raise ValueError(f"a slice rule for {cls.name} is already registered")
+            _RULES[cls] = fn
+        return fn
+    return register
+
+
+def local_rule(graph: Graph, node: Node) -> Rule | None:
+    """The op's slice rule, or None when it must run as a global op (no rule, rank > 4, several results)."""
+    fn = _RULES.get(type(node.op))
+    if fn is None or len(node.outputs) != 1:
+        return None
+    shapes = [graph.tensors[t].shape for t in node.inputs if t is not None] + [graph.tensors[node.name].shape]
+    if any(len(s) > 4 for s in shapes):
+        return None
+    return fn(graph, node)
+
+
+def _mirrors(*top_classes: type) -> list[type]:
+    return [tpu.MIRROR[c] for c in top_classes if c in tpu.MIRROR]
+
+
+# elementwise ops (numpy broadcasting): every TOP unary/binary/variadic op and the activations
+_ELEMENTWISE_TOP = [c for c in top.TOP_OPS if isinstance(c, type) and issubclass(
+    c, (top.UnaryOp, top.BinaryOp, top.VariadicOp, top.PredicateOp))] + [
+    top.ReluOp, top.SigmoidOp, top.TanhOp, top.ClipOp, top.PReluOp, top.WhereOp, top.CompareOp, top.BatchNormOp]
+
+
+@rule_for(*_mirrors(*_ELEMENTWISE_TOP), tpu.CastOp, tpu.LutOp)
+def _elementwise(graph: Graph, node: Node) -> Rule:
+    return Rule()
+
+
+def _spatial_rule(p, nd: int) -> Rule:
+    """A 2-D window slides over H; a pad as large as the window would leave windows wholly in the
+    padding, whose slices hold no input row: such an op keeps H whole."""
+    dil = p.dilations or (1,) * nd
+    window = Window(p.kernel_shape[0], p.strides[0], dil[0], p.pads[0], p.pads[nd])
+    span = (window.kernel - 1) * window.dilation + 1
+    if max(window.pad_begin, window.pad_end) >= span:
+        return Rule(h_split=False)
+    return Rule(window=window)
+
+
+@rule_for(tpu.ConvOp)
+def _conv(graph: Graph, node: Node) -> Rule | None:
+    p = node.op.params
+    nd = len(p.kernel_shape)
+    if nd == 1:
+        return Rule(h_split=False)  # (n, c, 1, w): H is 1, the window runs along W, which is never sliced
+    if nd != 2:
+        return None
+    return _spatial_rule(p, nd)
+
+
+@rule_for(tpu.MaxPoolOp, tpu.AvgPoolOp)
+def _pool(graph: Graph, node: Node) -> Rule | None:
+    p = node.op.params
+    nd = len(p.kernel_shape)
+    if nd == 1:
+        return Rule(h_split=False)
+    if nd != 2:
+        return None
+    if p.ceil_mode or p.count_include_pad:
+        # ceil mode's extra window and counted padding depend on where the true border is: keep H whole
+        return Rule(h_split=False)
+    return _spatial_rule(p, nd)
+
+
+@rule_for(tpu.MatMulOp)
+def _matmul(graph: Graph, node: Node) -> Rule:
+    right = node.inputs[1]
+    out_rank = len(graph.tensors[node.name].shape)
+    n_split = True
+    if right is not None and not graph.tensors[right].weight:
+        rn = nchw(graph.tensors[right].shape, out_rank)[0]
+        n_split = rn in (1, nchw(graph.tensors[node.name].shape)[0])
+    return Rule(n_split=n_split, whole=frozenset({1}))
+
+
+def _axes_rule(graph: Graph, node: Node, axes: list[int], buffer_factor: float) -> Rule:
+    """An op normalising or reducing over ``axes`` of its (rank-4-mapped) input: those dims stay whole."""
+    rank = len(graph.tensors[node.name].shape)
+    mapped = {_mapped_dim(a % max(rank, 1), rank) for a in axes}
+    return Rule(n_split="n" not in mapped, h_split="h" not in mapped, buffer_factor=buffer_factor)
+
+
+def _mapped_dim(axis: int, rank: int) -> str:
+    """Which of n, c, h, w a tensor dim lands on in ``nchw``."""
+    if rank == 0:
+        return "w"
+    table = {1: "w", 2: "cw", 3: "ncw", 4: "nchw"}.get(rank, "nc" + "h" * (rank - 3) + "w")
+    return table[axis]
+
+
+@rule_for(tpu.SoftmaxOp)
+def _softmax(graph: Graph, node: Node) -> Rule:
+    return _axes_rule(graph, node, [node.op.params.axis], 1.0)
+
+
+@rule_for(tpu.LayerNormOp)
+def _layernorm(graph: Graph, node: Node) -> Rule:
+    rank = len(graph.tensors[node.name].shape)
+    axis = node.op.params.axis % max(rank, 1)
+    return _axes_rule(graph, node, list(range(axis, rank)), 1.0)
+
+
+@rule_for(tpu.ConcatOp)
+def _concat(graph: Graph, node: Node) -> Rule:
+    return _axes_rule(graph, node, [node.op.params.axis], 0.0)
