@@ -1,108 +1,61 @@
 """The cycle model: both engines replayed with their sync waits, from the model file alone.
 
-Costs (chip figures from the model header, docs/model_format.md):
+Each command's cycles come from tpubuild/codegen/cost.py, the formulas layer
+group plans with, applied to what the command says (op, parameters, tile
+shapes, element type) and the chip figures in the model header:
 
-- GDMA: ``gdma_latency_cycles + bytes / (ddr_bandwidth / clock_hz)``, bytes
-  being what crosses the DDR interface (DDR2DDR counts its read and its write).
-- BDC: ``bdc_overhead_cycles`` plus the larger of its compute and, for a
-  global BDC, its DDR transfer time. Lanes work on output channels in
-  parallel, so an op's per-lane work scales with ``ceil(C / lanes)`` of its
-  result block, not with C / lanes: few channels leave lanes idle.
-  MAC ops (Conv, Deconv, MatMul) do ``macs_per_lane_per_cycle[dtype]`` MACs per
-  lane per cycle (dtype: the first operand's); every other op processes
-  ``eu_bytes`` bytes of its result per lane per cycle, times a work factor per
-  output element (a pool's window size, a few passes for Softmax/LayerNorm).
+- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)``, bytes being what
+  crosses the DDR interface (DDR2DDR counts its read and its write);
+- BDC on local tiles: ``bdc_overhead`` + cube MAC cycles + vector cycles, with
+  channels spread over lanes (``ceil(C / lanes)`` per lane);
+- global BDC (DDR operands or results): its DDR tensors each cost one transfer,
+  serialised with the compute (no overlap credited).
 
-Every command takes at least one cycle, so a command always ends after the
-ones it waits for start -- the simulator relies on that for its order.
+The replay starts each command when its engine is free and its wait is met,
+so loads overlap compute exactly as far as the waits allow. Every command
+takes at least one cycle, so a command always ends after the ones it waits
+for start -- the simulator relies on that for its order.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tpubuild.build.chips import Chip
 from tpubuild.codegen import commands as cmd
-from tpubuild.codegen.commands import Bdc, Gdma
-from tpubuild.codegen.model_file import ChipParams, ModelFile, tpu_op_class
-from tpubuild.ir import top, tpu
-
-MODE_OF_DTYPE = {"int8": "INT8", "uint8": "INT8", "float16": "F16", "bfloat16": "BF16", "float32": "F32"}
-
-# ---- BDC work per op -----------------------------------------------------------------------
-
-def _out_elems(b: Bdc) -> int:
-    return sum(t.size() for t in b.results)
+from tpubuild.codegen import cost
+from tpubuild.codegen.commands import Bdc, Gdma, Space
+from tpubuild.codegen.model_file import ModelFile
 
 
-def _conv_macs(p, b: Bdc) -> int:
-    w = b.operands[1].view  # [OC, IC/group, *kernel]
-    return _out_elems(b) * math.prod(w[1:])
+def _shapes(tensors) -> list[tuple[int, ...]]:
+    return [t.view if t.space != Space.NONE else () for t in tensors]
 
 
-def _deconv_macs(p, b: Bdc) -> int:
-    w = b.operands[1].view  # [IC, OC/group, *kernel]
-    return b.operands[0].size() * math.prod(w[1:])
+def _compute_dtype(b: Bdc) -> str:
+    """What the op computes in: its first operand's type (as layer group's estimate takes it)."""
+    return next((t.dtype for t in b.operands if t.space != Space.NONE), b.results[0].dtype)
 
 
-def _matmul_macs(p, b: Bdc) -> int:
-    a = b.operands[0].view
-    return _out_elems(b) * (a[-1] if a else 1)
+def bdc_cycles(chip: Chip, b: Bdc, params) -> int:
+    """``chip``: the header's figures as a Chip (``ChipParams.to_chip()``)."""
+    ins, outs = _shapes(b.operands), _shapes(b.results)
+    if b.is_global:
+        transfers = [t.size() * cmd.itemsize(t.dtype) for t in (*b.operands, *b.results) if t.space == Space.DDR]
+        cycles = cost.global_cycles(chip, b.op, params, ins, outs, _compute_dtype(b), transfers)
+    else:
+        cycles = cost.bdc_cycles(chip, b.op, params, ins, outs, _compute_dtype(b))
+    return max(1, cycles)
 
 
-MAC_OPS: dict[type, Callable[[object, Bdc], int]] = {
-    tpu.ConvOp: _conv_macs, tpu.MIRROR[top.DeconvOp]: _deconv_macs, tpu.MatMulOp: _matmul_macs,
-}
-
-
-def _window(p, b: Bdc) -> float:
-    return float(math.prod(p.kernel_shape))
-
-
-# passes over each output element for ops that are more than one EU operation per element
-WORK_FACTOR: dict[type, Callable[[object, Bdc], float]] = {
-    tpu.MaxPoolOp: _window, tpu.AvgPoolOp: _window,
-    tpu.SoftmaxOp: lambda p, b: 5.0, tpu.LayerNormOp: lambda p, b: 6.0,
-}
+def gdma_cycles(chip: Chip, g: Gdma) -> int:
+    read, written = g.ddr_bytes()
+    return max(1, cost.gdma_cycles(chip, read + written))
 
 
 def bdc_macs(b: Bdc, params) -> int:
-    fn = MAC_OPS.get(tpu_op_class(b.op))
-    return fn(params, b) if fn else 0
-
-
-def _lane_rounds(t: cmd.Tensor, lanes: int) -> int:
-    """Elements per lane of a result block when its channels spread over the lanes."""
-    n, c, h, w = t.shape
-    return n * math.ceil(c / lanes) * h * w
-
-
-def bdc_compute_cycles(chip: ChipParams, b: Bdc, params) -> float:
-    op_cls = tpu_op_class(b.op)
-    out = b.results[0]
-    per_lane = sum(_lane_rounds(t, chip.lanes) for t in b.results)
-    macs = bdc_macs(b, params)
-    if macs:
-        mode = MODE_OF_DTYPE.get(b.operands[0].dtype)
-        rate = chip.macs_per_lane_per_cycle.get(mode) or min(chip.macs_per_lane_per_cycle.values(), default=1.0)
-        total_out = max(_out_elems(b), 1)
-        return per_lane * (macs / total_out) / rate
-    factor = WORK_FACTOR.get(op_cls)
-    work = factor(params, b) if factor else 1.0
-    return per_lane * cmd.itemsize(out.dtype) / chip.eu_bytes * work
-
-
-def bdc_cycles(chip: ChipParams, b: Bdc, params) -> int:
-    compute = bdc_compute_cycles(chip, b, params)
-    read, written = b.ddr_bytes()
-    transfer = (read + written) * chip.clock_hz / chip.ddr_bandwidth
-    return max(1, chip.bdc_overhead_cycles + math.ceil(max(compute, transfer)))
-
-
-def gdma_cycles(chip: ChipParams, g: Gdma) -> int:
-    read, written = g.ddr_bytes()
-    return max(1, chip.gdma_latency_cycles + math.ceil((read + written) * chip.clock_hz / chip.ddr_bandwidth))
+    """The op's true multiply-accumulates (no lane or EU padding)."""
+    return cost.true_macs(b.op, params, _shapes(b.operands), _shapes(b.results))
 
 
 # ---- replay ---------------------------------------------------------------------------------
@@ -129,7 +82,7 @@ class Schedule:
 
 def replay(model: ModelFile, bdc_params: list) -> Schedule:
     """Both in-order queues with their waits; ``bdc_params`` are the decoded params of each BDC."""
-    chip = model.header.chip
+    chip = model.header.chip.to_chip()
     gdma, bdc = model.gdma, model.bdc
     s = Schedule()
     free_g = free_b = 0
