@@ -184,8 +184,9 @@ def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz:
     if not report["passed"]:
         raise TpuBuildError(f"TPU inference ({target}) does not match TOP inference:\n"
                             + _failure_text("tpu", report), model=model, stage="verify_tpu",
-                            hint=f"to inspect: tpubuild compare {out_tpu_outs} {top_outs}, or pin the worst ops "
-                                 "to a float mode in a quantize table")
+                            hint=f"to inspect: python -m tpubuild.lower.inference {tpu_mlir} {input_npz} tpu.npz && "
+                                 f"tpubuild compare tpu.npz {top_outs}; pin the worst ops to a float mode in a "
+                                 "quantize table, or set tolerance.tpu in the manifest")
     doc = {"model": model, "stage": "verify_tpu", "target": target,
            "comparisons": [{"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name,
                             **report}]}

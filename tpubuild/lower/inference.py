@@ -58,3 +58,30 @@ def infer_tpu(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray]) ->
     module = mlir.load_module(mlir_path)
     raw = run(module, weights_for(module, mlir_path), inputs)
     return raw, dequantized(module, raw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tpubuild.lower.inference TPU.mlir IN.npz OUT.npz [--stored]: every tensor, real values
+    by default (compare with TOP's by name: tpubuild compare OUT.npz top_outs.npz), or the stored bits."""
+    import argparse
+
+    from tpubuild.build.files import read_npz, write_npz
+    from tpubuild.errors import TpuBuildError
+
+    p = argparse.ArgumentParser(prog="python -m tpubuild.lower.inference", description=main.__doc__)
+    p.add_argument("mlir")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--stored", action="store_true", help="write the stored values (int8, bf16...) instead")
+    args = p.parse_args(argv)
+    try:
+        raw, real = infer_tpu(args.mlir, read_npz(args.input))
+    except TpuBuildError as e:
+        print(f"error: {e}")
+        return 1
+    write_npz(args.output, raw if args.stored else real)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
