@@ -124,6 +124,9 @@ def bench_model(name: str, build_dir: Path) -> dict:
     row["cos"], row["origin_cos"] = canonical, origin
     for out, cos in canonical.items():
         print(f"  output {out!r}: cos {cos:.9f}, 1 - cos {1 - cos:.1e} (origin.mlir: cos {origin[out]:.9f})")
+    if p.verify_top.is_file():
+        for comp in json.loads(p.verify_top.read_text())["comparisons"]:
+            print(f"  every tensor of {comp['test']}: {comp['compared']} compared, min cos {comp['min_cos']:.9f}")
     onnx_nodes, before, after = row["ops"]
     changed = sorted(t for t in set(before) | set(after) if before[t] != after[t])
     print(f"  ops: ONNX {onnx_nodes} nodes -> origin {sum(before.values())} -> canonical {sum(after.values())}")
@@ -133,7 +136,8 @@ def bench_model(name: str, build_dir: Path) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'model':<22}" + "".join(f"{s:>13}" for s in STAGES) + f"{'total s':>9}{'ops o->c':>12}{'min cos':>13}  result"
+    stages = "".join(f"{s:>13}" for s in STAGES)
+    head = f"{'model':<22}{stages}{'total s':>9}{'ops o->c':>12}{'min cos':>13}  result"
     print("\n" + head)
     for row in rows:
         times = row["times"]

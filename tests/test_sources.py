@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -49,12 +50,15 @@ def test_prepare_steps_match_schema_and_docs():
 
 
 def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
+    """The light models' steps: same bytes in every process, no constant fills left, unit-scale conv outputs."""
     assert sha256(SQUEEZENET) == SQUEEZENET_SHA256, "the pinned onnx wheel ships a different light_squeezenet"
+    steps = load_manifest(REPO / "configs" / "models" / "light_squeezenet.yaml").prepare
+    assert steps == ("fill_weights", "normalize_activations")
     first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
-    fetch.prepare_file(str(SQUEEZENET), ["fill_weights"], str(first))
+    fetch.prepare_file(str(SQUEEZENET), steps, str(first))
     # again in a fresh process: no hash-seed or process state in the weights
     code = ("import sys; from tpubuild.build import fetch; "
-            "fetch.prepare_file(sys.argv[1], ['fill_weights'], sys.argv[2])")
+            f"fetch.prepare_file(sys.argv[1], {list(steps)!r}, sys.argv[2])")
     subprocess.run([sys.executable, "-c", code, str(SQUEEZENET), str(second)], check=True,
                    env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"})
     assert first.read_bytes() == second.read_bytes()
@@ -76,6 +80,57 @@ def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
     x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32)
     assert np.ptp(run_ort(original, x)) < 1e-6
     assert np.ptp(run_ort(prepared, x)) > 1e-3
+    # every conv's output has about unit scale (on an input other than the one the step used)
+    convs = [n.output[0] for n in prepared.graph.node if n.op_type == "Conv"]
+    prepared.graph.output.extend(onnx.ValueInfoProto(name=c) for c in convs)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(prepared.SerializeToString(), providers=["CPUExecutionProvider"])
+    stds = [float(a.std()) for a in sess.run(convs, {"data_0": x})]
+    assert len(stds) == 26 and all(0.7 < s < 1.4 for s in stds), stds
+
+
+def test_normalize_activations_on_batchnorm_and_gemm():
+    """Trained-looking BN statistics that do not fit random filters: the step refits them from data."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 50, "b": np.full(8, 3.0, np.float32),
+             "scale": np.linspace(0.5, 1.5, 8).astype(np.float32), "shift": np.linspace(-1, 1, 8).astype(np.float32),
+             "mean": np.full(8, 7.0, np.float32), "var": np.full(8, 1e-4, np.float32),
+             "fc": rng.standard_normal((10, 8)).astype(np.float32), "fc_b": np.zeros(10, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fc_b"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model.graph.output.extend([onnx.ValueInfoProto(name="c"), onnx.ValueInfoProto(name="n")])
+    out = prepare_model(model, ["normalize_activations"])
+    got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert [t.name for t in out.graph.initializer] == list(inits)  # same tensors, same order
+    np.testing.assert_array_equal(got["scale"], inits["scale"])  # learned affine parameters are kept
+
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    # on the documented probe input the fit is exact up to the 3-digit rounding
+    probe = np.random.default_rng(zlib.crc32(b"normalize_activations\0x")).uniform(-1, 1, (2, 3, 16, 16))
+    y, c, n = sess.run(["y", "c", "n"], {"x": probe.astype(np.float32)})
+    assert abs(c.std() - 1) < 0.005  # the conv's output (it was ~150)
+    # the BN normalizes: per channel, its output has the mean `shift` and the std `scale`
+    np.testing.assert_allclose(n.mean(axis=(0, 2, 3)), inits["shift"], atol=0.01)
+    np.testing.assert_allclose(n.std(axis=(0, 2, 3)), inits["scale"], rtol=0.01)
+    assert abs(y.std() - 1) < 0.005
+    # and on another input, roughly
+    x = np.random.default_rng(5).uniform(-1, 1, (2, 3, 16, 16)).astype(np.float32)
+    y, c, n = sess.run(["y", "c", "n"], {"x": x})
+    assert 0.8 < c.std() < 1.25 and 0.5 < y.std() < 2.0
+    np.testing.assert_allclose(n.std(axis=(0, 2, 3)), inits["scale"], rtol=0.25)
 
 
 def test_prepare_errors(tmp_path):
@@ -156,12 +211,11 @@ def test_prepare_steps_are_fetch_config(tmp_path):
     assert str(SQUEEZENET) in info, info
     assert "-- fetch:m" in doit(tmp_path, models, "fetch:m").stdout
 
-    # same source, the steps' list changed: fetch runs again
-    yaml.write_text(yaml.read_text().replace("prepare: [fill_weights]", "prepare: [fill_weights, fill_weights]"))
+    # same source, a step added: fetch runs again
+    yaml.write_text(yaml.read_text().replace("prepare: [fill_weights]", "prepare: [fill_weights, normalize_activations]"))
     again = doit(tmp_path, models, "fetch:m")
     assert ".  fetch:m" in again.stdout, again.stdout
-    # filling is idempotent: nothing is left to fill the second time
-    assert fetched.read_bytes() == filled
+    assert fetched.read_bytes() != filled
 
 
 def test_default_zoo_needs_no_torch():

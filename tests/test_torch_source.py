@@ -40,7 +40,8 @@ def test_export_is_deterministic(tmp_path):
     first = export(tmp_path, factory)
     assert torch.equal(torch.random.get_rng_state(), state), "the export changed the caller's random state"
     # again in a fresh process (its own hash seed and torch state)
-    code = "import sys; from tpubuild.build import fetch; fetch.export_torch(sys.argv[1], [1, 3, 16, 16], 'x', sys.argv[2])"
+    code = ("import sys; from tpubuild.build import fetch; "
+            "fetch.export_torch(sys.argv[1], [1, 3, 16, 16], 'x', sys.argv[2])")
     subprocess.run([sys.executable, "-c", code, factory, str(tmp_path / "b.onnx")], check=True,
                    env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"})
     assert (tmp_path / "b.onnx").read_bytes() == first

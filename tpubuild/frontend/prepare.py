@@ -112,3 +112,103 @@ def fill_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.input[:]
     graph.input.extend(inputs)
     return out
+
+
+# normalize_activations: what it rescales, and the input slots of the parameters involved
+_SCALED = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2)}  # weight, bias: output scales with them
+_STATS = {"BatchNormalization": (3, 4)}  # running mean, running variance
+_SIGNIFICANT_DIGITS = 3
+
+
+def _round_significant(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to 3 significant digits: last-bit differences between CPUs' kernels rarely survive it."""
+    a = np.asarray(a, np.float64)
+    exponent = np.floor(np.log10(np.where(a == 0, 1.0, np.abs(a)))) - (_SIGNIFICANT_DIGITS - 1)
+    return np.round(a / 10.0 ** exponent) * 10.0 ** exponent
+
+
+def _probe_input(value: onnx.ValueInfoProto) -> np.ndarray:
+    tensor = value.type.tensor_type
+    dims = [d.dim_value for d in tensor.shape.dim]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+    if not dims or min(dims) <= 0 or not np.issubdtype(dtype, np.floating):
+        raise TpuBuildError(f"normalize_activations needs float graph inputs of static shape; input "
+                            f"{value.name!r} is {onnx.helper.printable_type(value.type)}",
+                            hint="drop the step from `source.prepare`, or fix the input's shape in the model")
+    rng = np.random.default_rng(zlib.crc32(f"normalize_activations\0{value.name}".encode()))
+    return rng.uniform(-1.0, 1.0, dims).astype(dtype)
+
+
+@prepare_step("normalize_activations")
+def normalize_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` rescaled layer by layer so that activations keep a unit scale.
+
+    Random weights next to the trained batch-norm statistics and scale layers a
+    weightless file keeps make activations explode or vanish with depth (ResNet-50's
+    logits reach 1e5, a one-hot softmax). In graph order, on a fixed random input
+    (uniform in [-1, 1), seeded from each input's name): each Conv, ConvTranspose and
+    Gemm has its weight and bias divided by its output's standard deviation, and each
+    BatchNormalization gets its input's per-channel mean and variance as running
+    statistics (LSUV-style data-dependent initialisation). Factors and statistics are
+    rounded to 3 significant digits. Parameters shared by several nodes are left alone.
+    """
+    import onnxruntime as ort
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+
+    def params(node: onnx.NodeProto, slots: tuple[int, ...]) -> list[str]:
+        names = [node.input[i] for i in slots if i < len(node.input) and node.input[i]]
+        return names if all(n in inits and uses[n] == 1 for n in names) else []
+
+    steps = [(node, names) for node in graph.node
+             for names in [params(node, _SCALED.get(node.op_type) or _STATS.get(node.op_type) or ())] if names]
+    if not steps:
+        return out
+    values = {n: numpy_helper.to_array(inits[n]).astype(np.float64) for _, names in steps for n in names}
+
+    # the parameters become graph inputs of a working copy, so one session serves every step
+    work = onnx.ModelProto()
+    work.CopyFrom(out)
+    kept = [t for t in work.graph.initializer if t.name not in values]
+    del work.graph.initializer[:]
+    work.graph.initializer.extend(kept)
+    data = [v for v in work.graph.input if v.name not in inits]
+    del work.graph.input[:]
+    work.graph.input.extend(data)
+    work.graph.input.extend(onnx.helper.make_tensor_value_info(n, inits[n].data_type, inits[n].dims) for n in values)
+    probes = {node.output[0] if node.op_type in _SCALED else node.input[0] for node, _ in steps}
+    work.graph.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(probes))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(work.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feeds = {v.name: _probe_input(v) for v in data}
+
+    def probe(name: str) -> np.ndarray:
+        current = {n: v.astype(np.float32) for n, v in values.items()}
+        return session.run([name], {**feeds, **current})[0].astype(np.float64)
+
+    for node, names in steps:
+        if node.op_type in _SCALED:
+            std = float(probe(node.output[0]).std())
+            if std > 0 and math.isfinite(std):
+                factor = _round_significant(np.array(1.0 / std))
+                for n in names:
+                    values[n] = values[n] * factor
+        else:
+            x = probe(node.input[0])
+            axes = tuple(i for i in range(x.ndim) if i != 1)
+            values[names[0]] = _round_significant(x.mean(axis=axes))
+            values[names[1]] = _round_significant(x.var(axis=axes))
+    for name, value in values.items():
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(inits[name].data_type)
+        inits[name].CopyFrom(numpy_helper.from_array(value.astype(dtype), name))
+    return out
