@@ -116,7 +116,7 @@ class Memories:
 
     def write_tensor(self, t: cmd.Tensor, values: np.ndarray, where: Where) -> None:
         if t.space == cmd.Space.NONE:
-            raise where.error("a result cannot be NONE")
+            return  # a result nobody reads
         block = values.reshape(t.shape)
         if t.space == cmd.Space.DDR:
             self.write_ddr(t.addr, t.shape, t.strides, t.dtype, block, where)
