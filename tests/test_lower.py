@@ -242,6 +242,33 @@ def test_int8_chain_of_table_ops_is_one_table(make_model, tmp_path):
     assert np.max(np.abs(real["affine"] - expect)) <= affine.result_types[0].element_type.scale_list[0] / 2 + 1e-6
 
 
+def test_int8_data_movement_keeps_the_quantization_and_is_exact(make_model, tmp_path):
+    rng = np.random.default_rng(6)
+    nodes = [node("Conv", ["x", "w", "b"], "c"),
+             helper.make_node("Pad", ["c", "pads", "pv"], ["pad"], name="pad", mode="constant"),
+             node("Transpose", ["pad"], "t", perm=[0, 2, 3, 1]), node("Reshape", ["t", "shape"], "r"),
+             helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"], name="s"),
+             helper.make_node("Resize", ["c", "", "scales"], ["up"], name="up", mode="nearest")]
+    inits = {"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1),
+             "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pv": np.array(0.5, np.float32),
+             "shape": np.array([1, 64, 4], np.int64), "starts": np.array([3], np.int64),
+             "ends": np.array([40], np.int64), "axes": np.array([1], np.int64),
+             "scales": np.array([1, 1, 2, 2], np.float32)}
+    model = make_model(nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)}, ["s", "up"], initializers=inits)
+    built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
+    tm, raw, real = built.tpu("INT8")
+    c_type = op_named(tm, "c").result_types[0].element_type
+    for name in ("pad", "t", "r", "s", "up"):
+        assert op_named(tm, name).result_types[0].element_type == c_type, name
+    # exact: moving stored values around commutes with dequantization
+    np.testing.assert_array_equal(real["s"], np.transpose(np.pad(real["c"], [(0, 0), (0, 0), (1, 1), (1, 1)],
+                                                                 constant_values=real["pad"][0, 0, 0, 0]),
+                                                          (0, 2, 3, 1)).reshape(1, 64, 4)[:, 3:40])
+    np.testing.assert_array_equal(real["up"], real["c"].repeat(2, axis=2).repeat(2, axis=3))
+    # the pad value 0.5 in stored units: the nearest representable value
+    assert abs(real["pad"][0, 0, 0, 0] - 0.5) <= c_type.scale_list[0] / 2
+
+
 def test_half_mode_keeps_a_constant_bias_f32(cnn):
     tm, _ = cnn.lower("BF16")
     conv = op_named(tm, "c2")

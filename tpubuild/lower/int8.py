@@ -176,22 +176,36 @@ def _(lw: Lowering, op: TensorOp):
 # ---- data movement: the input's quantization passes through -------------------------------
 
 SAME_TYPE = (top.ReshapeOp, top.PermuteOp, top.SliceOp, top.SplitOp, top.TileOp, top.ExpandOp, top.Depth2SpaceOp,
-             top.PadOp, top.GatherOp, top.GatherElementsOp, top.IdentityOp, top.InterpOp)
+             top.GatherOp, top.GatherElementsOp, top.IdentityOp)
+
+
+def same_type(lw: Lowering, op: TensorOp, stored_params=None):
+    """The op on stored values, its result in the data operand's quantization; ``stored_params(p, qx)``
+    rewrites parameters given in real units."""
+    data, *rest = op.operands
+    if not is_float_type(data.type) or any(is_float_type(v.type) for v in rest):
+        return None
+    xin, qx = lw.quant_value(data)
+    params = tpu_params(tpu.MIRROR[type(op)], op.params)
+    if stored_params is not None:
+        params = stored_params(params, qx)
+    return _emit(lw, op, [xin, *[lw.raw_value(v) for v in rest]], params, qx.element())
 
 
 @int8_rule(*SAME_TYPE)
 def _(lw: Lowering, op: TensorOp):
-    data, *rest = op.operands
-    if not is_float_type(data.type) or any(is_float_type(v.type) for v in rest):
-        return None
-    p = op.params
-    if isinstance(op, top.InterpOp) and p.mode != "nearest":
-        return None  # interpolation makes new values: float
-    xin, qx = lw.quant_value(data)
-    params = tpu_params(tpu.MIRROR[type(op)], p)
-    if isinstance(op, top.PadOp):
-        params = dataclasses.replace(params, val=float(qx.stored(p.val)))  # the pad value in stored units
-    return _emit(lw, op, [xin, *[lw.raw_value(v) for v in rest]], params, qx.element())
+    return same_type(lw, op)
+
+
+@int8_rule(top.PadOp)
+def _(lw: Lowering, op: TensorOp):
+    return same_type(lw, op, lambda p, qx: dataclasses.replace(p, val=float(qx.stored(p.val))))
+
+
+@int8_rule(top.InterpOp)
+def _(lw: Lowering, op: TensorOp):
+    # nearest copies values; linear and cubic make new ones, which stay float
+    return same_type(lw, op) if op.params.mode == "nearest" else None
 
 
 # ---- tables -------------------------------------------------------------------------------
