@@ -284,6 +284,20 @@ def assign(model: str, chip: str, in_mlir: str, out_mlir: str) -> None:
           f"(lower bound {a.lower_bound} B, x{a.ratio:.3f})")
 
 
+def codegen(model: str, chip: str, in_mlir: str, in_weights: str, out_model: str) -> None:
+    """addr.mlir + tpu_weights.npz -> <model>.model: weights blob and the GDMA/BDC command streams."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.codegen.codegen import codegen as emit
+    from tpubuild.codegen.model_file import write_model
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.ir.weights import WeightStore
+
+    model_file = emit(load_module(in_mlir), WeightStore.load(in_weights), load_chip(chip))
+    write_model(out_model, model_file)
+    print(f"{model}: {len(model_file.gdma)} GDMA + {len(model_file.bdc)} BDC commands, "
+          f"{len(model_file.weights)} weight bytes, DDR {model_file.header.ddr_size} bytes")
+
+
 def _tolerance(tolerance: Mapping[str, float]):
     from tpubuild.verify.similarity import Tolerance
 

@@ -44,6 +44,7 @@ STAGE_DOCS = {
     "verify_tpu": "TPU inference of tpu.mlir vs TOP inference by tensor name -> verify_tpu.json",
     "layergroup": "tpu.mlir -> lg.mlir: layer groups chosen over the chip's cost model, slices, local memory",
     "assign": "lg.mlir -> addr.mlir: DDR addresses of weights and activations (liveness-based reuse)",
+    "codegen": "addr.mlir + tpu_weights.npz -> <model>.model: header, weights, GDMA/BDC command streams",
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -202,8 +203,8 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[s
 
 
 def _backend_tasks(m: Manifest, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:
-    """layergroup and assign for one target; their config is the chip file's content (every figure the
-    cost model and the allocators read), so editing a chip re-plans only the targets on it."""
+    """layergroup, assign and codegen for one target; their config is the chip file's content (every figure
+    the cost model, the allocators and the model header read), so editing a chip re-plans only its targets."""
     chip = _chip_config(target.chip)
     yield _task("layergroup", name, stages.layergroup,
                 {"model": m.name, "chip": target.chip, "in_mlir": str(tp.tpu_mlir), "out_mlir": str(tp.lg_mlir)},
@@ -211,6 +212,10 @@ def _backend_tasks(m: Manifest, name: str, tp, target: Target) -> Iterator[dict[
     yield _task("assign", name, stages.assign,
                 {"model": m.name, "chip": target.chip, "in_mlir": str(tp.lg_mlir), "out_mlir": str(tp.addr_mlir)},
                 file_dep=[tp.lg_mlir], targets=[tp.addr_mlir], config={"chip": chip})
+    yield _task("codegen", name, stages.codegen,
+                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.addr_mlir), "in_weights": str(tp.tpu_weights),
+                 "out_model": str(tp.model_file)},
+                file_dep=[tp.addr_mlir, tp.tpu_weights], targets=[tp.model_file], config={"chip": chip})
 
 
 def _chip_config(chip: str) -> dict[str, Any]:

@@ -1,0 +1,277 @@
+"""Codegen: addr.mlir + weights -> the .model file's command streams (commands.py, model_file.py).
+
+Every group becomes commands in the two queues:
+
+- a local group: its weights loaded once, then per slice the input tiles
+  loaded, one BDC per op on local tiles (a windowed op's H pads trimmed to the
+  slice), the output rows stored; software-pipelined with two buffers for
+  inputs and outputs: the GDMA queue runs L0, L1, S0, L2, S1, ... so slice t+1
+  loads and slice t-1 stores while slice t computes. Sync ids: a load into a
+  buffer waits for the compute that last read it, a compute waits for its
+  loads and for the store that last read its output buffer, a store waits for
+  its compute;
+- a global op: one BDC reading and writing DDR directly;
+- a Reshape: nothing (its result shares its input's DDR buffer).
+
+Groups run one after another: a group's first transfer waits for the previous
+group's last compute (local memory is reused), a global op waits for every
+transfer before it. A tile is described by its (n, c, h, w) block and the
+kernel-facing view of the same elements; a reader needing fewer rows than the
+tile holds gets an address offset into it (layer group only plans that for
+one plane per lane, where the offset is exact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp, TensorType
+
+from tpubuild.build.chips import Chip
+from tpubuild.codegen import commands as cmd
+from tpubuild.codegen.assign import read_assignment
+from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
+from tpubuild.codegen.cost import nchw
+from tpubuild.codegen.graph import Graph, build_graph
+from tpubuild.codegen.layergroup import ALIAS, GLOBAL, Group, Planner, Range, read_groups
+from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
+from tpubuild.errors import TpuBuildError
+from tpubuild.ir import mlir
+from tpubuild.ir.quant import UniformType
+from tpubuild.ir.weights import WeightStore
+
+
+def _dtype(graph: Graph, t: str) -> str:
+    return graph.tensors[t].dtype.name
+
+
+def _strides4(shape4) -> tuple[int, int, int, int]:
+    return cmd.contiguous_strides(shape4)
+
+
+def _logical(full_shape: tuple[int, ...], r: Range) -> tuple[int, ...]:
+    """The kernel-facing shape of rows ``r`` of a tensor (its sliced dims shrunk)."""
+    n, h = r[1] - r[0], r[3] - r[2]
+    if len(full_shape) == 4:
+        return (n, full_shape[1], h, full_shape[3])
+    if len(full_shape) == 3:
+        return (n, full_shape[1], full_shape[2])
+    if len(full_shape) > 4:
+        return tuple(full_shape)
+    return tuple(full_shape)
+
+
+def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A weight's local block: its first non-unit dim on lanes, the rest one row (slicing.weight_lane_bytes)."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    if not dims:
+        dims = [1]
+    return (1, dims[0], 1, math.prod(dims[1:]))
+
+
+class Emitter:
+    def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
+                 act_addr: Mapping[str, int]):
+        self.g, self.groups, self.chip = graph, groups, chip
+        self.planner = Planner(graph, chip)
+        self.w_addr, self.a_addr = weight_addr, act_addr
+        self.gdma: list[Gdma] = []
+        self.bdc: list[Bdc] = []
+
+    # ---- queues ----
+
+    def _gdma(self, direction: Direction, t: str, ddr_addr: int, local_addr: int, block, wait_bdc: int,
+              strides=None) -> int:
+        g = Gdma(len(self.gdma) + 1, wait_bdc, direction, _dtype(self.g, t), ddr_addr,
+                 tuple(strides) if strides is not None else _strides4(block), local_addr, 0, tuple(block))
+        self.gdma.append(g)
+        return g.id
+
+    def _bdc(self, node, params, operands, results, wait_gdma: int) -> int:
+        b = Bdc.make(len(self.bdc) + 1, wait_gdma, node.kind, params, operands, results)
+        self.bdc.append(b)
+        return b.id
+
+    # ---- DDR blocks ----
+
+    def ddr_tensor(self, t: str) -> Tensor:
+        tensor = self.g.tensors[t]
+        addr = self.w_addr[t] if tensor.weight else self.a_addr[t]
+        block = (1, 1, 1, max(math.prod(tensor.shape), 1) if tensor.shape else 1)
+        return Tensor.ddr(addr, block, _dtype(self.g, t), view=tensor.shape)
+
+    def ddr_rows(self, t: str, r: Range) -> tuple[int, tuple, tuple]:
+        """(address, block, strides) of rows ``r`` of DDR tensor t."""
+        n, c, h, w = nchw(self.g.tensors[t].shape)
+        es = self.g.tensors[t].dtype.itemsize
+        addr = self.a_addr[t] + (r[0] * c * h * w + r[2] * w) * es
+        return addr, (r[1] - r[0], c, r[3] - r[2], w), (c * h * w, h * w, w, 1)
+
+    # ---- emission ----
+
+    def run(self) -> None:
+        for group in self.groups:
+            if group.kind == ALIAS:
+                continue
+            if group.kind == GLOBAL:
+                self.global_op(group)
+            else:
+                self.local_group(group)
+
+    def global_op(self, group: Group) -> None:
+        node = self.g.ops[group.ops[0]]
+        operands = [Tensor.none() if t is None else self.ddr_tensor(t) for t in node.inputs]
+        results = [self.ddr_tensor(o) for o in node.outputs]
+        self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
+
+    def local_group(self, group: Group) -> None:
+        g = self.g
+        k, copies = group.slices, group.copies
+        prev_bdc = len(self.bdc)  # local memory is reused: wait for the previous group's computes
+        wait = prev_bdc
+        for w in group.weights:
+            block = _weight_block(g.tensors[w].shape)
+            self._gdma(Direction.LOAD, w, self.w_addr[w], group.addrs[f"{w}#0"], block, wait)
+        weights_done = len(self.gdma)
+        loads_done: list[int] = [0] * k
+        stores_done: list[int] = [0] * k
+        compute_done: list[int] = [0] * k
+
+        def load(s: int) -> None:
+            # the buffer s % 2 was last read by the compute of slice s - 2
+            wait_b = compute_done[s - copies] if s >= copies else prev_bdc
+            for t in group.inputs:
+                r = group.ranges[t][s]
+                addr, block, strides = self.ddr_rows(t, r)
+                self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % copies}"], block, wait_b, strides)
+            loads_done[s] = len(self.gdma)
+
+        def store(s: int) -> None:
+            for o in group.outputs:
+                own, have = group.own[o][s], group.ranges[o][s]
+                addr, block, strides = self.ddr_rows(o, own)
+                local = group.addrs[f"{o}#{s % copies}"] + self._row_offset(o, have, own)
+                self._gdma(Direction.STORE, o, addr, local, block, compute_done[s], strides)
+            stores_done[s] = len(self.gdma)
+
+        def compute(s: int) -> None:
+            wait_g = max(loads_done[s], weights_done, stores_done[s - copies] if s >= copies else 0)
+            for p in group.ops:
+                self.local_op(group, p, s, wait_g)
+                wait_g = 0  # later ops of the slice follow the first in the BDC queue
+            compute_done[s] = len(self.bdc)
+
+        load(0)
+        if k == 1:
+            compute(0)
+            store(0)
+            return
+        load(1)
+        compute(0)
+        for t in range(2, k + 2):
+            if t < k:
+                load(t)
+            store(t - 2)
+            if t - 1 < k and t - 1 >= 1:
+                compute(t - 1)
+        # (the order above keeps both queues in slice order; the waits carry the overlap)
+
+    def _row_offset(self, t: str, have: Range, need: Range) -> int:
+        if have == need:
+            return 0
+        f = self.planner.t[t]
+        if need[0] != have[0] or self.planner.multi_plane(t, have[1] - have[0]):
+            raise TpuBuildError(f"a view of rows {need} into tile {have} of {t!r} is not one plane per lane",
+                                hint="a layer-group bug: please report it with the model")
+        return (need[2] - have[2]) * f.shape4[3] * f.esize
+
+    def local_op(self, group: Group, p: int, s: int, wait_gdma: int) -> None:
+        g = self.g
+        node = g.ops[p]
+        f = self.planner.ops[p]
+        out_r = group.ranges[node.name][s]
+        out4 = self.planner.t[node.name].shape4
+        params = node.op.params
+        operands = []
+        for k, t in enumerate(node.inputs):
+            if t is None:
+                operands.append(Tensor.none())
+                continue
+            tensor = g.tensors[t]
+            if tensor.weight:
+                block = _weight_block(tensor.shape)
+                operands.append(Tensor.local(group.addrs[f"{t}#0"], 0, block, tensor.dtype.name, view=tensor.shape))
+                continue
+            have = group.ranges[t][s]
+            s4 = self.planner.t[t].shape4
+            if len(tensor.shape) == len(g.tensors[node.name].shape):
+                n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
+                h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
+                if k == 0 and f.rule.window is not None:
+                    params = _with_h_pads(params, top, bottom)
+            else:
+                n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
+            need = (n_lo, n_hi, h_lo, h_hi)
+            copy = s % group.copies if t in group.inputs or t in group.outputs else 0
+            addr = group.addrs[f"{t}#{copy}"] + self._row_offset(t, have, need)
+            block = (n_hi - n_lo, s4[1], h_hi - h_lo, s4[3])
+            operands.append(Tensor.local(addr, 0, block, tensor.dtype.name, view=_logical(tensor.shape, need)))
+        copy = s % group.copies if node.name in group.outputs else 0
+        block = (out_r[1] - out_r[0], out4[1], out_r[3] - out_r[2], out4[3])
+        result = Tensor.local(group.addrs[f"{node.name}#{copy}"], 0, block, _dtype(g, node.name),
+                              view=_logical(g.tensors[node.name].shape, out_r))
+        self._bdc(node, params, operands, [result], wait_gdma)
+
+
+def _with_h_pads(params, top: int, bottom: int):
+    pads = list(params.pads)
+    nd = len(params.kernel_shape)
+    pads[0], pads[nd] = top, bottom
+    return dataclasses.replace(params, pads=tuple(pads))
+
+
+def _io(module: ModuleOp, graph: Graph, name: str, addr: int) -> IoTensor:
+    t = graph.tensors[name]
+    scale, zp = 1.0, 0
+    ttype = _types(module).get(name)
+    if ttype is not None and isinstance(ttype.element_type, UniformType) and ttype.element_type.quant_axis < 0:
+        scale, zp = float(ttype.element_type.scale_list[0]), int(ttype.element_type.zero_point_list[0])
+    return IoTensor(name, tuple(t.shape), t.dtype.name, addr, scale, zp)
+
+
+def _types(module: ModuleOp) -> dict[str, TensorType]:
+    from tpubuild.lower.inference import tensor_types
+
+    return tensor_types(module)
+
+
+def codegen(module: ModuleOp, weights: WeightStore, chip: Chip) -> ModelFile:
+    """An addressed module (addr.mlir) and its weights -> the model file's contents."""
+    state = mlir.module_attr(module, "state")
+    if state != "TPU_ADDRESSED":
+        raise TpuBuildError(f"codegen reads an addressed module (state TPU_ADDRESSED), this one is {state}",
+                            hint="run the assign stage first")
+    graph = build_graph(module)
+    groups = read_groups(module, graph)
+    w_addr, a_addr = read_assignment(module)
+    blob = bytearray(int(module.attributes["addr.weight_bytes"].value.data))
+    for name, addr in w_addr.items():
+        t = graph.tensors[name]
+        data = np.ascontiguousarray(np.asarray(weights[name]).astype(t.dtype, copy=False)).tobytes()
+        if len(data) != t.nbytes:
+            raise TpuBuildError(f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
+                                hint="the weight file does not belong to this module; rebuild it")
+        blob[addr:addr + len(data)] = data
+    emitter = Emitter(graph, groups, chip, w_addr, a_addr)
+    emitter.run()
+    header = Header(model=mlir.module_attr(module, "name", "") or "", chip=ChipParams.from_chip(chip),
+                    ddr_size=int(module.attributes["addr.ddr_bytes"].value.data), weight_base=0,
+                    inputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.inputs),
+                    outputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.outputs),
+                    mode=mlir.module_attr(module, "mode", "") or "")
+    return ModelFile(header, bytes(blob), tuple(emitter.gdma), tuple(emitter.bdc))
