@@ -1,0 +1,142 @@
+"""Backend figures per zoo model and target: memory, DDR traffic, cycles against the roofline, compile time.
+
+    python bench/backend.py [MANIFEST ...] [--build-dir DIR] [--jobs N] [--no-build]
+
+MANIFEST defaults to every configs/models/*.yaml. Builds each target's tpu.mlir
+through doit (cached in --build-dir, default build/), then, in this process,
+runs layer group, memory assign and codegen on it (timing each) and replays the
+model file's command streams in the cycle model (tpubuild.sim.cycles, no
+execution). Prints per target:
+
+- act/LB: peak activation DDR bytes over the lower bound (most bytes alive at
+  one step); goal <= 1.05.
+- DDR MB LG / alone: bytes the commands move with layer groups, and with every
+  op alone (each reads its operands and weights from DDR and writes its
+  results; Reshape free).
+- cycles, ms: the replayed total at the chip clock; roofline: max(MACs / peak
+  MAC rate of the mode, (weights + inputs + outputs) / DDR bandwidth) in cycles;
+  x roof: the ratio (goal <= 1.5).
+- ref ms: TPU-MLIR's own profile estimate for bm1684x on the same model where
+  known (issue 5's sanity band; ours should land within 0.5x-2x).
+- lg/assign/codegen s: compile time of each backend stage.
+
+Why the roofline ratio is what it is shows in the per-op breakdown printed with
+--ops: BDC cycles per op type, how many ran as global ops, and the engines'
+utilisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# TPU-MLIR's profile estimates for bm1684x (issue 5, measured with raw [0, 1] document-like inputs)
+REFERENCE_MS = {
+    ("ppocr_mobile_v2_cls", "F32"): 0.101, ("ppocr_mobile_v2_cls", "INT8"): 0.053,
+    ("ppocrv4_rec", "F32"): 1.269, ("ppocrv4_rec", "BF16"): 0.449,
+    ("ppocrv4_det", "F32"): 9.57, ("ppocrv4_det", "BF16"): 2.72, ("ppocrv4_det", "INT8"): 2.65,
+}
+
+
+def build(tasks: list[str], build_dir: Path, jobs: int) -> None:
+    env = {**os.environ, "TPUBUILD_BUILD_DIR": str(build_dir), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-n", str(jobs), *tasks]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+        print("(some targets failed to build; they are skipped)")
+
+
+def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
+    from tpubuild.build.chips import load_chip
+    from tpubuild.codegen import cost
+    from tpubuild.codegen.assign import memory_assign
+    from tpubuild.codegen.codegen import codegen
+    from tpubuild.codegen.graph import build_graph
+    from tpubuild.codegen.layergroup import ALIAS, Planner, layer_group
+    from tpubuild.ir import mlir
+    from tpubuild.ir.weights import WeightStore
+    from tpubuild.sim import cycles
+    from tpubuild.sim.chip import decoded_params
+
+    chip = load_chip(chip_name)
+    module = mlir.load_module(tpu_mlir)
+    graph = build_graph(module)
+    planner = Planner(graph, chip)
+    alone = sum(f.global_bytes for f in planner.ops if f.kind != ALIAS)
+    macs = sum(cost.true_macs(n.kind, n.op.params, [graph.tensors[t].shape if t else () for t in n.inputs],
+                              [graph.tensors[o].shape for o in n.outputs if o in graph.tensors]) for n in graph.ops)
+    min_bytes = (sum(t.nbytes for t in graph.tensors.values() if t.weight and t.users)
+                 + sum(graph.tensors[t].nbytes for t in graph.inputs + graph.outputs))
+    t0 = time.perf_counter()
+    lg, groups = layer_group(module, chip)
+    t1 = time.perf_counter()
+    addr, a = memory_assign(lg, chip)
+    t2 = time.perf_counter()
+    model = codegen(addr, WeightStore.load(weights), chip)
+    t3 = time.perf_counter()
+    params = decoded_params(model)
+    profile = cycles.profile(model, params, cycles.replay(model, params))
+    rate = chip.lanes * chip.macs_per_lane(mode)
+    roof = max(macs / rate, min_bytes / chip.ddr_bytes_per_cycle)
+    return {"ops": len(graph.ops), "groups": len(groups), "local": sum(g.kind == "local" for g in groups),
+            "act": a.activation_bytes, "lb": a.lower_bound,
+            "ddr_lg": profile["ddr_read_bytes"] + profile["ddr_write_bytes"], "ddr_alone": alone,
+            "cycles": profile["total_cycles"], "ms": profile["time_ms"], "roof": roof,
+            "t_lg": t1 - t0, "t_assign": t2 - t1, "t_codegen": t3 - t2, "profile": profile}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("manifests", nargs="*")
+    ap.add_argument("--build-dir", default=str(REPO / "build"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-build", action="store_true", help="use the tpu.mlir files already built")
+    ap.add_argument("--ops", action="store_true", help="print BDC cycles per op type for each target")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    from tpubuild.build.manifest import load_manifest
+    from tpubuild.build.paths import ModelPaths
+    from tpubuild.build.tasks import find_manifests
+
+    files = find_manifests(args.manifests or [str(REPO / "configs/models")])
+    build_dir = Path(args.build_dir).resolve()
+    manifests = [load_manifest(f) for f in files]
+    if not args.no_build:
+        build([f"lower:{m.name}/{t.id}" for m in manifests for t in m.targets], build_dir, args.jobs)
+    head = (f"{'model':<22} {'target':<14} {'ops':>4} {'grp':>4} {'act/LB':>7} {'DDR MB LG':>10} {'alone':>8} "
+            f"{'cycles':>10} {'ms':>8} {'roofline':>9} {'x roof':>7} {'ref ms':>7} {'x ref':>6} "
+            f"{'lg s':>5} {'asg s':>5} {'cg s':>5}")
+    print(head)
+    print("-" * len(head))
+    for m in manifests:
+        for t in m.targets:
+            tp = ModelPaths.of(build_dir, m.name).target(t.id)
+            if not tp.tpu_mlir.exists():
+                print(f"{m.name:<22} {t.id:<14} (no tpu.mlir: lowering failed or not built)")
+                continue
+            r = measure(tp.tpu_mlir, tp.tpu_weights, t.chip, t.mode)
+            ref = REFERENCE_MS.get((m.name, t.mode)) if t.chip == "bm1684x" else None
+            ref_ms, x_ref = (f"{ref:.3f}", f"{r['ms'] / ref:.2f}") if ref else ("-", "-")
+            print(f"{m.name:<22} {t.id:<14} {r['ops']:>4} {r['groups']:>4} {r['act'] / max(r['lb'], 1):>7.3f} "
+                  f"{r['ddr_lg'] / 1e6:>10.2f} {r['ddr_alone'] / 1e6:>8.2f} {r['cycles']:>10} {r['ms']:>8.3f} "
+                  f"{r['roof']:>9.0f} {r['cycles'] / max(r['roof'], 1):>7.2f} "
+                  f"{ref_ms:>7} {x_ref:>6} "
+                  f"{r['t_lg']:>5.1f} {r['t_assign']:>5.1f} {r['t_codegen']:>5.1f}", flush=True)
+            if args.ops:
+                p = r["profile"]
+                print(f"    GDMA util {p['gdma']['utilisation']:.2f}, BDC util {p['bdc']['utilisation']:.2f}, "
+                      f"{p['bdc']['global_commands']} global BDCs")
+                for name, row in sorted(p["ops"].items(), key=lambda kv: -kv[1]["cycles"])[:8]:
+                    print(f"    {name:<16} {row['commands']:>5} cmds {row['cycles']:>10} cycles "
+                          f"{row['macs'] / 1e6:>9.1f} MMAC {row['global']:>3} global")
+
+
+if __name__ == "__main__":
+    main()
