@@ -2,14 +2,13 @@
 
 Every group becomes commands in the two queues:
 
-- a local group: its weights loaded once, then per slice the input tiles
-  loaded, one BDC per op on local tiles (a windowed op's H pads trimmed to the
-  slice), the output rows stored; software-pipelined with two buffers for
-  inputs and outputs: the GDMA queue runs L0, L1, S0, L2, S1, ... so slice t+1
-  loads and slice t-1 stores while slice t computes. Sync ids: a load into a
-  buffer waits for the compute that last read it, a compute waits for its
-  loads and for the store that last read its output buffer, a store waits for
-  its compute;
+- a local group: its steps in ``layergroup.schedule``'s order -- slice 0's
+  input tiles, the weights op by op (later ops' weights load while earlier ops
+  compute), then per slice the input tiles loaded, one BDC per op on local
+  tiles (a windowed op's H pads trimmed to the slice), the output rows stored;
+  software-pipelined with two buffers for inputs and outputs, so slice t+1
+  loads and slice t-1 stores while slice t computes. Each step's wait becomes
+  the id of the last command of the step it waits for;
 - a global op: one BDC reading and writing DDR directly;
 - a Reshape: nothing (its result shares its input's DDR buffer).
 
@@ -23,7 +22,6 @@ one plane per lane, where the offset is exact).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -36,7 +34,8 @@ from tpubuild.codegen.assign import read_assignment
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import ALIAS, GLOBAL, Group, Planner, Range, read_groups
+from tpubuild.codegen.layergroup import (ALIAS, GLOBAL, START, Group, Planner, Range, logical_shape, read_groups,
+                                         schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -50,18 +49,6 @@ def _dtype(graph: Graph, t: str) -> str:
 
 def _strides4(shape4) -> tuple[int, int, int, int]:
     return cmd.contiguous_strides(shape4)
-
-
-def _logical(full_shape: tuple[int, ...], r: Range) -> tuple[int, ...]:
-    """The kernel-facing shape of rows ``r`` of a tensor (its sliced dims shrunk)."""
-    n, h = r[1] - r[0], r[3] - r[2]
-    if len(full_shape) == 4:
-        return (n, full_shape[1], h, full_shape[3])
-    if len(full_shape) == 3:
-        return (n, full_shape[1], full_shape[2])
-    if len(full_shape) > 4:
-        return tuple(full_shape)
-    return tuple(full_shape)
 
 
 def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -130,56 +117,32 @@ class Emitter:
         self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
 
     def local_group(self, group: Group) -> None:
+        """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids."""
         g = self.g
-        k, copies = group.slices, group.copies
-        prev_bdc = len(self.bdc)  # local memory is reused: wait for the previous group's computes
-        wait = prev_bdc
-        for w in group.weights:
-            block = _weight_block(g.tensors[w].shape)
-            self._gdma(Direction.LOAD, w, self.w_addr[w], group.addrs[f"{w}#0"], block, wait)
-        weights_done = len(self.gdma)
-        loads_done: list[int] = [0] * k
-        stores_done: list[int] = [0] * k
-        compute_done: list[int] = [0] * k
-
-        def load(s: int) -> None:
-            # the buffer s % 2 was last read by the compute of slice s - 2
-            wait_b = compute_done[s - copies] if s >= copies else prev_bdc
-            for t in group.inputs:
-                r = group.ranges[t][s]
-                addr, block, strides = self.ddr_rows(t, r)
-                self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % copies}"], block, wait_b, strides)
-            loads_done[s] = len(self.gdma)
-
-        def store(s: int) -> None:
-            for o in group.outputs:
-                own, have = group.own[o][s], group.ranges[o][s]
-                addr, block, strides = self.ddr_rows(o, own)
-                local = group.addrs[f"{o}#{s % copies}"] + self._row_offset(o, have, own)
-                self._gdma(Direction.STORE, o, addr, local, block, compute_done[s], strides)
-            stores_done[s] = len(self.gdma)
-
-        def compute(s: int) -> None:
-            wait_g = max(loads_done[s], weights_done, stores_done[s - copies] if s >= copies else 0)
-            for p in group.ops:
-                self.local_op(group, p, s, wait_g)
-                wait_g = 0  # later ops of the slice follow the first in the BDC queue
-            compute_done[s] = len(self.bdc)
-
-        load(0)
-        if k == 1:
-            compute(0)
-            store(0)
-            return
-        load(1)
-        compute(0)
-        for t in range(2, k + 2):
-            if t < k:
-                load(t)
-            store(t - 2)
-            if t - 1 < k and t - 1 >= 1:
-                compute(t - 1)
-        # (the order above keeps both queues in slice order; the waits carry the overlap)
+        prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
+        steps = schedule(len(group.ops), group.slices, group.copies,
+                         [bool(self.planner.ops[p].weights) for p in group.ops])
+        last_id: list[int] = []  # per step: the id of its last command in its queue
+        for step in steps:
+            wait = prev_bdc if step.wait == START else (last_id[step.wait] if step.wait >= 0 else 0)
+            s = step.slice
+            if step.kind == "load":
+                for t in group.inputs:
+                    addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
+                    self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
+            elif step.kind == "weights":
+                for w in self.planner.ops[group.ops[step.op]].weights:
+                    block = _weight_block(g.tensors[w].shape)
+                    self._gdma(Direction.LOAD, w, self.w_addr[w], group.addrs[f"{w}#0"], block, wait)
+            elif step.kind == "store":
+                for o in group.outputs:
+                    own, have = group.own[o][s], group.ranges[o][s]
+                    addr, block, strides = self.ddr_rows(o, own)
+                    local = group.addrs[f"{o}#{s % group.copies}"] + self._row_offset(o, have, own)
+                    self._gdma(Direction.STORE, o, addr, local, block, wait, strides)
+            else:
+                self.local_op(group, group.ops[step.op], s, wait)
+            last_id.append(len(self.gdma) if step.queue == "gdma" else len(self.bdc))
 
     def _row_offset(self, t: str, have: Range, need: Range) -> int:
         if have == need:
@@ -193,46 +156,30 @@ class Emitter:
     def local_op(self, group: Group, p: int, s: int, wait_gdma: int) -> None:
         g = self.g
         node = g.ops[p]
-        f = self.planner.ops[p]
+        params, tiles = self.planner.op_tiles(group, p, s)
+        operands = []
+        for tile in tiles:
+            if tile is None:
+                operands.append(Tensor.none())
+            elif tile[0] == "weight":
+                tensor = g.tensors[tile[1]]
+                operands.append(Tensor.local(group.addrs[f"{tile[1]}#0"], 0, _weight_block(tensor.shape),
+                                             tensor.dtype.name, view=tensor.shape))
+            else:
+                t, need = tile
+                s4 = self.planner.t[t].shape4
+                copy = s % group.copies if t in group.inputs or t in group.outputs else 0
+                addr = group.addrs[f"{t}#{copy}"] + self._row_offset(t, group.ranges[t][s], need)
+                block = (need[1] - need[0], s4[1], need[3] - need[2], s4[3])
+                operands.append(Tensor.local(addr, 0, block, _dtype(g, t),
+                                             view=logical_shape(g.tensors[t].shape, need)))
         out_r = group.ranges[node.name][s]
         out4 = self.planner.t[node.name].shape4
-        params = node.op.params
-        operands = []
-        for k, t in enumerate(node.inputs):
-            if t is None:
-                operands.append(Tensor.none())
-                continue
-            tensor = g.tensors[t]
-            if tensor.weight:
-                block = _weight_block(tensor.shape)
-                operands.append(Tensor.local(group.addrs[f"{t}#0"], 0, block, tensor.dtype.name, view=tensor.shape))
-                continue
-            have = group.ranges[t][s]
-            s4 = self.planner.t[t].shape4
-            if len(tensor.shape) == len(g.tensors[node.name].shape):
-                n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
-                h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
-                if k == 0 and f.rule.window is not None:
-                    params = _with_h_pads(params, top, bottom)
-            else:
-                n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
-            need = (n_lo, n_hi, h_lo, h_hi)
-            copy = s % group.copies if t in group.inputs or t in group.outputs else 0
-            addr = group.addrs[f"{t}#{copy}"] + self._row_offset(t, have, need)
-            block = (n_hi - n_lo, s4[1], h_hi - h_lo, s4[3])
-            operands.append(Tensor.local(addr, 0, block, tensor.dtype.name, view=_logical(tensor.shape, need)))
         copy = s % group.copies if node.name in group.outputs else 0
         block = (out_r[1] - out_r[0], out4[1], out_r[3] - out_r[2], out4[3])
         result = Tensor.local(group.addrs[f"{node.name}#{copy}"], 0, block, _dtype(g, node.name),
-                              view=_logical(g.tensors[node.name].shape, out_r))
+                              view=logical_shape(g.tensors[node.name].shape, out_r))
         self._bdc(node, params, operands, [result], wait_gdma)
-
-
-def _with_h_pads(params, top: int, bottom: int):
-    pads = list(params.pads)
-    nd = len(params.kernel_shape)
-    pads[0], pads[nd] = top, bottom
-    return dataclasses.replace(params, pads=tuple(pads))
 
 
 def _io(module: ModuleOp, graph: Graph, name: str, addr: int) -> IoTensor:

@@ -33,6 +33,7 @@ with their local addresses and per-slice ranges.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,23 @@ Range = tuple[int, int, int, int]  # n_lo, n_hi, h_lo, h_hi in the tensor's (n, 
 
 def split(total: int, parts: int, index: int) -> tuple[int, int]:
     return index * total // parts, (index + 1) * total // parts
+
+
+def with_h_pads(params, top: int, bottom: int):
+    """A windowed op's parameters with its H pads replaced by a slice's."""
+    pads = list(params.pads)
+    nd = len(params.kernel_shape)
+    pads[0], pads[nd] = top, bottom
+    return dataclasses.replace(params, pads=tuple(pads))
+
+
+def logical_shape(full_shape: Sequence[int], r: Range) -> tuple[int, ...]:
+    """The kernel-facing shape of rows ``r`` of a tensor: its sliced dims (N; H of a rank-4 tensor) shrunk."""
+    if len(full_shape) == 4:
+        return (r[1] - r[0], full_shape[1], r[3] - r[2], full_shape[3])
+    if len(full_shape) == 3:
+        return (r[1] - r[0], full_shape[1], full_shape[2])
+    return tuple(full_shape)
 
 
 # ---- per-op and per-tensor facts the search reuses ------------------------------------------------
@@ -363,7 +381,7 @@ class Planner:
             self._memo[key] = (False, 0)
             return False, 0
         copies = 2 if ns * hs > 1 else 1
-        base = load = store = wcycles = compute = 0
+        base = load = store = compute = 0
         for t in inputs:
             r = need[t]
             f = facts[t]
@@ -378,13 +396,18 @@ class Planner:
         whole = set(inputs) | set(outputs)
         m = j - i
         diff = [0] * (m + 1)
+        gdma_t = bdc_t = load  # slice 0: weights load op by op behind its input tiles while ops compute
         for p in range(i, j):
             op = self.ops[p]
             r = need[op.name]
             f = facts[op.name]
             base += op.weight_lane
-            wcycles += op.weight_cycles
-            compute += chip.bdc_overhead + math.ceil(op.compute * (r[1] - r[0]) * (r[3] - r[2]) / op.rows)
+            c = chip.bdc_overhead + math.ceil(op.compute * (r[1] - r[0]) * (r[3] - r[2]) / op.rows)
+            compute += c
+            if op.weight_cycles:
+                gdma_t += op.weight_cycles
+                bdc_t = max(bdc_t, gdma_t)
+            bdc_t += c
             size = f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
             if op.name not in whole:
                 diff[p - i] += size
@@ -400,7 +423,7 @@ class Planner:
         if base + top > chip.lmem_bytes:
             result = (False, 0)
         else:
-            result = (True, wcycles + pipelined(ns * hs, load, compute, store))
+            result = (True, pipelined_after_first(ns * hs, load, compute, store, gdma_t, bdc_t))
         self._memo[key] = result
         if len(self._memo) > 1 << 16:
             self._memo.clear()
@@ -522,15 +545,71 @@ class Planner:
             return None
         per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns)]
         wbytes = sum(self.g.tensors[w].nbytes for w in weights)
-        wcycles = sum(cost.gdma_cycles(self.chip, self.g.tensors[w].nbytes) for w in weights)
-        cycles = wcycles + pipelined_exact([c[0] for c in per_slice], [c[1] for c in per_slice],
-                                           [c[2] for c in per_slice])
         keyed = {b.key: b.size for b in bufs}
-        return Group(gid, LOCAL, list(range(i, j)), ns, hs, inputs, outputs, weights,
-                     ranges={t: [need[t] for need in needs] for t in needs[0]},
-                     own={o: [own[o] for own in owns] for o in outputs},
-                     sizes=keyed, addrs=addrs, copies=copies, cycles=cycles,
-                     ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs))
+        group = Group(gid, LOCAL, list(range(i, j)), ns, hs, inputs, outputs, weights,
+                      ranges={t: [need[t] for need in needs] for t in needs[0]},
+                      own={o: [own[o] for own in owns] for o in outputs},
+                      sizes=keyed, addrs=addrs, copies=copies,
+                      ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs))
+        group.cycles = self.replay(group)
+        return group
+
+    # ---- one op on one slice (codegen emits exactly this) -----------------------------------------
+
+    def op_tiles(self, group: Group, p: int, s: int) -> tuple[object, list]:
+        """(params as executed, per operand: None, ("weight", name) or (tensor, rows needed)) of op p in
+        slice s: a windowed op's H pads trimmed to the slice, each activation's rows from its rule."""
+        node = self.g.ops[p]
+        f = self.ops[p]
+        out_r = group.ranges[node.name][s]
+        out4 = self.t[node.name].shape4
+        out_rank = len(self.g.tensors[node.name].shape)
+        params = node.op.params
+        operands: list = []
+        for k, t in enumerate(node.inputs):
+            if t is None:
+                operands.append(None)
+                continue
+            if self.g.tensors[t].weight:
+                operands.append(("weight", t))
+                continue
+            s4 = self.t[t].shape4
+            if len(self.g.tensors[t].shape) == out_rank:
+                n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
+                h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
+                if k == 0 and f.rule.window is not None:
+                    params = with_h_pads(params, top, bottom)
+            else:
+                n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
+            operands.append((t, (n_lo, n_hi, h_lo, h_hi)))
+        return params, operands
+
+    def replay(self, group: Group) -> int:
+        """Cycles of the group's commands (``schedule`` with the cost model's cycles of each): what the
+        simulator's cycle model replays for this group."""
+        chip, g = self.chip, self.g
+        steps = schedule(len(group.ops), group.slices, group.copies,
+                         [bool(self.ops[p].weights) for p in group.ops])
+        durations = []
+        for step in steps:
+            if step.kind == "load":
+                d = sum(cost.gdma_cycles(chip, self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2]))
+                        for t in group.inputs for r in [group.ranges[t][step.slice]])
+            elif step.kind == "store":
+                d = sum(cost.gdma_cycles(chip, self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2]))
+                        for o in group.outputs for r in [group.own[o][step.slice]])
+            elif step.kind == "weights":
+                d = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in self.ops[group.ops[step.op]].weights)
+            else:
+                p = group.ops[step.op]
+                node = g.ops[p]
+                params, operands = self.op_tiles(group, p, step.slice)
+                ins = [() if o is None else g.tensors[o[1]].shape if o[0] == "weight"
+                       else logical_shape(g.tensors[o[0]].shape, o[1]) for o in operands]
+                out = logical_shape(g.tensors[node.name].shape, group.ranges[node.name][step.slice])
+                d = max(1, cost.bdc_cycles(chip, node.kind, params, ins, [out], self._compute_dtype(node)))
+            durations.append(d)
+        return replay_steps(steps, durations)
 
     def plan(self) -> list[Group]:
         groups: list[Group] = []
@@ -574,6 +653,14 @@ def pipelined(k: int, load: int, compute: int, store: int) -> int:
     return (load + max(load, compute) + (k - 2) * max(load + store, compute) + max(store, compute) + store)
 
 
+def pipelined_after_first(k: int, load: int, compute: int, store: int, gdma_t: int, bdc_t: int) -> int:
+    """``pipelined`` where slice 0's compute ended at ``bdc_t`` and the GDMA queue (its loads and the
+    weights) at ``gdma_t``: the weights overlap slice 0's compute (``schedule``'s order)."""
+    if k == 1:
+        return bdc_t + store
+    return max(bdc_t, gdma_t + load) + (k - 2) * max(load + store, compute) + max(store, compute) + store
+
+
 def pipelined_exact(loads: Sequence[int], computes: Sequence[int], stores: Sequence[int]) -> int:
     """``pipelined`` with each slice's own cycles (slices differ at the borders)."""
     k = len(loads)
@@ -585,6 +672,86 @@ def pipelined_exact(loads: Sequence[int], computes: Sequence[int], stores: Seque
         bdc = computes[t - 1] if 1 <= t <= k else 0
         total += max(gdma, bdc)
     return total
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a local group's command streams: ``queue`` "gdma" (a load of slice ``slice``'s
+    inputs, the weights of op ``op``, a store of a slice's outputs) or "bdc" (op ``op`` of a slice).
+    ``wait``: the index of the step of the other queue this one waits for (START: the previous group's
+    last compute; NONE: only its own queue's order)."""
+
+    queue: str
+    kind: str
+    slice: int
+    op: int = -1
+    wait: int = -1
+
+
+START, NONE = -2, -1
+
+
+def schedule(n_ops: int, slices: int, copies: int, weighted: Sequence[bool]) -> list[Step]:
+    """The order codegen emits a local group's steps in, and their waits (one list for both queues).
+
+    GDMA: slice 0's loads, the weights op by op, slice 1's loads, then slice t's loads and slice t-2's
+    stores; BDC: every op of slice 0 (each waiting for its weights, so later weights load while earlier
+    ops compute), then slice by slice. A load into buffer s % 2 waits for the compute of slice s - 2
+    that read it; a slice's first op waits for its loads and for the store of slice s - 2 that read its
+    output buffer; a store waits for its slice's last op.
+    """
+    steps: list[Step] = []
+    loads: dict[int, int] = {}
+    stores: dict[int, int] = {}
+    last_op: dict[int, int] = {}
+    weights: dict[int, int] = {}
+
+    def load(s: int) -> None:
+        loads[s] = len(steps)
+        steps.append(Step("gdma", "load", s, wait=last_op[s - copies] if s >= copies else START))
+
+    def store(s: int) -> None:
+        stores[s] = len(steps)
+        steps.append(Step("gdma", "store", s, wait=last_op[s]))
+
+    def compute(s: int) -> None:
+        for p in range(n_ops):
+            waits = [loads[s]] if p == 0 else []
+            if p == 0 and s >= copies:
+                waits.append(stores[s - copies])
+            if s == 0 and p in weights:
+                waits.append(weights[p])
+            steps.append(Step("bdc", "compute", s, p, wait=max(waits) if waits else NONE))
+        last_op[s] = len(steps) - 1
+
+    load(0)
+    for p in range(n_ops):
+        if weighted[p]:
+            weights[p] = len(steps)
+            steps.append(Step("gdma", "weights", 0, p, wait=NONE))
+    if slices == 1:
+        compute(0)
+        store(0)
+        return steps
+    load(1)
+    compute(0)
+    for t in range(2, slices + 2):
+        if t < slices:
+            load(t)
+        store(t - 2)
+        if 1 <= t - 1 < slices:
+            compute(t - 1)
+    return steps
+
+
+def replay_steps(steps: Sequence[Step], durations: Sequence[int]) -> int:
+    """Makespan of ``steps`` on two in-order queues with their waits (START: time 0)."""
+    end = [0] * len(steps)
+    free = {"gdma": 0, "bdc": 0}
+    for i, (step, d) in enumerate(zip(steps, durations)):
+        start = max(free[step.queue], end[step.wait] if step.wait >= 0 else 0)
+        end[i] = free[step.queue] = start + d
+    return max(free.values())
 
 
 # ---- lg.mlir ------------------------------------------------------------------------------------
