@@ -262,16 +262,23 @@ def test_group_local_buffers_fit_and_never_overlap_in_lg_mlir():
     module, _ = residual_net(60, size=56)
     chip = small_chip(64 * 1024, 16)
     lg, groups = layer_group(module, chip)
+    lg = mlir.parse_module(mlir.print_module(lg))
     graph = build_graph(lg)
-    for g in read_groups(lg, graph):
-        if g.kind != LOCAL:
-            continue
-        planner = Planner(graph, chip)
-        i, j = g.ops[0], g.ops[-1] + 1
-        bufs, _ = planner.buffers(i, j, {k.split("#")[0] if not k.endswith("#buf") else k: v
-                                         for k, v in g.sizes.items()}, g.copies)
-        alloc.check(bufs, g.addrs, capacity=chip.lmem_bytes)
+    planner = Planner(graph, chip)
+    local = [g for g in read_groups(lg, graph) if g.kind == LOCAL]
+    assert local
+    for g in local:
+        planner.check(g)  # as recorded in the file
         assert g.lmem_bytes <= chip.lmem_bytes
+    # a plan whose buffers collide is refused, never emitted
+    g = max(local, key=lambda g: len(g.addrs))
+    keys = sorted(g.addrs)
+    tampered = dataclasses.replace(g, addrs={**g.addrs, keys[1]: g.addrs[keys[0]]})
+    with pytest.raises(alloc.AllocError):
+        planner.check(tampered)
+    too_big = dataclasses.replace(g, addrs={**g.addrs, keys[0]: chip.lmem_bytes})
+    with pytest.raises(alloc.AllocError, match="do not fit"):
+        planner.check(too_big)
 
 
 # ---- memory assign -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ order (largest first by default), each at the lowest aligned offset that is
 free for its whole lifetime. Local memory adds banks: a buffer is placed, when
 it can be, outside the banks of the buffers it must not conflict with (the
 other operands of the ops that use it). The result is checked: an overlap is a
-bug, never a result, and a buffer past the capacity is a compile error.
+compile error (AllocError), never a result, and so is a buffer past the capacity.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _bank_clean(buf: Buffer, busy: list[tuple[int, int]], fallback: int, align: 
 
 def check(buffers: Sequence[Buffer], offsets: Mapping[str, int], *, capacity: int | None = None,
           what: str = "memory") -> None:
-    """Raise if two buffers alive together overlap (a bug) or one ends past ``capacity`` (AllocError)."""
+    """Raise AllocError if two buffers alive together overlap or one ends past ``capacity``."""
     by_start = sorted(buffers, key=lambda b: (offsets[b.key], b.key))
     for i, a in enumerate(by_start):
         a_lo = offsets[a.key]
@@ -102,8 +102,8 @@ def check(buffers: Sequence[Buffer], offsets: Mapping[str, int], *, capacity: in
             if b_lo >= a_lo + a.size:
                 break
             if a.size and b.size and a.meets(b):
-                raise AssertionError(f"{what}: {a.key} [{a_lo}, {a_lo + a.size}) overlaps {b.key} "
-                                     f"[{b_lo}, {b_lo + b.size}) while both are alive")
+                raise AllocError(f"{what}: {a.key} [{a_lo}, {a_lo + a.size}) overlaps {b.key} "
+                                 f"[{b_lo}, {b_lo + b.size}) while both are alive")
     if capacity is not None:
         over = [b for b in buffers if offsets[b.key] + b.size > capacity]
         if over:

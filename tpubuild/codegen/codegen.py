@@ -119,6 +119,7 @@ class Emitter:
     def local_group(self, group: Group) -> None:
         """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids."""
         g = self.g
+        self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
         steps = schedule(len(group.ops), group.slices, group.copies,
                          [bool(self.planner.ops[p].weights) for p in group.ops])

@@ -584,6 +584,16 @@ class Planner:
             operands.append((t, (n_lo, n_hi, h_lo, h_hi)))
         return params, operands
 
+    def check(self, group: Group) -> None:
+        """Raise AllocError unless the group's local buffers (as recorded) fit and never overlap while alive."""
+        sizes = {k.rsplit("#", 1)[0] if not k.endswith("#buf") else k: v for k, v in group.sizes.items()}
+        i, j = group.ops[0], group.ops[-1] + 1
+        bufs, _ = self.buffers(i, j, sizes, group.copies)
+        missing = [b.key for b in bufs if b.key not in group.addrs]
+        if missing:
+            raise alloc.AllocError(f"group {group.id}: no local address for {', '.join(missing[:3])}")
+        alloc.check(bufs, group.addrs, capacity=self.chip.lmem_bytes, what=f"group {group.id} local memory")
+
     def replay(self, group: Group) -> int:
         """Cycles of the group's commands (``schedule`` with the cost model's cycles of each): what the
         simulator's cycle model replays for this group."""
