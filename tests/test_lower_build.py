@@ -88,8 +88,11 @@ def zoo(tmp_path) -> Zoo:
     return Zoo(tmp_path)
 
 
+TARGET_STAGES = ("lower", "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip")
+
+
 def target_tasks(*targets: str) -> set[str]:
-    return {f"{stage}:m/{t}" for t in targets for stage in ("lower", "verify_tpu")}
+    return {f"{stage}:m/{t}" for t in targets for stage in TARGET_STAGES}
 
 
 def test_targets_build_verify_and_summarize(zoo):
@@ -99,7 +102,8 @@ def test_targets_build_verify_and_summarize(zoo):
     for t in ("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16"):
         root = zoo.build / "m" / t
         assert {p.name for p in root.iterdir()} == {"tpu.mlir", "tpu_weights.npz", "tpu_outs.npz", "tpu_raw.npz",
-                                                   "verify_tpu.json"}
+                                                   "verify_tpu.json", "lg.mlir", "addr.mlir", "m.model",
+                                                   "chip_outs.npz", "profile.json", "verify.json"}
         (comp,) = json.loads((root / "verify_tpu.json").read_text())["comparisons"]
         assert comp["passed"] and comp["compared"] >= 4, comp
         assert comp["min_cos"] >= 0.99, (t, comp["min_cos"])
@@ -111,7 +115,9 @@ def test_targets_build_verify_and_summarize(zoo):
     raw = np.load(zoo.build / "m" / "bm1684x-INT8" / "tpu_raw.npz")
     assert raw["logits"].dtype == np.int8  # the stored bits, for the chip simulation to match
     summary = (zoo.build / "m" / "summary.txt").read_text()
-    assert summary.count("PASS") == 6 and "bm1684x-INT8-asym/tpu.mlir" in summary
+    # two TOP levels, then per target its Tpu and Chip levels
+    assert summary.count("PASS") == 10 and "bm1684x-INT8-asym/tpu.mlir" in summary
+    assert "bm1684x-INT8/m.model vs tpu_raw.npz" in summary
 
 
 def test_float_targets_never_wait_for_calibration(zoo):

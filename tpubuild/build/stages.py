@@ -333,7 +333,10 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
     lines = [SUMMARY_HEADER]
     for path in verify_jsons:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        for comp in doc["comparisons"]:
+        comparisons = doc["comparisons"]
+        if doc.get("stage") == "verify_chip":  # its Top and Tpu levels are the files before it in the list
+            comparisons = [c for c in comparisons if c["level"] == "chip"]
+        for comp in comparisons:
             what = f"{comp['test']} vs {comp['ref']}"
             lines.append(f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
                          f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "

@@ -45,6 +45,8 @@ STAGE_DOCS = {
     "layergroup": "tpu.mlir -> lg.mlir: layer groups chosen over the chip's cost model, slices, local memory",
     "assign": "lg.mlir -> addr.mlir: DDR addresses of weights and activations (liveness-based reuse)",
     "codegen": "addr.mlir + tpu_weights.npz -> <model>.model: header, weights, GDMA/BDC command streams",
+    "run": "the simulated chip runs <model>.model on the test input -> chip_outs.npz + profile.json (cycles)",
+    "verify_chip": "chip outputs vs TPU inference's stored outputs -> verify.json with the ONNX/Top/Tpu/Chip levels",
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -164,7 +166,7 @@ def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
     verify_jsons = [p.verify_top]
     for target in m.targets:
         yield from _target_tasks(m, p, target)
-        verify_jsons.append(p.target(target.id).verify_tpu)
+        verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
     yield _task("compile", m.name, stages.summarize,
                 {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
                 file_dep=verify_jsons, targets=[p.summary], config={},
@@ -199,12 +201,13 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[s
                  "out_tpu_outs": str(tp.tpu_outs), "out_tpu_raw": str(tp.tpu_raw), "out_json": str(tp.verify_tpu)},
                 file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
                 targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
-    yield from _backend_tasks(m, name, tp, target)
+    yield from _backend_tasks(m, p, name, tp, target)
 
 
-def _backend_tasks(m: Manifest, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:
-    """layergroup, assign and codegen for one target; their config is the chip file's content (every figure
-    the cost model, the allocators and the model header read), so editing a chip re-plans only its targets."""
+def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:
+    """layergroup, assign, codegen, run and verify_chip for one target. The planning stages' config is the
+    chip file's content (every figure the cost model, the allocators and the model header read), so editing
+    a chip re-plans only its targets; verify.json holds the four levels (ONNX, Top, Tpu, Chip)."""
     chip = _chip_config(target.chip)
     yield _task("layergroup", name, stages.layergroup,
                 {"model": m.name, "chip": target.chip, "in_mlir": str(tp.tpu_mlir), "out_mlir": str(tp.lg_mlir)},
@@ -216,6 +219,18 @@ def _backend_tasks(m: Manifest, name: str, tp, target: Target) -> Iterator[dict[
                 {"model": m.name, "chip": target.chip, "in_mlir": str(tp.addr_mlir), "in_weights": str(tp.tpu_weights),
                  "out_model": str(tp.model_file)},
                 file_dep=[tp.addr_mlir, tp.tpu_weights], targets=[tp.model_file], config={"chip": chip})
+    yield _task("run", name, stages.run_chip,
+                {"model_file": str(tp.model_file), "input_npz": str(p.input_npz), "out_outs": str(tp.chip_outs),
+                 "out_profile": str(tp.profile)},
+                file_dep=[tp.model_file, p.input_npz], targets=[tp.chip_outs, tp.profile], config={})
+    tol = m.tolerance["chip"]
+    yield _task("verify_chip", name, stages.verify_chip,
+                {"model": m.name, "target": target.id, "mode": target.mode, "model_file": str(tp.model_file),
+                 "chip_outs": str(tp.chip_outs), "tpu_raw": str(tp.tpu_raw), "verify_top_json": str(p.verify_top),
+                 "verify_tpu_json": str(tp.verify_tpu), "profile_json": str(tp.profile), "tolerance": tol,
+                 "out_json": str(tp.verify)},
+                file_dep=[tp.model_file, tp.chip_outs, tp.tpu_raw, p.verify_top, tp.verify_tpu, tp.profile],
+                targets=[tp.verify], config={"tolerance": tol, "mode": target.mode})
 
 
 def _chip_config(chip: str) -> dict[str, Any]:
