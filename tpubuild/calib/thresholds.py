@@ -16,9 +16,10 @@ from collections.abc import Callable
 import numpy as np
 
 from tpubuild.calib.stats import TensorStats
+from tpubuild.registry import Registry
 
 Method = Callable[[TensorStats, int], float]
-METHODS: dict[str, Method] = {}
+METHODS = Registry("a calibration method")
 
 PERCENTILE = 99.99
 # An all-zero tensor: any positive range quantizes it exactly (TPU-MLIR uses the same floor).
@@ -26,12 +27,7 @@ MIN_THRESHOLD = 1e-5
 
 
 def method(name: str) -> Callable[[Method], Method]:
-    def register(fn: Method) -> Method:
-        if name in METHODS:
-            raise ValueError(f"calibration method {name!r} is already registered")
-        METHODS[name] = fn
-        return fn
-    return register
+    return METHODS.register(name)
 
 
 def levels_for(stats: TensorStats) -> int:

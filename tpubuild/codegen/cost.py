@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpubuild.build.chips import Chip
+from tpubuild.registry import Registry
 
 Shape = Sequence[int]
 
@@ -85,7 +86,7 @@ def nchw(shape: Shape, rank: int | None = None) -> tuple[int, int, int, int]:
 
 
 WorkFn = Callable[[OpShape], Work]
-_WORK: dict[str, WorkFn] = {}
+_WORK = Registry("a cost formula")
 
 # vector passes per output element: transcendental functions run as short polynomial/LUT sequences
 VECTOR_FACTOR = {
@@ -96,13 +97,7 @@ VECTOR_FACTOR = {
 
 
 def work(*names: str) -> Callable[[WorkFn], WorkFn]:
-    def register(fn: WorkFn) -> WorkFn:
-        for name in names:
-            if name in _WORK:
-                raise ValueError(f"a cost formula for {name} is already registered")
-            _WORK[name] = fn
-        return fn
-    return register
+    return _WORK.register(*names)
 
 
 def bare_name(op: str) -> str:

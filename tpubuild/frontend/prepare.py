@@ -26,19 +26,15 @@ import onnx
 from onnx import numpy_helper
 
 from tpubuild.errors import TpuBuildError
+from tpubuild.registry import Registry
 
 PrepareStep = Callable[[onnx.ModelProto], onnx.ModelProto]
-PREPARE_STEPS: dict[str, PrepareStep] = {}
+PREPARE_STEPS = Registry("a prepare step")
 
 
 def prepare_step(name: str) -> Callable[[PrepareStep], PrepareStep]:
     """Register a model -> model function under ``name`` for manifests' ``source.prepare``."""
-    def register(func: PrepareStep) -> PrepareStep:
-        if name in PREPARE_STEPS:
-            raise ValueError(f"prepare step {name!r} is registered twice")
-        PREPARE_STEPS[name] = func
-        return func
-    return register
+    return PREPARE_STEPS.register(name)
 
 
 def prepare_model(model: onnx.ModelProto, steps: Sequence[str]) -> onnx.ModelProto:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_KERNELS: dict[type, Callable] = {}
+from tpubuild.registry import Registry
+
+_KERNELS = Registry("a kernel")
 
 
 class KernelError(Exception):
@@ -17,13 +19,7 @@ class KernelError(Exception):
 
 
 def kernel(*op_classes: type) -> Callable[[Callable], Callable]:
-    def register(fn: Callable) -> Callable:
-        for cls in op_classes:
-            if cls in _KERNELS:
-                raise ValueError(f"a kernel for {cls.name} is already registered")
-            _KERNELS[cls] = fn
-        return fn
-    return register
+    return _KERNELS.register(*op_classes)
 
 
 def get_kernel(op_class: type) -> Callable:

@@ -34,6 +34,7 @@ from tpubuild.ir.types import shape_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.calib.table import Entry
 from tpubuild.lower.quant import QType, activation_qtype
+from tpubuild.registry import Registry
 
 MODES = ("F32", "BF16", "F16", "INT8")
 MODE_DTYPE = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16)}
@@ -43,26 +44,16 @@ SUFFIX = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
 FloatRule = Callable[["Lowering", TensorOp, str], Sequence[SSAValue]]
 Int8Rule = Callable[["Lowering", TensorOp], "Sequence[SSAValue] | None"]
 
-FLOAT_RULES: dict[type, FloatRule] = {}
-INT8_RULES: dict[type, Int8Rule] = {}
-
-
-def _register(table: dict, classes: Sequence[type]) -> Callable:
-    def register(fn):
-        for cls in classes:
-            if cls in table:
-                raise ValueError(f"a lowering rule for {cls.name} is already registered")
-            table[cls] = fn
-        return fn
-    return register
+FLOAT_RULES = Registry("a float lowering rule")
+INT8_RULES = Registry("an INT8 lowering rule")
 
 
 def float_rule(*classes: type) -> Callable[[FloatRule], FloatRule]:
-    return _register(FLOAT_RULES, classes)
+    return FLOAT_RULES.register(*classes)
 
 
 def int8_rule(*classes: type) -> Callable[[Int8Rule], Int8Rule]:
-    return _register(INT8_RULES, classes)
+    return INT8_RULES.register(*classes)
 
 
 def plain_type(t: Attribute) -> Attribute:
