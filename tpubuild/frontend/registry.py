@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from tpubuild.registry import Registry
+
 
 class OpKey(NamedTuple):
     domain: str
@@ -18,18 +20,12 @@ class OpKey(NamedTuple):
     since_version: int
 
 
-_CONVERTERS: dict[OpKey, Callable] = {}
+_CONVERTERS = Registry("a converter")
 
 
 def converter(op_type: str, since: int = 1, domain: str = "") -> Callable[[Callable], Callable]:
     """Register ``fn(node, ctx) -> list of outputs`` for ``op_type`` from opset ``since`` on."""
-    def register(fn: Callable) -> Callable:
-        key = OpKey(domain, op_type, since)
-        if key in _CONVERTERS:
-            raise ValueError(f"converter for {key} registered twice")
-        _CONVERTERS[key] = fn
-        return fn
-    return register
+    return _CONVERTERS.register(OpKey(domain, op_type, since))
 
 
 def _load() -> None:
