@@ -53,7 +53,9 @@ def test_window_need_covers_the_rows_the_windows_touch(k, s, d, pb, pe, h, data)
     touched = {r * s - pb + j * d for r in range(lo, hi) for j in range(k)}
     inside = [x for x in touched if 0 <= x < h]
     # a contiguous run over every row touched (a dilated window may skip rows inside it)
-    assert 0 <= first <= min(inside) and max(inside) < end <= h
+    assert 0 <= first <= end <= h
+    if inside:  # (dilated windows near the border may touch only padding)
+        assert first <= min(inside) and max(inside) < end
     assert top == max(pb - lo * s, 0)
     # the tile plus the slice's pads yields exactly hi - lo rows
     assert (end - first + top + bottom - span) // s + 1 == hi - lo

@@ -7,10 +7,11 @@ map as [w] -> (1, 1, 1, w), [c, w] -> (1, c, 1, w), [n, c, w] -> (n, c, 1, w).
 Weights keep their first non-unit dim on lanes (a conv filter's output
 channels) and the rest contiguous.
 
-An op runs inside a layer group when it has a rule here: which of its tensors
-can be sliced along N and H, and for a windowed operand (conv, pool) which
-input rows an output row range needs — the halo — and the padding that is left
-at that slice's borders. Everything else runs as a global op.
+An op's rule says which of its tensors can be sliced along N and H, and for a
+windowed operand (conv, pool) which input rows an output row range needs — the
+halo — and the padding that is left at that slice's borders. An op without a
+rule runs on whole tensors (``WHOLE``); ops with several results or a rank
+above 4 run as global ops.
 """
 
 from __future__ import annotations
@@ -103,15 +104,20 @@ def rule_for(*classes: type) -> Callable[[RuleFn], RuleFn]:
     return register
 
 
+# An op without a rule of its own still runs locally on whole tensors (its parameters may name full
+# shapes or offsets, e.g. Interp's output shape or Slice's ends): one slice, if it fits.
+WHOLE = Rule(n_split=False, h_split=False)
+
+
 def local_rule(graph: Graph, node: Node) -> Rule | None:
-    """The op's slice rule, or None when it must run as a global op (no rule, rank > 4, several results)."""
-    fn = _RULES.get(type(node.op))
-    if fn is None or len(node.outputs) != 1:
+    """The op's slice rule, or None when it must run as a global op (rank > 4, several results)."""
+    if len(node.outputs) != 1:
         return None
     shapes = [graph.tensors[t].shape for t in node.inputs if t is not None] + [graph.tensors[node.name].shape]
     if any(len(s) > 4 for s in shapes):
         return None
-    return fn(graph, node)
+    fn = _RULES.get(type(node.op))
+    return fn(graph, node) if fn else WHOLE
 
 
 def _mirrors(*top_classes: type) -> list[type]:
@@ -147,7 +153,7 @@ def _conv(graph: Graph, node: Node) -> Rule | None:
     if nd == 1:
         return Rule(h_split=False)  # (n, c, 1, w): H is 1, the window runs along W, which is never sliced
     if nd != 2:
-        return None
+        return WHOLE
     return _spatial_rule(p, nd)
 
 
@@ -158,7 +164,7 @@ def _pool(graph: Graph, node: Node) -> Rule | None:
     if nd == 1:
         return Rule(h_split=False)
     if nd != 2:
-        return None
+        return WHOLE
     if p.ceil_mode or p.count_include_pad:
         # ceil mode's extra window and counted padding depend on where the true border is: keep H whole
         return Rule(h_split=False)
@@ -206,3 +212,9 @@ def _layernorm(graph: Graph, node: Node) -> Rule:
 @rule_for(tpu.ConcatOp)
 def _concat(graph: Graph, node: Node) -> Rule:
     return _axes_rule(graph, node, [node.op.params.axis], 0.0)
+
+
+@rule_for(tpu.MIRROR[top.DeconvOp])
+def _deconv(graph: Graph, node: Node) -> Rule:
+    # a transposed conv scatters each input row into several output rows: H stays whole, N slices
+    return Rule(h_split=False)
