@@ -153,3 +153,26 @@ def test_model_file_is_deterministic(make_model, tmp_path):
         addr, _ = memory_assign(lg, CHIPS["8 lanes 3K"])
         blobs.append(encode_model(codegen(addr, tw, CHIPS["8 lanes 3K"])))
     assert blobs[0] == blobs[1]
+
+
+def channel_shuffle(make_model):
+    """ShuffleNet's channel shuffle: conv, reshape to 5-D, transpose the group dims, reshape back, conv."""
+    rng = np.random.default_rng(7)
+    nodes = [node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]),
+             node("Reshape", ["c1", "s5"], "r5"), node("Transpose", ["r5"], "t5", perm=[0, 2, 1, 3, 4]),
+             node("Reshape", ["t5", "s4"], "r4"), node("Conv", ["r4", "w2", "b2"], "c2", pads=[1, 1, 1, 1])]
+    inits = {"w1": randn(rng, 8, 3, 3, 3, scale=0.4), "b1": randn(rng, 8, scale=0.1),
+             "s5": np.array([1, 2, 4, 10, 10], np.int64), "s4": np.array([1, 8, 10, 10], np.int64),
+             "w2": randn(rng, 4, 8, 3, 3, scale=0.3), "b2": randn(rng, 4, scale=0.1)}
+    return make_model(nodes, {"x": np.zeros((1, 3, 10, 10), np.float32)}, initializers=inits)
+
+
+@pytest.mark.parametrize("mode", ["INT8", "F32"])
+def test_a_permute_runs_as_one_ddr_to_ddr_copy(make_model, tmp_path, mode):
+    tm, tw, inputs = lowered(channel_shuffle(make_model), {"x": (1, 3, 10, 10)}, tmp_path, mode)
+    ref = run(tm, tw, inputs)
+    result, groups = compile_and_run(tm, tw, inputs, BM1684X)
+    assert [g.kind for g in groups].count("copy") == 1
+    assert [g.kind for g in groups].count("alias") == 2
+    for name, out in result.outputs.items():
+        np.testing.assert_array_equal(out, ref[name], err_msg=name)

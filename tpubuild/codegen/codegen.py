@@ -9,7 +9,8 @@ Every group becomes commands in the two queues:
   software-pipelined with two buffers for inputs and outputs, so slice t+1
   loads and slice t-1 stores while slice t computes. Each step's wait becomes
   the id of the last command of the step it waits for;
-- a global op: one BDC reading and writing DDR directly;
+- a global op: one BDC reading and writing DDR directly; a Permute that is a
+  strided copy over at most 4 merged dims: one DDR-to-DDR GDMA;
 - a Reshape: nothing (its result shares its input's DDR buffer).
 
 Groups run one after another: a group's first transfer waits for the previous
@@ -34,8 +35,8 @@ from tpubuild.codegen.assign import read_assignment
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import (ALIAS, GLOBAL, START, Group, Planner, Range, logical_shape, read_groups,
-                                         schedule)
+from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, START, Group, Planner, Range, logical_shape, read_groups,
+                                         permute_as_copy, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -105,7 +106,9 @@ class Emitter:
         for group in self.groups:
             if group.kind == ALIAS:
                 continue
-            if group.kind == GLOBAL:
+            if group.kind == COPY:
+                self.copy_op(group)
+            elif group.kind == GLOBAL:
                 self.global_op(group)
             else:
                 self.local_group(group)
@@ -115,6 +118,15 @@ class Emitter:
         operands = [Tensor.none() if t is None else self.ddr_tensor(t) for t in node.inputs]
         results = [self.ddr_tensor(o) for o in node.outputs]
         self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
+
+    def copy_op(self, group: Group) -> None:
+        """A Permute as one DDR-to-DDR strided GDMA (after every compute before it)."""
+        node = self.g.ops[group.ops[0]]
+        block, strides = permute_as_copy(self.g, node)
+        src, dst = node.inputs[0], node.name
+        g = Gdma(len(self.gdma) + 1, len(self.bdc), Direction.DDR2DDR, _dtype(self.g, dst), self.a_addr[src],
+                 strides, 0, 0, block, self.a_addr[dst], cmd.contiguous_strides(block))
+        self.gdma.append(g)
 
     def local_group(self, group: Group) -> None:
         """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids."""

@@ -49,7 +49,7 @@ from tpubuild.codegen.slicing import Rule, align, local_rule, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, tpu
 
-LOCAL, GLOBAL, ALIAS = "local", "global", "alias"
+LOCAL, GLOBAL, ALIAS, COPY = "local", "global", "alias", "copy"
 MAX_GROUP_OPS = 24  # longer runs gain little (DDR traffic is already cut) and cost search time
 ALIAS_OPS = (tpu.ReshapeOp,)
 
@@ -58,6 +58,29 @@ Range = tuple[int, int, int, int]  # n_lo, n_hi, h_lo, h_hi in the tensor's (n, 
 
 def split(total: int, parts: int, index: int) -> tuple[int, int]:
     return index * total // parts, (index + 1) * total // parts
+
+
+def permute_as_copy(graph: Graph, node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A Permute as one strided DDR-to-DDR copy: (block, source strides in elements) over at most 4
+    dims, merging output dims that stay adjacent in the source; None if it needs more dims."""
+    if not isinstance(node.op, tpu.PermuteOp):
+        return None
+    shape = graph.tensors[node.inputs[0]].shape
+    order = node.op.params.order
+    src = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        src[i] = src[i + 1] * shape[i + 1]
+    dims = [(shape[a], src[a]) for a in order if shape[a] != 1]
+    merged: list[list[int]] = []
+    for size, stride in dims:
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = [merged[-1][0] * size, stride]
+        else:
+            merged.append([size, stride])
+    if len(merged) > 4:
+        return None
+    merged = [[1, 0]] * (4 - len(merged)) + merged
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged)
 
 
 def with_h_pads(params, top: int, bottom: int):
@@ -164,7 +187,9 @@ class Planner:
     def _facts(self, node) -> OpFacts:
         g, chip = self.g, self.chip
         rule = local_rule(g, node)
-        kind = ALIAS if isinstance(node.op, ALIAS_OPS) else (LOCAL if rule else GLOBAL)
+        copy = permute_as_copy(g, node)
+        kind = (ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None
+                else LOCAL if rule else GLOBAL)
         out_rank = len(g.tensors[node.name].shape)
         operands = [(k, t, len(g.tensors[t].shape) == out_rank) for k, t in enumerate(node.inputs)
                     if t is not None and not g.tensors[t].weight]
@@ -176,8 +201,11 @@ class Planner:
         transfers = ([g.tensors[t].nbytes for t in dict.fromkeys(x for x in node.inputs if x is not None)]
                      + [g.tensors[o].nbytes for o in node.outputs if o in g.tensors])
         nbytes = sum(transfers)
-        gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
-                                                             out_shapes, dtype, transfers)
+        if kind == COPY:  # one DDR-to-DDR transfer reading and writing every byte
+            gcycles = cost.gdma_cycles(chip, 2 * g.tensors[node.name].nbytes)
+        else:
+            gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
+                                                                 out_shapes, dtype, transfers)
         wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
         wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
         s4 = nchw(g.tensors[node.name].shape)
@@ -489,7 +517,7 @@ class Planner:
             e = self.best_local(p, p + 1)
             if e is not None and e.cycles <= f.global_cycles:
                 return e.cycles, LOCAL, e
-        return f.global_cycles, GLOBAL, None
+        return f.global_cycles, (COPY if f.kind == COPY else GLOBAL), None
 
     def search(self) -> list[tuple[int, int, str, Estimate | None]]:
         """Dynamic programming over the op order: [(first op, end, kind, estimate)] covering every op."""
@@ -652,8 +680,8 @@ class Planner:
         inputs = list(dict.fromkeys(t for _, t, _ in f.operands))
         outputs = [o for o in node.outputs if o in self.g.tensors]
         return Group(gid, kind, [p], inputs=inputs, outputs=outputs, weights=f.weights,
-                     cycles=f.global_cycles if kind == GLOBAL else 0,
-                     ddr_bytes=f.global_bytes if kind == GLOBAL else 0)
+                     cycles=f.global_cycles if kind in (GLOBAL, COPY) else 0,
+                     ddr_bytes=f.global_bytes if kind in (GLOBAL, COPY) else 0)
 
 
 def pipelined(k: int, load: int, compute: int, store: int) -> int:
