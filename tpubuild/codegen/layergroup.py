@@ -684,32 +684,13 @@ class Planner:
                      ddr_bytes=f.global_bytes if kind in (GLOBAL, COPY) else 0)
 
 
-def pipelined(k: int, load: int, compute: int, store: int) -> int:
-    """Cycles of k equal slices, loading slice t+1 and storing slice t-1 (one GDMA engine) while computing t."""
-    if k == 1:
-        return load + compute + store
-    return (load + max(load, compute) + (k - 2) * max(load + store, compute) + max(store, compute) + store)
-
-
 def pipelined_after_first(k: int, load: int, compute: int, store: int, gdma_t: int, bdc_t: int) -> int:
-    """``pipelined`` where slice 0's compute ended at ``bdc_t`` and the GDMA queue (its loads and the
-    weights) at ``gdma_t``: the weights overlap slice 0's compute (``schedule``'s order)."""
+    """Cycles of k equal slices in ``schedule``'s order, slice 0's compute having ended at ``bdc_t`` and
+    the GDMA queue (its loads and the weights) at ``gdma_t``: then slice t+1 loads and slice t-1 stores
+    (one GDMA engine) while slice t computes."""
     if k == 1:
         return bdc_t + store
     return max(bdc_t, gdma_t + load) + (k - 2) * max(load + store, compute) + max(store, compute) + store
-
-
-def pipelined_exact(loads: Sequence[int], computes: Sequence[int], stores: Sequence[int]) -> int:
-    """``pipelined`` with each slice's own cycles (slices differ at the borders)."""
-    k = len(loads)
-    if k == 1:
-        return loads[0] + computes[0] + stores[0]  # nothing to overlap
-    total = 0
-    for t in range(k + 2):
-        gdma = (loads[t] if t < k else 0) + (stores[t - 2] if 2 <= t else 0)
-        bdc = computes[t - 1] if 1 <= t <= k else 0
-        total += max(gdma, bdc)
-    return total
 
 
 @dataclass(frozen=True)
