@@ -278,9 +278,10 @@ class Planner:
 
     # ---- ranges ---------------------------------------------------------------------------------
 
-    def ranges(self, i: int, j: int, ns: int, hs: int, ni: int, hi: int | None) -> dict[str, Range]:
+    def ranges(self, i: int, j: int, ns: int, hs: int, ni: int, hi: int | None) -> dict[str, Range] | None:
         """Rows each tensor of ops[i:j] holds in slice (ni, hi); ``hi=None``: a middle slice of the
-        tallest size (what the search sizes buffers by)."""
+        tallest size (what the search sizes buffers by). None: a reader would need a view the command
+        format cannot express (fewer rows than a tile of several planes per lane holds)."""
         _, outputs, _, _ = self.structure(i, j)
         need: dict[str, Range] = {}
         for o in outputs:
@@ -305,7 +306,7 @@ class Planner:
                     if self.multi_plane(t, n_hi - n_lo):
                         # readers needing different rows of one tile: a reader's rows are a view into
                         # the tile, which the command format expresses only for one plane per lane
-                        need["#view"] = (0, 0, 0, 0)
+                        return None
                 need[t] = (n_lo, n_hi, h_lo, h_hi)
         return need
 
@@ -405,7 +406,7 @@ class Planner:
         chip, facts = self.chip, self.t
         inputs, outputs, _, last = self.structure(i, j)
         need = self.ranges(i, j, ns, hs, 0, None)
-        if "#view" in need:
+        if need is None:
             self._memo[key] = (False, 0)
             return False, 0
         copies = 2 if ns * hs > 1 else 1
@@ -556,7 +557,7 @@ class Planner:
         for ni in range(ns):
             for hi in range(hs):
                 need = self.ranges(i, j, ns, hs, ni, hi)
-                if "#view" in need:
+                if need is None:
                     return None
                 needs.append(need)
                 # a multi-plane output is stored whole as computed (rows shared with a neighbour slice
