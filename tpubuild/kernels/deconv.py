@@ -20,13 +20,15 @@ def _(p: top.DeconvParams, x, w, b):
     spatial = x.shape[2:]
     kernel_shape = w.shape[2:]
     extra = p.output_padding or (0,) * nd
-    # contributions of each input pixel for each kernel tap: [n, g, cout, *kernel, *spatial]
-    xg = x.reshape(n, g, cin, math.prod(spatial)).astype(np.float64)
-    wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(np.float64)
+    # contributions of each input pixel for each kernel tap: [n, g, cout, *kernel, *spatial], computed in the
+    # operands' precision as onnxruntime does (the INT8 flow has no deconvolution: no exactness to keep)
+    dtype = np.result_type(x.dtype, w.dtype)
+    xg = x.reshape(n, g, cin, math.prod(spatial)).astype(dtype, copy=False)
+    wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(dtype, copy=False)
     taps = np.matmul(np.swapaxes(wg, 1, 2)[None], xg).reshape(n, g, cout, *kernel_shape, *spatial)
     full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
             for i in range(nd)]
-    y = np.zeros((n, g, cout, *full), np.float64)
+    y = np.zeros((n, g, cout, *full), dtype)
     for tap in np.ndindex(*kernel_shape):
         window = tuple(slice(k * d, k * d + (size - 1) * s + 1, s)
                        for k, d, s, size in zip(tap, p.dilations, p.strides, spatial))
@@ -34,10 +36,11 @@ def _(p: top.DeconvParams, x, w, b):
     # pads crop the full output; negative pads (from an explicit output_shape) extend it with zeros
     begins, ends = p.pads[:nd], p.pads[nd:]
     grow = [(0, 0)] * 3 + [(max(-bb, 0), max(-e, 0)) for bb, e in zip(begins, ends)]
-    y = np.pad(y, grow)
+    if any(any(pair) for pair in grow):
+        y = np.pad(y, grow)
     crop = tuple(slice(max(bb, 0), y.shape[3 + i] - max(e, 0)) for i, (bb, e) in enumerate(zip(begins, ends)))
     y = y[(slice(None),) * 3 + crop]
     y = y.reshape(n, g * cout, *y.shape[3:])
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * nd)
-    return fused(y.astype(x.dtype), p)
+    return fused(y.astype(x.dtype, copy=False), p)

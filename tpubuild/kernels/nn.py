@@ -27,22 +27,121 @@ def windows(x: np.ndarray, kernel_shape, strides, dilations, pads_begin, pads_en
     return win[index]
 
 
+def padded(x: np.ndarray, begin, end, fill=0.0) -> np.ndarray:
+    """x with its last len(begin) dims padded by ``fill`` (x itself without pads)."""
+    if not any(begin) and not any(end):
+        return x
+    nd = len(begin)
+    lead = x.shape[:-nd]
+    shape = lead + tuple(s + b + e for s, b, e in zip(x.shape[-nd:], begin, end))
+    xp = np.full(shape, fill, x.dtype)
+    xp[(Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, x.shape[-nd:]))] = x
+    return xp
+
+
+def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
+    """The elements of padded ``xp`` under kernel position ``tap`` for every output position (a view)."""
+    return xp[(Ellipsis,) + tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                                  for k, d, s, o in zip(tap, dilations, strides, out_sp))]
+
+
+# im2col builds its columns this many bytes at a time (output rows in blocks): the block
+# stays in cache between being written and the GEMM reading it
+_COLS_BLOCK = 1 << 22
+
+
 @kernel(top.ConvOp)
 def _(p: top.ConvParams, x, w, b):
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    win = windows(x, p.kernel_shape, p.strides, p.dilations, p.pads[:nd], p.pads[nd:])
-    out_sp = win.shape[2:2 + nd]
-    k = math.prod(p.kernel_shape)
-    win = win.reshape(n, g, c // g, math.prod(out_sp), k)
-    cols = np.ascontiguousarray(np.moveaxis(win, 2, 3)).reshape(n, g, math.prod(out_sp), (c // g) * k)
-    wm = w.reshape(g, oc // g, (c // g) * k)
-    y = np.matmul(cols, np.swapaxes(wm, 1, 2)[None])  # n, g, P, oc/g
-    y = np.swapaxes(y, 2, 3).reshape(n, oc, *out_sp)
+    xp = padded(x, p.pads[:nd], p.pads[nd:])
+    out_sp = tuple((size - (k - 1) * d - 1) // s + 1
+                   for size, k, d, s in zip(xp.shape[2:], p.kernel_shape, p.dilations, p.strides))
+    taps = list(np.ndindex(*p.kernel_shape))
+    dtype = np.result_type(x.dtype, w.dtype)
+    if g > 1 and c == g:
+        y = _depthwise(xp, w, taps, p, out_sp, dtype)
+    elif len(taps) == 1:
+        # 1x1: a plain matmul of the (strided) input pixels
+        cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
+        y = np.matmul(w.reshape(g, oc // g, c // g), cols)
+    else:
+        y = _im2col(xp, w, g, taps, p, out_sp, dtype)
+    y = y.reshape(n, oc, *out_sp)
     if b is not None:
-        y = y + b.reshape((1, oc) + (1,) * nd)
+        bias = b.reshape((1, oc) + (1,) * nd)
+        if np.can_cast(bias.dtype, y.dtype, "safe"):
+            y += bias  # y is a fresh array
+        else:
+            y = y + bias
     return fused(y.astype(x.dtype, copy=False), p)
+
+
+def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
+    """One input channel per group: per channel, its tap columns times its filter (a batched GEMV).
+
+    Columns are built for a block of channels (and of output rows, for big planes) at a
+    time, small enough to stay in cache for the product.
+    """
+    n, c = xp.shape[:2]
+    oc, k = w.shape[0], len(taps)
+    if oc != c:  # channel multiplier: output channel o reads input channel o // (oc / c)
+        xp = np.repeat(xp, oc // c, axis=1)
+    wm = w.reshape(oc, 1, k)
+    rest = math.prod(out_sp[1:])
+    row_bytes = k * rest * np.dtype(dtype).itemsize  # one channel's columns for one output row
+    if row_bytes * out_sp[0] <= _COLS_BLOCK:
+        rows, chans = out_sp[0], max(1, _COLS_BLOCK // (row_bytes * out_sp[0]))
+    else:
+        rows, chans = max(1, _COLS_BLOCK // row_bytes), 1
+    chans = min(chans, oc)
+    y = np.empty((n, oc, out_sp[0], rest), dtype)
+    cols = np.empty((chans, k, rows) + out_sp[1:], dtype)
+    for i in range(n):
+        for c0 in range(0, oc, chans):
+            c1 = min(oc, c0 + chans)
+            for r0 in range(0, out_sp[0], rows):
+                r = min(rows, out_sp[0] - r0)
+                start = r0 * p.strides[0]
+                stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
+                xb = xp[i, c0:c1, start:stop]
+                part = cols[:c1 - c0, :, :r]
+                for t, tap in enumerate(taps):
+                    part[:, t] = tap_view(xb, tap, p.strides, p.dilations, (r,) + out_sp[1:])
+                prod = np.matmul(wm[c0:c1], part.reshape(c1 - c0, k, r * rest))
+                y[i, c0:c1, r0:r0 + r] = prod.reshape(c1 - c0, r, rest)
+    return y
+
+
+def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
+    """Columns [n, g, C/g * taps, pixels] copied tap by tap from strided views, then one GEMM per group.
+
+    The column layout keeps the output in NCHW order (no transposes) and is built in
+    blocks of output rows so a block is still in cache when the GEMM reads it.
+    """
+    n, c = xp.shape[:2]
+    oc, k = w.shape[0], len(taps)
+    cg, ocg = c // g, oc // g
+    wm = w.reshape(g, ocg, cg * k)
+    rest = math.prod(out_sp[1:])
+    row_bytes = n * c * k * rest * np.dtype(dtype).itemsize
+    rows = max(1, min(out_sp[0], _COLS_BLOCK // max(row_bytes, 1)))
+    y = np.empty((n, g, ocg, out_sp[0], rest), dtype)
+    cols = np.empty((n, g, cg, k, rows) + out_sp[1:], dtype)
+    for r0 in range(0, out_sp[0], rows):
+        r = min(rows, out_sp[0] - r0)
+        block_sp = (r,) + out_sp[1:]
+        # the block's input rows: output rows r0.. start at r0 * stride
+        start = r0 * p.strides[0]
+        stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
+        xb = xp[:, :, start:stop]
+        part = cols[:, :, :, :, :r]
+        for t, tap in enumerate(taps):
+            part[:, :, :, t] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
+                (n, g, cg) + block_sp)
+        y[:, :, :, r0:r0 + r] = np.matmul(wm, part.reshape(n, g, cg * k, r * rest)).reshape(n, g, ocg, r, rest)
+    return y
 
 
 @kernel(top.MatMulOp)
@@ -65,14 +164,40 @@ def _pool_pads(p: top.PoolParams, spatial) -> tuple[list[int], list[int]]:
     return begin, end
 
 
+def _pool_shape(p: top.PoolParams, spatial) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(dilations, output spatial size) of a pool over ``spatial``."""
+    nd = len(p.kernel_shape)
+    dil = tuple(p.dilations) or (1,) * nd
+    out = tuple(top.pooled_size(spatial[i], p.kernel_shape[i], p.strides[i], p.pads[i], p.pads[nd + i], dil[i],
+                                p.ceil_mode) for i in range(nd))
+    return dil, out
+
+
+def _few_taps(kernel_shape, out_sp) -> bool:
+    """Reduce tap by tap over strided views (one pass each), or over a windows view?
+
+    Taps win while there are no more of them than output pixels; a global pool
+    (one output pixel, a whole plane of taps) is one reduction of the windows view.
+    """
+    return math.prod(kernel_shape) <= math.prod(out_sp)
+
+
 @kernel(top.MaxPoolOp)
 def _(p: top.PoolParams, x):
     nd = len(p.kernel_shape)
     begin, end = _pool_pads(p, x.shape[-nd:])
     # padding never wins: the lowest value of the dtype (-inf cannot pad an int8 tensor)
     lowest = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
-    win = windows(x, p.kernel_shape, p.strides, p.dilations or (1,) * nd, begin, end, fill=lowest)
-    return fused(win.max(axis=tuple(range(-nd, 0))), p)
+    dil, out_sp = _pool_shape(p, x.shape[-nd:])
+    if not _few_taps(p.kernel_shape, out_sp):
+        win = windows(x, p.kernel_shape, p.strides, dil, begin, end, fill=lowest)
+        return fused(win.max(axis=tuple(range(-nd, 0))), p)
+    xp = padded(x, begin, end, fill=lowest)
+    y = None
+    for tap in np.ndindex(*p.kernel_shape):
+        view = tap_view(xp, tap, p.strides, dil, out_sp)
+        y = view.copy() if y is None else np.maximum(y, view, out=y)
+    return fused(y, p)
 
 
 @kernel(top.MaxPoolWithMaskOp)
@@ -103,19 +228,35 @@ def _(p: top.MaskPoolParams, x):
 @kernel(top.AvgPoolOp)
 def _(p: top.PoolParams, x):
     nd = len(p.kernel_shape)
-    dil = p.dilations or (1,) * nd
     spatial = x.shape[-nd:]
     begin, end = _pool_pads(p, spatial)
-    axes = tuple(range(-nd, 0))
-    total = windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes, dtype=np.float64)
-    # the divisor counts real elements, plus the declared pads when count_include_pad (never ceil's extra)
-    ones = np.ones(spatial, np.float64)
-    if p.count_include_pad:
-        ones = np.pad(ones, list(zip(p.pads[:nd], p.pads[nd:])), constant_values=1.0)
-        begin = [b - pb for b, pb in zip(begin, p.pads[:nd])]
-        end = [e - pe for e, pe in zip(end, p.pads[nd:])]
-    count = windows(ones, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes)
-    return fused((total / count).astype(x.dtype), p)
+    dil, out_sp = _pool_shape(p, spatial)
+    if _few_taps(p.kernel_shape, out_sp):
+        xp = padded(x, begin, end)
+        total = np.zeros(x.shape[:-nd] + out_sp, np.float64)
+        for tap in np.ndindex(*p.kernel_shape):
+            total += tap_view(xp, tap, p.strides, dil, out_sp)
+    else:
+        total = windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=tuple(range(-nd, 0)),
+                                                                          dtype=np.float64)
+    return fused((total / _pool_counts(p, spatial, begin, dil, out_sp)).astype(x.dtype), p)
+
+
+def _pool_counts(p: top.PoolParams, spatial, begin, dil, out_sp) -> np.ndarray:
+    """Each window's divisor: its real elements, plus the declared pads when count_include_pad (never ceil's extra).
+
+    The counted region is a box, so the count is the outer product of one count per axis.
+    """
+    nd = len(p.kernel_shape)
+    count = np.ones((), np.float64)
+    for i in range(nd):
+        lo, hi = (-p.pads[i], spatial[i] + p.pads[nd + i]) if p.count_include_pad else (0, spatial[i])
+        # input position of every (output, tap) pair along this axis
+        pos = (np.arange(out_sp[i])[:, None] * p.strides[i] + np.arange(p.kernel_shape[i])[None, :] * dil[i]
+               - begin[i])
+        axis_count = ((pos >= lo) & (pos < hi)).sum(axis=1).astype(np.float64)
+        count = np.multiply.outer(count, axis_count)
+    return count
 
 
 @kernel(top.SoftmaxOp)

@@ -8,6 +8,7 @@ stage's dump can be compared with every other's and with onnxruntime's.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -54,30 +55,31 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
     values: dict[SSAValue, np.ndarray | None] = {}
     named: dict[str, np.ndarray] = {}
     for i, op in enumerate(ops):
-        if isinstance(op, NoneOp):
+        role = _role(type(op))
+        if role is NoneOp:
             values[op.results[0]] = None
             continue
-        if isinstance(op, WeightOp):
+        if role is WeightOp:
             values[op.results[0]] = weights[op.loc_name]
             continue
+        params, result_types, names = _decoded(op, role)
         args: list[np.ndarray | None] = []
-        if isinstance(op, InputOp):
+        if role is InputOp:
             result = _feed(op, inputs)
         else:
             args = [values[v] for v in op.operands]
             try:
-                result = get_kernel(type(op))(op.params, *args)
+                result = _kernel(type(op))(params, *args)
             except (KernelError, ValueError, FloatingPointError) as e:
                 raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
         results = result if isinstance(result, tuple) else (result,)
         arrays = []
-        for value, array, name in zip(op.results, results, op.names):
+        for value, array, name, (expect, dtype) in zip(op.results, results, names, result_types):
             array = np.asarray(array)
-            expect = shape_of(value.type)
             if array.shape != expect:
                 raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}",
                                     loc=name)
-            array = array.astype(dtype_of(value.type), copy=False)
+            array = array.astype(dtype, copy=False)
             values[value] = array
             arrays.append(array)
             if all_tensors:
@@ -91,6 +93,40 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
     outs = {mlir.value_name(v): values[v] for v in mlir.return_op(module).operands}
     named.update(outs)
     return named
+
+
+# per op class, looked up once: the graph-source op it is (or None: computed by a kernel) and its kernel
+_ROLES: dict[type, type | None] = {}
+_KERNELS: dict[type, Callable] = {}
+
+
+def _role(cls: type) -> type | None:
+    if cls not in _ROLES:
+        _ROLES[cls] = next((base for base in (NoneOp, WeightOp, InputOp) if issubclass(cls, base)), None)
+    return _ROLES[cls]
+
+
+# per op: its decoded parameters, result (shape, dtype)s and tensor names, for later runs of the same
+# module (calibration runs one module hundreds of times; decoding is most of a small op's time). Valid
+# while the op keeps its attributes, result types and location: a rewritten op is decoded again.
+_DECODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _decoded(op: TensorOp, role: type | None) -> tuple[object, list[tuple[tuple[int, ...], np.dtype]], list[str]]:
+    key = (tuple(op.attributes.items()), tuple(r.type for r in op.results), op.location)
+    hit = _DECODED.get(op)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    decoded = (None if role is InputOp else op.params,
+               [(shape_of(t), dtype_of(t)) for t in key[1]], op.names)
+    _DECODED[op] = (key, decoded)
+    return decoded
+
+
+def _kernel(cls: type) -> Callable:
+    if cls not in _KERNELS:
+        _KERNELS[cls] = get_kernel(cls)  # registrations are final: a found kernel never changes
+    return _KERNELS[cls]
 
 
 def _feed(op: InputOp, inputs: Mapping[str, np.ndarray]) -> np.ndarray:

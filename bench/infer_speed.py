@@ -1,0 +1,205 @@
+"""Inference speed on the zoo: TOP inference of canonical.mlir (and the simulated chip) vs onnxruntime.
+
+    python bench/infer_speed.py [--models REGEX] [--repeat N] [--threads N] [--no-sim] [--build-dir DIR]
+
+For each manifest of configs/models (the top folder: demo_cnn, tiny_transformer,
+the `light` models, PP-OCR det/rec/cls) whose name matches --models, builds
+canonical.mlir and the test input with doit (`canonicalize:<model>`; the fetch
+cache keeps the wheels), then times on the same input, in this process:
+
+- ORT: onnxruntime on the source model, default graph optimizations (what a user
+  would run), ``--threads`` intra-op threads;
+- TOP: tpubuild.top.inference.run on canonical.mlir, live tensors only (as
+  calibration runs it), numpy's BLAS on ``--threads`` threads;
+- SIM: the simulated chip (tpubuild.sim.chip.simulate) on the model file of the
+  manifest's first F32 target (doit `codegen:<model>/<target>`), when the backend
+  can build it; `-` when the model has no F32 target, `fail` when a stage fails.
+
+Loading (parsing the module, reading weights, creating the session, reading the
+model file) is not timed. Each figure is the best of --repeat runs after one
+warm-up run. Prints per model ms and the ratios to onnxruntime (goals: TOP <= 3x,
+SIM <= 10x) and 1 - the lowest output cosine against onnxruntime (a speed-up that
+changes results shows here); then the totals over the models that ran.
+
+Default build tree: build/ of the repo (the same artifacts `doit` makes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _threads_from_argv() -> str:
+    # BLAS reads its thread count when numpy is first imported: set it before any import of numpy
+    for i, arg in enumerate(sys.argv):
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+_THREADS = _threads_from_argv()
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _THREADS
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+TOP_GOAL, SIM_GOAL = 3.0, 10.0
+
+
+def manifests(pattern: str) -> list[Path]:
+    files = sorted((REPO / "configs" / "models").glob("*.yaml"))
+    return [f for f in files if re.search(pattern, f.stem)]
+
+
+def doit_run(manifest: Path, build_dir: Path, tasks: list[str]) -> tuple[bool, str]:
+    """Build ``tasks`` in a subprocess (a big model's build memory goes with it); (ok, output tail)."""
+    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "run", *tasks],
+                          env=env, capture_output=True, text=True)
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    return proc.returncode == 0, tail
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    """Best (least disturbed) seconds of ``repeat`` calls after a warm-up call, and the last result."""
+    result = fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), result
+
+
+def ort_session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def min_cos(ours: dict, ref: dict) -> float:
+    from tpubuild.verify.similarity import cosine
+
+    shared = [n for n in ref if n in ours]
+    return min((cosine(np.asarray(ours[n], np.float64), ref[n]) for n in shared), default=float("nan"))
+
+
+def bench_model(file: Path, build_dir: Path, repeat: int, threads: int, sim: bool) -> dict:
+    from tpubuild.build.files import read_npz
+    from tpubuild.build.manifest import load_manifest
+    from tpubuild.build.paths import ModelPaths
+    from tpubuild.build.tasks import source_file
+    from tpubuild.ir import mlir
+    from tpubuild.top import inference
+
+    m = load_manifest(file)
+    p = ModelPaths.of(build_dir, m.name)
+    row: dict = {"name": m.name}
+    print(f"== {m.name}", flush=True)
+    ok, tail = doit_run(file, build_dir, [f"canonicalize:{m.name}"])
+    if not ok:
+        row["error"] = "build failed"
+        print("  canonicalize failed:\n" + tail, flush=True)
+        return row
+    inputs = read_npz(p.input_npz)
+
+    session = ort_session(source_file(m, p), threads)
+    names = [o.name for o in session.get_outputs()]
+    feeds = {a.name: inputs[a.name] for a in session.get_inputs()}
+    row["ort"], values = timed(lambda: session.run(names, feeds), repeat)
+    ref = {n: np.asarray(v, np.float64) for n, v in zip(names, values)}
+    del session
+
+    module = mlir.load_module(p.canonical_mlir)
+    weights = inference.weights_for(module, p.canonical_mlir)
+    row["top"], ours = timed(lambda: inference.run(module, weights, inputs, all_tensors=False), repeat)
+    row["top_cos"] = min_cos(ours, ref)
+    del module, weights, ours
+    print(f"  ORT {row['ort'] * 1e3:9.2f} ms   TOP {row['top'] * 1e3:9.2f} ms  ({row['top'] / row['ort']:.2f}x)"
+          f"   outputs vs onnxruntime: 1 - min cos {1 - row['top_cos']:.1e}", flush=True)
+    if sim:
+        bench_sim(m, p, file, build_dir, repeat, inputs, ref, row)
+    return row
+
+
+def bench_sim(m, p, file: Path, build_dir: Path, repeat: int, inputs: dict, ref: dict, row: dict) -> None:
+    target = next((t for t in m.targets if t.mode == "F32"), None)
+    if target is None:
+        row["sim"] = None
+        return
+    ok, tail = doit_run(file, build_dir, [f"codegen:{m.name}/{target.id}"])
+    if not ok:
+        row["sim"] = "fail"
+        print(f"  codegen:{m.name}/{target.id} failed:\n{tail}", flush=True)
+        return
+    from tpubuild.sim.chip import read_model, simulate
+
+    model = read_model(p.target(target.id).model_file)
+    row["sim"], result = timed(lambda: simulate(model, inputs), repeat)
+    row["sim_cos"] = min_cos(result.outputs, ref)
+    print(f"  SIM {row['sim'] * 1e3:9.2f} ms  ({row['sim'] / row['ort']:.2f}x, {target.id})"
+          f"   outputs vs onnxruntime: 1 - min cos {1 - row['sim_cos']:.1e}", flush=True)
+
+
+def print_table(rows: list[dict], threads: int) -> None:
+    print(f"\n{'model':<22}{'ORT ms':>10}{'TOP ms':>11}{'TOP/ORT':>9}{'1-cos':>10}{'SIM ms':>11}{'SIM/ORT':>9}{'1-cos':>10}")
+    done = [r for r in rows if "top" in r]
+    for r in rows:
+        if "top" not in r:
+            print(f"{r['name']:<22}  {r['error']}")
+            continue
+        sim = r.get("sim")
+        sim_ms = f"{sim * 1e3:.2f}" if isinstance(sim, float) else (sim or "-")
+        sim_ratio = f"{sim / r['ort']:.2f}x" if isinstance(sim, float) else ""
+        sim_cos = f"{1 - r['sim_cos']:.1e}" if "sim_cos" in r else ""
+        print(f"{r['name']:<22}{r['ort'] * 1e3:>10.2f}{r['top'] * 1e3:>11.2f}{r['top'] / r['ort']:>8.2f}x"
+              f"{1 - r['top_cos']:>10.1e}{sim_ms:>11}{sim_ratio:>9}{sim_cos:>10}")
+    if not done:
+        return
+    ort_total, top_total = sum(r["ort"] for r in done), sum(r["top"] for r in done)
+    print(f"{'total':<22}{ort_total * 1e3:>10.2f}{top_total * 1e3:>11.2f}{top_total / ort_total:>8.2f}x")
+    simmed = [r for r in done if isinstance(r.get("sim"), float)]
+    if simmed:
+        so, ss = sum(r["ort"] for r in simmed), sum(r["sim"] for r in simmed)
+        print(f"{'total (simulated)':<22}{so * 1e3:>10.2f}{'':>11}{'':>9}{'':>10}{ss * 1e3:>11.2f}{ss / so:>8.2f}x")
+    over = [r["name"] for r in done if r["top"] / r["ort"] > TOP_GOAL]
+    print(f"\nTOP within {TOP_GOAL:g}x of onnxruntime: {len(done) - len(over)} of {len(done)} models"
+          + (f" (over: {', '.join(over)})" if over else "") + f"; {threads} thread(s) each")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=".", metavar="REGEX", help="manifest names to run (re.search)")
+    parser.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs per figure (the best counts)")
+    parser.add_argument("--threads", type=int, default=int(_THREADS), metavar="N",
+                        help="onnxruntime intra-op threads and BLAS threads (default 1)")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulated chip")
+    parser.add_argument("--build-dir", default=str(REPO / "build"), help="build tree (default: the repo's build/)")
+    args = parser.parse_args()
+    files = manifests(args.models)
+    if not files:
+        raise SystemExit(f"no manifest in configs/models matches {args.models!r}")
+    build_dir = Path(args.build_dir).resolve()
+    rows = [bench_model(f, build_dir, args.repeat, args.threads, not args.no_sim) for f in files]
+    print_table(rows, args.threads)
+    return 0 if all("top" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
