@@ -10,6 +10,7 @@ constant is written to the weight store only when an op consumes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -338,9 +339,27 @@ class OnnxConverter:
                               [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
                                for o in node.outputs if o]),
             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-        results = ReferenceEvaluator(node_model).run(None, feeds)
+        results = ReferenceEvaluator(node_model, new_ops=_fold_overrides()).run(None, feeds)
         outs = iter(results)
         return [Const(np.asarray(next(outs)), o) if o else None for o in node.outputs]
+
+
+@functools.cache
+def _fold_overrides() -> list[type]:
+    """onnx.reference kernels replaced when folding, each for a bug in the pinned onnx."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):  # noqa: N801 (ReferenceEvaluator keys new ops by class name)
+        # onnx 1.23's uses np.choose, limited to 64 choices, and its fallback fails to
+        # reshape: e.g. BERT's token-type ids, gathered from a [1, 512] buffer
+        def _run(self, data, indices, axis=0):
+            axis %= data.ndim
+            indices = np.where(indices < 0, indices + data.shape[axis], indices)
+            # GatherElements allows indices smaller than data on the other axes
+            data = data[tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(indices.shape))]
+            return (np.take_along_axis(data, indices, axis=axis),)
+
+    return [GatherElements]
 
 
 def _shape_op(node: Node, shape: tuple[int, ...]) -> np.ndarray:

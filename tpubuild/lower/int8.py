@@ -301,14 +301,28 @@ def _range(lw: Lowering, v: SSAValue) -> float:
     return 0.0 if stats is None else max(stats.threshold, abs(stats.min), abs(stats.max))
 
 
+def _ranges_differ(lw: Lowering, op: TensorOp) -> bool:
+    ranges = [r for r in (_range(lw, v) for v in op.operands) if r > 0]
+    return bool(ranges) and max(ranges) > CONCAT_RANGE_RATIO * min(ranges)
+
+
 def float_region(lw: Lowering) -> set[Operation]:
-    """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and every op after them."""
+    """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and every op after them;
+    Adds and Subs of such inputs, alone.
+
+    An Add's output scale follows its larger input, so the smaller one would be
+    rounded away: BERT's attention scores (about +-30) plus its padding mask
+    (0 or -10000) would leave every score 0 and the softmax uniform. In float the
+    sum is exact, and whatever reads it quantizes it at its own threshold (the
+    softmax after a mask stays float anyway).
+    """
     forced: set[Operation] = set()
+    alone: set[Operation] = set()
     for op in lw.ops:
         if any(v.owner in forced for v in op.operands):
             forced.add(op)
-        elif isinstance(op, top.ConcatOp):
-            ranges = [r for r in (_range(lw, v) for v in op.operands) if r > 0]
-            if ranges and max(ranges) > CONCAT_RANGE_RATIO * min(ranges):
-                forced.add(op)
-    return forced
+        elif isinstance(op, top.ConcatOp) and _ranges_differ(lw, op):
+            forced.add(op)
+        elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
+            alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)
+    return forced | alone
