@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
-from xdsl.dialects.builtin import TensorType
 
 from tpubuild.build import stages
 from tpubuild.calib.calibrate import AUTO_CANDIDATES, activation_values, calibrate, collect_stats
@@ -23,6 +20,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.quant import CalibratedType
 from tpubuild.top.inference import infer_file, run, weights_for
+from tpubuild.testing import upstream_check
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((REPO / "models" / "calib" / "photos").glob("*.jpg"))
@@ -89,12 +87,7 @@ def test_relu_outputs_are_unsigned_ranges(demo, tmp_path):
 
 def test_cali_mlir_parses_upstream_and_runs(demo, tmp_path):
     cali, _ = calibrate_stage(demo, tmp_path)
-    opt = Path(sys.executable).parent / "torch-mlir-opt"
-    tool = str(opt) if opt.exists() else shutil.which("torch-mlir-opt")
-    assert tool, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
-    proc = subprocess.run([tool, "--allow-unregistered-dialect", "--verify-each", str(cali), "-o", os.devnull],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    upstream_check(cali, "-o", os.devnull)
     assert "!quant.calibrated<f32<" in cali.read_text()
     x = {"input": preprocess_image(PHOTOS[0], InputSpec.of(INPUTS[0]))[None]}
     got = infer_file(cali, x)

@@ -8,9 +8,6 @@ onnxruntime's on every name present in both.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +25,7 @@ from tpubuild.top.canonicalize import canonicalize
 from tpubuild.top.inference import run
 from tpubuild.verify.reference import onnx_tensors
 from tpubuild.verify.similarity import cosine
+from tpubuild.testing import upstream_check
 
 R = np.random.default_rng(2025)
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -42,18 +40,8 @@ def node(op, inputs, output, **attrs):
     return helper.make_node(op, list(inputs), [output], name=output, **attrs)
 
 
-def mlir_opt() -> str:
-    """torch-mlir-opt next to the running python (the venv), else on PATH."""
-    beside = Path(sys.executable).parent / "torch-mlir-opt"
-    found = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
-    assert found, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
-    return found
-
-
 def upstream_parses(path: Path) -> None:
-    proc = subprocess.run([mlir_opt(), "--allow-unregistered-dialect", "--verify-each", str(path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    upstream_check(path)
 
 
 def compute_ops(module) -> list:

@@ -11,9 +11,6 @@ compared: canonical TOP inference against origin TOP inference and against onnxr
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -29,6 +26,7 @@ from tpubuild.top.canonicalize import canonicalize
 from tpubuild.top.inference import run
 from tpubuild.verify.reference import onnx_tensors
 from tpubuild.verify.similarity import cosine
+from tpubuild.testing import upstream_check
 
 R = np.random.default_rng(33)
 PLUMBING = (top.InputOp, top.WeightOp, top.NoneOp)
@@ -48,12 +46,7 @@ def node(op, inputs, output, **attrs):
 
 
 def upstream_parses(path: Path) -> None:
-    beside = Path(sys.executable).parent / "torch-mlir-opt"
-    tool = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
-    assert tool, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
-    proc = subprocess.run([tool, "--allow-unregistered-dialect", "--verify-each", str(path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    upstream_check(path)
 
 
 def compute_ops(module) -> list:

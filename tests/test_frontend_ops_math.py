@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 
 from tpubuild.frontend import registry
 from tpubuild.ir import mlir, top
+from tpubuild.testing import upstream_check
 
 R = np.random.default_rng(77)
 
@@ -419,9 +420,6 @@ def test_log_softmax_large_values(check_onnx):
 
 def test_new_ops_parse_upstream(make_model, convert, tmp_path):
     """A model using every new TOP op prints in generic form that upstream MLIR parses and verifies."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     nodes = [
         node("LeakyRelu", ["x"], ["a"]), node("PRelu", ["a", "slope"], ["b"]), node("Elu", ["b"], ["c"]),
@@ -462,12 +460,7 @@ def test_new_ops_parse_upstream(make_model, convert, tmp_path):
     assert mlir.print_module(mlir.parse_module(text)) == text
     path = tmp_path / "math.mlir"
     path.write_text(text)
-    opt = Path(sys.executable).parent / "torch-mlir-opt"
-    if not opt.exists():
-        pytest.skip("torch-mlir-opt is not installed")
-    proc = subprocess.run([str(opt), "--allow-unregistered-dialect", "--verify-each", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    upstream_check(path)
 
 
 def test_every_issue3_math_op_is_registered():

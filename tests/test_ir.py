@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 from xdsl.dialects.builtin import TensorType, f16, f32
 from xdsl.utils.exceptions import VerifyException
 
@@ -21,19 +18,14 @@ from tpubuild.ir import mlir, params, top, tpu
 from tpubuild.ir.quant import CalibratedType, UniformType
 from tpubuild.ir.types import dtype_of, tensor_type
 from tpubuild.ir.weights import WeightStore
+from tpubuild.testing import upstream_check
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCH_MLIR_OPT = Path(sys.executable).parent / "torch-mlir-opt"
 
 
 def upstream(path: Path, *extra: str) -> str:
     """Parse and verify ``path`` with upstream MLIR; returns what it prints."""
-    if not TORCH_MLIR_OPT.exists():
-        pytest.skip("torch-mlir-opt is not installed next to the interpreter (dev extra torch-mlir)")
-    proc = subprocess.run([str(TORCH_MLIR_OPT), "--allow-unregistered-dialect", "--verify-each", *extra,
-                           str(path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"upstream MLIR rejected {path.name}:\n{proc.stderr}"
-    return proc.stdout
+    return upstream_check(path, *extra)
 
 
 # ---- quant element types ------------------------------------------------------

@@ -4,11 +4,6 @@ memory never overlapping, memory assign's reuse, upstream parse, determinism, a 
 from __future__ import annotations
 
 import dataclasses
-import math
-import subprocess
-import sys
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +22,7 @@ from tpubuild.ir.top import InputOp
 from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
 from tpubuild.kernels import get_kernel
+from tpubuild.testing import upstream_check
 from tpubuild.top.inference import run
 
 BM1684X = load_chip("bm1684x")
@@ -311,13 +307,6 @@ def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
 
 # ---- files ---------------------------------------------------------------------------------------
 
-def _mlir_opt() -> str:
-    beside = Path(sys.executable).parent / "torch-mlir-opt"
-    found = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
-    assert found, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
-    return found
-
-
 def test_lg_and_addr_mlir_parse_upstream_and_are_deterministic(tmp_path):
     texts = []
     for _ in range(2):
@@ -330,9 +319,7 @@ def test_lg_and_addr_mlir_parse_upstream_and_are_deterministic(tmp_path):
     for name, text in zip(("lg.mlir", "addr.mlir"), texts[0]):
         path = tmp_path / name
         path.write_text(text)
-        proc = subprocess.run([_mlir_opt(), "--allow-unregistered-dialect", "--verify-each", str(path)],
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
+        upstream_check(path)
     assert 'module.state = "TPU_GROUPED"' in texts[0][0] and 'module.state = "TPU_ADDRESSED"' in texts[0][1]
     assert "ginfo = {" in texts[0][0] and "lg.groups = [" in texts[0][0]
 

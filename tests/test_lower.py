@@ -8,9 +8,6 @@ on these small models (the default bar is 0.90).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -30,6 +27,7 @@ from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantized
 from tpubuild.lower.lowering import lower_module
 from tpubuild.lower.qtable import parse_quantize_table
+from tpubuild.testing import upstream_check
 from tpubuild.top.canonicalize import canonicalize
 from tpubuild.top.inference import run
 from tpubuild.verify.similarity import cosine, euclidean
@@ -412,18 +410,9 @@ def test_unknown_chip_lists_known_ones():
 
 # ---- upstream MLIR parses every mode's file ------------------------------------------------------
 
-def mlir_opt() -> str:
-    beside = Path(sys.executable).parent / "torch-mlir-opt"
-    found = str(beside) if beside.exists() else shutil.which("torch-mlir-opt")
-    assert found, "torch-mlir-opt not found: install the dev dependencies (torch-mlir)"
-    return found
-
-
 def test_every_mode_parses_upstream(cnn, tmp_path):
     for mode, asym in (("F32", False), ("BF16", False), ("F16", False), ("INT8", False), ("INT8", True)):
         tm, _ = cnn.lower(mode, asymmetric=asym)
         path = tmp_path / f"tpu-{mode}-{asym}.mlir"
         mlir.save_module(tm, path)
-        res = subprocess.run([mlir_opt(), "--allow-unregistered-dialect", "--verify-each", str(path)],
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, (mode, asym, res.stderr[:2000])
+        upstream_check(path)
