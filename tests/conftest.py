@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
+
+# Builds in tests run their stages: the user's artifact cache would restore them from earlier
+# runs (of other code), and tests would fill it. tests/test_cache.py uses its own, in a temp folder.
+os.environ["TPUBUILD_ARTIFACT_CACHE"] = "off"
 
 
 def make_onnx(nodes: Sequence[onnx.NodeProto] | onnx.NodeProto, inputs: Mapping[str, np.ndarray],

@@ -83,6 +83,31 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from tpubuild.build.cache import ArtifactCache, cache_root, format_bytes
+
+    root = cache_root()
+    if root is None:
+        print("the artifact cache is off (TPUBUILD_CACHE or TPUBUILD_ARTIFACT_CACHE is 'off')")
+        return 0
+    cache = ArtifactCache(root)
+    if args.cache_command == "prune":
+        if args.max_bytes is None and args.older_than is None:
+            raise TpuBuildError("cache prune needs --max-bytes N and/or --older-than DAYS")
+        removed, freed = cache.prune(max_bytes=args.max_bytes, older_than_days=args.older_than)
+        print(f"removed {removed} entries, {format_bytes(freed)} freed")
+    stats = cache.stats()
+    print(f"artifact cache {stats['root']}: {stats['entries']} entries, {format_bytes(stats['bytes'])}")
+    for stage, (count, size) in sorted(stats["stages"].items()):
+        print(f"  {stage:<14} {count:>6} entries  {format_bytes(size):>10}")
+    events = stats["events"]
+    hits, misses = events.get("hit", 0), events.get("miss", 0)
+    if hits or misses:
+        print(f"since the log began: {hits} hits, {misses} misses ({hits / (hits + misses):.0%} hit rate), "
+              f"{events.get('store', 0)} stored, {events.get('corrupt', 0)} corrupt entries dropped")
+    return 0
+
+
 def _read_npz(path: str) -> dict:
     """read_npz with the file named in any error: missing, not a zip, pickled objects."""
     import zipfile
@@ -97,6 +122,18 @@ def _read_npz(path: str) -> dict:
         raise TpuBuildError("file not found", file=path) from None
     except Exception as err:  # zipfile.BadZipFile, ValueError (pickles), EOFError, OSError...
         raise TpuBuildError(f"not a readable .npz ({type(err).__name__}: {err})", file=path) from None
+
+
+def _byte_count(text: str) -> int:
+    """'500M' -> 524288000 (K, M, G are powers of 1024)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1000000, 500M, 2G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ops", help="list the supported ONNX ops and the opsets their converters start at")
     p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("cache", help="the artifact cache of stage outputs: stats, prune")
+    cache_sub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    cache_sub.add_parser("stats", help="entries, bytes per stage, hits and misses")
+    q = cache_sub.add_parser("prune", help="remove entries unused for DAYS, then the least recently used past N bytes")
+    q.add_argument("--max-bytes", type=_byte_count, metavar="N", help="keep at most N bytes (suffixes K, M, G)")
+    q.add_argument("--older-than", type=float, metavar="DAYS", help="remove entries unused for DAYS days")
+    p.set_defaults(func=cmd_cache)
     return parser
 
 

@@ -30,7 +30,9 @@ from tpubuild.errors import TpuBuildError
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TPUBUILD_CACHE") or Path.home() / ".cache" / "tpubuild")
+    value = os.environ.get("TPUBUILD_CACHE")
+    # "off" turns off the artifact cache (cache.py); downloaded wheels still need a home
+    return Path(value if value and value.lower() != "off" else Path.home() / ".cache" / "tpubuild")
 
 
 def _download(requirement: str) -> Path:

@@ -13,11 +13,12 @@ from doit.reporter import ConsoleReporter
 
 class SummaryReporter(ConsoleReporter):
     desc = "console output, and the saved verification summary of up-to-date models"
+    show_summaries = True  # the progress reporter turns them off for a batch (its table covers them)
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)
         summary = (task.meta or {}).get("summary")
-        if summary:
+        if summary and self.show_summaries:
             try:
                 self.write(Path(summary).read_text(encoding="utf-8"))
             except OSError:

@@ -26,7 +26,7 @@ from tpubuild.build import fetch, stages
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import Manifest, Target, load_manifest
 from tpubuild.build.paths import ModelPaths
-from tpubuild.build.reporter import SummaryReporter
+from tpubuild.build.progress import ProgressReporter
 from tpubuild.build.version import compiler_version
 from tpubuild.errors import TpuBuildError
 
@@ -51,15 +51,19 @@ STAGE_DOCS = {
 }
 
 
-def run_stage(task_id: str, func, kwargs: dict[str, Any]):
-    """The python-action of every stage: a user error fails the task with its message, no traceback."""
+def run_stage(task_id: str, func, kwargs: dict[str, Any], cache: dict[str, Any] | None = None):
+    """The python-action of every stage: through the artifact cache (cache.py), and a user error fails
+    the task with its message, no traceback. Returns {"cache": "hit" | "miss" | "off"} (the task's
+    values, which the progress reporter counts)."""
+    from tpubuild.build.cache import run_cached
+
     _debug_delay(task_id)
     try:
-        func(**kwargs)
+        outcome = run_cached(task_id, func, kwargs, cache)
     except TpuBuildError as err:
         stage, _, model = task_id.partition(":")
         return TaskFailed(str(err.with_context(model=model, stage=stage)))
-    return None
+    return {"cache": outcome}
 
 
 def fail_with(message: str):
@@ -78,13 +82,17 @@ def _debug_delay(task_id: str) -> None:
 def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Iterable[Path],
           targets: Iterable[Path], config: dict[str, Any], **extra) -> dict[str, Any]:
     task_id = f"{stage}:{model}"
+    file_dep = [str(p) for p in file_dep]
+    targets = [str(p) for p in targets]
+    # the artifact cache's key: the same inputs and config doit checks (cache.py)
+    cache = {"inputs": file_dep, "targets": targets, "config": config}
     return {
         "basename": stage,
         "name": model,
         "doc": f"{STAGE_DOCS[stage]} [{model}]",
-        "actions": [(run_stage, [task_id, func, kwargs])],
-        "file_dep": [str(p) for p in file_dep],
-        "targets": [str(p) for p in targets],
+        "actions": [(run_stage, [task_id, func, kwargs, cache])],
+        "file_dep": file_dep,
+        "targets": targets,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
         **extra,
@@ -364,7 +372,7 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
         "dep_file": str(build_dir / ".doit.db"),
         "continue": True,
         "default_tasks": ["compile"],
-        "reporter": SummaryReporter,
+        "reporter": ProgressReporter,
     }
 
 
