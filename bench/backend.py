@@ -1,6 +1,7 @@
 """Backend figures per zoo model and target: memory, DDR traffic, cycles against the roofline, compile time.
 
-    python bench/backend.py [MANIFEST ...] [--build-dir DIR] [--jobs N] [--no-build]
+    python bench/backend.py [MANIFEST ...] [--build-dir DIR] [--jobs N] [--no-build] [--ops]
+    python bench/backend.py --synthetic 100 500 1000
 
 MANIFEST defaults to every configs/models/*.yaml. Builds each target's tpu.mlir
 through doit (cached in --build-dir, default build/), then, in this process,
@@ -19,6 +20,9 @@ execution). Prints per target:
 - ref ms: TPU-MLIR's own profile estimate for bm1684x on the same model where
   known (issue 5's sanity band; ours should land within 0.5x-2x).
 - lg/assign/codegen s: compile time of each backend stage.
+
+``--synthetic 500`` times the search alone on generated 500-op ResNet-like
+models (tpubuild.codegen.synthetic), at two input sizes.
 
 Why the roofline ratio is what it is shows in the per-op breakdown printed with
 --ops: BDC cycles per op type, how many ran as global ops, and the engines'
@@ -92,6 +96,28 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
             "t_lg": t1 - t0, "t_assign": t2 - t1, "t_codegen": t3 - t2, "profile": profile}
 
 
+def synthetic(sizes: list[int]) -> None:
+    """Compile time of the search on generated models (goal: seconds for 500 ops)."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.codegen.assign import memory_assign
+    from tpubuild.codegen.layergroup import layer_group
+    from tpubuild.codegen.synthetic import residual_net
+
+    chip = load_chip("bm1684x")
+    print(f"{'ops':>5} {'input':>9} {'groups':>6} {'local':>5} {'H-sliced':>8} {'layergroup cpu s':>16} {'assign cpu s':>12}")
+    for ops in sizes:
+        for size in (64, 224):
+            module, _ = residual_net(ops, size=size)
+            t0 = time.process_time()  # CPU seconds: wall time depends on what else the machine runs
+            module, groups = layer_group(module, chip)
+            t1 = time.process_time()
+            memory_assign(module, chip)
+            t2 = time.process_time()
+            local = [g for g in groups if g.kind == "local"]
+            print(f"{ops:>5} {f'{size}x{size}':>9} {len(groups):>6} {len(local):>5} "
+                  f"{sum(g.h_secs > 1 for g in local):>8} {t1 - t0:>16.2f} {t2 - t1:>12.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("manifests", nargs="*")
@@ -99,8 +125,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-build", action="store_true", help="use the tpu.mlir files already built")
     ap.add_argument("--ops", action="store_true", help="print BDC cycles per op type for each target")
+    ap.add_argument("--synthetic", type=int, nargs="*", metavar="OPS",
+                    help="instead: time layer group + assign on generated ResNet-like models of OPS ops (e.g. 500)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.synthetic:
+        synthetic(args.synthetic)
+        return
     from tpubuild.build.manifest import load_manifest
     from tpubuild.build.paths import ModelPaths
     from tpubuild.build.tasks import find_manifests

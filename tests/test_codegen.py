@@ -1,7 +1,7 @@
 """Codegen end to end: ONNX -> TPU -> layer group -> assign -> .model -> simulator, against TPU inference.
 
-The chip runs the TPU kernels on the tiles codegen describes, so INT8 results must be bit-exact and
-float results equal up to the kernels' round-off on smaller tiles. Small chips (few lanes, little local
+The chip runs the TPU kernels on the tiles codegen describes, so INT8 results must be bit-exact, and so
+are float results here (a dot product's order does not depend on how many rows a tile has). Small chips (few lanes, little local
 memory) force H slices with halos, views into tiles, double buffering and several groups.
 """
 
@@ -118,10 +118,8 @@ def test_cnn_on_the_chip_matches_tpu_inference(make_model, tmp_path, mode, chip)
     ref = run(tm, tw, inputs)
     result, groups = compile_and_run(tm, tw, inputs, CHIPS[chip])
     for name, out in result.outputs.items():
-        if mode == "INT8" or mode == "F32" and chip == "bm1684x":
-            np.testing.assert_array_equal(out, ref[name], err_msg=name)
-        else:
-            np.testing.assert_allclose(out.astype(np.float32), ref[name].astype(np.float32), rtol=2e-2, atol=2e-2)
+        # every mode: the chip runs TPU inference's kernels on C-ordered tiles, as inference holds them
+        np.testing.assert_array_equal(out, ref[name], err_msg=name)
     if chip == "8 lanes 3K":
         assert any(g.kind == LOCAL and g.h_secs > 1 for g in groups)
     assert any(g.kind == LOCAL and len(g.ops) > 2 for g in groups)

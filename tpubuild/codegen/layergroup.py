@@ -183,6 +183,11 @@ class Planner:
         self.ops = [self._facts(node) for node in graph.ops]
         self._structure: dict[tuple[int, int], tuple] = {}
         self._memo: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
+        self._sequences: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        # the last op reading each tensor (past the end for graph outputs): a group's outputs are the
+        # tensors it produces that someone after it reads
+        self._last_read = {name: len(graph.ops) if t.graph_output else max(t.users, default=-1)
+                           for name, t in graph.tensors.items()}
 
     def _facts(self, node) -> OpFacts:
         g, chip = self.g, self.chip
@@ -236,8 +241,7 @@ class Planner:
                         inputs.setdefault(t)
                 for w in f.weights:
                     weights.setdefault(w)
-            outputs = [name for name, p in produced.items()
-                       if self.g.tensors[name].graph_output or any(u >= j for u in self.g.tensors[name].users)]
+            outputs = [name for name in produced if self._last_read[name] >= j]
             self._structure[key] = (list(inputs), outputs, list(weights), last)
             if len(self._structure) > 4096:
                 self._structure.clear()
@@ -259,6 +263,14 @@ class Planner:
 
     def sequence(self, i: int, j: int) -> list[tuple[int, int]]:
         """Slicings in the order they are tried: N first (each distinct slice size once), then H."""
+        seq = self._sequences.get((i, j))
+        if seq is None:
+            if len(self._sequences) > 1 << 14:
+                self._sequences.clear()
+            seq = self._sequences[(i, j)] = self._sequence(i, j)
+        return seq
+
+    def _sequence(self, i: int, j: int) -> list[tuple[int, int]]:
         n_max, h_max = self.limits(i, j)
         seq, seen = [], set()
         for ns in range(1, n_max + 1):

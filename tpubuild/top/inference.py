@@ -79,7 +79,8 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
             if array.shape != expect:
                 raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}",
                                     loc=name)
-            array = array.astype(dtype, copy=False)
+            # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
+            array = array.astype(dtype, order="C", copy=False)
             values[value] = array
             arrays.append(array)
             if all_tensors:
