@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: .venv venv demo test bench clean
+.PHONY: .venv venv demo test browser bench clean
 
 .venv venv: $(STAMP)
 
@@ -19,8 +19,16 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(STAMP)
 	$(VENV)/bin/doit compile:demo_cnn
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/pytest -q
+
+# Headless Chromium for the report page tests (tests/test_report.py), installed from Debian when
+# missing and we are root (CI on a fresh machine); otherwise those tests skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium not found (not root, or no apt-get): the report page tests will skip"; fi; }
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/noop_rebuild.py

@@ -88,7 +88,7 @@ def zoo(tmp_path) -> Zoo:
     return Zoo(tmp_path)
 
 
-TARGET_STAGES = ("lower", "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip")
+TARGET_STAGES = ("lower", "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report")
 
 
 def target_tasks(*targets: str) -> set[str]:
@@ -103,7 +103,7 @@ def test_targets_build_verify_and_summarize(zoo):
         root = zoo.build / "m" / t
         assert {p.name for p in root.iterdir()} == {"tpu.mlir", "tpu_weights.npz", "tpu_outs.npz", "tpu_raw.npz",
                                                    "verify_tpu.json", "lg.mlir", "addr.mlir", "m.model",
-                                                   "chip_outs.npz", "profile.json", "verify.json"}
+                                                   "chip_outs.npz", "profile.json", "verify.json", "report.html"}
         (comp,) = json.loads((root / "verify_tpu.json").read_text())["comparisons"]
         assert comp["passed"] and comp["compared"] >= 4, comp
         assert comp["min_cos"] >= 0.99, (t, comp["min_cos"])

@@ -10,6 +10,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def failed_json(verify_json: str | Path) -> Path:
+    """Where a failing verify stage keeps its comparison (verify_tpu.json -> verify_tpu.failed.json).
+
+    Not a doit target: it exists only while the stage's last run failed, for the reports.
+    """
+    path = Path(verify_json)
+    return path.with_name(f"{path.stem}.failed.json")
+
+
+def zoo_index(build_dir: str | Path) -> Path:
+    """The zoo's index page: every model and target with its status, linking the reports."""
+    return Path(build_dir) / "index.html"
+
+
+def zoo_status(build_dir: str | Path) -> Path:
+    """Each stage task's last outcome (failures with their message), kept by the console reporter."""
+    return Path(build_dir) / ".status.json"
+
+
 @dataclass(frozen=True)
 class ModelPaths:
     root: Path  # build/<model>
@@ -77,6 +96,11 @@ class ModelPaths:
     def summary(self) -> Path:
         return self.root / "summary.txt"
 
+    # the model's failure page (a failed model-level stage), written with the zoo index
+    @property
+    def failed_page(self) -> Path:
+        return self.root / "failed.html"
+
     def target(self, target_id: str) -> "TargetPaths":
         return TargetPaths(self.root / target_id)
 
@@ -136,3 +160,13 @@ class TargetPaths:
     @property
     def verify(self) -> Path:
         return self.root / "verify.json"
+
+    # report: the target's page (similarity charts, layer groups, timeline)
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    # a target whose build stopped: its failure page, written with the zoo index (not a doit target)
+    @property
+    def failed_page(self) -> Path:
+        return self.root / "failed.html"

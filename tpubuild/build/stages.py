@@ -109,12 +109,6 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
         tensors = infer_file(mlir, inputs)
         report = compare_tensors(tensors, ref, tol, test_outputs=_top_outputs(mlir), ref_outputs=ref_outputs)
         levels.append((level, mlir, tensors, report))
-    failures = [_failure_text(level, report) for level, _, _, report in levels if not report["passed"]]
-    if failures:
-        raise TpuBuildError("TOP inference does not match onnxruntime:\n" + "\n".join(failures),
-                            model=model, stage="verify_top",
-                            hint=f"to inspect: tpubuild infer {canonical_mlir} --input {input_npz} --output top.npz "
-                                 f"--all-tensors && tpubuild compare top.npz {onnx_outs}")
     doc = {
         "model": model,
         "stage": "verify_top",
@@ -123,6 +117,14 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
             for _, mlir, _, report in levels
         ],
     }
+    failures = [_failure_text(level, report) for level, _, _, report in levels if not report["passed"]]
+    if failures:
+        _keep_failure(out_json, doc)
+        raise TpuBuildError("TOP inference does not match onnxruntime:\n" + "\n".join(failures),
+                            model=model, stage="verify_top",
+                            hint=f"to inspect: tpubuild infer {canonical_mlir} --input {input_npz} --output top.npz "
+                                 f"--all-tensors && tpubuild compare top.npz {onnx_outs}")
+    _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
     with all_or_nothing(out_origin_outs, out_top_outs, out_json) as (tmp_origin, tmp_top, tmp_json):
         write_npz(tmp_origin, levels[0][2])
@@ -181,15 +183,17 @@ def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz:
     report["outputs"] = [{"name": t, "ref_name": r, "max_abs": max_abs_error(real[t], ref[r]),
                           "ref_max_abs": float(np.max(np.abs(ref[r]))) if np.size(ref[r]) else 0.0,
                           "top1_agreement": _top1(real[t], ref[r])} for t, r in pairs]
+    doc = {"model": model, "stage": "verify_tpu", "target": target,
+           "comparisons": [{"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name,
+                            **report}]}
     if not report["passed"]:
+        _keep_failure(out_json, doc)
         raise TpuBuildError(f"TPU inference ({target}) does not match TOP inference:\n"
                             + _failure_text("tpu", report), model=model, stage="verify_tpu",
                             hint=f"to inspect: python -m tpubuild.lower.inference {tpu_mlir} {input_npz} tpu.npz && "
                                  f"tpubuild compare tpu.npz {top_outs}; pin the worst ops to a float mode in a "
                                  "quantize table, or set tolerance.tpu in the manifest")
-    doc = {"model": model, "stage": "verify_tpu", "target": target,
-           "comparisons": [{"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name,
-                            **report}]}
+    _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
     with all_or_nothing(out_tpu_outs, out_tpu_raw, out_json) as (tmp_outs, tmp_raw, tmp_json):
         write_npz(tmp_outs, real)
@@ -241,7 +245,10 @@ def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: 
             row["passed"] = row["label"] in required
         report["failed"] = sum(not row["passed"] for row in report["tensors"])
         report["passed"] = report["compared"] > 0 and report["failed"] == 0
+    chip_level = {"level": "chip", "test": f"{target}/{Path(model_file).name}", "ref": Path(tpu_raw).name, **report}
     if not report["passed"]:
+        _keep_failure(out_json, {"model": model, "stage": "verify_chip", "target": target,
+                                 "comparisons": [chip_level]})
         lines = [f"  {row['name']}: {row['label']}" + (f" (required: {row['required']})" if "required" in row else "")
                  + f", cos {row['cos']:.6f}, max abs err {row['max_abs']:.3g}" for row in report["tensors"]
                  if not row["passed"] or row["label"] in (NOT_MATCH, NOT_SIMILAR)]
@@ -249,10 +256,11 @@ def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: 
                             model=model, stage="verify_chip",
                             hint=f"to inspect: tpubuild run {model_file} --input <input.npz> --output chip.npz && "
                                  f"tpubuild compare chip.npz {tpu_raw}")
+    _forget_failure(out_json)
     levels = []
     for path in (verify_top_json, verify_tpu_json):
         levels += json.loads(Path(path).read_text(encoding="utf-8"))["comparisons"]
-    levels.append({"level": "chip", "test": f"{target}/{Path(model_file).name}", "ref": Path(tpu_raw).name, **report})
+    levels.append(chip_level)
     profile = json.loads(Path(profile_json).read_text(encoding="utf-8"))
     doc = {"model": model, "stage": "verify_chip", "target": target, "levels": ["onnx", "top", "tpu", "chip"],
            "comparisons": levels, "passed": all(c["passed"] for c in levels),
@@ -296,6 +304,21 @@ def codegen(model: str, chip: str, in_mlir: str, in_weights: str, out_model: str
     write_model(out_model, model_file)
     print(f"{model}: {len(model_file.gdma)} GDMA + {len(model_file.bdc)} BDC commands, "
           f"{len(model_file.weights)} weight bytes, DDR {model_file.header.ddr_size} bytes")
+
+
+def _keep_failure(out_json: str, doc: dict) -> None:
+    """A failing comparison, kept beside the JSON it would have published (never a target) for the reports."""
+    from tpubuild.build.files import write_text
+    from tpubuild.build.paths import failed_json
+    from tpubuild.verify.compare import jsonable
+
+    write_text(failed_json(out_json), json.dumps(jsonable({**doc, "passed": False}), indent=1, sort_keys=True) + "\n")
+
+
+def _forget_failure(out_json: str) -> None:
+    from tpubuild.build.paths import failed_json
+
+    failed_json(out_json).unlink(missing_ok=True)
 
 
 def _tolerance(tolerance: Mapping[str, float]):

@@ -29,6 +29,7 @@ from tpubuild.build.paths import ModelPaths
 from tpubuild.build.progress import ProgressReporter
 from tpubuild.build.version import compiler_version
 from tpubuild.errors import TpuBuildError
+from tpubuild.verify import report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +48,7 @@ STAGE_DOCS = {
     "codegen": "addr.mlir + tpu_weights.npz -> <model>.model: header, weights, GDMA/BDC command streams",
     "run": "the simulated chip runs <model>.model on the test input -> chip_outs.npz + profile.json (cycles)",
     "verify_chip": "chip outputs vs TPU inference's stored outputs -> verify.json with the ONNX/Top/Tpu/Chip levels",
+    "report": "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)",
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -179,10 +181,12 @@ def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
     for target in m.targets:
         yield from _target_tasks(m, p, target)
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
+    reports = [p.target(target.id).report for target in m.targets]
     yield _task("compile", m.name, stages.summarize,
                 {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
-                file_dep=verify_jsons, targets=[p.summary], config={},
-                verbosity=2, meta={"summary": str(p.summary)})
+                file_dep=verify_jsons + reports, targets=[p.summary], config={},
+                verbosity=2, meta={"summary": str(p.summary),
+                                   "zoo": {"build_dir": str(p.root.parent), "targets": [t.id for t in m.targets]}})
 
 
 def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[str, Any]]:
@@ -243,6 +247,13 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
                  "out_json": str(tp.verify)},
                 file_dep=[tp.model_file, tp.chip_outs, tp.tpu_raw, p.verify_top, tp.verify_tpu, tp.profile],
                 targets=[tp.verify], config={"tolerance": tol, "mode": target.mode})
+    # the page reads the graphs for tensor order and op locations; its config is only the compiler version
+    graphs = [p.origin_mlir, p.canonical_mlir, tp.tpu_mlir]
+    yield _task("report", name, report.write_report,
+                {"model": m.name, "target": target.id, "verify_json": str(tp.verify), "profile_json": str(tp.profile),
+                 "lg_mlir": str(tp.lg_mlir), "model_file": str(tp.model_file), "graphs": [str(g) for g in graphs],
+                 "out_html": str(tp.report)},
+                file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs], targets=[tp.report], config={})
 
 
 def _chip_config(chip: str) -> dict[str, Any]:

@@ -1,0 +1,439 @@
+"""report.html: one target's verification and performance on one self-contained page.
+
+What it shows, from the files the build already wrote:
+
+- summary numbers: the cycle model's estimated time and cycles, DDR traffic,
+  model file and weight sizes, engine utilisation (profile.json, the .model);
+- per level (ONNX vs Top, Top vs Tpu, Tpu vs Chip) the per-tensor cosine,
+  euclidean similarity and SQNR as charts in graph order, with the first
+  tensor below tolerance (or, when all pass, the lowest one) named with its
+  op, its location and the line of the .mlir that defines it (verify JSONs);
+- the layer groups: ops, slices, local memory, estimated cycles (lg.mlir);
+- a GDMA/BDC timeline: every command of the .model replayed by the cycle model.
+
+The page has no external resource (charts are inline SVG, styles inline) and no
+date, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # matplotlib is imported only when a page is drawn: the task graph imports this module
+    from tpubuild.verify import charts
+
+LEVEL_TITLES = {"top": "ONNX vs Top", "tpu": "Top vs Tpu", "chip": "Tpu vs Chip"}
+EXACT = ("EQUAL", "CLOSE")
+
+
+# ---- where each tensor comes from --------------------------------------------------------------
+
+_OP_LINE = re.compile(r'=\s*"([\w.]+)"')
+_LOC = re.compile(r'loc\((.*)\)\s*$')
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a tensor is defined: its op, graph position and line in the .mlir."""
+
+    index: int
+    op: str
+    line: int
+
+
+@dataclass
+class GraphInfo:
+    file: str  # shown to the user: the path relative to the model's build folder
+    sites: dict[str, Site] = field(default_factory=dict)
+
+    def site(self, name: str) -> Site | None:
+        return self.sites.get(name)
+
+
+def graph_info(path: str | Path, shown_as: str) -> GraphInfo:
+    """Each result's op and line from the .mlir text (generic form, one op per line, located by name).
+
+    A text scan, not a parse: the page needs positions and line numbers only, and
+    reading a large model's IR back through xDSL would cost more than the page.
+    """
+    info = GraphInfo(shown_as)
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            op = _OP_LINE.search(line)
+            loc = _LOC.search(line)
+            if not op or not loc or op.group(1) in ("top.Weight", "top.None"):
+                continue
+            for name in _QUOTED.findall(loc.group(1)):
+                info.sites.setdefault(name, Site(len(info.sites), op.group(1), line_no))
+    return info
+
+
+# ---- one comparison, ordered and judged ---------------------------------------------------------
+
+def _f(value) -> float:
+    """verify JSON numbers: non-finite ones are strings ('inf', 'nan')."""
+    return float(value)
+
+
+@dataclass
+class Level:
+    comp: dict
+    graph: GraphInfo | None
+    rows: list[dict]  # in graph order (tensors the graph does not define last, by name)
+    first_failed: int | None
+    worst: int | None
+
+    @property
+    def title(self) -> str:
+        return LEVEL_TITLES.get(self.comp["level"], self.comp["level"])
+
+    def site(self, row: dict) -> Site | None:
+        return self.graph.site(row["name"]) if self.graph else None
+
+
+def order_level(comp: dict, graph: GraphInfo | None) -> Level:
+    def key(row):
+        site = graph.site(row["name"]) if graph else None
+        return (0, site.index, "") if site else (1, 0, row["name"])
+
+    rows = sorted(comp["tensors"], key=key)
+    failed = [i for i, row in enumerate(rows) if not row["passed"]]
+    cosines = [(c if not math.isnan(c) else -math.inf, i) for i, c in ((i, _f(r["cos"])) for i, r in enumerate(rows))]
+    worst = min(cosines)[1] if cosines else None
+    return Level(comp, graph, rows, failed[0] if failed else None, worst)
+
+
+# ---- everything one page shows --------------------------------------------------------------------
+
+@dataclass
+class GroupRow:
+    id: int
+    kind: str
+    ops: list[tuple[str, str]]  # (tensor name, op type)
+    n_secs: int
+    h_secs: int
+    lmem_bytes: int
+    cycles: int
+    ddr_bytes: int
+
+
+@dataclass
+class PageData:
+    model: str
+    target: str
+    passed: bool
+    levels: list[Level]
+    profile: dict | None = None
+    groups: list[GroupRow] | None = None
+    lane_bytes: int | None = None  # local memory per lane
+    spans: list[charts.Span] | None = None
+    model_bytes: int | None = None
+    weight_bytes: int | None = None
+    failure: tuple[str, str] | None = None  # (stage, message) of a build that stopped
+
+
+def read_groups(lg_mlir: str | Path) -> list[GroupRow]:
+    from tpubuild.codegen.graph import build_graph
+    from tpubuild.codegen.layergroup import read_groups as lg_groups
+    from tpubuild.ir.mlir import load_module
+
+    module = load_module(lg_mlir)
+    graph = build_graph(module)
+    return [GroupRow(g.id, g.kind, [(graph.ops[p].name, graph.ops[p].kind) for p in g.ops], g.n_secs, g.h_secs,
+                     g.lmem_bytes, g.cycles, g.ddr_bytes) for g in lg_groups(module, graph)]
+
+
+def command_spans(model) -> list[charts.Span]:
+    """Every command's start and end as the cycle model replays them (the simulator's order and estimate)."""
+    from tpubuild.sim.chip import decoded_params
+    from tpubuild.sim.cycles import replay
+    from tpubuild.verify import charts
+
+    s = replay(model, decoded_params(model))
+    spans = [charts.Span("gdma", a, b, g.direction.name.lower()) for g, a, b in zip(model.gdma, s.gdma_start, s.gdma_end)]
+    spans += [charts.Span("bdc", a, b, c.op.removeprefix("tpu.")) for c, a, b in zip(model.bdc, s.bdc_start, s.bdc_end)]
+    return spans
+
+
+def levels_of(comparisons: Sequence[dict], graphs: Mapping[str, GraphInfo]) -> list[Level]:
+    """Each comparison ordered by the graph it tested (``graphs`` by file name; the chip by tpu.mlir's)."""
+    out = []
+    for comp in comparisons:
+        test = Path(comp["test"]).name
+        graph = graphs.get("tpu.mlir" if comp["level"] == "chip" else test)
+        out.append(order_level(comp, graph))
+    return out
+
+
+def target_page(model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str,
+                graphs: Sequence[str]) -> PageData:
+    """Everything a passing target's page shows, read from its build artifacts."""
+    from tpubuild.codegen.model_file import read_model
+
+    doc = json.loads(Path(verify_json).read_text(encoding="utf-8"))
+    infos = _graph_infos(graphs, Path(verify_json).parent.parent)
+    mf = read_model(model_file)
+    return PageData(model=model, target=target, passed=bool(doc["passed"]),
+                    levels=levels_of(doc["comparisons"], infos),
+                    profile=json.loads(Path(profile_json).read_text(encoding="utf-8")),
+                    groups=read_groups(lg_mlir), lane_bytes=mf.header.chip.lane_bytes, spans=command_spans(mf),
+                    model_bytes=Path(model_file).stat().st_size, weight_bytes=len(mf.weights))
+
+
+def _graph_infos(graphs: Sequence[str], model_dir: Path) -> dict[str, GraphInfo]:
+    infos = {}
+    for g in graphs:
+        path = Path(g)
+        try:
+            shown = str(path.resolve().relative_to(model_dir.resolve()))
+        except ValueError:
+            shown = path.name
+        infos[path.name] = graph_info(path, shown)
+    return infos
+
+
+# ---- HTML -------------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:"DejaVu Sans",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:14px;margin:18px 0 6px} .sub{color:#666;margin:0 0 16px}
+.badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:bold;font-size:13px}
+.pass{background:#2e8b57} .fail{background:#c62828} .none{background:#888}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:130px}
+.card .v{font-size:18px;font-weight:bold} .card .k{font-size:11px;color:#666}
+table{border-collapse:collapse;font-size:12px;margin:6px 0} th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}
+th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.bad td{background:#fdecea} tr.first td{background:#f8c9c4;font-weight:bold}
+.callout{border-left:4px solid #c62828;background:#fdecea;padding:8px 12px;margin:8px 0}
+.callout.ok{border-color:#2e8b57;background:#eef7f1}
+.chart{overflow-x:auto;margin:6px 0} .chart svg{max-width:100%;height:auto}
+code{background:#f4f4f4;padding:0 3px} details{margin:4px 0} summary{cursor:pointer;color:#1f5fa8}
+pre{background:#f7f7f7;padding:8px;white-space:pre-wrap;font-size:12px}
+"""
+
+
+def e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def fmt(value, digits: int = 6) -> str:
+    v = _f(value)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}f}"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _badge(passed: bool | None, text: str | None = None) -> str:
+    cls = "none" if passed is None else "pass" if passed else "fail"
+    return f'<span class="badge {cls}">{e(text or ("PASS" if passed else "FAIL"))}</span>'
+
+
+def _card(value: str, key: str) -> str:
+    return f'<div class="card"><div class="v">{e(value)}</div><div class="k">{e(key)}</div></div>'
+
+
+def summary_cards(d: PageData) -> str:
+    cards = []
+    p = d.profile
+    if p:
+        cards += [_card(f"{p['time_ms']:.4g} ms", f"estimated time ({p['total_cycles']:,} cycles)"),
+                  _card(size(p["ddr_read_bytes"]), "DDR read"), _card(size(p["ddr_write_bytes"]), "DDR written")]
+    if d.model_bytes is not None:
+        cards.append(_card(size(d.model_bytes), "model file"))
+    if d.weight_bytes is not None:
+        cards.append(_card(size(d.weight_bytes), "weights"))
+    if p:
+        cards += [_card(f"{p['gdma']['commands']:,} / {p['bdc']['commands']:,}", "GDMA / BDC commands"),
+                  _card(f"{p['gdma']['utilisation']:.0%} / {p['bdc']['utilisation']:.0%}", "GDMA / BDC busy"),
+                  _card(f"{p['bdc']['macs']:,}", "MACs")]
+    if d.groups is not None:
+        local = sum(g.kind == "local" for g in d.groups)
+        cards.append(_card(f"{len(d.groups)} ({local} local)", "layer groups"))
+    return f'<div class="cards">{"".join(cards)}</div>' if cards else ""
+
+
+def levels_table(levels: Sequence[Level]) -> str:
+    head = ("<tr><th>level</th><th>compared</th><th>tensors</th><th>tolerance cos / euc</th><th>min cos</th>"
+            "<th>min euc</th><th>min SQNR</th><th>below tolerance</th><th>result</th></tr>")
+    rows = []
+    for lv in levels:
+        c = lv.comp
+        tol = c["tolerance"]
+        rows.append(f'<tr class="{"" if c["passed"] else "bad"}"><td>{e(lv.title)}</td>'
+                    f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td>"
+                    f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td><td class=num>{fmt(c['min_cos'])}</td>"
+                    f"<td class=num>{fmt(c['min_euc'])}</td><td class=num>{fmt(c['min_sqnr'], 1)} dB</td>"
+                    f"<td class=num>{c['failed']}</td><td>{_badge(bool(c['passed']))}</td></tr>")
+    return f'<table class="levels">{head}{"".join(rows)}</table>'
+
+
+def _where(lv: Level, row: dict) -> str:
+    site = lv.site(row)
+    if not site:
+        return f"<code>{e(row['name'])}</code> (not a result of the tested graph)"
+    return (f"<code>{e(row['name'])}</code>: op <code>{e(site.op)}</code> at "
+            f"<code>loc(&quot;{e(row['name'])}&quot;)</code>, <code>{e(lv.graph.file)}:{site.line}</code> "
+            f"(tensor {site.index + 1} of the graph)")
+
+
+def _metrics(row: dict) -> str:
+    return (f"{e(row['label'])}, cos {fmt(row['cos'])}, euc {fmt(row['euc'])}, SQNR {fmt(row['sqnr'], 1)} dB, "
+            f"max abs err {_f(row['max_abs']):.3g}")
+
+
+def first_failure(levels: Sequence[Level]) -> str:
+    """The callout at the top: the first tensor, at the first level, where similarity drops below tolerance."""
+    for i, lv in enumerate(levels):
+        if lv.first_failed is not None:
+            row = lv.rows[lv.first_failed]
+            return (f'<div class="callout" id="first-failure"><b>First tensor below tolerance</b> '
+                    f"(<a href=\"#level-{i}\">{e(lv.title)}, {e(lv.comp['test'])} vs {e(lv.comp['ref'])}</a>): "
+                    f"{_where(lv, row)}<br>"
+                    f"{_metrics(row)}; tolerance cos {lv.comp['tolerance']['cos']:g}, "
+                    f"euc {lv.comp['tolerance']['euc']:g}</div>")
+    lowest = [(_f(lv.rows[lv.worst]["cos"]), i) for i, lv in enumerate(levels) if lv.worst is not None]
+    if not lowest:
+        return '<div class="callout">No tensor was compared.</div>'
+    lv = levels[min(lowest)[1]]
+    row = lv.rows[lv.worst]
+    return (f'<div class="callout ok" id="first-failure"><b>Every tensor is within tolerance</b> at every level. '
+            f"Lowest cosine ({e(lv.title)}): {_where(lv, row)}; {_metrics(row)}</div>")
+
+
+def tensor_table(lv: Level) -> str:
+    head = ("<tr><th>#</th><th>tensor</th><th>op</th><th>line</th><th>shape</th><th>label</th><th>cos</th>"
+            "<th>euc</th><th>SQNR dB</th><th>max abs err</th></tr>")
+    rows = []
+    for i, row in enumerate(lv.rows):
+        site = lv.site(row)
+        cls = "first" if i == lv.first_failed else "" if row["passed"] else "bad"
+        name = row["name"] + (f" ↔ {row['ref_name']}" if "ref_name" in row else "")
+        rows.append(f'<tr class="{cls}"><td class=num>{i + 1}</td><td>{e(name)}</td>'
+                    f"<td>{e(site.op) if site else ''}</td><td class=num>{site.line if site else ''}</td>"
+                    f"<td>{e('x'.join(map(str, row['shape'])))}</td><td>{e(row['label'])}</td>"
+                    f"<td class=num>{fmt(row['cos'])}</td><td class=num>{fmt(row['euc'])}</td>"
+                    f"<td class=num>{fmt(row['sqnr'], 1)}</td><td class=num>{_f(row['max_abs']):.3g}</td></tr>")
+    return f'<table class="tensors">{head}{"".join(rows)}</table>'
+
+
+def level_section(lv: Level, index: int) -> str:
+    from tpubuild.verify import charts
+
+    c = lv.comp
+    points = [charts.Point(r["name"], _f(r["cos"]), _f(r["euc"]), _f(r["sqnr"]), bool(r["passed"]),
+                           r["label"] in EXACT) for r in lv.rows]
+    highlight = lv.first_failed if lv.first_failed is not None else lv.worst
+    parts = [f'<h3 id="level-{index}">{e(lv.title)}: {e(c["test"])} vs {e(c["ref"])} {_badge(bool(c["passed"]))}</h3>']
+    if points:
+        svg = charts.similarity_chart(points, float(c["tolerance"]["cos"]), float(c["tolerance"]["euc"]), highlight,
+                                      lv.first_failed is not None, salt=f"level{index}")
+        parts.append(f'<div class="chart similarity">{svg}</div>')
+    else:
+        parts.append("<p>No tensor in common: nothing was compared.</p>")
+    for key, what in (("only_in_test", "only in the tested graph"), ("only_in_ref", "only in the reference")):
+        if c.get(key):
+            count = len(c[key])
+            parts.append(f"<p>{count} tensor{'' if count == 1 else 's'} {what} (not compared).</p>")
+    parts.append(f"<details{' open' if lv.first_failed is not None else ''}><summary>every tensor "
+                 f"({len(lv.rows)})</summary>{tensor_table(lv)}</details>")
+    return "\n".join(parts)
+
+
+def groups_section(d: PageData) -> str:
+    if d.groups is None:
+        return ""
+    head = ("<tr><th>group</th><th>kind</th><th>ops</th><th>slices (N × H)</th><th>local memory / lane</th>"
+            "<th>est. cycles</th><th>DDR bytes</th></tr>")
+    rows = []
+    for g in d.groups:
+        ops = [f"{e(name)} <small>({e(kind.removeprefix('tpu.'))})</small>" for name, kind in g.ops]
+        shown = ", ".join(ops[:6]) + (f"<details><summary>{len(ops) - 6} more</summary>{', '.join(ops[6:])}</details>"
+                                     if len(ops) > 6 else "")
+        if g.kind == "local":
+            share = f" ({g.lmem_bytes / d.lane_bytes:.0%})" if d.lane_bytes else ""
+            lmem = f"{size(g.lmem_bytes)}{share}"
+            slices = f"{g.n_secs * g.h_secs} ({g.n_secs} × {g.h_secs})"
+        else:
+            lmem, slices = "–", "–"
+        rows.append(f"<tr><td class=num>{g.id}</td><td>{e(g.kind)}</td><td>{shown}</td><td class=num>{slices}</td>"
+                    f"<td class=num>{lmem}</td><td class=num>{g.cycles:,}</td><td class=num>{g.ddr_bytes:,}</td></tr>")
+    cap = f" of {size(d.lane_bytes)} per lane" if d.lane_bytes else ""
+    return (f'<h2 id="groups">Layer groups</h2><p>{len(d.groups)} groups; local memory is the peak per lane{cap}; '
+            f"cycles and DDR bytes are layer group's estimates.</p>"
+            f'<table class="groups">{head}{"".join(rows)}</table>')
+
+
+def timeline_section(d: PageData) -> str:
+    from tpubuild.verify import charts
+
+    if d.spans is None or d.profile is None:
+        return ""
+    p = d.profile
+    parts = ['<h2 id="timeline">GDMA / BDC timeline</h2>',
+             f"<p>Every command as the cycle model replays the .model: {p['gdma']['commands']:,} GDMA "
+             f"({p['gdma']['utilisation']:.0%} busy) and {p['bdc']['commands']:,} BDC "
+             f"({p['bdc']['utilisation']:.0%} busy); a command starts when its engine is free and its wait is met.</p>",
+             f'<div class="chart timeline">{charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], "timeline")}</div>']
+    if p.get("ops"):
+        parts += ["<h3>BDC cycles by op type</h3>", f'<div class="chart ops">{charts.ops_chart(p["ops"], "ops")}</div>']
+    return "\n".join(parts)
+
+
+def render(d: PageData) -> str:
+    status = _badge(d.passed)
+    chip_line = ""
+    if d.profile:
+        chip_line = f" · chip {e(d.profile['chip'])} at {d.profile['clock_hz'] / 1e6:g} MHz"
+    failure = ""
+    if d.failure:
+        stage, message = d.failure
+        failure = (f'<h2>Build stopped at {e(stage)}</h2><pre class="failure">{e(message)}</pre>')
+    sections = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(d.model)} · {e(d.target)} · tpubuild report</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{e(d.model)} · {e(d.target)} {status}</h1>",
+        f'<p class="sub">tpubuild verification and performance report{chip_line}</p>',
+        summary_cards(d),
+        failure,
+        '<h2 id="similarity">Similarity</h2>',
+        first_failure(d.levels),
+        levels_table(d.levels),
+        *(level_section(lv, i) for i, lv in enumerate(d.levels)),
+        groups_section(d),
+        timeline_section(d),
+        "</body></html>",
+    ]
+    return "\n".join(s for s in sections if s) + "\n"
+
+
+# ---- the stage --------------------------------------------------------------------------------------
+
+def write_report(model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str,
+                 graphs: Sequence[str], out_html: str) -> None:
+    """verify.json + profile.json + lg.mlir + the .model (+ the graphs, for tensor order) -> report.html."""
+    from tpubuild.build.files import write_text
+
+    write_text(out_html, render(target_page(model, target, verify_json, profile_json, lg_mlir, model_file, graphs)))
