@@ -22,6 +22,12 @@ Method = Callable[[TensorStats, int], float]
 METHODS = Registry("a calibration method")
 
 PERCENTILE = 99.99
+# KL never clips more than this share of the values (its clip point is at least
+# the median of |x|). TensorRT's search assumes a distribution that starts at 0;
+# for one far from it (a detection head's class logits, all in [-7, -2]) a clip
+# point just above the first non-empty bin leaves P and Q one identical spike, a
+# divergence of 0, and the tensor becomes a constant.
+KL_MAX_CLIPPED = 0.5
 # An all-zero tensor: any positive range quantizes it exactly (TPU-MLIR uses the same floor).
 MIN_THRESHOLD = 1e-5
 
@@ -91,21 +97,23 @@ def kl(stats: TensorStats, levels: int) -> float:
     """TensorRT's entropy calibration: the clip point whose 8-bit version loses the least information.
 
     Candidates are the bin edges from ``levels + 1`` bins (128 for int8, as
-    TensorRT and TPU-MLIR; 256 for uint8) to the last non-empty bin: every 16th,
-    then every one within 16 of the best.
+    TensorRT and TPU-MLIR; 256 for uint8), or from the edge that clips
+    KL_MAX_CLIPPED of the values if that is higher, to the last non-empty bin:
+    every 16th, then every one within 16 of the best.
     """
     nq = levels + 1
     n = stats.nonzero_bins()
-    if n <= nq:
-        return stats.absmax
     hist = stats.hist.astype(np.float64)
     cum = np.concatenate([[0.0], np.cumsum(hist)])
+    lowest = max(nq, int(np.searchsorted(cum, (1.0 - KL_MAX_CLIPPED) * cum[-1])))
+    if n <= lowest:
+        return stats.absmax
 
     def best_of(candidates) -> tuple[float, int]:
         return min((_kl_divergence(hist, cum, i, nq), i) for i in candidates)
 
-    _, coarse = best_of(list(range(nq, n + 1, 16)) + [n])
-    _, best = best_of(range(max(nq, coarse - 15), min(n, coarse + 15) + 1))
+    _, coarse = best_of(list(range(lowest, n + 1, 16)) + [n])
+    _, best = best_of(range(max(lowest, coarse - 15), min(n, coarse + 15) + 1))
     return best * stats.width
 
 
