@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -47,7 +48,7 @@ def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
 
 # im2col builds its columns this many bytes at a time (output rows in blocks): the block
 # stays in cache between being written and the GEMM reading it
-_COLS_BLOCK = 1 << 22
+_COLS_BLOCK = 1 << 21
 
 
 @kernel(top.ConvOp)
@@ -58,12 +59,17 @@ def _(p: top.ConvParams, x, w, b):
     xp = padded(x, p.pads[:nd], p.pads[nd:])
     out_sp = tuple((size - (k - 1) * d - 1) // s + 1
                    for size, k, d, s in zip(xp.shape[2:], p.kernel_shape, p.dilations, p.strides))
-    taps = list(np.ndindex(*p.kernel_shape))
     dtype = np.result_type(x.dtype, w.dtype)
-    if g > 1 and c == g:
+    taps = _live_taps(p, x.shape[2:], out_sp)
+    w = w.reshape(oc, c // g, -1)
+    if len(taps) < w.shape[2]:
+        w = w[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
+    if not taps:
+        y = np.zeros((n, oc) + out_sp, dtype)
+    elif g > 1 and c == g:
         y = _depthwise(xp, w, taps, p, out_sp, dtype)
     elif len(taps) == 1:
-        # 1x1: a plain matmul of the (strided) input pixels
+        # one tap (1x1): a plain matmul of the (strided) input pixels
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
         y = np.matmul(w.reshape(g, oc // g, c // g), cols)
     else:
@@ -72,10 +78,35 @@ def _(p: top.ConvParams, x, w, b):
     if b is not None:
         bias = b.reshape((1, oc) + (1,) * nd)
         if np.can_cast(bias.dtype, y.dtype, "safe"):
-            y += bias  # y is a fresh array
+            y += bias
         else:
             y = y + bias
-    return fused(y.astype(x.dtype, copy=False), p)
+    y = y.astype(x.dtype, copy=False)
+    # y is this call's own array: the fused activation may overwrite it
+    if p.do_relu:
+        np.maximum(y, 0, out=y)
+        if p.relu_limit >= 0:
+            np.minimum(y, p.relu_limit, out=y)
+    return y
+
+
+def _live_taps(p: top.ConvParams, spatial, out_sp) -> list[tuple[int, ...]]:
+    """The kernel taps that meet the input for some output pixel; the others only ever see padding.
+
+    A 5x5 kernel over a plane two rows high (PP-OCR's recognisers) has two rows of taps
+    that only multiply zeros: they are left out of the product.
+    """
+    nd = len(p.kernel_shape)
+    live = []
+    for i in range(nd):
+        begin, size, s, d = p.pads[i], spatial[i], p.strides[i], p.dilations[i]
+        keep = []
+        for k in range(p.kernel_shape[i]):
+            first = max(0, -(-(begin - k * d) // s))  # the first output pixel whose tap is past the begin pads
+            if first < out_sp[i] and k * d + first * s < begin + size:
+                keep.append(k)
+        live.append(keep)
+    return list(itertools.product(*live))
 
 
 def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
@@ -173,6 +204,11 @@ def _pool_shape(p: top.PoolParams, spatial) -> tuple[tuple[int, ...], tuple[int,
     return dil, out
 
 
+def _global(p: top.PoolParams, spatial, begin, end) -> bool:
+    """One window over the whole unpadded plane: a plain reduction of each plane."""
+    return tuple(p.kernel_shape) == tuple(spatial) and not any(begin) and not any(end)
+
+
 def _few_taps(kernel_shape, out_sp) -> bool:
     """Reduce tap by tap over strided views (one pass each), or over a windows view?
 
@@ -189,6 +225,8 @@ def _(p: top.PoolParams, x):
     # padding never wins: the lowest value of the dtype (-inf cannot pad an int8 tensor)
     lowest = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
     dil, out_sp = _pool_shape(p, x.shape[-nd:])
+    if _global(p, x.shape[-nd:], begin, end):
+        return fused(x.reshape(x.shape[:-nd] + (-1,)).max(axis=-1).reshape(x.shape[:-nd] + out_sp), p)
     if not _few_taps(p.kernel_shape, out_sp):
         win = windows(x, p.kernel_shape, p.strides, dil, begin, end, fill=lowest)
         return fused(win.max(axis=tuple(range(-nd, 0))), p)
@@ -231,7 +269,9 @@ def _(p: top.PoolParams, x):
     spatial = x.shape[-nd:]
     begin, end = _pool_pads(p, spatial)
     dil, out_sp = _pool_shape(p, spatial)
-    if _few_taps(p.kernel_shape, out_sp):
+    if _global(p, spatial, begin, end):
+        total = x.reshape(x.shape[:-nd] + (-1,)).sum(axis=-1, dtype=np.float64).reshape(x.shape[:-nd] + out_sp)
+    elif _few_taps(p.kernel_shape, out_sp):
         xp = padded(x, begin, end)
         total = np.zeros(x.shape[:-nd] + out_sp, np.float64)
         for tap in np.ndindex(*p.kernel_shape):
