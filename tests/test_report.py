@@ -163,6 +163,12 @@ def test_timeline_replays_the_profile(zoo):
     assert max(s.end for s in spans) == profile["total_cycles"]
     page = _html(t / "report.html")
     assert f"{profile['total_cycles']:,} cycles" in page
+    # the group lane: lg.mlir's groups account for every BDC of the queue, in order and without overlap
+    groups = report.read_groups(t / "lg.mlir")
+    lanes = report.group_spans(groups, spans)
+    assert lanes and [g for g, _, _ in lanes] == [g.id for g in groups if g.kind in ("local", "global")]
+    assert all(a < b <= c for (_, a, b), (_, c, _) in zip(lanes, lanes[1:]))
+    assert "The group lane spans each layer group" in page
 
 
 def test_report_is_byte_identical_across_runs_and_hash_seeds(zoo, tmp_path):

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.patches import Patch  # noqa: E402
 
 PASS_COLOR, FAIL_COLOR, EXACT_COLOR, WORST_COLOR = "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
+GROUP_COLORS = ("#d9d9d9", "#b0b0b0")  # alternate, so neighbouring groups stay apart
 GDMA_COLORS = {"load": "#4c72b0", "store": "#55a868", "ddr2ddr": "#8172b2"}
 # op types of the BDC lane, in a fixed order of colours
 OP_PALETTE = ["#dd8452", "#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd", "#a1c9f4",
@@ -96,7 +97,7 @@ def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, hi
         step = max(1, math.ceil(n / MAX_LABELS))
         axes[-1].set_xticks(x[::step], [points[i].name for i in x[::step]], rotation=90, fontsize=7)
         axes[-1].set_xlim(-0.6, n - 0.4)
-        axes[-1].set_xlabel(f"tensor in graph order ({n})" + (f", every {step}th named" if step > 1 else ""))
+        axes[-1].set_xlabel(f"tensor in graph order ({n})" + (f", 1 in {step} named" if step > 1 else ""))
         handles = [Patch(color=EXACT_COLOR, label="EQUAL / CLOSE"), Patch(color=PASS_COLOR, label="within tolerance"),
                    Patch(color=FAIL_COLOR, label="below tolerance")]
         fig.legend(handles=handles, loc="outside upper right", fontsize=7, ncols=3, frameon=False)
@@ -144,23 +145,31 @@ class Span:
     kind: str  # GDMA direction or BDC op type
 
 
-def timeline_chart(spans: Sequence[Span], total: int, clock_hz: float, salt: str) -> str:
-    """Both engines' commands on one time axis (cycles), BDC coloured by op type, GDMA by direction."""
+def timeline_chart(spans: Sequence[Span], total: int, clock_hz: float, salt: str,
+                   groups: Sequence[tuple[int, int, int]] | None = None) -> str:
+    """Both engines' commands on one time axis (cycles), BDC coloured by op type, GDMA by direction;
+    ``groups``: (id, start, end) of each layer group's computes, drawn as a lane above."""
     kinds = sorted({s.kind for s in spans if s.engine == "bdc"})
     colors = {k: OP_PALETTE[i % len(OP_PALETTE)] for i, k in enumerate(kinds)}
     colors.update(GDMA_COLORS)
     lanes = {"gdma": 1, "bdc": 0}
     with matplotlib.rc_context(_rc(salt)):
-        fig = _figure(12.0, 2.6)
+        fig = _figure(12.0, 3.0 if groups else 2.6)
         ax = fig.subplots()
+        if groups:
+            for k, (gid, start, end) in enumerate(groups):
+                ax.broken_barh([(start, max(end - start, 1))], (1.7, 0.6), facecolors=GROUP_COLORS[k % 2],
+                               edgecolor="white", linewidth=0.5)
+                if end - start > 0.025 * max(total, 1):
+                    ax.text((start + end) / 2, 2.0, f"{gid}", ha="center", va="center", fontsize=7)
         many = len(spans) > 2000  # thousands of rectangles: one raster image inside the SVG, not a path each
         for engine, lane in lanes.items():
             for kind in sorted({s.kind for s in spans if s.engine == engine}):
                 bars = [(s.start, max(s.end - s.start, 1)) for s in spans if s.engine == engine and s.kind == kind]
                 ax.broken_barh(bars, (lane - 0.38, 0.76), facecolors=colors[kind], edgecolor="white",
                                linewidth=0.3 if not many else 0, rasterized=many)
-        ax.set_yticks([0, 1], ["BDC", "GDMA"])
-        ax.set_ylim(-0.6, 1.6)
+        ax.set_yticks([0, 1, 2] if groups else [0, 1], ["BDC", "GDMA", "group"] if groups else ["BDC", "GDMA"])
+        ax.set_ylim(-0.6, 2.45 if groups else 1.6)
         ax.set_xlim(0, max(total, 1))
         ax.set_xlabel(f"cycles (total {total:,} = {total / clock_hz * 1e3:.4g} ms at {clock_hz / 1e6:g} MHz)")
         used = [k for k in GDMA_COLORS if any(s.kind == k and s.engine == "gdma" for s in spans)] + kinds

@@ -51,9 +51,10 @@ class Outcomes:
     def __init__(self, build_dir: str | Path):
         self.file = zoo_status(build_dir)
         try:
-            self.last: dict[str, str] = json.loads(self.file.read_text(encoding="utf-8"))
+            last = json.loads(self.file.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none yet, or cut short by a crash: start again
-            self.last = {}
+            last = {}
+        self.last: dict[str, str] = {k: v for k, v in last.items() if isinstance(v, str)} if isinstance(last, dict) else {}
         self.failed_now: set[str] = set()
 
     def ok(self, task: str) -> None:

@@ -163,6 +163,24 @@ def command_spans(model) -> list[charts.Span]:
     return spans
 
 
+def group_spans(groups: Sequence[GroupRow], spans: Sequence[charts.Span]) -> list[tuple[int, int, int]] | None:
+    """(group id, first compute's start, last compute's end) per group, from the BDC queue in order.
+
+    Codegen emits one BDC per op and slice of a local group, one per global op and none for an alias
+    or a copy; when the counts do not add up to the queue (a codegen this does not know), None.
+    """
+    bdc = [s for s in spans if s.engine == "bdc"]
+    counts = [g.n_secs * g.h_secs * len(g.ops) if g.kind == "local" else int(g.kind == "global") for g in groups]
+    if sum(counts) != len(bdc):
+        return None
+    out, i = [], 0
+    for g, n in zip(groups, counts):
+        if n:
+            out.append((g.id, bdc[i].start, bdc[i + n - 1].end))
+            i += n
+    return out
+
+
 def levels_of(comparisons: Sequence[dict], graphs: Mapping[str, GraphInfo]) -> list[Level]:
     """Each comparison ordered by the graph it tested (``graphs`` by file name; the chip by tpu.mlir's)."""
     out = []
@@ -337,7 +355,8 @@ def tensor_table(lv: Level) -> str:
     return f'<table class="tensors">{head}{"".join(rows)}</table>'
 
 
-def level_section(lv: Level, index: int) -> str:
+def level_section(lv: Level, index: int, fold: bool = False) -> str:
+    """A level's heading, chart and tensor table; ``fold``: the chart collapsed (a page about another level)."""
     from tpubuild.verify import charts
 
     c = lv.comp
@@ -348,7 +367,8 @@ def level_section(lv: Level, index: int) -> str:
     if points:
         svg = charts.similarity_chart(points, float(c["tolerance"]["cos"]), float(c["tolerance"]["euc"]), highlight,
                                       lv.first_failed is not None, salt=f"level{index}")
-        parts.append(f'<div class="chart similarity">{svg}</div>')
+        chart = f'<div class="chart similarity">{svg}</div>'
+        parts.append(f"<details><summary>chart</summary>{chart}</details>" if fold else chart)
     else:
         parts.append("<p>No tensor in common: nothing was compared.</p>")
     for key, what in (("only_in_test", "only in the tested graph"), ("only_in_ref", "only in the reference")):
@@ -390,11 +410,14 @@ def timeline_section(d: PageData) -> str:
     if d.spans is None or d.profile is None:
         return ""
     p = d.profile
+    lanes = group_spans(d.groups, d.spans) if d.groups is not None else None
+    timeline = charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], "timeline", lanes)
     parts = ['<h2 id="timeline">GDMA / BDC timeline</h2>',
              f"<p>Every command as the cycle model replays the .model: {p['gdma']['commands']:,} GDMA "
              f"({p['gdma']['utilisation']:.0%} busy) and {p['bdc']['commands']:,} BDC "
-             f"({p['bdc']['utilisation']:.0%} busy); a command starts when its engine is free and its wait is met.</p>",
-             f'<div class="chart timeline">{charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], "timeline")}</div>']
+             f"({p['bdc']['utilisation']:.0%} busy); a command starts when its engine is free and its wait is met."
+             + (" The group lane spans each layer group's computes, labelled with its id." if lanes else "") + "</p>",
+             f'<div class="chart timeline">{timeline}</div>']
     if p.get("ops"):
         parts += ["<h3>BDC cycles by op type</h3>", f'<div class="chart ops">{charts.ops_chart(p["ops"], "ops")}</div>']
     return "\n".join(parts)
@@ -409,6 +432,7 @@ def render(d: PageData) -> str:
     if d.failure:
         stage, message = d.failure
         failure = (f'<h2>Build stopped at {e(stage)}</h2><pre class="failure">{e(message)}</pre>')
+    failing = any(lv.first_failed is not None for lv in d.levels)
     sections = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -421,7 +445,8 @@ def render(d: PageData) -> str:
         '<h2 id="similarity">Similarity</h2>',
         first_failure(d.levels),
         levels_table(d.levels),
-        *(level_section(lv, i) for i, lv in enumerate(d.levels)),
+        # on a page about a failure, the levels that passed keep their charts folded
+        *(level_section(lv, i, fold=failing and lv.first_failed is None) for i, lv in enumerate(d.levels)),
         groups_section(d),
         timeline_section(d),
         "</body></html>",
