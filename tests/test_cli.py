@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.build import stages
 from tpubuild.build.files import read_npz
+from tpubuild.calib.table import read_table
 
 SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]}]
 
@@ -79,6 +80,30 @@ def test_infer_outputs_and_all_tensors(origin, tmp_path):
     run = tpubuild("infer", str(origin), "--input", inp, "--output", str(tmp_path / "all.npz"), "--all-tensors")
     assert run.returncode == 0, run.stderr
     assert {"mm", "y"} <= set(read_npz(tmp_path / "all.npz"))
+
+
+def test_infer_real_values_of_an_int8_tpu_mlir(origin, tmp_path):
+    """A tpu.mlir's tensors: stored int8/uint8 by default, real values with --real (what TOP's compare with)."""
+    inp = str(tmp_path / "input.npz")
+    stages.canonicalize(str(origin), str(tmp_path / "origin_weights.npz"), str(tmp_path / "canonical.mlir"),
+                        str(tmp_path / "canonical_weights.npz"))
+    stages.calibrate("m", str(tmp_path / "canonical.mlir"), SPECS, [inp], None, "max", None,
+                     str(tmp_path / "cali.mlir"), str(tmp_path / "cali_table"))
+    tpu_mlir = tmp_path / "tpu.mlir"
+    stages.lower("m", str(tmp_path / "cali.mlir"), str(tmp_path / "cali_table"), None, "bm1684x", "INT8", False,
+                 str(tpu_mlir), str(tmp_path / "tpu_weights.npz"))
+    for flags, out in (((), "stored.npz"), (("--real",), "real.npz")):
+        run = tpubuild("infer", str(tpu_mlir), "--input", inp, "--output", str(tmp_path / out), "--all-tensors", *flags)
+        assert run.returncode == 0, run.stderr
+    stored, real = read_npz(tmp_path / "stored.npz"), read_npz(tmp_path / "real.npz")
+    # canonicalize fused the ReLU: y is the MatMul's result, never negative, so stored as uint8
+    assert stored["y"].dtype == np.uint8 and real["y"].dtype == np.float32
+    threshold = read_table(tmp_path / "cali_table")[1]["y"].threshold
+    np.testing.assert_allclose(real["y"], stored["y"] * (threshold / 255), rtol=1e-6)  # scale T/255, no zero point
+    x = read_npz(inp)["x"]
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_allclose(real["y"], np.maximum(x @ w, 0), atol=0.03)  # int8 x and w: a few steps at most
+    assert set(real) == set(stored)
 
 
 def test_infer_truncated_mlir(origin, tmp_path):

@@ -29,8 +29,14 @@ def cmd_infer(args: argparse.Namespace) -> int:
     inputs = _read_npz(args.input)
     # without --all-tensors, inference returns the graph outputs only
     tensors = infer_file(args.mlir, inputs, all_tensors=args.all_tensors)
+    if args.real:
+        from tpubuild.ir.mlir import load_module
+        from tpubuild.lower.inference import dequantized
+
+        # a quantized tensor as scale * (q - zero point), f16/bf16 widened: comparable with TOP's by name
+        tensors = dequantized(load_module(args.mlir), tensors)
     write_npz(args.output, tensors)
-    print(f"wrote {len(tensors)} tensors to {args.output}")
+    print(f"wrote {len(tensors)} tensors{' (real values)' if args.real else ''} to {args.output}")
     return 0
 
 
@@ -151,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, metavar="in.npz", help="one array per graph input, by name")
     p.add_argument("--output", required=True, metavar="out.npz")
     p.add_argument("--all-tensors", action="store_true", help="write every tensor, not only graph outputs")
+    p.add_argument("--real", action="store_true",
+                   help="write quantized tensors as real values (scale * (q - zero point)) and f16/bf16 ones as "
+                        "float32, to compare a tpu.mlir with TOP by name; default: the stored values")
     p.set_defaults(func=cmd_infer)
 
     p = sub.add_parser("run", help="run a .model file on the simulated chip (outputs and a cycle estimate)")

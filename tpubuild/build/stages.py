@@ -190,9 +190,9 @@ def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz:
         _keep_failure(out_json, doc)
         raise TpuBuildError(f"TPU inference ({target}) does not match TOP inference:\n"
                             + _failure_text("tpu", report), model=model, stage="verify_tpu",
-                            hint=f"to inspect: python -m tpubuild.lower.inference {tpu_mlir} {input_npz} tpu.npz && "
-                                 f"tpubuild compare tpu.npz {top_outs}; pin the worst ops to a float mode in a "
-                                 "quantize table, or set tolerance.tpu in the manifest")
+                            hint=f"to inspect: tpubuild infer {tpu_mlir} --input {input_npz} --output tpu.npz "
+                                 f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}; pin the worst ops to a "
+                                 "float mode in a quantize table, or set tolerance.tpu in the manifest")
     _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
     with all_or_nothing(out_tpu_outs, out_tpu_raw, out_json) as (tmp_outs, tmp_raw, tmp_json):
