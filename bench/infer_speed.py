@@ -19,8 +19,10 @@ cache keeps the wheels), then times on the same input, in this process:
 Loading (parsing the module, reading weights, creating the session, reading the
 model file) is not timed. Each figure is the best of --repeat runs after one
 warm-up run, in CPU time of this process by default: with one thread that is the
-run's own work, which other jobs on a shared machine barely disturb (--clock wall
-for elapsed time, the figure to use with --threads above 1). Prints per model ms and the ratios to onnxruntime (goals: TOP <= 3x,
+run's own work, which other jobs on a shared machine disturb far less than the
+elapsed time (they still share the caches and memory bandwidth: expect +-30% on a
+busy machine; --clock wall for elapsed time, the figure to use with --threads
+above 1). Prints per model ms and the ratios to onnxruntime (goals: TOP <= 3x,
 SIM <= 10x) and 1 - the lowest output cosine against onnxruntime (a speed-up that
 changes results shows here); then the totals over the models that ran.
 
@@ -107,13 +109,31 @@ def min_cos(ours: dict, ref: dict) -> float:
     return min((cosine(np.asarray(ours[n], np.float64), ref[n]) for n in shared), default=float("nan"))
 
 
+def time_ort(source: Path, inputs: dict, threads: int, repeat: int) -> tuple[float, dict]:
+    """onnxruntime's seconds and its outputs (float64), the session gone after (big models' memory)."""
+    session = ort_session(source, threads)
+    names = [o.name for o in session.get_outputs()]
+    feeds = {a.name: inputs[a.name] for a in session.get_inputs()}
+    seconds, values = timed(lambda: session.run(names, feeds), repeat)
+    return seconds, {n: np.asarray(v, np.float64) for n, v in zip(names, values)}
+
+
+def time_top(mlir_path: Path, inputs: dict, ref: dict, repeat: int) -> tuple[float, float]:
+    """TOP inference's seconds (live tensors only) and its lowest output cosine against ``ref``."""
+    from tpubuild.ir import mlir
+    from tpubuild.top import inference
+
+    module = mlir.load_module(mlir_path)
+    weights = inference.weights_for(module, mlir_path)
+    seconds, ours = timed(lambda: inference.run(module, weights, inputs, all_tensors=False), repeat)
+    return seconds, min_cos(ours, ref)
+
+
 def bench_model(file: Path, build_dir: Path, repeat: int, threads: int, sim: bool, reuse: bool) -> dict:
     from tpubuild.build.files import read_npz
     from tpubuild.build.manifest import load_manifest
     from tpubuild.build.paths import ModelPaths
     from tpubuild.build.tasks import source_file
-    from tpubuild.ir import mlir
-    from tpubuild.top import inference
 
     m = load_manifest(file)
     p = ModelPaths.of(build_dir, m.name)
@@ -127,18 +147,8 @@ def bench_model(file: Path, build_dir: Path, repeat: int, threads: int, sim: boo
         return row
     inputs = read_npz(p.input_npz)
 
-    session = ort_session(source_file(m, p), threads)
-    names = [o.name for o in session.get_outputs()]
-    feeds = {a.name: inputs[a.name] for a in session.get_inputs()}
-    row["ort"], values = timed(lambda: session.run(names, feeds), repeat)
-    ref = {n: np.asarray(v, np.float64) for n, v in zip(names, values)}
-    del session
-
-    module = mlir.load_module(p.canonical_mlir)
-    weights = inference.weights_for(module, p.canonical_mlir)
-    row["top"], ours = timed(lambda: inference.run(module, weights, inputs, all_tensors=False), repeat)
-    row["top_cos"] = min_cos(ours, ref)
-    del module, weights, ours
+    row["ort"], ref = time_ort(source_file(m, p), inputs, threads, repeat)
+    row["top"], row["top_cos"] = time_top(p.canonical_mlir, inputs, ref, repeat)
     print(f"  ORT {row['ort'] * 1e3:9.2f} ms   TOP {row['top'] * 1e3:9.2f} ms  ({row['top'] / row['ort']:.2f}x)"
           f"   outputs vs onnxruntime: 1 - min cos {1 - row['top_cos']:.1e}", flush=True)
     if sim:
@@ -212,8 +222,8 @@ def main() -> int:
     parser.add_argument("--no-sim", action="store_true", help="skip the simulated chip")
     parser.add_argument("--build-dir", default=str(REPO / "build"), help="build tree (default: the repo's build/)")
     parser.add_argument("--reuse", action="store_true",
-                        help="time the artifacts the build tree has, without running doit (any edit of tpubuild/ "
-                             "makes every stage out of date; this compares kernels on the same files)")
+                        help="time the artifacts the build tree has, without running doit (any edit of "
+                             "tpubuild/ makes every stage out of date; this compares kernels on the same files)")
     args = parser.parse_args()
     global clock
     clock = CLOCKS[args.clock]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
 
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -46,28 +45,31 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
     and results as they are computed (calibration streams its statistics so).
     """
     ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
-    outputs = set(mlir.return_op(module).operands)
-    last_use: dict[SSAValue, int] = {}
+    # values are keyed by id(): an SSAValue's own __hash__ is a Python call, and a small
+    # model's run is mostly such bookkeeping
+    operands = [tuple(op.operands) for op in ops]
+    outputs = {id(v) for v in mlir.return_op(module).operands}
+    last_use: dict[int, int] = {}
     if not all_tensors:
-        for i, op in enumerate(ops):
-            for v in op.operands:
-                last_use[v] = i
-    values: dict[SSAValue, np.ndarray | None] = {}
+        for i, used in enumerate(operands):
+            for v in used:
+                last_use[id(v)] = i
+    values: dict[int, np.ndarray | None] = {}
     named: dict[str, np.ndarray] = {}
     for i, op in enumerate(ops):
         role = _role(type(op))
         if role is NoneOp:
-            values[op.results[0]] = None
+            values[id(op.results[0])] = None
             continue
         if role is WeightOp:
-            values[op.results[0]] = weights[op.loc_name]
+            values[id(op.results[0])] = weights[op.loc_name]
             continue
         params, result_types, names = _decoded(op, role)
         args: list[np.ndarray | None] = []
         if role is InputOp:
             result = _feed(op, inputs)
         else:
-            args = [values[v] for v in op.operands]
+            args = [values[id(v)] for v in operands[i]]
             try:
                 result = _kernel(type(op))(params, *args)
             except (KernelError, ValueError, FloatingPointError) as e:
@@ -81,17 +83,18 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
                                     loc=name)
             # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
             array = array.astype(dtype, order="C", copy=False)
-            values[value] = array
+            values[id(value)] = array
             arrays.append(array)
             if all_tensors:
                 named[name] = array
         if observer is not None:
             observer(op, args, tuple(arrays))
         if not all_tensors:
-            for v in (*op.operands, *op.results):
-                if last_use.get(v, i) == i and v not in outputs:
-                    values.pop(v, None)  # last use, or (a result) no use at all
-    outs = {mlir.value_name(v): values[v] for v in mlir.return_op(module).operands}
+            for v in (*operands[i], *op.results):
+                key = id(v)
+                if last_use.get(key, i) == i and key not in outputs:
+                    values.pop(key, None)  # last use, or (a result) no use at all
+    outs = {mlir.value_name(v): values[id(v)] for v in mlir.return_op(module).operands}
     named.update(outs)
     return named
 
