@@ -142,7 +142,9 @@ def tiny_transformer(seq: int = 16, dim: int = 64, heads: int = 4, ffn: int = 12
 
 
 PHOTOS = Path(__file__).resolve().parent / "calib" / "photos"
-PROBE_PHOTOS = ("astronaut_0", "chelsea_0", "coffee_0", "rocket_0")
+# one crop of each of the ten photographs: statistics over every kind of image the zoo is fed
+PROBE_PHOTOS = ("astronaut_0", "brick_0", "camera_0", "chelsea_0", "coffee_0", "coins_0", "gravel_0",
+                "hubble_deep_field_0", "retina_0", "rocket_0")
 IMAGENET = {"mean": [123.675, 116.28, 103.53], "scale": [0.0171, 0.0175, 0.0174], "pixel_format": "rgb"}
 
 
@@ -158,9 +160,9 @@ def fit_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
 
     In graph order, so each layer sees the statistics its predecessors produce: the
     batch-norm outputs then have the scale a trained network's have (random filters
-    next to made-up statistics make activations shrink or grow with depth). Four
-    photographs from models/calib/photos, preprocessed with the ImageNet mean and
-    scale the manifests use; statistics rounded to 3 significant digits.
+    next to made-up statistics make activations shrink or grow with depth). One crop
+    of each photograph in models/calib/photos, preprocessed with the ImageNet mean
+    and scale the manifests use; statistics rounded to 3 significant digits.
     """
     import onnxruntime as ort
 
@@ -232,7 +234,7 @@ def conv(g: Graph, x: str, cin: int, cout: int, name: str, k: int = 3, stride: i
 def squeeze_excite(g: Graph, x: str, c: int, name: str) -> str:
     # pooled features are small (about 0.2): large gains spread the gates over (0, 1) as a trained SE's are
     s = g.node("GlobalAveragePool", [x], f"{name}.pool")
-    s = conv(g, s, c, c // 4, f"{name}.reduce", k=1, act="relu", bn=False, gain=50.0)
+    s = conv(g, s, c, c // 4, f"{name}.reduce", k=1, act="relu", bn=False, gain=20.0)
     s = conv(g, s, c // 4, c, f"{name}.expand", k=1, bn=False, gain=4.0)
     s = g.node("HardSigmoid", [s], f"{name}.gate", alpha=1.0 / 6, beta=0.5)
     return g.node("Mul", [x, s], f"{name}.scale")
@@ -264,10 +266,10 @@ def mini_mobilenet(size: int = 96, classes: int = 100) -> onnx.ModelProto:
     x = g.node("GlobalAveragePool", [x], "head.pool")
     x = g.node("Flatten", [x], "head.flat", axis=1)
     # pooled features are small: gains that give the logits the spread of a confident classifier's
-    x = g.node("Gemm", [x, g.rand("head.fc1.weight", (256, 192), 7.0 / np.sqrt(192)),
+    x = g.node("Gemm", [x, g.rand("head.fc1.weight", (256, 192), 4.0 / np.sqrt(192)),
                         g.rand("head.fc1.bias", (256,), 0.05)], "head.fc1", transB=1)
     x = g.node("HardSwish", [x], "head.fc1.hswish")
-    x = g.node("Gemm", [x, g.rand("head.fc2.weight", (classes, 256), 4.0 / np.sqrt(256)),
+    x = g.node("Gemm", [x, g.rand("head.fc2.weight", (classes, 256), 2.5 / np.sqrt(256)),
                         g.rand("head.fc2.bias", (classes,), 0.05)], "logits", transB=1)
     x = g.node("Softmax", [x], "probs", axis=-1)
     return fit_batchnorm(g.model("mini_mobilenet", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])],
