@@ -290,11 +290,25 @@ def tiny_onnx(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
-def doit(models: Path, build: Path, cache: Path, *, trap: Path | None = None) -> subprocess.CompletedProcess:
+def snapshot(dest: Path) -> Path:
+    """A copy of what dodo.py loads: the compiler version (in every key) digests the sources, and other
+    people's edits to the checkout while the test runs would make every lookup miss."""
+    import shutil
+
+    ignore = shutil.ignore_patterns("__pycache__")
+    dest.mkdir()
+    shutil.copy2(REPO / "dodo.py", dest / "dodo.py")
+    for folder in ("tpubuild", "configs"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
+    return dest
+
+
+def doit(code: Path, models: Path, build: Path, cache: Path, *, trap: Path | None = None
+         ) -> subprocess.CompletedProcess:
     env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(build),
            "TPUBUILD_ARTIFACT_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
-               [str(trap)] * bool(trap) + [str(REPO)])}
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "compile"], env=env,
+               [str(trap)] * bool(trap) + [str(code)])}
+    return subprocess.run([sys.executable, "-m", "doit", "-f", str(code / "dodo.py"), "compile"], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -305,9 +319,10 @@ def tree(root: Path) -> dict[str, bytes]:
 def test_fresh_build_tree_from_cache_runs_no_stage(tmp_path):
     models, cache = tmp_path / "models", tmp_path / "cache"
     models.mkdir()
+    code = snapshot(tmp_path / "code")
     tiny_onnx(models / "tiny.onnx")
     (models / "a.yaml").write_text(MANIFEST.format(name="a", cos=0.99999))
-    first = doit(models, tmp_path / "b1", cache)
+    first = doit(code, models, tmp_path / "b1", cache)
     assert first.returncode == 0, first.stdout + first.stderr
     log = ArtifactCache(cache).events()
     assert log.get("miss") == log.get("store") == 5 and "hit" not in log  # transform ... compile
@@ -315,7 +330,7 @@ def test_fresh_build_tree_from_cache_runs_no_stage(tmp_path):
     trap = tmp_path / "trap"
     trap.mkdir()
     (trap / "sitecustomize.py").write_text(TRAP)
-    second = doit(models, tmp_path / "b2", cache, trap=trap)
+    second = doit(code, models, tmp_path / "b2", cache, trap=trap)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "a stage function ran" not in second.stdout + second.stderr
     assert ArtifactCache(cache).events().get("hit") == 5
@@ -325,14 +340,14 @@ def test_fresh_build_tree_from_cache_runs_no_stage(tmp_path):
 
     # the trap works: a changed option misses, so verify_top runs and fails
     (models / "a.yaml").write_text(MANIFEST.format(name="a", cos=0.9999))
-    third = doit(models, tmp_path / "b2", cache, trap=trap)
+    third = doit(code, models, tmp_path / "b2", cache, trap=trap)
     assert third.returncode != 0
     assert "a stage function ran" in third.stdout + third.stderr
     assert "FAIL verify_top" in third.stdout
     # without the trap it builds, and the first tree then restores the new verify_top from cache
-    assert doit(models, tmp_path / "b2", cache).returncode == 0
+    assert doit(code, models, tmp_path / "b2", cache).returncode == 0
     before = ArtifactCache(cache).events().get("hit")
-    again = doit(models, tmp_path / "b1", cache, trap=trap)
+    again = doit(code, models, tmp_path / "b1", cache, trap=trap)
     assert again.returncode == 0, again.stdout + again.stderr
     assert ArtifactCache(cache).events().get("hit") == before + 2  # verify_top and compile
     assert json.loads((tmp_path / "b1" / "a" / "verify_top.json").read_text()) == \

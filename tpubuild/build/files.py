@@ -15,9 +15,13 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import ml_dtypes
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy (and ml_dtypes) are imported by the npz functions only: the task graph and the
+# doit reporters write small text files through here on every run, numpy or not (~0.3 s)
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -69,6 +73,8 @@ _EXTRA_DTYPES = "__ml_dtypes__"
 
 
 def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import numpy as np
+
     out: dict[str, np.ndarray] = {}
     extra: list[str] = []
     for name in sorted(arrays):
@@ -84,6 +90,8 @@ def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """A deterministic .npz (uncompressed, sorted members, fixed timestamps) readable by np.load."""
+    import numpy as np
+
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         stored = _storable(arrays)
@@ -102,6 +110,9 @@ def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Load every array of an npz eagerly (no pickles), closing the file."""
+    import ml_dtypes
+    import numpy as np
+
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     for entry in arrays.pop(_EXTRA_DTYPES, np.array([], str)).tolist():

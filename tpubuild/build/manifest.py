@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,10 +191,13 @@ def read_yaml(path: Path) -> Any:
                             hint="check indentation and quoting") from None
 
 
-def from_dict(data: Any, file: Path) -> Manifest:
-    """Validate parsed YAML and build the Manifest (defaults applied)."""
-    errors = schema_errors(data)
-    if not errors:
+def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
+    """Validate parsed YAML and build the Manifest (defaults applied).
+
+    ``validate=False`` only for data that passed validation before (ManifestCache).
+    """
+    errors = schema_errors(data) if validate else []
+    if not errors and validate:
         errors = _semantic_errors(data)
     if errors:
         more = len(errors) - _MAX_ERRORS
@@ -220,3 +224,73 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate one manifest; raises TpuBuildError naming the file."""
     file = Path(path).resolve()
     return from_dict(read_yaml(file), file)
+
+
+class ManifestCache:
+    """Validated manifests by file state, kept in the build tree (<build>/.manifests.json).
+
+    YAML parsing and JSON Schema validation take ~5 ms a manifest, too much for a
+    no-op build of a zoo of hundreds. An entry is used while the file's mtime, ctime,
+    size and inode are unchanged and the schema and compiler are the same; anything
+    else re-reads the file. Only valid manifests are kept, so errors are always fresh.
+    """
+
+    def __init__(self, file: Path | None, version: str):
+        from tpubuild.build import chips
+
+        self.file = file
+        self.version = f"{version}|{file_stamp(SCHEMA_PATH)}|{file_stamp(chips.SCHEMA_PATH)}"
+        self.entries: dict[str, Any] = {}
+        self.chips: dict[str, list[int]] = {}  # chip files validated before (chips.trust)
+        self.dirty = False
+        if file is not None:
+            try:
+                doc = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return
+            if isinstance(doc, dict) and doc.get("version") == self.version:
+                self.entries = doc.get("entries", {})
+                self.chips = doc.get("chips", {})
+                chips.trust(self.chips)
+
+    def load(self, path: str | Path) -> Manifest:
+        """load_manifest(path), from the cache when the file is unchanged."""
+        key = str(path)
+        try:
+            stamp = file_stamp(path)
+        except OSError:
+            return load_manifest(path)  # it reports the missing file
+        hit = self.entries.get(key)
+        if hit and hit[0] == stamp:
+            return from_dict(hit[2], Path(hit[1]), validate=False)
+        file = Path(path).resolve()
+        data = read_yaml(file)
+        manifest = from_dict(data, file)
+        try:
+            plain = json.loads(json.dumps(data)) == data  # YAML dates and the like do not round-trip
+        except (TypeError, ValueError):
+            plain = False
+        if plain:
+            self.entries[key] = [stamp, str(file), data]
+            self.dirty = True
+        return manifest
+
+    def save(self) -> None:
+        from tpubuild.build import chips
+
+        seen = {**self.chips, **chips.validated()}
+        if self.file is None or not (self.dirty or seen != self.chips):
+            return
+        from tpubuild.build.files import write_text
+
+        try:
+            write_text(self.file, json.dumps({"version": self.version, "entries": self.entries, "chips": seen}))
+        except OSError:
+            pass  # only a speed-up
+        self.dirty = False
+
+
+def file_stamp(path: str | Path) -> list[int]:
+    """What tells a file changed without reading it: mtime, ctime, size, inode."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]

@@ -7,6 +7,8 @@ write to build/<model>/<chip>-<mode>[-asym]/.
 from __future__ import annotations
 
 from dataclasses import dataclass
+# paths are cached per object: task generation (every doit run) reads each several times
+from functools import cached_property
 from pathlib import Path
 
 
@@ -38,66 +40,66 @@ class ModelPaths:
         return cls(Path(build_dir).resolve() / model)
 
     # fetch / export (non-path sources only)
-    @property
+    @cached_property
     def fetched_source(self) -> Path:
         return self.root / "source.onnx"
 
     # transform
-    @property
+    @cached_property
     def origin_mlir(self) -> Path:
         return self.root / "origin.mlir"
 
-    @property
+    @cached_property
     def origin_weights(self) -> Path:
         return self.root / "origin_weights.npz"
 
-    @property
+    @cached_property
     def input_npz(self) -> Path:
         return self.root / "input.npz"
 
     # reference
-    @property
+    @cached_property
     def onnx_outs(self) -> Path:
         return self.root / "onnx_outs.npz"
 
     # canonicalize
-    @property
+    @cached_property
     def canonical_mlir(self) -> Path:
         return self.root / "canonical.mlir"
 
-    @property
+    @cached_property
     def canonical_weights(self) -> Path:
         return self.root / "canonical_weights.npz"
 
     # calibrate (models with an INT8 target); cali.mlir names canonical_weights.npz
-    @property
+    @cached_property
     def cali_mlir(self) -> Path:
         return self.root / "cali.mlir"
 
-    @property
+    @cached_property
     def cali_table(self) -> Path:
         return self.root / "cali_table"
 
     # verify_top
-    @property
+    @cached_property
     def origin_outs(self) -> Path:
         return self.root / "origin_outs.npz"
 
-    @property
+    @cached_property
     def top_outs(self) -> Path:
         return self.root / "top_outs.npz"
 
-    @property
+    @cached_property
     def verify_top(self) -> Path:
         return self.root / "verify_top.json"
 
     # compile
-    @property
+    @cached_property
     def summary(self) -> Path:
         return self.root / "summary.txt"
 
     # the model's failure page (a failed model-level stage), written with the zoo index
-    @property
+    @cached_property
     def failed_page(self) -> Path:
         return self.root / "failed.html"
 
@@ -112,61 +114,61 @@ class TargetPaths:
     root: Path
 
     # lower
-    @property
+    @cached_property
     def tpu_mlir(self) -> Path:
         return self.root / "tpu.mlir"
 
-    @property
+    @cached_property
     def tpu_weights(self) -> Path:
         return self.root / "tpu_weights.npz"
 
     # verify_tpu: real values (compare with TOP by name) and stored bits (what the chip must reproduce)
-    @property
+    @cached_property
     def tpu_outs(self) -> Path:
         return self.root / "tpu_outs.npz"
 
-    @property
+    @cached_property
     def tpu_raw(self) -> Path:
         return self.root / "tpu_raw.npz"
 
-    @property
+    @cached_property
     def verify_tpu(self) -> Path:
         return self.root / "verify_tpu.json"
 
     # layergroup, assign (the backend)
-    @property
+    @cached_property
     def lg_mlir(self) -> Path:
         return self.root / "lg.mlir"
 
-    @property
+    @cached_property
     def addr_mlir(self) -> Path:
         return self.root / "addr.mlir"
 
     # codegen: the chip model, named after the model (build/<model>/<target>/<model>.model)
-    @property
+    @cached_property
     def model_file(self) -> Path:
         return self.root / f"{self.root.parent.name}.model"
 
     # run: the simulated chip's outputs (stored types) and its cycle estimate
-    @property
+    @cached_property
     def chip_outs(self) -> Path:
         return self.root / "chip_outs.npz"
 
-    @property
+    @cached_property
     def profile(self) -> Path:
         return self.root / "profile.json"
 
     # verify_chip: Chip vs Tpu, with the ONNX/Top/Tpu comparisons, as one report
-    @property
+    @cached_property
     def verify(self) -> Path:
         return self.root / "verify.json"
 
     # report: the target's page (similarity charts, layer groups, timeline)
-    @property
+    @cached_property
     def report(self) -> Path:
         return self.root / "report.html"
 
     # a target whose build stopped: its failure page, written with the zoo index (not a doit target)
-    @property
+    @cached_property
     def failed_page(self) -> Path:
         return self.root / "failed.html"

@@ -27,6 +27,7 @@ from typing import Any
 
 from doit.exceptions import UnmetDependency
 
+from tpubuild.build import noop
 from tpubuild.build.reporter import SummaryReporter
 
 # stage order for "the first stage that failed" (tasks.STAGE_DOCS order; not imported: tasks imports us)
@@ -74,6 +75,9 @@ class ProgressReporter(SummaryReporter):
         self.ran = self.cached = self.uptodate = 0
         self._status_shown = False
         self._quiet = False
+        self._noop: dict[str, Any] | None = None  # the graph, when this run may stamp a no-op (noop.py)
+        self._noop_files: str | None = None
+        self._record: list[str] = []
         # a terminal shows the line at once; a log gets its first line after one interval
         self._last_line = 0.0 if self.tty else self.start
 
@@ -91,6 +95,10 @@ class ProgressReporter(SummaryReporter):
             todo.extend(task.task_dep)
             todo.extend(task.setup_tasks)
         self.total = sum(1 for t in self.plan.values() if t.actions)
+        graph = noop.current()
+        if graph and list(selected_tasks) == ["compile"] and graph["tasks"] == self.total:
+            noop.forget(graph["build_dir"])  # this run's outcome decides anew
+            self._noop, self._noop_files = graph, noop.file_states(graph["files"])
         # one compile task: its own summary says it all; several: the table replaces theirs
         self.show_summaries = sum(1 for n in self.plan if n.startswith("compile:")) <= 1
 
@@ -125,7 +133,11 @@ class ProgressReporter(SummaryReporter):
         self._tick(force=not self.tty)
 
     def skip_uptodate(self, task):
-        super().skip_uptodate(task)
+        self._quiet = not task.actions  # a group task (`compile`) is no news
+        try:
+            super().skip_uptodate(task)
+        finally:
+            self._quiet = False
         self._finish(task, "ok")
         self.uptodate += bool(task.actions)
         self._tick()
@@ -141,7 +153,16 @@ class ProgressReporter(SummaryReporter):
         lines = zoo_table(self.plan, self.outcome)
         if lines:
             self.write("\n".join(lines) + "\n")
+        self._stamp_noop()
         self.write(self.final_line() + "\n")
+
+    def _stamp_noop(self) -> None:
+        """After a run that found everything up to date, let the next one skip doit's checks (noop.py)."""
+        if not self._noop or self._noop_files is None or self.uptodate != self.total or self.ran \
+                or any(o != "ok" for o in self.outcome.values()):
+            return
+        if noop.file_states(self._noop["files"]) == self._noop_files:  # nothing changed while doit checked
+            noop.save(self._noop, self._noop_files, "".join(self._record))
 
     # -- output -------------------------------------------------------------------------------
 
@@ -150,6 +171,8 @@ class ProgressReporter(SummaryReporter):
             return
         self._clear_status()
         super().write(text)
+        if self._noop:
+            self._record.append(text)
 
     def _finish(self, task, outcome: str) -> None:
         self.outcome[task.name] = outcome

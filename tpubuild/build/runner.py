@@ -17,13 +17,18 @@ def run_doit(manifests: Sequence[str], build_dir: str | Path, doit_args: Sequenc
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
+    from tpubuild.build.noop import try_fast_noop
+
     build = Path(build_dir).resolve()
-    files = find_manifests(manifests)
+    config = doit_config(build)
+    tasks = list(zoo_tasks(find_manifests(manifests), build))
+    if try_fast_noop(doit_args, tasks, build, config["dep_file"]):
+        return 0
 
     def task_tpubuild():
         """The stage tasks of the given manifests."""
-        yield from zoo_tasks(files, build)
+        yield from (dict(t) for t in tasks)  # copies: doit edits the dicts it loads
 
-    namespace = {"DOIT_CONFIG": doit_config(build), "task_tpubuild": task_tpubuild}
+    namespace = {"DOIT_CONFIG": config, "task_tpubuild": task_tpubuild}
     install_sigterm_handler()
     return DoitMain(ModuleTaskLoader(namespace)).run(list(doit_args))

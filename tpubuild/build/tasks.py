@@ -9,6 +9,7 @@ the compiler version, so an edit re-runs only the stages it affects.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -24,7 +25,7 @@ from doit.tools import config_changed
 
 from tpubuild.build import fetch, stages
 from tpubuild.build.chips import load_chip
-from tpubuild.build.manifest import Manifest, Target, load_manifest
+from tpubuild.build.manifest import Manifest, ManifestCache, Target
 from tpubuild.build.paths import ModelPaths
 from tpubuild.build.progress import ProgressReporter
 from tpubuild.build.version import compiler_version
@@ -143,8 +144,8 @@ def source_file(m: Manifest, p: ModelPaths) -> Path:
     return p.fetched_source if m.needs_fetch else m.source_path
 
 
-def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
-    """Every stage task of one valid manifest."""
+def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iterator[dict[str, Any]]:
+    """Every stage task of one valid manifest (``globs``: calibration data found so far, by pattern)."""
     p = ModelPaths.of(build_dir, m.name)
     src = source_file(m, p)
     fetch_task = _source_task(m, p)
@@ -174,7 +175,7 @@ def model_tasks(m: Manifest, build_dir: Path) -> Iterator[dict[str, Any]]:
                 file_dep=[src, p.origin_mlir, p.origin_weights, p.canonical_mlir, p.canonical_weights,
                           p.input_npz, p.onnx_outs],
                 targets=[p.origin_outs, p.top_outs, p.verify_top], config={"tolerance": tol})
-    calibrate = _calibrate_task(m, p)
+    calibrate = _calibrate_task(m, p, {} if globs is None else globs)
     if calibrate:
         yield calibrate
     verify_jsons = [p.verify_top]
@@ -256,6 +257,7 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
                 file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs], targets=[tp.report], config={})
 
 
+@functools.cache
 def _chip_config(chip: str) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -284,14 +286,14 @@ def check_targets(m: Manifest) -> None:
                                 hint=err.hint) from None
 
 
-def _calibrate_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
+def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
     """calibrate:<model> for a model with an INT8 target (others never wait for calibration).
 
     Its config is what calibration reads (the `calibration` mapping, each input's
     shape and preprocess); the data files and a user table are file_dep, so editing
     one recalibrates, and a changed method re-runs calibrate and what reads cali.mlir.
     """
-    from tpubuild.calib.files import find_files
+    from tpubuild.calib.files import find_names
 
     if not any(t.mode == "INT8" for t in m.targets):
         return None
@@ -303,12 +305,14 @@ def _calibrate_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
                 "actions": [(fail_with, [message])], "targets": [str(p.cali_mlir), str(p.cali_table)],
                 "uptodate": [False]}
     cal = m.calibration
-    files = find_files(cal["data"], m.file.parent)
+    # models of one zoo often share their data: each glob is listed once per task graph
+    key = (cal["data"], str(m.file.parent))
+    files = globs[key] = globs[key] if key in globs else find_names(*key)
     table = m.resolve(cal["table"]) if "table" in cal else None
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     return _task("calibrate", m.name, stages.calibrate,
                  {"model": m.name, "in_mlir": str(p.canonical_mlir), "inputs": inputs,
-                  "data_files": [str(f) for f in files], "count": cal.get("count"),
+                  "data_files": files, "count": cal.get("count"),
                   "method": cal.get("method", "kl"), "user_table": str(table) if table else None,
                   "out_mlir": str(p.cali_mlir), "out_table": str(p.cali_table)},
                  file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
@@ -335,9 +339,10 @@ def zoo_tasks(manifest_files: Iterable[Path], build_dir: Path) -> Iterator[dict[
     """Tasks for every manifest. A bad manifest yields only a failing compile:<name>."""
     good: dict[str, Manifest] = {}
     bad: list[tuple[Path, str]] = []
+    manifests = ManifestCache(Path(build_dir) / ".manifests.json", compiler_version())
     for file in manifest_files:
         try:
-            m = load_manifest(file)
+            m = manifests.load(file)
             check_targets(m)
         except TpuBuildError as err:
             bad.append((Path(file), str(err)))
@@ -346,7 +351,9 @@ def zoo_tasks(manifest_files: Iterable[Path], build_dir: Path) -> Iterator[dict[
             bad.append((m.file, f"{m.file}: model name {m.name!r} is already used by {good[m.name].file}"))
             continue
         good[m.name] = m
-    tasks = [t for m in good.values() for t in model_tasks(m, build_dir)]
+    manifests.save()
+    globs: dict = {}
+    tasks = [t for m in good.values() for t in model_tasks(m, build_dir, globs)]
     taken = set(good)
     for file, message in bad:
         name = _fallback_name(file, taken)
@@ -356,7 +363,8 @@ def zoo_tasks(manifest_files: Iterable[Path], build_dir: Path) -> Iterator[dict[
     # group headers first: doit replaces a group defined after its sub-tasks
     for stage, doc in STAGE_DOCS.items():
         if stage in present:
-            yield {"basename": stage, "name": None, "doc": doc}
+            # up to date by definition: doit would otherwise "run" the group and write the DB every time
+            yield {"basename": stage, "name": None, "doc": doc, "uptodate": [True]}
     yield from tasks
 
 
@@ -364,14 +372,18 @@ def find_manifests(patterns: Iterable[str]) -> list[Path]:
     """Expand files, folders (their *.yaml) and globs into a sorted, de-duplicated list."""
     found: set[Path] = set()
     for pattern in patterns:
-        path = Path(pattern)
-        if path.is_dir():
-            found.update(path.glob("*.yaml"))
+        if os.path.isdir(pattern):
+            # Path.resolve() of each file, cheaply: the folder once, then only the files that are symlinks
+            folder = os.path.realpath(pattern)
+            for name in os.listdir(folder):
+                if name.endswith(".yaml"):
+                    path = os.path.join(folder, name)
+                    found.add(Path(os.path.realpath(path) if os.path.islink(path) else path))
         elif any(ch in pattern for ch in "*?["):
-            found.update(Path(p) for p in glob.glob(pattern))
+            found.update(Path(os.path.realpath(p)) for p in glob.glob(pattern))
         else:
-            found.add(path)  # a missing file is reported by its own failing task
-    return sorted(p.resolve() for p in found)
+            found.add(Path(os.path.realpath(pattern)))  # a missing file is reported by its own failing task
+    return sorted(found)
 
 
 def doit_config(build_dir: Path) -> dict[str, Any]:
