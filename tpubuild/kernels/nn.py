@@ -140,8 +140,13 @@ def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
                 part = cols[:c1 - c0, :, :r]
                 for t, tap in enumerate(taps):
                     part[:, t] = tap_view(xb, tap, p.strides, p.dilations, (r,) + out_sp[1:])
-                prod = np.matmul(wm[c0:c1], part.reshape(c1 - c0, k, r * rest))
-                y[i, c0:c1, r0:r0 + r] = prod.reshape(c1 - c0, r, rest)
+                # tap by tap in a fixed order, not a GEMV: BLAS orders a GEMV's sums by the block's size,
+                # and the chip runs this kernel on H slices of every size (results must not depend on it)
+                out = y[i, c0:c1, r0:r0 + r]
+                wt = wm[c0:c1, 0, :, None, None]
+                np.multiply(part[:, 0].reshape(c1 - c0, r, rest), wt[:, 0], out=out)
+                for t in range(1, k):
+                    out += part[:, t].reshape(c1 - c0, r, rest) * wt[:, t]
     return y
 
 
@@ -212,10 +217,11 @@ def _global(p: top.PoolParams, spatial, begin, end) -> bool:
 def _few_taps(kernel_shape, out_sp) -> bool:
     """Reduce tap by tap over strided views (one pass each), or over a windows view?
 
-    Taps win while there are no more of them than output pixels; a global pool
-    (one output pixel, a whole plane of taps) is one reduction of the windows view.
+    Taps win up to a few dozen of them (YOLO's 5x5 SPPF pools on 4x4 planes too) or
+    while there are no more of them than output pixels; a window over most of a
+    plane (few outputs, many taps) is one reduction of the windows view.
     """
-    return math.prod(kernel_shape) <= math.prod(out_sp)
+    return math.prod(kernel_shape) <= max(64, math.prod(out_sp))
 
 
 @kernel(top.MaxPoolOp)
