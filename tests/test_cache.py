@@ -126,6 +126,18 @@ def test_restored_file_is_replaced_not_edited_by_the_next_write(tmp_path, cache_
     assert outputs(tmp_path / "three")[0] == b"weights" * 2
 
 
+def test_restore_clears_what_a_successful_run_removes(tmp_path, cache_dir):
+    """A verify stage that passes deletes the failure it kept for the reports; a restore does too."""
+    calls: list = []
+    run_toy(tmp_path / "one", calls)
+    kwargs, spec = toy(tmp_path / "two", calls)
+    stale = tmp_path / "two" / "out" / "verify.failed.json"
+    stale.write_text("{}")
+    func = lambda **k: write_stage(calls, **k)  # noqa: E731
+    how = run_cached("toy:m", func, {k: v for k, v in kwargs.items() if k != "calls"}, {**spec, "clears": [str(stale)]})
+    assert how == "hit" and not stale.exists()
+
+
 def test_failing_stage_stores_nothing(tmp_path, cache_dir):
     def fail(**_):
         raise RuntimeError("boom")

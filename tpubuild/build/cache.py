@@ -364,7 +364,8 @@ def run_cached(task_id: str, func: Callable[..., Any], kwargs: dict[str, Any], s
                ) -> str:
     """Run ``func(**kwargs)`` through the cache; returns what happened: hit, miss or off.
 
-    ``spec``: {"config": ..., "inputs": [...], "targets": [...]} from the task (None: never cached).
+    ``spec``: {"config": ..., "inputs": [...], "targets": [...], "clears": [...]} from the task (None:
+    never cached); "clears" are files a successful run removes (not targets), which a restore removes too.
     A stage that raises stores nothing. A cache that cannot be read or written (a
     full disk, a read-only folder) is reported and bypassed: it never fails a build.
     """
@@ -381,6 +382,9 @@ def run_cached(task_id: str, func: Callable[..., Any], kwargs: dict[str, Any], s
         entry = cache.lookup(key)
         if entry and cache.restore(entry, targets):
             cache.log("hit", task_id)
+            for path in spec.get("clears", ()):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             sys.stdout.write(entry.meta.get("stdout", ""))
             return "hit"
     except OSError as err:

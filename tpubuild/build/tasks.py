@@ -26,7 +26,7 @@ from doit.tools import config_changed
 from tpubuild.build import fetch, stages
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import Manifest, ManifestCache, Target
-from tpubuild.build.paths import ModelPaths
+from tpubuild.build.paths import ModelPaths, failed_json
 from tpubuild.build.progress import ProgressReporter
 from tpubuild.build.version import compiler_version
 from tpubuild.errors import TpuBuildError
@@ -87,8 +87,10 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
     task_id = f"{stage}:{model}"
     file_dep = [str(p) for p in file_dep]
     targets = [str(p) for p in targets]
-    # the artifact cache's key: the same inputs and config doit checks (cache.py)
-    cache = {"inputs": file_dep, "targets": targets, "config": config}
+    # the artifact cache's key: the same inputs and config doit checks (cache.py); a restore also
+    # does what a verify stage's success does besides its targets: drop the failure kept for the reports
+    cache = {"inputs": file_dep, "targets": targets, "config": config,
+             "clears": [str(failed_json(kwargs["out_json"]))] if "out_json" in kwargs else []}
     return {
         "basename": stage,
         "name": model,
