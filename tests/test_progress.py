@@ -114,9 +114,15 @@ def test_table_rows(tmp_path):
                     "compile:m": "blocked", "compile:broken": "failed"})
     lines = zoo_table(plan, outcome)
     assert lines[0].startswith("summary: 1 of 3 model targets PASS")
-    rows = {tuple(line.split()[:2]): line.split() for line in lines[3:]}
+    rows = {tuple(line.split()[:2]): line.split() for line in lines[3:6]}
     assert rows[("m", "chipA-INT8")][2:] == ["PASS", "0.999910", "0.987654", "1.000000", "1.235", "2.0", "KB"]
     assert rows[("m", "chipA-F32")][2:6] == ["FAIL", "verify_tpu", "0.999910", "-"]
+    # the failed comparison the verify stage kept for the reports shows how far off it was
+    write_json(root / "chipA-F32" / "verify_tpu.failed.json",
+               {"comparisons": [{"level": "tpu", "min_cos": 0.75}], "passed": False})
+    lines = zoo_table(plan, outcome)
+    assert lines[4].split()[2:6] == ["FAIL", "verify_tpu", "0.999910", "0.750000!"]
+    assert lines[-1].startswith("! the comparison that failed")
     assert rows[("broken", "-")][2:4] == ["FAIL", "manifest"]
     # what was read is remembered by file state; a changed file is read again
     assert (tmp_path / ".zoo_table.json").exists()

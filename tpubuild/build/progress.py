@@ -28,12 +28,16 @@ from typing import Any
 from doit.exceptions import UnmetDependency
 
 from tpubuild.build import noop
+from tpubuild.build.paths import failed_json
 from tpubuild.build.reporter import SummaryReporter
 
 # stage order for "the first stage that failed" (tasks.STAGE_DOCS order; not imported: tasks imports us)
 _STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "lower",
                 "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
 _TABLE_CACHE = ".zoo_table.json"
+# a failed verify stage -> the level it compares and the JSON it would have written
+_FAILED_LEVEL = {"verify_top": ("top", "verify_top.json"), "verify_tpu": ("tpu", "verify_tpu.json"),
+                 "verify_chip": ("chip", "verify.json")}
 
 
 def split_task(name: str) -> tuple[str, str, str | None]:
@@ -364,6 +368,13 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
             elif target and outcome.get(f"verify_tpu:{model}/{target}") == "ok":
                 cells.update(cache.get(root / target / "verify_tpu.json",
                                        lambda d: {"tpu": _min_cos(d["comparisons"], "tpu")}) or {})
+            if failed and split_task(failed)[0] in _FAILED_LEVEL:
+                # the comparison that failed, kept by the verify stage for the reports: how far off it is
+                level, where = _FAILED_LEVEL[split_task(failed)[0]]
+                doc = cache.get(failed_json(root / (target or "") / where if level != "top" else root / where),
+                                lambda d, lv=level: {"cos": _min_cos(d["comparisons"], lv)})
+                if doc and doc.get("cos") is not None:
+                    cells[level] = f"{_cos(doc['cos'])}!"
             time_ms = cells.get("time_ms")
             size = _size(root / target / f"{model}.model") if target and outcome.get(f"codegen:{model}/{target}") == "ok" \
                 else "-"
@@ -380,4 +391,7 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
 
     passed = sum(r[2] == "PASS" for r in rows)
     title = f"summary: {passed} of {len(rows)} model targets PASS (min cosine per level; chip time from the cycle model)"
-    return [title, fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    lines = [title, fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    if any(str(c).endswith("!") for r in rows for c in r):
+        lines.append("! the comparison that failed (below the manifest's tolerance)")
+    return lines
