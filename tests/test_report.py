@@ -264,6 +264,29 @@ def test_chart_marks_the_first_failure_and_is_deterministic():
     assert set(ids) == set(re.findall(r'(?:href="|url\()#([^")]+)', a))
 
 
+def _comp(level: str, passed: bool, rows: list[tuple[str, float]]) -> dict:
+    tensors = [{"name": n, "shape": [1], "label": "SIMILAR" if c >= 0.9 else "NOT SIMILAR", "passed": c >= 0.9,
+                "cos": c, "euc": c, "sqnr": 20.0, "max_abs": 0.1} for n, c in rows]
+    return {"level": level, "test": "t.mlir", "ref": "r.npz", "tolerance": {"cos": 0.9, "euc": 0.8},
+            "passed": passed, "decided_by": "graph outputs", "tensors": tensors}
+
+
+def test_callout_separates_deciding_failures_from_reported_ones():
+    # Top vs Tpu passes on its outputs with an intermediate below tolerance; the chip level fails
+    graph = report.GraphInfo("t.mlir", {"b": report.Site(0, "tpu.Conv", 7), "a": report.Site(1, "tpu.Add", 9)})
+    levels = [report.order_level(_comp("tpu", True, [("a", 0.5), ("b", 0.95)]), graph),
+              report.order_level(_comp("chip", False, [("y", 0.2)]), None)]
+    assert [r["name"] for r in levels[0].rows] == ["b", "a"]  # graph order, not by name
+    text = report.first_failure(levels)
+    first, second = text.split("\n")
+    assert 'class="callout note" id="first-failure"' in first and "reported only" in first
+    assert "<code>a</code>: op <code>tpu.Add</code>" in first and "t.mlir:9" in first
+    assert 'class="callout"' in second and "<code>y</code>" in second and "reported only" not in second
+    passing = [report.order_level(_comp("tpu", True, [("a", 0.97), ("b", 0.95)]), graph)]
+    assert "Every tensor is within tolerance" in report.first_failure(passing)
+    assert "Lowest cosine (Top vs Tpu): <code>b</code>" in report.first_failure(passing)
+
+
 # ---- in a browser ------------------------------------------------------------------------------------
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -48,8 +48,15 @@ class SummaryReporter(ConsoleReporter):
                 pass  # up to date yet missing would be doit's bug, not worth failing the run
 
     def complete_run(self):
+        from tpubuild.errors import TpuBuildError
+
         super().complete_run()
         if self.index:
-            index = self.index.finish()
+            try:
+                index = self.index.finish()
+            except (OSError, ValueError, KeyError, TpuBuildError) as err:
+                # a build file the pages read is unreadable: the build itself stands, say why there is no index
+                self.write(f"zoo index not written: {type(err).__name__}: {err}\n")
+                return
             if index:
                 self.write(f"zoo index: {index}\n")

@@ -184,7 +184,7 @@ def write_failure_page(build_dir: Path, model: str, target: str | None, failure:
     tp = p.target(target) if target and _target_stage(failure[0]) else None
     out = failure_page_path(p, target, failure[0])
     graphs = [g for g in (p.origin_mlir, p.canonical_mlir, tp.tpu_mlir if tp else None) if g and g.is_file()]
-    infos = page._graph_infos([str(g) for g in graphs], p.root)
+    infos = page.graph_infos([str(g) for g in graphs], p.root)
     comparisons = [c for doc in level_docs(p, tp.root.name if tp else None, failure) for c in doc["comparisons"]]
     data = page.PageData(model=model, target=tp.root.name if tp else "all targets", passed=False,
                          levels=page.levels_of(comparisons, infos), failure=failure)
@@ -210,7 +210,7 @@ def render_index(rows: Sequence[Row]) -> str:
             "<th>model size</th><th>page</th></tr>")
     body = []
     for r in rows:
-        badge = page._badge({"PASS": True, "FAIL": False}.get(r.status), r.status)
+        badge = page.badge({"PASS": True, "FAIL": False}.get(r.status), r.status)
         status = badge
         if r.status == "FAIL":
             first = (r.message or "").strip().splitlines()[0] if r.message else ""

@@ -106,9 +106,9 @@ def order_level(comp: dict, graph: GraphInfo | None) -> Level:
 
     rows = sorted(comp["tensors"], key=key)
     failed = [i for i, row in enumerate(rows) if not row["passed"]]
-    cosines = [(c if not math.isnan(c) else -math.inf, i) for i, c in ((i, _f(r["cos"])) for i, r in enumerate(rows))]
-    worst = min(cosines)[1] if cosines else None
-    return Level(comp, graph, rows, failed[0] if failed else None, worst)
+    # NaN (nothing comparable) is the worst of all
+    cosines = [(-math.inf if math.isnan(_f(r["cos"])) else _f(r["cos"]), i) for i, r in enumerate(rows)]
+    return Level(comp, graph, rows, failed[0] if failed else None, min(cosines)[1] if cosines else None)
 
 
 # ---- everything one page shows --------------------------------------------------------------------
@@ -197,7 +197,7 @@ def target_page(model: str, target: str, verify_json: str, profile_json: str, lg
     from tpubuild.codegen.model_file import read_model
 
     doc = json.loads(Path(verify_json).read_text(encoding="utf-8"))
-    infos = _graph_infos(graphs, Path(verify_json).parent.parent)
+    infos = graph_infos(graphs, Path(verify_json).parent.parent)
     mf = read_model(model_file)
     return PageData(model=model, target=target, passed=bool(doc["passed"]),
                     levels=levels_of(doc["comparisons"], infos),
@@ -206,7 +206,7 @@ def target_page(model: str, target: str, verify_json: str, profile_json: str, lg
                     model_bytes=Path(model_file).stat().st_size, weight_bytes=len(mf.weights))
 
 
-def _graph_infos(graphs: Sequence[str], model_dir: Path) -> dict[str, GraphInfo]:
+def graph_infos(graphs: Sequence[str], model_dir: Path) -> dict[str, GraphInfo]:
     infos = {}
     for g in graphs:
         path = Path(g)
@@ -233,7 +233,7 @@ table{border-collapse:collapse;font-size:12px;margin:6px 0} th,td{border:1px sol
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.bad td{background:#fdecea} tr.first td{background:#f8c9c4;font-weight:bold}
 .callout{border-left:4px solid #c62828;background:#fdecea;padding:8px 12px;margin:8px 0}
-.callout.ok{border-color:#2e8b57;background:#eef7f1}
+.callout.ok{border-color:#2e8b57;background:#eef7f1} .callout.note{border-color:#e08a00;background:#fff6e6}
 .chart{overflow-x:auto;margin:6px 0} .chart svg{max-width:100%;height:auto}
 code{background:#f4f4f4;padding:0 3px} details{margin:4px 0} summary{cursor:pointer;color:#1f5fa8}
 pre{background:#f7f7f7;padding:8px;white-space:pre-wrap;font-size:12px}
@@ -262,7 +262,7 @@ def size(n: int | None) -> str:
     return f"{n} B"
 
 
-def _badge(passed: bool | None, text: str | None = None) -> str:
+def badge(passed: bool | None, text: str | None = None) -> str:
     cls = "none" if passed is None else "pass" if passed else "fail"
     return f'<span class="badge {cls}">{e(text or ("PASS" if passed else "FAIL"))}</span>'
 
@@ -302,7 +302,7 @@ def levels_table(levels: Sequence[Level]) -> str:
                     f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td>"
                     f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td><td class=num>{fmt(c['min_cos'])}</td>"
                     f"<td class=num>{fmt(c['min_euc'])}</td><td class=num>{fmt(c['min_sqnr'], 1)} dB</td>"
-                    f"<td class=num>{c['failed']}</td><td>{_badge(bool(c['passed']))}</td></tr>")
+                    f"<td class=num>{c['failed']}</td><td>{badge(bool(c['passed']))}</td></tr>")
     return f'<table class="levels">{head}{"".join(rows)}</table>'
 
 
@@ -321,15 +321,27 @@ def _metrics(row: dict) -> str:
 
 
 def first_failure(levels: Sequence[Level]) -> str:
-    """The callout at the top: the first tensor, at the first level, where similarity drops below tolerance."""
+    """The callout at the top: the first tensor where similarity drops below tolerance.
+
+    The first such tensor of the flow comes first. A level decided by its graph outputs
+    (Top vs Tpu) may pass with intermediate tensors below tolerance: those are named too,
+    as reported only. With no tensor below tolerance anywhere, the lowest cosine is named.
+    """
+    notes = []
     for i, lv in enumerate(levels):
-        if lv.first_failed is not None:
-            row = lv.rows[lv.first_failed]
-            return (f'<div class="callout" id="first-failure"><b>First tensor below tolerance</b> '
-                    f"(<a href=\"#level-{i}\">{e(lv.title)}, {e(lv.comp['test'])} vs {e(lv.comp['ref'])}</a>): "
-                    f"{_where(lv, row)}<br>"
-                    f"{_metrics(row)}; tolerance cos {lv.comp['tolerance']['cos']:g}, "
-                    f"euc {lv.comp['tolerance']['euc']:g}</div>")
+        if lv.first_failed is None:
+            continue
+        row = lv.rows[lv.first_failed]
+        deciding = not lv.comp["passed"]
+        why = "" if deciding else (f" (reported only: this level is decided by its "
+                                   f"{e(lv.comp.get('decided_by', 'graph outputs'))}, which pass)")
+        ident = "" if notes else ' id="first-failure"'
+        notes.append(f'<div class="callout{"" if deciding else " note"}"{ident}><b>First tensor below tolerance</b> '
+                     f"(<a href=\"#level-{i}\">{e(lv.title)}, {e(lv.comp['test'])} vs {e(lv.comp['ref'])}</a>)"
+                     f"{why}: {_where(lv, row)}<br>{_metrics(row)}; tolerance cos {lv.comp['tolerance']['cos']:g}, "
+                     f"euc {lv.comp['tolerance']['euc']:g}</div>")
+    if notes:
+        return "\n".join(notes)
     lowest = [(_f(lv.rows[lv.worst]["cos"]), i) for i, lv in enumerate(levels) if lv.worst is not None]
     if not lowest:
         return '<div class="callout">No tensor was compared.</div>'
@@ -347,6 +359,7 @@ def tensor_table(lv: Level) -> str:
         site = lv.site(row)
         cls = "first" if i == lv.first_failed else "" if row["passed"] else "bad"
         name = row["name"] + (f" ↔ {row['ref_name']}" if "ref_name" in row else "")
+        name += " (graph output)" if row.get("output") else ""
         rows.append(f'<tr class="{cls}"><td class=num>{i + 1}</td><td>{e(name)}</td>'
                     f"<td>{e(site.op) if site else ''}</td><td class=num>{site.line if site else ''}</td>"
                     f"<td>{e('x'.join(map(str, row['shape'])))}</td><td>{e(row['label'])}</td>"
@@ -363,7 +376,7 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
     points = [charts.Point(r["name"], _f(r["cos"]), _f(r["euc"]), _f(r["sqnr"]), bool(r["passed"]),
                            r["label"] in EXACT) for r in lv.rows]
     highlight = lv.first_failed if lv.first_failed is not None else lv.worst
-    parts = [f'<h3 id="level-{index}">{e(lv.title)}: {e(c["test"])} vs {e(c["ref"])} {_badge(bool(c["passed"]))}</h3>']
+    parts = [f'<h3 id="level-{index}">{e(lv.title)}: {e(c["test"])} vs {e(c["ref"])} {badge(bool(c["passed"]))}</h3>']
     if points:
         svg = charts.similarity_chart(points, float(c["tolerance"]["cos"]), float(c["tolerance"]["euc"]), highlight,
                                       lv.first_failed is not None, salt=f"level{index}")
@@ -424,7 +437,7 @@ def timeline_section(d: PageData) -> str:
 
 
 def render(d: PageData) -> str:
-    status = _badge(d.passed)
+    status = badge(d.passed)
     chip_line = ""
     if d.profile:
         chip_line = f" · chip {e(d.profile['chip'])} at {d.profile['clock_hz'] / 1e6:g} MHz"
@@ -432,7 +445,6 @@ def render(d: PageData) -> str:
     if d.failure:
         stage, message = d.failure
         failure = (f'<h2>Build stopped at {e(stage)}</h2><pre class="failure">{e(message)}</pre>')
-    failing = any(lv.first_failed is not None for lv in d.levels)
     sections = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -446,7 +458,7 @@ def render(d: PageData) -> str:
         first_failure(d.levels),
         levels_table(d.levels),
         # on a page about a failure, the levels that passed keep their charts folded
-        *(level_section(lv, i, fold=failing and lv.first_failed is None) for i, lv in enumerate(d.levels)),
+        *(level_section(lv, i, fold=not d.passed and bool(lv.comp["passed"])) for i, lv in enumerate(d.levels)),
         groups_section(d),
         timeline_section(d),
         "</body></html>",
