@@ -71,6 +71,7 @@ class Manifest:
     inputs: tuple[InputSpec, ...]
     calibration: dict[str, Any] | None = None
     quantize_table: Path | None = None
+    mixed_precision: dict[str, Any] | None = None  # {search, target_cos, ...}: INT8 targets' quantize table search
     test_input: Path | None = None
     targets: tuple[Target, ...] = ()
     tolerance: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_TOLERANCE)))
@@ -214,6 +215,7 @@ def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
         name=data["name"], file=file, source=data["source"], inputs=inputs,
         calibration=data.get("calibration"),
         quantize_table=(base / data["quantize_table"]).resolve() if "quantize_table" in data else None,
+        mixed_precision=data.get("mixed_precision"),
         test_input=(base / data["test_input"]).resolve() if "test_input" in data else None,
         targets=tuple(Target(t["chip"], t["mode"], bool(t.get("asymmetric", False))) for t in data.get("targets", [])),
         tolerance=_merge(DEFAULT_TOLERANCE, data.get("tolerance", {})),

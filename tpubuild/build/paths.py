@@ -113,6 +113,11 @@ class TargetPaths:
 
     root: Path
 
+    # search (INT8 targets whose manifest asks for it): the quantize table lowering reads
+    @cached_property
+    def qtable(self) -> Path:
+        return self.root / "qtable.txt"
+
     # lower
     @cached_property
     def tpu_mlir(self) -> Path:

@@ -32,7 +32,7 @@ from tpubuild.build.paths import failed_json
 from tpubuild.build.reporter import SummaryReporter
 
 # stage order for "the first stage that failed" (tasks.STAGE_DOCS order; not imported: tasks imports us)
-_STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "lower",
+_STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "search", "lower",
                 "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
 _TABLE_CACHE = ".zoo_table.json"
 # a failed verify stage -> the level it compares and the JSON it would have written

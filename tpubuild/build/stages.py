@@ -156,6 +156,40 @@ def lower(model: str, in_mlir: str, cali_table: str | None, quantize_table: str 
         weights.save(tmp_weights)
 
 
+def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_table: str | None,
+                  inputs: Sequence[Mapping[str, Any]], data_files: Sequence[str], chip: str, asymmetric: bool,
+                  options: Mapping[str, Any], out_table: str) -> None:
+    """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
+    tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py)."""
+    import itertools
+
+    from tpubuild.build.chips import load_chip
+    from tpubuild.build.files import write_text
+    from tpubuild.calib.data import Samples
+    from tpubuild.calib.table import read_table
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.lower.qtable import read_quantize_table
+    from tpubuild.lower.search import SearchConfig, format_result, search
+    from tpubuild.top.inference import weights_for
+
+    config = SearchConfig.of(options)
+    module = load_module(in_mlir)
+    samples = list(itertools.islice(iter(Samples.of(data_files, inputs)), config.samples))
+    if not samples:
+        raise TpuBuildError("no calibration sample to search a quantize table with", model=model, stage="search",
+                            hint="check calibration.data in the manifest")
+    user = read_quantize_table(user_table) if user_table else {}
+    result = search(module, weights_for(module, in_mlir), chip=load_chip(chip), cali=read_table(cali_table)[1],
+                    asymmetric=asymmetric, samples=samples, config=config, user=user,
+                    log=lambda line: print(f"{model}/{target}: {line}", flush=True))
+    header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
+    write_text(out_table, format_result(result, header))
+    verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
+    print(f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
+          f"{result.mode}, cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
+          f"{result.lowerings} lowerings")
+
+
 def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz: str, top_outs: str,
                tolerance: Mapping[str, float], out_tpu_outs: str, out_tpu_raw: str, out_json: str) -> None:
     """TPU inference (real values) vs TOP inference by tensor name, plus per-output max abs error and top-1.

@@ -41,6 +41,7 @@ STAGE_DOCS = {
     "reference": "onnxruntime on the source model, every tensor -> onnx_outs.npz",
     "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
     "calibrate": "canonical.mlir + calibration data -> cali_table and cali.mlir (models with an INT8 target)",
+    "search": "cali.mlir + cali_table + samples -> <target>/qtable.txt: the fewest tensors INT8 keeps in float",
     "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
     "lower": "canonical.mlir (float) or cali.mlir (INT8) -> <chip>-<mode>[-asym]/tpu.mlir + tpu_weights.npz",
     "verify_tpu": "TPU inference of tpu.mlir vs TOP inference by tensor name -> verify_tpu.json",
@@ -182,7 +183,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
         yield calibrate
     verify_jsons = [p.verify_top]
     for target in m.targets:
-        yield from _target_tasks(m, p, target)
+        yield from _target_tasks(m, p, target, globs)
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
     reports = [p.target(target.id).report for target in m.targets]
     yield _task("compile", m.name, stages.summarize,
@@ -192,24 +193,32 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
                                    "zoo": {"build_dir": str(p.root.parent), "targets": [t.id for t in m.targets]}})
 
 
-def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[str, Any]]:
-    """lower:<model>/<target> and verify_tpu:<model>/<target>.
+def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None = None) -> Iterator[dict[str, Any]]:
+    """search:<model>/<target> (INT8, when the manifest asks), lower:<model>/<target> and verify_tpu:<model>/<target>.
 
     Float targets read canonical.mlir and never wait for calibration; INT8 targets
-    read cali.mlir and the cali_table. Lowering's config is the target itself, the
-    chip's modes (it picks the float mode ops fall back to) and the quantize
-    table's content, so editing one target or recalibrating re-runs only what reads it.
+    read cali.mlir and the cali_table, and with `mixed_precision.search` the quantize
+    table the search writes (the user's table merged in) instead of the user's. Lowering's
+    config is the target itself, the chip's modes (it picks the float mode ops fall back
+    to) and the user table's content, so editing one target or recalibrating re-runs only
+    what reads it.
     """
     tp = p.target(target.id)
     name = f"{m.name}/{target.id}"
     int8 = target.mode == "INT8"
     in_mlir = p.cali_mlir if int8 else p.canonical_mlir
     qtable = m.quantize_table
+    searched = int8 and bool((m.mixed_precision or {}).get("search")) and m.calibration is not None
+    if searched:
+        yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
+    lower_table = tp.qtable if searched else qtable
     yield _task("lower", name, stages.lower,
                 {"model": m.name, "in_mlir": str(in_mlir), "cali_table": str(p.cali_table) if int8 else None,
-                 "quantize_table": str(qtable) if qtable else None, "chip": target.chip, "mode": target.mode,
-                 "asymmetric": target.asymmetric, "out_mlir": str(tp.tpu_mlir), "out_weights": str(tp.tpu_weights)},
-                file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else []),
+                 "quantize_table": str(lower_table) if lower_table else None, "chip": target.chip,
+                 "mode": target.mode, "asymmetric": target.asymmetric, "out_mlir": str(tp.tpu_mlir),
+                 "out_weights": str(tp.tpu_weights)},
+                file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else [])
+                + ([tp.qtable] if searched else []),
                 targets=[tp.tpu_mlir, tp.tpu_weights],
                 config={"target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},
                         "chip_modes": list(load_chip(target.chip).modes), "quantize_table": _digest(qtable)})
@@ -221,6 +230,29 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[s
                 file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
                 targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
     yield from _backend_tasks(m, p, name, tp, target)
+
+
+def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, globs: dict) -> dict[str, Any]:
+    """search:<model>/<target>: its config is `mixed_precision`, the target and the samples' preprocess;
+    the calibrated module, its table, the samples and the user's quantize table are file_dep."""
+    from tpubuild.calib.files import find_names
+
+    cal = m.calibration
+    key = (cal["data"], str(m.file.parent))
+    files = globs[key] = globs[key] if key in globs else find_names(*key)
+    inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
+    user = m.quantize_table
+    options = dict(m.mixed_precision or {})
+    return _task("search", name, stages.search_qtable,
+                 {"model": m.name, "target": target.id, "in_mlir": str(p.cali_mlir), "cali_table": str(p.cali_table),
+                  "user_table": str(user) if user else None, "inputs": inputs, "data_files": files,
+                  "chip": target.chip, "asymmetric": target.asymmetric, "options": options,
+                  "out_table": str(tp.qtable)},
+                 file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
+                 targets=[tp.qtable],
+                 config={"mixed_precision": options, "inputs": inputs,
+                         "target": {"chip": target.chip, "asymmetric": target.asymmetric},
+                         "chip_modes": list(load_chip(target.chip).modes)})
 
 
 def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,129 @@
+"""Mixed-precision search (tpubuild/lower/search.py): the fewest tensors in float to reach a target cosine.
+
+A small CNN is calibrated properly, then one tensor's threshold is wrecked (a
+fiftieth of its range, so most of it saturates): the search must find that
+tensor, keep it in float and little else, and the table must carry over to
+inputs it never saw. The cosines asserted are computed here, from TPU inference
+of the lowered module against TOP inference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tpubuild.build.chips import load_chip
+from tpubuild.calib.calibrate import apply_table, calibrate
+from tpubuild.frontend import convert_onnx
+from tpubuild.ir import mlir
+from tpubuild.lower.lowering import lower_module
+from tpubuild.lower.qtable import parse_quantize_table
+from tpubuild.lower.search import SearchConfig, format_result, search
+from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.verify.similarity import cosine
+
+BM1684X = load_chip("bm1684x")
+SHAPE = (1, 3, 16, 16)
+
+
+def node(op, inputs, output, **attrs):
+    return helper.make_node(op, list(inputs), [output], name=output, **attrs)
+
+
+class Net:
+    """conv-relu twice with a residual add, a 1x1 conv, GAP and a gemm: canonical TOP, weights, a max table."""
+
+    def __init__(self, make_model, tmp_path):
+        rng = np.random.default_rng(7)
+
+        def w(*shape, scale):
+            return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+        nodes = [
+            node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]),
+            node("Relu", ["c1"], "r1"),
+            node("Conv", ["r1", "w2", "b2"], "c2", pads=[1, 1, 1, 1]),
+            node("Relu", ["c2"], "r2"),
+            node("Add", ["r1", "r2"], "res"),
+            node("Conv", ["res", "w3", "b3"], "c3"),
+            node("Relu", ["c3"], "r3"),
+            node("GlobalAveragePool", ["r3"], "gap"),
+            node("Flatten", ["gap"], "flat"),
+            node("Gemm", ["flat", "wf", "bf"], "logits", transB=1),
+        ]
+        inits = {"w1": w(8, 3, 3, 3, scale=0.4), "b1": w(8, scale=0.1), "w2": w(8, 8, 3, 3, scale=0.15),
+                 "b2": w(8, scale=0.1), "w3": w(6, 8, 1, 1, scale=0.4), "b3": w(6, scale=0.1),
+                 "wf": w(5, 6, scale=0.8), "bf": w(5, scale=0.1)}
+        path = tmp_path / "model.onnx"
+        onnx.save(make_model(nodes, {"x": np.zeros(SHAPE, np.float32)}, initializers=inits), path)
+        module, weights = convert_onnx(path, {"x": SHAPE}, "test", "origin_weights.npz")
+        self.module, self.weights = canonicalize(module, weights, "canonical_weights.npz")
+        self.samples = [{"x": rng.uniform(-1, 1, SHAPE).astype(np.float32)} for _ in range(10)]
+        self.cali, _ = calibrate(self.module, self.weights, self.samples[:6], "max")
+
+    def wreck(self, name: str, factor: float = 50.0) -> dict:
+        cali = dict(self.cali)
+        cali[name] = dataclasses.replace(cali[name], threshold=cali[name].threshold / factor)
+        return cali
+
+    def score(self, cali, qtable, samples) -> float:
+        """The lowest output cosine of the INT8 lowering with ``qtable`` over ``samples``."""
+        tm, tw = lower_module(apply_table(self.module, cali), self.weights, chip=BM1684X, mode="INT8", cali=cali,
+                              qtable=qtable)
+        (top_out,), (tpu_out,) = mlir.output_names(self.module), mlir.output_names(tm)
+        return min(cosine(run(tm, tw, s, all_tensors=False)[tpu_out], run(self.module, self.weights, s)[top_out])
+                   for s in samples)
+
+
+@pytest.fixture
+def net(make_model, tmp_path) -> Net:
+    return Net(make_model, tmp_path)
+
+
+def run_search(net: Net, cali, user=None, **config):
+    return search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                  samples=net.samples[:3], config=SearchConfig(**config), user=user)
+
+
+def test_a_wrecked_tensor_is_found_and_kept_in_float(net):
+    cali = net.wreck("r1")
+    held_out = net.samples[6:]
+    assert net.score(cali, None, held_out) < 0.9  # the damage is real
+    result = run_search(net, cali, target_cos=0.99)
+    assert result.reached and result.int8_score < 0.9 and result.score >= 0.99
+    assert [u.tensor for u in result.chosen] == ["r1"]
+    # r1's producer (the conv, with its ReLU fused) and both readers: the second conv and the add
+    assert set(result.table) == {"r1", "r2", "res"} and set(result.table.values()) == {"F16"}
+    table = parse_quantize_table(format_result(result))
+    assert table == result.table
+    assert net.score(cali, table, held_out) >= 0.99  # it holds on inputs the search never saw
+
+
+def test_nothing_is_pinned_when_int8_already_meets_the_target(net):
+    result = run_search(net, net.cali, target_cos=0.99)
+    assert result.int8_score >= 0.99 and result.reached
+    assert result.table == {} and result.chosen == [] and result.lowerings == 1
+    assert parse_quantize_table(format_result(result)) == {}
+
+
+def test_the_user_table_is_kept_and_never_re_pinned(net):
+    cali = net.wreck("r1")
+    result = run_search(net, cali, user={"r2": "F32"}, target_cos=0.99)
+    assert result.reached
+    assert result.table["r2"] == "F32" and result.table["r1"] == "F16"
+    text = format_result(result)
+    assert parse_quantize_table(text) == result.table
+    assert "r2 F32" in text.splitlines() and "r2 F16" not in text.splitlines()
+
+
+def test_an_unreachable_target_is_reported_not_hidden(net):
+    """A target above what even all-float computes (F16 rounding) cannot be met: the table says so."""
+    cali = net.wreck("r1")
+    result = run_search(net, cali, target_cos=1.0 + 1e-9, max_lowerings=12)
+    assert not result.reached and result.lowerings <= 12
+    assert "TARGET NOT REACHED" in format_result(result)

@@ -1,0 +1,103 @@
+"""search:<model>/<target> in the doit graph: only INT8 targets of a manifest asking for it have one.
+
+Drives `doit` in a subprocess on a temp manifest (".  task" = executed). The
+model's calibration (KL on inputs with rare large values) leaves the INT8
+output below the target, so the search has something to pin.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpubuild.lower.qtable import parse_quantize_table
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFEST = """\
+name: t
+source: tiny.onnx
+inputs:
+  - name: x
+    shape: [2, 4]
+    range: [-1, 1]
+calibration:
+  data: calib/*.npz
+  method: kl
+{extra}targets:
+  - {{chip: bm1684x, mode: F32}}
+  - {{chip: bm1684x, mode: INT8}}
+"""
+
+
+def tiny_onnx(path: Path) -> None:
+    rng = np.random.default_rng(7)
+    w1 = rng.standard_normal((4, 6)).astype(np.float32)
+    w2 = rng.standard_normal((6, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="h"), helper.make_node("Relu", ["h"], ["r"], name="r"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+class Zoo:
+    def __init__(self, root: Path):
+        self.models, self.build = root / "models", root / "build"
+        (self.models / "calib").mkdir(parents=True)
+        tiny_onnx(self.models / "tiny.onnx")
+        rng = np.random.default_rng(3)
+        for i in range(6):
+            x = rng.standard_normal((2, 4)).astype(np.float32)
+            x[0, 0] *= 30.0  # rare large values: KL clips them
+            np.savez(self.models / "calib" / f"s{i}.npz", x=x)
+
+    def manifest(self, extra: str) -> None:
+        (self.models / "t.yaml").write_text(MANIFEST.format(extra=extra))
+
+    def doit(self, *args: str) -> set[str]:
+        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build)}
+        run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return {line[3:].strip() for line in run.stdout.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture
+def zoo(tmp_path) -> Zoo:
+    return Zoo(tmp_path)
+
+
+LOWER = ["lower:t/bm1684x-F32", "lower:t/bm1684x-INT8"]
+
+
+def test_search_feeds_int8_lowering_only_and_reruns_on_its_options(zoo):
+    (zoo.models / "user.qtable").write_text("# the user's pin\nr F32\n")
+    zoo.manifest("quantize_table: user.qtable\nmixed_precision: {search: true, target_cos: 0.999}\n")
+    ran = zoo.doit(*LOWER)
+    assert "search:t/bm1684x-INT8" in ran and not any(t.startswith("search:t/bm1684x-F32") for t in ran)
+    text = (zoo.build / "t" / "bm1684x-INT8" / "qtable.txt").read_text()
+    table = parse_quantize_table(text)
+    assert table.get("r") == "F32"  # the user's entry, kept as written
+    assert "# target: bm1684x-INT8" in text and "INT8 with the user table" in text
+    assert not (zoo.build / "t" / "bm1684x-F32" / "qtable.txt").exists()
+
+    assert zoo.doit(*LOWER) == set()  # nothing changed: nothing runs
+
+    zoo.manifest("quantize_table: user.qtable\nmixed_precision: {search: true, target_cos: 0.5}\n")
+    ran = zoo.doit(*LOWER)
+    assert "search:t/bm1684x-INT8" in ran and "lower:t/bm1684x-F32" not in ran
+    assert "calibrate:t" not in ran
+
+
+def test_without_search_there_is_no_search_task(zoo):
+    zoo.manifest("")
+    ran = zoo.doit(*LOWER)
+    assert "lower:t/bm1684x-INT8" in ran and not any(t.startswith("search:") for t in ran)

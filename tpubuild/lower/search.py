@@ -1,0 +1,296 @@
+"""Mixed-precision search: the fewest tensors to keep in float so that an INT8 model reaches a target cosine.
+
+TPU-MLIR's version is search_qtable (run_qtable). The result is a quantize table
+(tpubuild/lower/qtable.py), readable and editable like a hand-written one.
+
+The unit moved to float is a *tensor*: its producer and every op that reads it
+compute in the float mode, so the tensor is never quantized and neither is its
+producer's arithmetic. (Pinning one op alone changes little: its output is still
+quantized, at the same calibrated scale, for the INT8 ops that read it.) An op
+that an INT8 table absorbs (a chain of hardswish, x * a + b...) brings its whole
+chain along, or the rest of the chain would start from a new quantization.
+
+The score of a quantize table: lower the calibrated module with it, run TPU
+inference on a few calibration samples, and take the lowest cosine of any graph
+output against TOP inference (float32), over outputs and samples.
+
+1. The quantized tensors, in program order, are cut into ``chunks`` contiguous
+   groups; each group alone in float is scored.
+2. Greedy: groups join the table, the most useful first, until the score reaches
+   the target. (A single culprit shows up as one group's score; error that
+   accumulates over many layers, as in PP-OCRv4 rec, only as several.)
+3. Prune, by halves (delta debugging): each chosen group, least useful first,
+   leaves the table if the target still holds without it; a group that must
+   stay is split in two and each half tried in turn, down to single tensors.
+
+Every score is a real lowering and TPU inference; ``max_lowerings`` bounds the
+cost, and a target not reached is reported in the table's header. The user's
+quantize table is the starting point: its entries stay as written and an op it
+names is never re-pinned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import SSAValue
+
+from tpubuild.build.chips import Chip
+from tpubuild.calib.table import Entry
+from tpubuild.ir import mlir
+from tpubuild.ir.base import TensorOp
+from tpubuild.ir.top import InputOp, WeightOp
+from tpubuild.ir.weights import WeightStore
+from tpubuild.lower.inference import dequantize
+from tpubuild.lower.lowering import Lowering
+from tpubuild.lower.quant import QType
+from tpubuild.top.inference import run
+from tpubuild.verify.similarity import cosine
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The manifest's ``mixed_precision`` options."""
+
+    target_cos: float = 0.99
+    samples: int = 3  # calibration samples scored
+    chunks: int = 8  # contiguous groups of tensors tried first
+    mode: str | None = None  # the float mode; None: the chip's (F16 on bm1684x)
+    max_lowerings: int = 60  # a bound on the search's cost
+
+    @classmethod
+    def of(cls, options: Mapping | None) -> "SearchConfig":
+        keys = {"target_cos", "samples", "chunks", "mode", "max_lowerings"}
+        return cls(**{k: v for k, v in (options or {}).items() if k in keys})
+
+
+@dataclass
+class Unit:
+    """A tensor kept in float: the qtable names of its producer and consumers that were INT8."""
+
+    tensor: str
+    ops: tuple[str, ...]
+    score: float = math.nan  # the outputs' score with its chunk alone in float
+
+
+@dataclass
+class SearchResult:
+    table: dict[str, str]  # op name -> mode: the user's entries, then the search's
+    user: dict[str, str]
+    chosen: list[Unit]
+    mode: str
+    int8_score: float  # with the user table alone
+    score: float  # with ``table``
+    target: float
+    samples: int
+    lowerings: int
+
+    @property
+    def reached(self) -> bool:
+        return self.score >= self.target
+
+
+def _elem(value: SSAValue):
+    return value.type.element_type if isinstance(value.type, TensorType) else None
+
+
+def _is_quantized(value: SSAValue) -> bool:
+    return QType.of(_elem(value)) is not None
+
+
+class Evaluator:
+    """Lowers the calibrated module with a quantize table and scores its outputs against TOP inference."""
+
+    def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry],
+                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]]):
+        from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
+
+        self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
+        self.samples = list(samples)
+        top_outputs = mlir.output_names(module)
+        self.refs = [[run(module, weights, s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
+        self.lowerings = 0
+
+    def lower(self, qtable: Mapping[str, str]) -> tuple[Lowering, ModuleOp, WeightStore]:
+        lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
+                      cali=self.cali, qtable=qtable)
+        tpu_module, tpu_weights = lw.run("tpu_weights.npz")
+        self.lowerings += 1
+        return lw, tpu_module, tpu_weights
+
+    def outputs(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> list[list[np.ndarray]]:
+        names = mlir.output_names(tpu_module)
+        types = {n: v.type for n, v in zip(names, mlir.return_op(tpu_module).operands)}
+        found = []
+        for s in self.samples:
+            out = run(tpu_module, tpu_weights, s, all_tensors=False)
+            found.append([dequantize(out[n], types[n].element_type) for n in names])
+        return found
+
+    def score_of(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> float:
+        """The lowest cosine of any output over the samples."""
+        return min(cosine(t, r) for outs, refs in zip(self.outputs(tpu_module, tpu_weights), self.refs)
+                   for t, r in zip(outs, refs))
+
+    def score(self, qtable: Mapping[str, str]) -> float:
+        _, tpu_module, tpu_weights = self.lower(qtable)
+        return self.score_of(tpu_module, tpu_weights)
+
+
+def int8_ops(lw: Lowering) -> set[TensorOp]:
+    """The TOP ops a lowering computed in INT8: quantized results, or absorbed into an INT8 table."""
+    found = set(lw.absorbed)
+    for op in lw.ops:
+        if any(r in lw.lowered and _is_quantized(lw.lowered[r]) for r in op.results):
+            found.add(op)
+    return found
+
+
+def quantized_tensors(lw: Lowering) -> list[SSAValue]:
+    """TOP tensors the lowering quantizes somewhere (as an INT8 result or through a cast), in program order."""
+    hit = {v for v, lv in lw.lowered.items() if _is_quantized(lv)}
+    hit |= {v for (v, _), lv in lw.converted.items() if _is_quantized(lv)}
+    order = [r for op in lw.ops for r in op.results]
+    return [v for v in order if v in hit and not isinstance(v.owner, WeightOp)]
+
+
+def units_of(lw: Lowering, pinned: Iterable[str]) -> list[Unit]:
+    """One unit per quantized tensor: its producer and consumers that are INT8 and not pinned already."""
+    int8 = int8_ops(lw)
+    pinned = set(pinned)
+    # an op computed inside another's table brings the whole table along: alone in float it would
+    # make the rest of the table start from a newly quantized tensor
+    absorber = {member: end for end, members in lw.chains.items() for member in members}
+    units = []
+    for v in quantized_tensors(lw):
+        ops = [v.owner] if not isinstance(v.owner, InputOp) else []
+        ops += [use.operation for use in v.uses if isinstance(use.operation, TensorOp)]
+        ends = [absorber.get(op, op) for op in ops]
+        ops = [x for end in ends for x in (*lw.chains.get(end, []), end)]
+        names = tuple(dict.fromkeys(op.names[0] for op in ops if op in int8 and op.names[0] not in pinned))
+        if names:
+            units.append(Unit(mlir.value_name(v), names))
+    return units
+
+
+def table_of(user: Mapping[str, str], chosen: Sequence[Unit], mode: str) -> dict[str, str]:
+    table = dict(user)
+    for unit in chosen:
+        for name in unit.ops:
+            table.setdefault(name, mode)
+    return table
+
+
+def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry], asymmetric: bool,
+           samples: Sequence[Mapping[str, np.ndarray]], config: SearchConfig = SearchConfig(),
+           user: Mapping[str, str] | None = None, log=None) -> SearchResult:
+    """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``."""
+    say = log or (lambda text: None)
+    mode = config.mode or chip.float_mode
+    chip.check_mode(mode, what="mixed-precision mode")
+    user = dict(user or {})
+    ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples)
+    lw, tpu_module, tpu_weights = ev.lower(user)
+    int8_score = ev.score_of(tpu_module, tpu_weights)
+    say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {config.target_cos})")
+    units = units_of(lw, user)
+    search = _Search(ev, units, user, mode, config, say)
+    chosen = search.run(int8_score) if int8_score < config.target_cos else frozenset()
+    score = search.scores.get(chosen, int8_score)
+    picked = [units[i] for i in sorted(chosen)]
+    for i in sorted(chosen):
+        units[i].score = search.alone.get(i, math.nan)
+    return SearchResult(table_of(user, picked, mode), user, picked, mode, int8_score, score, config.target_cos,
+                        len(ev.samples), ev.lowerings)
+
+
+class _Search:
+    """Greedy over contiguous chunks of the quantized tensors, then pruning by halves (delta debugging)."""
+
+    def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say):
+        self.ev, self.units, self.user, self.mode, self.config, self.say = ev, units, user, mode, config, say
+        self.scores: dict[frozenset[int], float] = {}
+        self.alone: dict[int, float] = {}  # a tensor's score when its segment alone was float
+
+    def score(self, chosen: frozenset[int]) -> float:
+        if chosen not in self.scores:
+            self.scores[chosen] = self.ev.score(table_of(self.user, [self.units[i] for i in sorted(chosen)], self.mode))
+        return self.scores[chosen]
+
+    def budget_left(self) -> bool:
+        return self.ev.lowerings < self.config.max_lowerings
+
+    def run(self, int8_score: float) -> frozenset[int]:
+        target = self.config.target_cos
+        n = len(self.units)
+        k = min(self.config.chunks, n)
+        chunks = [frozenset(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
+        alone = []
+        for c in chunks:
+            if not self.budget_left():
+                break
+            alone.append((self.score(c), c))
+            self.say(f"tensors {self._span(c)} in float: cos {alone[-1][0]:.6f}")
+        alone.sort(key=lambda sc: -sc[0])  # stable: program order on ties
+        for s, c in alone:
+            for i in c:
+                self.alone[i] = s
+        chosen: frozenset[int] = frozenset()
+        best = (int8_score, chosen)
+        for s, c in alone:
+            if not self.budget_left():
+                break
+            chosen = chosen | c
+            s = self.score(chosen)
+            best = max(best, (s, chosen), key=lambda b: b[0])
+            self.say(f"+ tensors {self._span(c)}: cos {s:.6f}")
+            if s >= target:
+                return self._prune(chosen, [c for _, c in reversed(alone) if c <= chosen])
+        return best[1]
+
+    def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
+        """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
+        target = self.config.target_cos
+        while queue and self.budget_left():
+            seg = queue.pop(0) & chosen
+            if not seg:
+                continue
+            rest = chosen - seg
+            if rest and self.score(rest) >= target:
+                chosen = rest
+                self.say(f"- tensors {self._span(seg)}: not needed, cos {self.scores[rest]:.6f}")
+            elif len(seg) > 1:
+                ordered = sorted(seg)
+                half = len(ordered) // 2
+                queue += [frozenset(ordered[:half]), frozenset(ordered[half:])]
+        return chosen
+
+    def _span(self, seg: frozenset[int]) -> str:
+        lo, hi = min(seg), max(seg)
+        first, last = self.units[lo].tensor, self.units[hi].tensor
+        return f"{first}" if lo == hi else f"{first} .. {last} ({len(seg)})"
+
+
+def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
+    """The quantize table text: what was searched and found as comments, then ``op_name MODE`` lines."""
+    lines = [f"# {h}" for h in header]
+    lines += [f"# mixed-precision search: every output's cosine to float >= {result.target} on "
+              f"{result.samples} calibration sample(s), the lowest over outputs and samples",
+              f"# INT8{' with the user table' if result.user else ''}: {result.int8_score:.6f}; "
+              f"with this table: {result.score:.6f} ({result.lowerings} lowerings)"]
+    if not result.reached:
+        lines.append(f"# TARGET NOT REACHED: the best table found is below {result.target}")
+    lines.append("# op_name MODE")
+    if result.user:
+        lines.append(f"# from the user's quantize table ({len(result.user)} entries, kept as written)")
+        lines += [f"{name} {mode}" for name, mode in result.user.items()]
+    written = set(result.user)
+    for unit in result.chosen:
+        lines.append(f"# tensor {unit.tensor} stays {result.mode}")
+        lines += [f"{name} {result.mode}" for name in unit.ops if name not in written]
+        written.update(unit.ops)
+    return "\n".join(lines) + "\n"
