@@ -69,9 +69,9 @@ def _(p: top.ConvParams, x, w, b):
     elif g > 1 and c == g:
         y = _depthwise(xp, w, taps, p, out_sp, dtype)
     elif len(taps) == 1:
-        # one tap (1x1): a plain matmul of the (strided) input pixels
+        # one tap (1x1): a plain matmul of the (strided) input pixels, pixel-major (see _im2col)
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
-        y = np.matmul(w.reshape(g, oc // g, c // g), cols)
+        y = np.matmul(cols.swapaxes(2, 3), w.reshape(g, oc // g, c // g).swapaxes(1, 2)).swapaxes(2, 3)
     else:
         y = _im2col(xp, w, g, taps, p, out_sp, dtype)
     y = y.reshape(n, oc, *out_sp)
@@ -110,56 +110,49 @@ def _live_taps(p: top.ConvParams, spatial, out_sp) -> list[tuple[int, ...]]:
 
 
 def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
-    """One input channel per group: per channel, its tap columns times its filter (a batched GEMV).
+    """One input channel per group: tap by tap, the shifted input times its channel's weight, summed.
 
-    Columns are built for a block of channels (and of output rows, for big planes) at a
-    time, small enough to stay in cache for the product.
+    A fixed order of float operations per output element, not a GEMV: BLAS orders a
+    GEMV's sums by the block's size, and the chip runs this kernel on H slices of
+    every size (results must not depend on it). Channels go in blocks whose output
+    and temporary stay in cache across the taps.
     """
     n, c = xp.shape[:2]
     oc, k = w.shape[0], len(taps)
     if oc != c:  # channel multiplier: output channel o reads input channel o // (oc / c)
         xp = np.repeat(xp, oc // c, axis=1)
-    wm = w.reshape(oc, 1, k)
-    rest = math.prod(out_sp[1:])
-    row_bytes = k * rest * np.dtype(dtype).itemsize  # one channel's columns for one output row
-    if row_bytes * out_sp[0] <= _COLS_BLOCK:
-        rows, chans = out_sp[0], max(1, _COLS_BLOCK // (row_bytes * out_sp[0]))
-    else:
-        rows, chans = max(1, _COLS_BLOCK // row_bytes), 1
-    chans = min(chans, oc)
-    y = np.empty((n, oc, out_sp[0], rest), dtype)
-    cols = np.empty((chans, k, rows) + out_sp[1:], dtype)
-    for i in range(n):
-        for c0 in range(0, oc, chans):
-            c1 = min(oc, c0 + chans)
-            for r0 in range(0, out_sp[0], rows):
-                r = min(rows, out_sp[0] - r0)
-                start = r0 * p.strides[0]
-                stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
-                xb = xp[i, c0:c1, start:stop]
-                part = cols[:c1 - c0, :, :r]
-                for t, tap in enumerate(taps):
-                    part[:, t] = tap_view(xb, tap, p.strides, p.dilations, (r,) + out_sp[1:])
-                # tap by tap in a fixed order, not a GEMV: BLAS orders a GEMV's sums by the block's size,
-                # and the chip runs this kernel on H slices of every size (results must not depend on it)
-                out = y[i, c0:c1, r0:r0 + r]
-                wt = wm[c0:c1, 0, :, None, None]
-                np.multiply(part[:, 0].reshape(c1 - c0, r, rest), wt[:, 0], out=out)
-                for t in range(1, k):
-                    out += part[:, t].reshape(c1 - c0, r, rest) * wt[:, t]
+    wt = w.reshape(oc, k)
+    plane = n * math.prod(out_sp) * np.dtype(dtype).itemsize
+    chans = max(1, min(oc, _COLS_BLOCK // (4 * plane)))
+    scale_shape = (1, -1) + (1,) * len(out_sp)
+    y = np.empty((n, oc) + out_sp, dtype)
+    tmp = np.empty((n, chans) + out_sp, dtype)
+    for c0 in range(0, oc, chans):
+        c1 = min(oc, c0 + chans)
+        out, part, xb = y[:, c0:c1], tmp[:, :c1 - c0], xp[:, c0:c1]
+        for t, tap in enumerate(taps):
+            view = tap_view(xb, tap, p.strides, p.dilations, out_sp)
+            if t == 0:
+                np.multiply(view, wt[c0:c1, 0].reshape(scale_shape), out=out)
+            else:
+                np.multiply(view, wt[c0:c1, t].reshape(scale_shape), out=part)
+                out += part
     return y
 
 
 def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
     """Columns [n, g, C/g * taps, pixels] copied tap by tap from strided views, then one GEMM per group.
 
-    The column layout keeps the output in NCHW order (no transposes) and is built in
-    blocks of output rows so a block is still in cache when the GEMM reads it.
+    The columns are built in blocks of output rows, so a block is still in cache when
+    the GEMM reads it. The GEMM runs pixel-major (pixels x taps times taps x channels,
+    the columns passed transposed): BLAS then sums each output in an order that does
+    not depend on the number of pixels (except for tiny counts with long sums), so an
+    H slice of the output, as the chip computes it, matches the whole tensor's bits.
     """
     n, c = xp.shape[:2]
     oc, k = w.shape[0], len(taps)
     cg, ocg = c // g, oc // g
-    wm = w.reshape(g, ocg, cg * k)
+    wt = w.reshape(g, ocg, cg * k).swapaxes(1, 2)
     rest = math.prod(out_sp[1:])
     row_bytes = n * c * k * rest * np.dtype(dtype).itemsize
     rows = max(1, min(out_sp[0], _COLS_BLOCK // max(row_bytes, 1)))
@@ -176,7 +169,8 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
         for t, tap in enumerate(taps):
             part[:, :, :, t] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
                 (n, g, cg) + block_sp)
-        y[:, :, :, r0:r0 + r] = np.matmul(wm, part.reshape(n, g, cg * k, r * rest)).reshape(n, g, ocg, r, rest)
+        prod = np.matmul(part.reshape(n, g, cg * k, r * rest).swapaxes(2, 3), wt)  # [n, g, pixels, ocg]
+        y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
     return y
 
 
