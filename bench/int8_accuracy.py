@@ -1,0 +1,313 @@
+"""INT8 accuracy per zoo model: ours per calibration method (and with the mixed-precision search) vs onnxruntime's.
+
+    python bench/int8_accuracy.py [--models REGEX] [--methods max,percentile,kl,mse,auto] [--samples 16]
+                                  [--eval 4] [--asym] [--search-method mse] [--no-search] [--no-ort]
+
+For each manifest in configs/models with an INT8 target (or those whose name
+matches --models), on the same data:
+
+- calibration: the first --samples samples of the manifest's calibration set
+  (its `count` at most); evaluation: the manifest's test input plus the last
+  --eval samples of the set, held out from calibration when the set is large
+  enough (the table says how many evaluation samples were also calibration ones);
+- ours: one statistics pass, then per method a calibration table, the INT8
+  lowering for bm1684x (symmetric; --asym adds asymmetric) and TPU inference
+  (the chip's exact arithmetic); "+search" is the mixed-precision search
+  (tpubuild/lower/search.py, target cos 0.99 on 3 calibration samples) on top
+  of --search-method's table, with how many tensors it kept in float;
+- onnxruntime: its recommended flow, the model at opset 13 at least (per-channel
+  needs it), quant_pre_process (shape inference and graph optimization, which
+  folds batch norms into convolutions), then quantize_static, QDQ, per-channel
+  weights, its defaults otherwise (uint8 asymmetric activations, int8 symmetric weights),
+  MinMax and Entropy calibration on the same calibration samples, run by
+  onnxruntime (which fuses QDQ into its int8 kernels).
+
+Every variant is compared with onnxruntime's float outputs of the source model:
+`cos` is the lowest cosine over evaluation samples and outputs, `mean` its
+mean, `max|err|` the largest absolute error relative to the float output's
+largest |value|, `top1` the fraction of positions whose argmax agrees (along
+the class axis; not for PP-OCR det's probability map), and for detection
+heads `scores` the lowest cosine of the class-score channels on their own
+(mini_yolo: channels 4.. of [1, 24, anchors], next to boxes in pixels).
+The last line per model says whether our best is at least as close to float
+as onnxruntime's best. Slow: start with --samples 4 --eval 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+METHODS = ("max", "percentile", "kl", "mse", "auto")
+CHIP = "bm1684x"
+
+
+@dataclass(frozen=True)
+class Head:
+    """How to read a model's output beyond cosine: the class axis for top-1 (None: no classes), and for
+    detection heads the class-score channels (axis, first channel)."""
+
+    top1_axis: int | None = -1
+    scores: tuple[int, int] | None = None
+
+
+HEADS = {
+    "mini_yolo": Head(top1_axis=None, scores=(1, 4)),
+    "ppocrv4_det": Head(top1_axis=None),
+}
+
+
+def build(manifest: Path, build_dir: Path, name: str) -> None:
+    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
+           "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), f"canonicalize:{name}"],
+                         env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"building {name}'s canonical.mlir failed:\n{run.stdout}{run.stderr}")
+
+
+def cosine(a, b) -> float:
+    from tpubuild.verify.similarity import cosine as cos
+
+    return cos(a, b)
+
+
+def top1(test: np.ndarray, ref: np.ndarray, axis: int) -> float:
+    return float(np.mean(np.argmax(test, axis=axis) == np.argmax(ref, axis=axis)))
+
+
+def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: Head) -> dict:
+    """outs[sample][output] vs refs[sample][output]."""
+    cos, err, agree, scores = [], [], [], []
+    for o_s, r_s in zip(outs, refs):
+        for o, r in zip(o_s, r_s):
+            o, r = np.asarray(o, np.float64).reshape(r.shape), np.asarray(r, np.float64)
+            cos.append(cosine(o, r))
+            peak = float(np.max(np.abs(r))) or 1.0
+            err.append(float(np.max(np.abs(o - r))) / peak)
+            if head.scores is not None:
+                axis, first = head.scores
+                idx = [slice(None)] * r.ndim
+                idx[axis] = slice(first, None)
+                so, sr = o[tuple(idx)], r[tuple(idx)]
+                scores.append(cosine(so, sr))
+                agree.append(top1(so, sr, axis))
+            elif head.top1_axis is not None and r.ndim and r.shape[head.top1_axis] >= 2:
+                agree.append(top1(o, r, head.top1_axis))
+    return {"cos": min(cos), "mean": float(np.mean(cos)), "err": max(err),
+            "top1": float(np.mean(agree)) if agree else math.nan, "scores": min(scores) if scores else math.nan}
+
+
+class Model:
+    """One manifest's data, float reference and our compiler state."""
+
+    def __init__(self, manifest: Path, build_dir: Path, n_cal: int, n_eval: int):
+        from tpubuild.build.manifest import load_manifest
+        from tpubuild.build.paths import ModelPaths
+        from tpubuild.build.tasks import source_file
+        from tpubuild.build.files import read_npz
+        from tpubuild.calib.data import Samples
+        from tpubuild.calib.files import find_files
+        from tpubuild.ir.mlir import load_module
+        from tpubuild.top.inference import weights_for
+        from tpubuild.verify.reference import onnx_tensors, output_names
+
+        self.m = m = load_manifest(manifest)
+        p = ModelPaths.of(build_dir, m.name)
+        self.onnx = source_file(m, p)
+        self.module = load_module(p.canonical_mlir)
+        self.weights = weights_for(self.module, p.canonical_mlir)
+        inputs = [{**s.config(), "preprocess": s.preprocess} for s in m.inputs]
+        files = find_files(m.calibration["data"], m.file.parent)
+        every = list(Samples.of(files, inputs))
+        n_cal = min(n_cal, m.calibration.get("count", len(every)), len(every))
+        self.cal = every[:n_cal]
+        held = every[n_cal:][-n_eval:] if n_eval else []
+        self.reused = max(0, n_eval - len(held))
+        extra = every[:n_cal][-self.reused:] if self.reused else []
+        self.eval = [read_npz(p.input_npz)] + held + extra
+        self.out_names = output_names(self.onnx)
+        self.refs = [[onnx_tensors(self.onnx, s)[n] for n in self.out_names] for s in self.eval]
+        self.head = HEADS.get(m.name, Head())
+
+    def ours(self, entries, asymmetric: bool, qtable=None) -> list[list[np.ndarray]]:
+        from tpubuild.build.chips import load_chip
+        from tpubuild.calib.calibrate import apply_table
+        from tpubuild.ir import mlir
+        from tpubuild.lower.lowering import lower_module
+        from tpubuild.top.inference import run
+
+        tpu, w = lower_module(apply_table(self.module, entries), self.weights, chip=load_chip(CHIP), mode="INT8",
+                              asymmetric=asymmetric, cali=entries, qtable=qtable)
+        names = mlir.output_names(tpu)
+        return [[run(tpu, w, s, all_tensors=False)[n] for n in names] for s in self.eval]
+
+
+class Reader:
+    """onnxruntime's CalibrationDataReader over our calibration samples."""
+
+    def __init__(self, samples):
+        self.it = iter(samples)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+def ort_outputs(model: Model, method: str, workdir: Path) -> list[list[np.ndarray]]:
+    """onnxruntime's recommended flow: quant_pre_process (shape inference, BN folding), then quantize_static."""
+    import contextlib
+    import io
+    import logging
+
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = workdir / f"{model.m.name}_pre.onnx"
+    out = workdir / f"{model.m.name}_{method}.onnx"
+    feeds = [{k: np.asarray(v, np.float32) for k, v in s.items()} for s in model.cal]
+    logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" warnings
+    with contextlib.redirect_stdout(io.StringIO()):  # the entropy calibrator prints its progress
+        if not pre.exists():
+            _pre_process(quant_pre_process, model.onnx, pre)
+        quantize_static(str(pre), str(out), Reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
+                        calibrate_method=getattr(CalibrationMethod, method))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return [sess.run(names, {k: np.asarray(v, np.float32) for k, v in s.items()}) for s in model.eval]
+
+
+def _pre_process(quant_pre_process, src: Path, dst: Path) -> None:
+    """Opset 13 at least (per-channel DequantizeLinear needs its axis), then quant_pre_process; without its
+    symbolic shape inference if that gives up (PP-OCR rec), else none."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(src))
+    if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 13:
+        model = version_converter.convert_version(model, 13)
+    upgraded = dst.with_suffix(".opset.onnx")
+    onnx.save(model, str(upgraded))
+    for options in ({}, {"skip_symbolic_shape": True}):
+        try:
+            quant_pre_process(str(upgraded), str(dst), **options)
+            return
+        except Exception:  # onnxruntime raises a bare Exception when shape inference is incomplete
+            continue
+    upgraded.replace(dst)
+
+
+def row(label: str, r: dict, note: str = "") -> str:
+    def f(x, digits=5):
+        return "     -" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    return (f"  {label:<24} {f(r['cos'])} {f(r['mean'])} {f(r['err'], 4):>8} {f(r['top1'], 3):>6} "
+            f"{f(r['scores']):>7}  {note}")
+
+
+def bench_model(manifest: Path, args, workdir: Path) -> None:
+    from tpubuild.calib.calibrate import collect_stats, compute_entries
+
+    from tpubuild.build.manifest import load_manifest
+
+    t0 = time.perf_counter()
+    build(manifest, Path(args.build_dir), load_manifest(manifest).name)
+    model = Model(manifest, Path(args.build_dir), args.samples, args.eval)
+    print(f"\n{model.m.name}: {len(model.cal)} calibration samples, {len(model.eval)} evaluation inputs "
+          f"(test input + {len(model.eval) - 1}, {model.reused} of them also calibration samples)")
+    print(f"  {'variant':<24} {'cos':>7} {'mean':>7} {'max|err|':>8} {'top1':>6} {'scores':>7}")
+    stats, _ = collect_stats(model.module, model.weights, model.cal)
+    results: dict[str, dict] = {}
+    tables = {}
+    for method in args.methods:
+        start = time.perf_counter()
+        tune = itertools.islice(iter(model.cal), 8) if method == "auto" else ()
+        tables[method] = compute_entries(model.module, model.weights, stats, method, tune)
+        for asym in (False, True) if args.asym else (False,):
+            label = f"ours {method}" + (" asym" if asym else "")
+            results[label] = metrics(model.ours(tables[method], asym), model.refs, model.head)
+            print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
+    if not args.no_search and args.search_method in tables:
+        from tpubuild.build.chips import load_chip
+        from tpubuild.calib.calibrate import apply_table
+        from tpubuild.lower.search import SearchConfig, search
+
+        start = time.perf_counter()
+        entries = tables[args.search_method]
+        found = search(apply_table(model.module, entries), model.weights, chip=load_chip(CHIP), cali=entries,
+                       asymmetric=False, samples=model.cal[:3], config=SearchConfig())
+        label = f"ours {args.search_method}+search"
+        results[label] = metrics(model.ours(entries, False, found.table), model.refs, model.head)
+        note = (f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings, "
+                f"{time.perf_counter() - start:.0f} s" + ("" if found.reached else ", target not reached"))
+        print(row(label, results[label], note), flush=True)
+    ort_best = None
+    if not args.no_ort:
+        for method in ("MinMax", "Entropy"):
+            start = time.perf_counter()
+            label = f"onnxruntime {method}"
+            try:
+                results[label] = metrics(ort_outputs(model, method, workdir), model.refs, model.head)
+            except Exception as err:  # onnxruntime's quantizer raises many types; report and go on
+                print(f"  {label:<24} failed: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
+                continue
+            print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
+            ort_best = max(ort_best or -2.0, results[label]["cos"])
+    ours_best = max((r["cos"], k) for k, r in results.items() if k.startswith("ours"))
+    verdict = ("n/a (no onnxruntime result)" if ort_best is None else
+               f"{'yes' if ours_best[0] >= ort_best else 'NO'} (ours {ours_best[0]:.5f} with {ours_best[1][5:]}, "
+               f"onnxruntime {ort_best:.5f})")
+    print(f"  ours at least as close to float as onnxruntime: {verdict}; {time.perf_counter() - t0:.0f} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=".", help="regex over model names (default: every INT8 model)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated calibration methods")
+    ap.add_argument("--samples", type=int, default=16, help="calibration samples (at most the manifest's count)")
+    ap.add_argument("--eval", type=int, default=4, help="evaluation samples besides the test input")
+    ap.add_argument("--asym", action="store_true", help="also lower asymmetric INT8")
+    ap.add_argument("--search-method", default="mse", help="the table the mixed-precision search starts from")
+    ap.add_argument("--no-search", action="store_true")
+    ap.add_argument("--no-ort", action="store_true")
+    ap.add_argument("--build-dir", default=str(REPO / "build"))
+    args = ap.parse_args()
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown methods {unknown}; expected some of {list(METHODS)}")
+    from tpubuild.build.manifest import load_manifest
+
+    manifests = []
+    for path in sorted((REPO / "configs" / "models").glob("*.yaml")):
+        m = load_manifest(path)
+        if any(t.mode == "INT8" for t in m.targets) and m.calibration and re.search(args.models, m.name):
+            manifests.append(path)
+    print(f"INT8 accuracy vs float on {CHIP}: {len(manifests)} models, methods {', '.join(args.methods)}")
+    with tempfile.TemporaryDirectory(prefix="int8_accuracy_") as tmp:
+        for manifest in manifests:
+            try:
+                bench_model(manifest, args, Path(tmp))
+            except RuntimeError as err:
+                print(f"\n{manifest.stem}: {err}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
