@@ -31,9 +31,6 @@ from tpubuild.build import noop
 from tpubuild.build.paths import failed_json
 from tpubuild.build.reporter import SummaryReporter
 
-# stage order for "the first stage that failed" (tasks.STAGE_DOCS order; not imported: tasks imports us)
-_STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "search", "lower",
-                "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
 _TABLE_CACHE = ".zoo_table.json"
 # a failed verify stage -> the level it compares and the JSON it would have written
 _FAILED_LEVEL = {"verify_top": ("top", "verify_top.json"), "verify_tpu": ("tpu", "verify_tpu.json"),
@@ -254,7 +251,9 @@ def _first_failure(plan: Mapping[str, Any], outcome: Mapping[str, str], roots: I
         todo.extend(d for d in plan[name].task_dep if d in plan)
     if not failed:
         return None
-    order = {s: i for i, s in enumerate(_STAGE_ORDER)}
+    from tpubuild.build.tasks import STAGE_DOCS  # graph order (tasks imports this module: not at the top)
+
+    order = {s: i for i, s in enumerate(STAGE_DOCS)}
     return min(failed, key=lambda n: (order.get(split_task(n)[0], len(order)), n))
 
 
