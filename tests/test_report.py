@@ -282,6 +282,11 @@ def test_callout_separates_deciding_failures_from_reported_ones():
     assert 'class="callout note" id="first-failure"' in first and "reported only" in first
     assert "<code>a</code>: op <code>tpu.Add</code>" in first and "t.mlir:9" in first
     assert 'class="callout"' in second and "<code>y</code>" in second and "reported only" not in second
+    # a level decided by its outputs that fails: the first drop, and the outputs that fail it
+    chip = _comp("tpu", False, [("a", 0.5), ("b", 0.95), ("y", 0.6)])
+    chip["tensors"][2]["output"] = True
+    text = report.first_failure([report.order_level(chip, None)])
+    assert "<code>a</code>" in text and "fails on its graph outputs y" in text
     passing = [report.order_level(_comp("tpu", True, [("a", 0.97), ("b", 0.95)]), graph)]
     assert "Every tensor is within tolerance" in report.first_failure(passing)
     assert "Lowest cosine (Top vs Tpu): <code>b</code>" in report.first_failure(passing)

@@ -218,11 +218,12 @@ def render_index(rows: Sequence[Row]) -> str:
         link = f'<a href="{e(r.link)}">{"report" if r.status == "PASS" else "failure"}</a>' if r.link else "–"
         time = f"{r.time_ms:.4g} ms" if r.time_ms is not None else "–"
         body.append(f'<tr class="row-{r.status.replace(" ", "-").lower()}"><td>{e(r.model)}</td>'
-                    f"<td>{e(r.target or '–')}</td><td>{status}</td>"
+                    f"<td>{e(r.target or '–')}</td><td class=status>{status}</td>"
                     f"{_cos_cell(r, 'top')}{_cos_cell(r, 'tpu')}{_cos_cell(r, 'chip')}"
                     f"<td class=num>{time}</td><td class=num>{page.size(r.ddr_bytes)}</td>"
                     f"<td class=num>{page.size(r.model_bytes)}</td><td>{link}</td></tr>")
-    css = page.CSS + ".msg{font-size:11px;color:#8a1c1c;max-width:420px}tr.row-fail td{background:#fdf3f2}"
+    css = page.CSS + (".msg{font-size:11px;color:#8a1c1c;max-width:420px;white-space:normal}"
+                      "tr.row-fail td{background:#fdf3f2} table.zoo td{white-space:nowrap}")
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><title>tpubuild zoo</title>',

@@ -335,6 +335,9 @@ def first_failure(levels: Sequence[Level]) -> str:
         deciding = not lv.comp["passed"]
         why = "" if deciding else (f" (reported only: this level is decided by its "
                                    f"{e(lv.comp.get('decided_by', 'graph outputs'))}, which pass)")
+        failed_outputs = [r["name"] for r in lv.rows if r.get("output") and not r["passed"]]
+        if deciding and failed_outputs and lv.comp.get("decided_by") == "graph outputs":
+            why = f" (the level fails on its graph outputs {', '.join(map(e, failed_outputs))})"
         ident = "" if notes else ' id="first-failure"'
         notes.append(f'<div class="callout{"" if deciding else " note"}"{ident}><b>First tensor below tolerance</b> '
                      f"(<a href=\"#level-{i}\">{e(lv.title)}, {e(lv.comp['test'])} vs {e(lv.comp['ref'])}</a>)"
