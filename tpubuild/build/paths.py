@@ -104,7 +104,14 @@ class ModelPaths:
         return self.root / "failed.html"
 
     def target(self, target_id: str) -> "TargetPaths":
-        return TargetPaths(self.root / target_id)
+        found = self._targets.get(target_id)
+        if found is None:
+            found = self._targets[target_id] = TargetPaths(self.root / target_id)
+        return found
+
+    @cached_property
+    def _targets(self) -> dict[str, "TargetPaths"]:
+        return {}  # one TargetPaths per target, so that its cached paths are reused
 
 
 @dataclass(frozen=True)
