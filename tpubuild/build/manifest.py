@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,7 +273,9 @@ class ManifestCache:
             plain = json.loads(json.dumps(data)) == data  # YAML dates and the like do not round-trip
         except (TypeError, ValueError):
             plain = False
-        if plain:
+        # a file written within the clock tick of its stat could change again unseen (noop.RACY_NS)
+        settled = time.time_ns() - stamp[0] > 2_000_000_000
+        if plain and settled:
             self.entries[key] = [stamp, str(file), data]
             self.dirty = True
         return manifest

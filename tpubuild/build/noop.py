@@ -99,15 +99,27 @@ def current() -> dict[str, Any] | None:
     return _current
 
 
-def file_states(paths: Iterable[str]) -> str | None:
-    """A digest of each file's mtime, size and inode; None if one is missing."""
+# File times have the kernel's clock tick (a few ms): a file written again within the tick it was
+# stat'ed in, at the same size, would look unchanged. So, as git does with its index, a state in
+# which some file is younger than this is never stamped (the next no-op run stamps it instead).
+# TPUBUILD_NOOP_SETTLE (seconds) changes it, for tests.
+RACY_NS = int(float(os.environ.get("TPUBUILD_NOOP_SETTLE", "2")) * 1e9)
+
+
+def file_states(paths: Iterable[str], *, settled: bool = False) -> str | None:
+    """A digest of each file's mtime, size and inode; None if one is missing (or, with ``settled``,
+    if one changed within the last RACY_NS)."""
     h = hashlib.sha256()
+    newest = 0
     for path in paths:
         try:
             st = os.stat(path)
         except OSError:
             return None
+        newest = max(newest, st.st_mtime_ns)
         h.update(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\0{st.st_ino}\n".encode())
+    if settled and time.time_ns() - newest < RACY_NS:
+        return None
     return h.hexdigest()
 
 

@@ -162,7 +162,7 @@ class ProgressReporter(SummaryReporter):
         if not self._noop or self._noop_files is None or self.uptodate != self.total or self.ran \
                 or any(o != "ok" for o in self.outcome.values()):
             return
-        if noop.file_states(self._noop["files"]) == self._noop_files:  # nothing changed while doit checked
+        if noop.file_states(self._noop["files"], settled=True) == self._noop_files:  # unchanged meanwhile
             noop.save(self._noop, self._noop_files, "".join(self._record))
 
     # -- output -------------------------------------------------------------------------------
