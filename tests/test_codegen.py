@@ -174,3 +174,48 @@ def test_a_permute_runs_as_one_ddr_to_ddr_copy(make_model, tmp_path, mode):
     assert [g.kind for g in groups].count("alias") == 2
     for name, out in result.outputs.items():
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
+
+
+def test_a_view_reads_rows_of_a_taller_tile_through_its_plane_stride():
+    """Rows 2..5 of a (1, 8, 6, 5) tile on 4 lanes (two planes per lane): the tile's address plus two
+    rows, the tile's plane stride; the view spans only up to its last row (no race with a neighbour)."""
+    from tpubuild.codegen import commands as cmd
+    from tpubuild.codegen.asm import Assembler
+    from tpubuild.codegen.commands import Tensor
+    from tpubuild.codegen.model_file import ChipParams
+    from tpubuild.ir import tpu
+
+    chip = ChipParams(name="toy", lanes=4, lane_bytes=4096, banks=4, eu_bytes=16, ddr_bandwidth=16e9, clock_hz=1e9,
+                      macs_per_lane_per_cycle={"F32": 8}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
+    x = np.arange(8 * 6 * 5, dtype=np.float32).reshape(1, 8, 6, 5) - 100
+    asm = Assembler(chip)
+    xin, yout = asm.input("x", x.shape, "float32"), asm.output("y", (1, 8, 4, 5), "float32")
+    tile = asm.local(x.shape, "float32")
+    plane = cmd.plane_bytes(6, 5, "float32", chip.eu_bytes)
+    out = asm.local((1, 8, 4, 5), "float32")
+    loaded = asm.load(xin.ddr_addr, cmd.contiguous_strides(x.shape), tile, x.shape, "float32")
+    view = Tensor.local(tile + 2 * 5 * 4, 0, (1, 8, 4, 5), "float32", plane=plane)
+    done = asm.compute(tpu.ReluOp, tpu.ReluOp.PARAMS(), [view], [Tensor.local(out, 0, (1, 8, 4, 5), "float32")],
+                       wait_gdma=loaded)
+    asm.store(out, yout.ddr_addr, cmd.contiguous_strides((1, 8, 4, 5)), (1, 8, 4, 5), "float32", wait_bdc=done)
+    model = decode_model(encode_model(asm.build()))
+    assert cmd.local_bytes((1, 8, 4, 5), "float32", 0, 4, 16, plane) == plane + 4 * 5 * 4
+    np.testing.assert_array_equal(simulate(model, {"x": x}).outputs["y"], np.maximum(x[:, :, 2:6], 0))
+
+
+@pytest.mark.parametrize("mode", ["F32", "INT8"])
+def test_a_weight_two_ops_share_is_loaded_once(make_model, tmp_path, mode):
+    """YOLO's box decode: one anchors constant read by a Sub and an Add in one group. Loading it again for
+    the second op would race with the first op reading it (the simulator refuses unordered access)."""
+    rng = np.random.default_rng(3)
+    nodes = [node("Conv", ["x", "w", "b"], "c", pads=[1, 1, 1, 1]), node("Sub", ["anchors", "c"], "lt"),
+             node("Add", ["anchors", "c"], "rb"), node("Mul", ["lt", "rb"], "y")]
+    inits = {"w": randn(rng, 4, 3, 3, 3, scale=0.4), "b": randn(rng, 4, scale=0.1),
+             "anchors": randn(rng, 1, 4, 8, 8)}
+    model = make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits)
+    tm, tw, inputs = lowered(model, {"x": (1, 3, 8, 8)}, tmp_path, mode)
+    ref = run(tm, tw, inputs)
+    result, groups = compile_and_run(tm, tw, inputs, BM1684X)
+    assert any(g.kind == LOCAL and len(g.ops) >= 3 for g in groups)
+    for name, out in result.outputs.items():
+        np.testing.assert_array_equal(out, ref[name], err_msg=name)

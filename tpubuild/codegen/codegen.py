@@ -16,9 +16,9 @@ Every group becomes commands in the two queues:
 Groups run one after another: a group's first transfer waits for the previous
 group's last compute (local memory is reused), a global op waits for every
 transfer before it. A tile is described by its (n, c, h, w) block and the
-kernel-facing view of the same elements; a reader needing fewer rows than the
-tile holds gets an address offset into it (layer group only plans that for
-one plane per lane, where the offset is exact).
+kernel-facing view of the same elements; a reader (or a store) needing fewer
+rows than the tile holds gets a view: an address offset into the tile with the
+tile's plane stride.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Emitter:
     def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
                  act_addr: Mapping[str, int]):
         self.g, self.groups, self.chip = graph, groups, chip
-        self.planner = Planner(graph, chip)
+        # the ops' true slice geometry (windows and all): lg.mlir's ranges say how they were sliced
+        self.planner = Planner(graph, chip, exact_f32=False)
         self.w_addr, self.a_addr = weight_addr, act_addr
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
@@ -74,9 +75,10 @@ class Emitter:
     # ---- queues ----
 
     def _gdma(self, direction: Direction, t: str, ddr_addr: int, local_addr: int, block, wait_bdc: int,
-              strides=None) -> int:
+              strides=None, plane: int = 0) -> int:
         g = Gdma(len(self.gdma) + 1, wait_bdc, direction, _dtype(self.g, t), ddr_addr,
-                 tuple(strides) if strides is not None else _strides4(block), local_addr, 0, tuple(block))
+                 tuple(strides) if strides is not None else _strides4(block), local_addr, 0, tuple(block),
+                 dst_strides=(plane, 0, 0, 0))
         self.gdma.append(g)
         return g.id
 
@@ -133,8 +135,8 @@ class Emitter:
         g = self.g
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
-        steps = schedule(len(group.ops), group.slices, group.copies,
-                         [bool(self.planner.ops[p].weights) for p in group.ops])
+        loads = group.weight_loads(g)
+        steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         last_id: list[int] = []  # per step: the id of its last command in its queue
         for step in steps:
             wait = prev_bdc if step.wait == START else (last_id[step.wait] if step.wait >= 0 else 0)
@@ -144,27 +146,34 @@ class Emitter:
                     addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
                     self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
             elif step.kind == "weights":
-                for w in self.planner.ops[group.ops[step.op]].weights:
+                for w in loads[step.op]:
                     block = _weight_block(g.tensors[w].shape)
                     self._gdma(Direction.LOAD, w, self.w_addr[w], group.addrs[f"{w}#0"], block, wait)
             elif step.kind == "store":
                 for o in group.outputs:
-                    own, have = group.own[o][s], group.ranges[o][s]
-                    addr, block, strides = self.ddr_rows(o, own)
-                    local = group.addrs[f"{o}#{s % group.copies}"] + self._row_offset(o, have, own)
-                    self._gdma(Direction.STORE, o, addr, local, block, wait, strides)
+                    addr, block, strides = self.ddr_rows(o, group.own[o][s])
+                    local, _, plane = self.view(group, o, s % group.copies, group.ranges[o][s], group.own[o][s])
+                    self._gdma(Direction.STORE, o, addr, local, block, wait, strides, plane)
             else:
                 self.local_op(group, group.ops[step.op], s, wait)
             last_id.append(len(self.gdma) if step.queue == "gdma" else len(self.bdc))
 
-    def _row_offset(self, t: str, have: Range, need: Range) -> int:
-        if have == need:
-            return 0
+    def view(self, group: Group, t: str, copy: int, have: Range, need: Range) -> tuple[int, tuple, int]:
+        """(address, block, plane) of rows ``need`` of t's tile holding rows ``have``: the tile's own
+        block, or a view at an offset into it with the tile's plane stride."""
         f = self.planner.t[t]
-        if need[0] != have[0] or self.planner.multi_plane(t, have[1] - have[0]):
-            raise TpuBuildError(f"a view of rows {need} into tile {have} of {t!r} is not one plane per lane",
+        n, c, h, w = f.shape4
+        addr = group.addrs[f"{t}#{copy}"]
+        block = (need[1] - need[0], c, need[3] - need[2], w)
+        if need == have:
+            return addr, block, 0
+        if not (have[0] <= need[0] and need[1] <= have[1] and have[2] <= need[2] and need[3] <= have[3]):
+            raise TpuBuildError(f"rows {need} of {t!r} are not inside its tile {have}",
                                 hint="a layer-group bug: please report it with the model")
-        return (need[2] - have[2]) * f.shape4[3] * f.esize
+        plane = cmd.plane_bytes(have[3] - have[2], w, f"{self.g.tensors[t].dtype.name}", self.chip.eu_bytes)
+        slots = cmd.lane_slots(0, c, self.chip.lanes)
+        addr += (need[0] - have[0]) * slots * plane + (need[2] - have[2]) * w * f.esize
+        return addr, block, plane
 
     def local_op(self, group: Group, p: int, s: int, wait_gdma: int) -> None:
         g = self.g
@@ -180,12 +189,10 @@ class Emitter:
                                              tensor.dtype.name, view=tensor.shape))
             else:
                 t, need = tile
-                s4 = self.planner.t[t].shape4
                 copy = s % group.copies if t in group.inputs or t in group.outputs else 0
-                addr = group.addrs[f"{t}#{copy}"] + self._row_offset(t, group.ranges[t][s], need)
-                block = (need[1] - need[0], s4[1], need[3] - need[2], s4[3])
+                addr, block, plane = self.view(group, t, copy, group.ranges[t][s], need)
                 operands.append(Tensor.local(addr, 0, block, _dtype(g, t),
-                                             view=logical_shape(g.tensors[t].shape, need)))
+                                             view=logical_shape(g.tensors[t].shape, need), plane=plane))
         out_r = group.ranges[node.name][s]
         out4 = self.planner.t[node.name].shape4
         copy = s % group.copies if node.name in group.outputs else 0

@@ -20,7 +20,10 @@ the h x w plane of each (n, slot) starting on an ``eu_bytes`` boundary:
 element (n, c, h, w) is at byte ``addr + (n * cslots + slot) * plane + (h * W + w) * itemsize``
 of its lane, ``plane = align_up(H * W * itemsize, eu_bytes)``. Every lane
 reserves the same byte range, so a tensor's footprint per lane is
-``n * cslots * plane`` (``local_bytes``).
+``n * cslots * plane`` (``local_bytes``). A block may name another plane
+stride (``Tensor.plane``, ``Gdma.local_plane``; 0: its own): a view of rows
+h0..h1 of a taller tile is the tile's address plus ``h0 * W * itemsize`` with
+the tile's plane, which is how an H slice reads fewer rows than a tile holds.
 """
 
 from __future__ import annotations
@@ -85,10 +88,15 @@ def plane_bytes(h: int, w: int, dtype: str, eu_bytes: int) -> int:
     return align_up(h * w * itemsize(dtype), eu_bytes)
 
 
-def local_bytes(shape: Sequence[int], dtype: str, lane_start: int, lanes: int, eu_bytes: int) -> int:
-    """Bytes a local tensor occupies in each lane (from its ``addr``)."""
+def local_bytes(shape: Sequence[int], dtype: str, lane_start: int, lanes: int, eu_bytes: int, plane: int = 0) -> int:
+    """Bytes a local tensor spans in each lane from its ``addr``: whole planes for a block with its own
+    plane; for a view with another plane stride (``plane``, e.g. rows of a taller tile), up to the end
+    of its last row, since the rest of the last plane belongs to the tile, not to the view."""
     n, c, h, w = shape
-    return n * lane_slots(lane_start, c, lanes) * plane_bytes(h, w, dtype, eu_bytes)
+    planes = n * lane_slots(lane_start, c, lanes)
+    if not plane:
+        return planes * plane_bytes(h, w, dtype, eu_bytes)
+    return (planes - 1) * plane + h * w * itemsize(dtype) if planes and h * w else 0
 
 
 class Direction(enum.IntEnum):
@@ -124,6 +132,11 @@ class Gdma:
     dst_addr: int = 0
     dst_strides: Shape4 = (0, 0, 0, 0)
 
+    @property
+    def local_plane(self) -> int:
+        """LOAD/STORE: the local side's plane stride in bytes (kept in ``dst_strides[0]``; 0: its own)."""
+        return self.dst_strides[0] if self.direction != Direction.DDR2DDR else 0
+
     def ddr_bytes(self) -> tuple[int, int]:
         """(bytes read from DDR, bytes written to DDR)."""
         size = math.prod(self.shape) * itemsize(self.dtype)
@@ -143,15 +156,20 @@ class Tensor:
     addr: int = 0
     lane_start: int = 0
     shape: Shape4 = (0, 0, 0, 0)
-    strides: Shape4 = (0, 0, 0, 0)  # DDR only
+    strides: Shape4 = (0, 0, 0, 0)  # DDR: element strides; LOCAL: (plane stride in bytes or 0, 0, 0, 0)
     view: tuple[int, ...] = ()
 
     @classmethod
     def local(cls, addr: int, lane_start: int, shape: Sequence[int], dtype: str,
-              view: Sequence[int] | None = None) -> "Tensor":
+              view: Sequence[int] | None = None, plane: int = 0) -> "Tensor":
         shape4 = _shape4(shape)
-        return cls(Space.LOCAL, dtype, addr, lane_start, shape4, (0, 0, 0, 0),
+        return cls(Space.LOCAL, dtype, addr, lane_start, shape4, (int(plane), 0, 0, 0),
                    tuple(int(d) for d in (view if view is not None else shape4)))
+
+    @property
+    def plane(self) -> int:
+        """LOCAL: the plane stride in bytes (0: the block's own)."""
+        return self.strides[0] if self.space == Space.LOCAL else 0
 
     @classmethod
     def ddr(cls, addr: int, shape: Sequence[int], dtype: str, strides: Sequence[int] | None = None,

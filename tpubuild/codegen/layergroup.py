@@ -45,7 +45,7 @@ from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc, cost
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.slicing import Rule, align, local_rule, weight_lane_bytes
+from tpubuild.codegen.slicing import WHOLE, Rule, align, blas_f32, local_rule, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, tpu
 
@@ -159,6 +159,17 @@ class Group:
     def slices(self) -> int:
         return self.n_secs * self.h_secs
 
+    def weight_loads(self, graph: Graph) -> list[list[str]]:
+        """Per op of the group, the weights loaded before it: those no earlier op of the group uses
+        (a weight two ops share is loaded once, for the first)."""
+        seen: set[str] = set()
+        loads = []
+        for p in self.ops:
+            new = [w for w in dict.fromkeys(graph.weights_of(graph.ops[p])) if w not in seen]
+            seen.update(new)
+            loads.append(new)
+        return loads
+
     def buffer_keys(self, tensor: str) -> list[str]:
         n = self.copies if tensor in self.inputs or tensor in self.outputs else 1
         return [f"{tensor}#{c}" for c in range(n)]
@@ -173,8 +184,12 @@ class Estimate:
 
 
 class Planner:
-    def __init__(self, graph: Graph, chip: Chip):
+    """``exact_f32``: F32 GEMM ops run on whole tensors (``slicing.blas_f32``), so the chip's F32
+    results equal TPU inference's; off, they slice like every other op (tests of the halo math)."""
+
+    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True):
         self.g, self.chip = graph, chip
+        self.exact_f32 = exact_f32
         self.t: dict[str, TensorFacts] = {}
         for name, t in graph.tensors.items():
             s4 = nchw(t.shape)
@@ -192,6 +207,8 @@ class Planner:
     def _facts(self, node) -> OpFacts:
         g, chip = self.g, self.chip
         rule = local_rule(g, node)
+        if rule is not None and self.exact_f32 and blas_f32(g, node):
+            rule = WHOLE
         copy = permute_as_copy(g, node)
         kind = (ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None
                 else LOCAL if rule else GLOBAL)
@@ -290,10 +307,10 @@ class Planner:
 
     # ---- ranges ---------------------------------------------------------------------------------
 
-    def ranges(self, i: int, j: int, ns: int, hs: int, ni: int, hi: int | None) -> dict[str, Range] | None:
+    def ranges(self, i: int, j: int, ns: int, hs: int, ni: int, hi: int | None) -> dict[str, Range]:
         """Rows each tensor of ops[i:j] holds in slice (ni, hi); ``hi=None``: a middle slice of the
-        tallest size (what the search sizes buffers by). None: a reader would need a view the command
-        format cannot express (fewer rows than a tile of several planes per lane holds)."""
+        tallest size (what the search sizes buffers by). A tensor read by several ops holds the union of
+        their rows; each reader sees a view of its own rows (an address offset, the tile's plane stride)."""
         _, outputs, _, _ = self.structure(i, j)
         need: dict[str, Range] = {}
         for o in outputs:
@@ -301,9 +318,12 @@ class Planner:
         for p in range(j - 1, i - 1, -1):
             f = self.ops[p]
             r = need.get(f.name)
-            if r is None:
-                r = need[f.name] = self.own_range(f.name, ns, hs, ni, hi)
             o4 = self.t[f.name].shape4
+            if r is None:
+                r = self.own_range(f.name, ns, hs, ni, hi)
+            if not f.rule.rows:  # whole rows in, whole rows out (and whole N unless it slices N)
+                r = (r[0], r[1], 0, o4[2]) if f.rule.n_split else (0, o4[0], 0, o4[2])
+            need[f.name] = r
             for k, t, same in f.operands:
                 s4 = self.t[t].shape4
                 if same:
@@ -312,19 +332,11 @@ class Planner:
                 else:
                     n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
                 old = need.get(t)
-                if old is not None and old != (n_lo, n_hi, h_lo, h_hi):
+                if old is not None:
                     n_lo, n_hi = min(n_lo, old[0]), max(n_hi, old[1])
                     h_lo, h_hi = min(h_lo, old[2]), max(h_hi, old[3])
-                    if self.multi_plane(t, n_hi - n_lo):
-                        # readers needing different rows of one tile: a reader's rows are a view into
-                        # the tile, which the command format expresses only for one plane per lane
-                        return None
                 need[t] = (n_lo, n_hi, h_lo, h_hi)
         return need
-
-    def multi_plane(self, tensor: str, n: int) -> bool:
-        """Does an n-row-batch tile of ``tensor`` take more than one plane per lane?"""
-        return n * self.t[tensor].c_lane > 1
 
     def own_range(self, tensor: str, ns: int, hs: int, ni: int, hi: int | None) -> Range:
         n, _, h, _ = self.t[tensor].shape4
@@ -418,9 +430,6 @@ class Planner:
         chip, facts = self.chip, self.t
         inputs, outputs, _, last = self.structure(i, j)
         need = self.ranges(i, j, ns, hs, 0, None)
-        if need is None:
-            self._memo[key] = (False, 0)
-            return False, 0
         copies = 2 if ns * hs > 1 else 1
         base = load = store = compute = 0
         for t in inputs:
@@ -568,14 +577,8 @@ class Planner:
         needs, owns = [], []
         for ni in range(ns):
             for hi in range(hs):
-                need = self.ranges(i, j, ns, hs, ni, hi)
-                if need is None:
-                    return None
-                needs.append(need)
-                # a multi-plane output is stored whole as computed (rows shared with a neighbour slice
-                # are written twice, with the same values): its own rows would be a view
-                owns.append({o: need[o] if self.multi_plane(o, need[o][1] - need[o][0])
-                             else self.own_range(o, ns, hs, ni, hi) for o in outputs})
+                needs.append(self.ranges(i, j, ns, hs, ni, hi))
+                owns.append({o: self.own_range(o, ns, hs, ni, hi) for o in outputs})
         sizes = self.sizes_of(i, j, needs)
         copies = 2 if ns * hs > 1 else 1
         bufs, avoid = self.buffers(i, j, sizes, copies)
@@ -639,8 +642,8 @@ class Planner:
         """Cycles of the group's commands (``schedule`` with the cost model's cycles of each): what the
         simulator's cycle model replays for this group."""
         chip, g = self.chip, self.g
-        steps = schedule(len(group.ops), group.slices, group.copies,
-                         [bool(self.ops[p].weights) for p in group.ops])
+        loads = group.weight_loads(g)
+        steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         durations = []
         for step in steps:
             if step.kind == "load":
@@ -650,7 +653,7 @@ class Planner:
                 d = sum(cost.gdma_cycles(chip, self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2]))
                         for o in group.outputs for r in [group.own[o][step.slice]])
             elif step.kind == "weights":
-                d = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in self.ops[group.ops[step.op]].weights)
+                d = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in loads[step.op])
             else:
                 p = group.ops[step.op]
                 node = g.ops[p]
@@ -842,14 +845,14 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
     mlir.set_module_attrs(module, state="TPU_GROUPED")
 
 
-def layer_group(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, list[Group]]:
+def layer_group(module: ModuleOp, chip: Chip, *, exact_f32: bool = True) -> tuple[ModuleOp, list[Group]]:
     """Plan tpu.mlir's groups for ``chip`` and annotate the module in place (-> lg.mlir)."""
     state = mlir.module_attr(module, "state")
     if state != "TPU_LOWERED":
         raise TpuBuildError(f"layer group reads a lowered module (state TPU_LOWERED), this one is {state}",
                             hint="run the lower stage first")
     graph = build_graph(module)
-    groups = Planner(graph, chip).plan()
+    groups = Planner(graph, chip, exact_f32=exact_f32).plan()
     annotate(module, graph, groups)
     return module, groups
 

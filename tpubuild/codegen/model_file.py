@@ -418,10 +418,13 @@ class Validator:
                                       f"[0, {self.model.header.ddr_size})")
 
     def local_range(self, section: str, index: int, addr: int, lane_start: int, shape, dtype: str,
-                    what: str) -> None:
+                    what: str, plane: int = 0) -> None:
         if lane_start >= self.chip.lanes:
             self.fail(section, index, f"{what}: lane_start {lane_start} >= {self.chip.lanes} lanes")
-        end = addr + cmd.local_bytes(shape, dtype, lane_start, self.chip.lanes, self.chip.eu_bytes)
+        if plane and (plane < shape[2] * shape[3] * cmd.itemsize(dtype) or plane > self.chip.lane_bytes):
+            self.fail(section, index, f"{what}: plane stride {plane} does not hold a {shape[2]} x {shape[3]} "
+                                      f"{dtype} plane inside a lane")
+        end = addr + cmd.local_bytes(shape, dtype, lane_start, self.chip.lanes, self.chip.eu_bytes, plane)
         if end > self.chip.lane_bytes:
             self.fail(section, index, f"{what}: local range [{addr}, {end}) is outside a lane's "
                                       f"{self.chip.lane_bytes} bytes")
@@ -434,7 +437,7 @@ class Validator:
         self.ddr_range("gdma", i, g.ddr_addr, g.shape, g.ddr_strides, g.dtype, "DDR side")
         if g.direction == Direction.STORE and 0 in g.ddr_strides and 0 not in g.shape:
             self.fail("gdma", i, "a STORE with a zero DDR stride writes one address several times")
-        self.local_range("gdma", i, g.local_addr, g.lane_start, g.shape, g.dtype, "local side")
+        self.local_range("gdma", i, g.local_addr, g.lane_start, g.shape, g.dtype, "local side", g.local_plane)
 
     def bdc_op(self, i: int, b: Bdc) -> None:
         op_cls = tpu_op_class(b.op)
@@ -456,7 +459,7 @@ class Validator:
         if t.space == Space.DDR:
             self.ddr_range("bdc", i, t.addr, t.shape, t.strides, t.dtype, what)
         else:
-            self.local_range("bdc", i, t.addr, t.lane_start, t.shape, t.dtype, what)
+            self.local_range("bdc", i, t.addr, t.lane_start, t.shape, t.dtype, what, t.plane)
 
     def deadlock_free(self) -> None:
         """Both queues can run to the end under their sync waits (no cycle of waits)."""

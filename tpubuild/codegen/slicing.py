@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tpubuild.build.chips import Chip
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, Node
@@ -76,9 +78,15 @@ class Rule:
     window: Window | None = None  # on operand 0
     whole: frozenset[int] = frozenset()  # operand indices needed in full along H (e.g. a matmul's right side)
     buffer_factor: float = 0.0  # scratch per lane, as a multiple of the output tile (f32 working copies)
+    # computes any output rows from its operands' matching rows (plus a window); False: the kernel
+    # only maps whole tensors to whole tensors (an output row may depend on every input row), so its
+    # result and operands are always whole, even when its readers need fewer rows
+    rows: bool = True
 
     def in_h_range(self, k: int, lo: int, hi: int, in_h: int, out_h: int) -> tuple[int, int, int, int]:
         """Operand k's rows for output rows [lo, hi): (first, end, pad_top, pad_bottom)."""
+        if not self.rows:
+            return 0, in_h, 0, 0
         if k == 0 and self.window is not None:
             return self.window.need(lo, hi, in_h)
         if k in self.whole or in_h != out_h:
@@ -106,7 +114,7 @@ def rule_for(*classes: type) -> Callable[[RuleFn], RuleFn]:
 
 # An op without a rule of its own still runs locally on whole tensors (its parameters may name full
 # shapes or offsets, e.g. Interp's output shape or Slice's ends): one slice, if it fits.
-WHOLE = Rule(n_split=False, h_split=False)
+WHOLE = Rule(n_split=False, h_split=False, rows=False)
 
 
 def local_rule(graph: Graph, node: Node) -> Rule | None:
@@ -142,8 +150,25 @@ def _spatial_rule(p, nd: int) -> Rule:
     window = Window(p.kernel_shape[0], p.strides[0], dil[0], p.pads[0], p.pads[nd])
     span = (window.kernel - 1) * window.dilation + 1
     if max(window.pad_begin, window.pad_end) >= span:
-        return Rule(h_split=False)
+        return WHOLE
     return Rule(window=window)
+
+
+def blas_f32(graph: Graph, node: Node) -> bool:
+    """Does the op's kernel sum F32 products through a BLAS GEMM (a conv that is not depthwise, a
+    MatMul, a Deconv)?
+
+    BLAS orders a GEMM's sums by the matrix sizes (small ones take other kernels), so an F32
+    GEMM on a slice can differ from the whole tensor's in the last bits, and those bits grow
+    through a deep net past F32's CLOSE. Layer group runs such ops on whole tensors unless told
+    otherwise; integer GEMMs are exact and the half modes round far coarser than the difference.
+    """
+    if graph.tensors[node.name].dtype != np.float32:
+        return False
+    if isinstance(node.op, tpu.ConvOp):
+        group, channels = node.op.params.group, graph.tensors[node.inputs[0]].shape[1]
+        return not (group > 1 and group == channels)  # depthwise sums tap by tap, not by BLAS
+    return isinstance(node.op, (tpu.MatMulOp, tpu.MIRROR[top.DeconvOp]))
 
 
 @rule_for(tpu.ConvOp)
@@ -167,7 +192,7 @@ def _pool(graph: Graph, node: Node) -> Rule | None:
         return WHOLE
     if p.ceil_mode or p.count_include_pad:
         # ceil mode's extra window and counted padding depend on where the true border is: keep H whole
-        return Rule(h_split=False)
+        return Rule(h_split=False, rows=False)
     return _spatial_rule(p, nd)
 
 
@@ -186,7 +211,9 @@ def _axes_rule(graph: Graph, node: Node, axes: list[int], buffer_factor: float) 
     """An op normalising or reducing over ``axes`` of its (rank-4-mapped) input: those dims stay whole."""
     rank = len(graph.tensors[node.name].shape)
     mapped = {_mapped_dim(a % max(rank, 1), rank) for a in axes}
-    return Rule(n_split="n" not in mapped, h_split="h" not in mapped, buffer_factor=buffer_factor)
+    # reducing or joining along N or H: an output row depends on every input row
+    whole = "n" in mapped or "h" in mapped
+    return Rule(n_split="n" not in mapped, h_split="h" not in mapped, buffer_factor=buffer_factor, rows=not whole)
 
 
 def _mapped_dim(axis: int, rank: int) -> str:
@@ -217,4 +244,4 @@ def _concat(graph: Graph, node: Node) -> Rule:
 @rule_for(tpu.MIRROR[top.DeconvOp])
 def _deconv(graph: Graph, node: Node) -> Rule:
     # a transposed conv scatters each input row into several output rows: H stays whole, N slices
-    return Rule(h_split=False)
+    return Rule(h_split=False, rows=False)

@@ -113,9 +113,9 @@ def _run_gdma(mem: Memories, i: int, g: Gdma) -> None:
     where = Where("gdma", i)
     if g.direction == Direction.LOAD:
         data = mem.read_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, where)
-        mem.write_local(g.local_addr, g.lane_start, g.shape, g.dtype, data, where)
+        mem.write_local(g.local_addr, g.lane_start, g.shape, g.dtype, data, where, g.local_plane)
     elif g.direction == Direction.STORE:
-        data = mem.read_local(g.local_addr, g.lane_start, g.shape, g.dtype, where)
+        data = mem.read_local(g.local_addr, g.lane_start, g.shape, g.dtype, where, g.local_plane)
         mem.write_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, data, where)
     else:
         data = mem.read_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, where)

@@ -70,34 +70,42 @@ class Memories:
 
     # ---- local memory ----
 
-    def _local_region(self, addr: int, lane_start: int, shape, dtype: str, where: Where):
+    def _local_region(self, addr: int, lane_start: int, shape, dtype: str, where: Where, plane: int = 0):
         lanes = self.chip.lanes
         if lane_start >= lanes:
             raise where.error(f"lane_start {lane_start} >= {lanes} lanes")
         n, c, h, w = shape
         slots = cmd.lane_slots(lane_start, c, lanes)
-        plane = cmd.plane_bytes(h, w, dtype, self.chip.eu_bytes)
-        end = addr + n * slots * plane
+        if plane and plane < h * w * cmd.itemsize(dtype):
+            raise where.error(f"plane stride {plane} is smaller than a {h} x {w} {dtype} plane")
+        end = addr + cmd.local_bytes(shape, dtype, lane_start, lanes, self.chip.eu_bytes, plane)
         if end > self.chip.lane_bytes:
             raise where.error(f"local range [{addr}, {end}) is outside a lane's {self.chip.lane_bytes} bytes")
-        region = self.local[:, addr:end].reshape(lanes, n, slots, plane)
+        plane = plane or cmd.plane_bytes(h, w, dtype, self.chip.eu_bytes)
+        nbytes = h * w * cmd.itemsize(dtype)
+        # (lane, n, slot, byte) over the data bytes of every plane: a view's last plane may end where
+        # the next buffer starts, so never reshape whole planes
+        lane_stride = self.local.strides[0]
+        region = np.lib.stride_tricks.as_strided(self.local[:, addr:], (lanes, n, slots, nbytes),
+                                                 (lane_stride, slots * plane, plane, 1), writeable=True)
         chans = lane_start + np.arange(c)
-        return region, chans % lanes, chans // lanes, h * w * cmd.itemsize(dtype)
+        return region, chans % lanes, chans // lanes, nbytes
 
-    def read_local(self, addr: int, lane_start: int, shape, dtype: str, where: Where) -> np.ndarray:
+    def read_local(self, addr: int, lane_start: int, shape, dtype: str, where: Where, plane: int = 0) -> np.ndarray:
         n, c, h, w = shape
         dt = dtype_from_name(dtype)
         if 0 in shape:
             return np.zeros(shape, dt)
-        region, lane_idx, slot_idx, nbytes = self._local_region(addr, lane_start, shape, dtype, where)
+        region, lane_idx, slot_idx, nbytes = self._local_region(addr, lane_start, shape, dtype, where, plane)
         raw = region[lane_idx, :, slot_idx, :nbytes]  # (c, n, bytes)
         return np.ascontiguousarray(raw.transpose(1, 0, 2)).view(dt).reshape(n, c, h, w)
 
-    def write_local(self, addr: int, lane_start: int, shape, dtype: str, values: np.ndarray, where: Where) -> None:
+    def write_local(self, addr: int, lane_start: int, shape, dtype: str, values: np.ndarray, where: Where,
+                    plane: int = 0) -> None:
         n, c, h, w = shape
         if 0 in shape:
             return
-        region, lane_idx, slot_idx, nbytes = self._local_region(addr, lane_start, shape, dtype, where)
+        region, lane_idx, slot_idx, nbytes = self._local_region(addr, lane_start, shape, dtype, where, plane)
         data = np.ascontiguousarray(values, dtype_from_name(dtype)).reshape(n, c, h * w)
         region[lane_idx, :, slot_idx, :nbytes] = data.view(np.uint8).reshape(n, c, nbytes).transpose(1, 0, 2)
 
@@ -109,7 +117,7 @@ class Memories:
         if t.space == cmd.Space.DDR:
             block = self.read_ddr(t.addr, t.shape, t.strides, t.dtype, where)
         else:
-            block = self.read_local(t.addr, t.lane_start, t.shape, t.dtype, where)
+            block = self.read_local(t.addr, t.lane_start, t.shape, t.dtype, where, t.plane)
         if math.prod(t.view) != block.size:
             raise where.error(f"view {t.view} does not hold the {block.size} elements of block {t.shape}")
         return block.reshape(t.view)
@@ -121,4 +129,4 @@ class Memories:
         if t.space == cmd.Space.DDR:
             self.write_ddr(t.addr, t.shape, t.strides, t.dtype, block, where)
         else:
-            self.write_local(t.addr, t.lane_start, t.shape, t.dtype, block, where)
+            self.write_local(t.addr, t.lane_start, t.shape, t.dtype, block, where, t.plane)

@@ -53,8 +53,9 @@ def _lane_mask(lane_start: int, c: int, lanes: int) -> int:
     return mask
 
 
-def _local(chip: ChipParams, addr: int, lane_start: int, shape, dtype: str, write: bool, what: str) -> Access:
-    size = cmd.local_bytes(shape, dtype, lane_start, chip.lanes, chip.eu_bytes)
+def _local(chip: ChipParams, addr: int, lane_start: int, shape, dtype: str, write: bool, what: str,
+           plane: int = 0) -> Access:
+    size = cmd.local_bytes(shape, dtype, lane_start, chip.lanes, chip.eu_bytes, plane)
     return Access(Space.LOCAL, addr, addr + size, _lane_mask(lane_start, shape[1], chip.lanes), write, what, ())
 
 
@@ -82,7 +83,7 @@ def gdma_accesses(chip: ChipParams, g: Gdma) -> list[Access]:
                 _ddr(g.dst_addr, g.shape, g.dst_strides, g.dtype, True, "destination")]
     load = g.direction == Direction.LOAD
     return [_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, not load, "DDR side"),
-            _local(chip, g.local_addr, g.lane_start, g.shape, g.dtype, load, "local side")]
+            _local(chip, g.local_addr, g.lane_start, g.shape, g.dtype, load, "local side", g.local_plane)]
 
 
 def bdc_accesses(chip: ChipParams, b: Bdc) -> list[Access]:
@@ -91,7 +92,7 @@ def bdc_accesses(chip: ChipParams, b: Bdc) -> list[Access]:
         write = j >= len(b.operands)
         what = f"result {j - len(b.operands)}" if write else f"operand {j}"
         if t.space == Space.LOCAL:
-            out.append(_local(chip, t.addr, t.lane_start, t.shape, t.dtype, write, what))
+            out.append(_local(chip, t.addr, t.lane_start, t.shape, t.dtype, write, what, t.plane))
         elif t.space == Space.DDR:
             out.append(_ddr(t.addr, t.shape, t.strides, t.dtype, write, what))
     return out
