@@ -340,3 +340,20 @@ def test_every_lowered_op_kind_has_a_rule_or_runs_global():
     module, _, _ = conv_chain()
     graph = build_graph(module)
     assert all(local_rule(graph, node) is not None for node in graph.ops)
+
+
+def test_assign_search_reaches_the_bound_where_greedy_fragments():
+    """A ViT block's DDR tensors (from mini_vit): largest-first greedy leaves a hole one q/k/v wide; the
+    order search closes it."""
+    spec = [("input", 0, 0, 49152), ("embed", 0, 2, 24576), ("tokens", 2, 3, 24576), ("qkv", 3, 5, 74880),
+            ("pos", 3, 13, 24960), ("heads", 5, 8, 74880), ("q", 6, 10, 24960), ("k", 7, 9, 24960),
+            ("v", 8, 10, 24960), ("kt", 9, 10, 24960), ("ctx", 10, 11, 24960), ("merge", 11, 13, 24960),
+            ("res2", 13, 23, 24960), ("qkv1", 13, 15, 74880), ("heads1", 15, 18, 74880), ("q1", 16, 20, 24960),
+            ("k1", 17, 19, 24960), ("v1", 18, 20, 24960), ("kt1", 19, 20, 24960), ("ctx1", 20, 21, 24960),
+            ("merge1", 21, 23, 24960), ("logits", 23, 24, 64)]
+    bufs = [alloc.Buffer(*s) for s in spec]
+    greedy = alloc.place(bufs, align=64)
+    assert alloc.peak(bufs, greedy) > alloc.live_bound(bufs)
+    best, offsets = alloc.improve(bufs, sorted(bufs, key=lambda b: (-b.size, b.start, b.key)), align=64)
+    alloc.check(bufs, offsets)
+    assert best == alloc.peak(bufs, offsets) == alloc.live_bound(bufs)

@@ -127,3 +127,32 @@ def live_bound(buffers: Sequence[Buffer]) -> int:
         live += events[step]
         best = max(best, live)
     return best
+
+
+def improve(buffers: Sequence[Buffer], order: Sequence[Buffer], *, align: int, budget: int = 4_000_000,
+            seed: int = 0) -> tuple[int, dict[str, int]]:
+    """A local search over placement orders from ``order``: swap two buffers, re-place greedily, keep the
+    order if its peak is no worse; stops at the live-bytes bound or after about ``budget`` buffer-pair
+    checks. Deterministic (seeded)."""
+    import random
+
+    rng = random.Random(seed)
+    bound = live_bound(buffers)
+    current = list(order)
+    rank = {b.key: i for i, b in enumerate(current)}
+    offsets = place(current, align=align, order=lambda b: rank[b.key])
+    best = peak(current, offsets)
+    rounds = max(0, budget // max(len(current) ** 2, 1))
+    for _ in range(rounds):
+        if best <= bound or len(current) < 2:
+            break
+        i, j = sorted(rng.sample(range(len(current)), 2))
+        current[i], current[j] = current[j], current[i]
+        rank = {b.key: k for k, b in enumerate(current)}
+        trial = place(current, align=align, order=lambda b: rank[b.key])
+        value = peak(current, trial)
+        if value <= best:
+            best, offsets = value, trial
+        else:
+            current[i], current[j] = current[j], current[i]
+    return best, offsets

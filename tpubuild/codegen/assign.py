@@ -9,7 +9,9 @@ that produces it (graph inputs: from the start) to the last group that reads
 it (graph outputs: to the end). A Reshape's result shares its input's buffer.
 Buffers whose lifetimes do not meet share bytes: each of a few greedy orders
 (largest first, longest-lived first, earliest first) places every buffer at
-the lowest free aligned offset, and the smallest peak wins. The stage reports
+the lowest free aligned offset, the smallest peak wins, and when it is above the
+bound a seeded local search over nearby orders (two buffers swapped at a time)
+looks for a lower one. The stage reports
 that peak next to the lower bound — the most bytes alive at any one step.
 
 addr.mlir is lg.mlir with ``addr`` on every top.Input/top.Weight op and on
@@ -122,13 +124,19 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
         span[0], span[1] = min(span[0], a), max(span[1], b)
         sizes[r] = max(sizes.get(r, 0), alloc.align_up(graph.tensors[t].nbytes, align))
     buffers = [alloc.Buffer(r, a, b, sizes[r]) for r, (a, b) in sorted(merged.items())]
-    best: tuple[int, dict[str, int]] | None = None
+    best: tuple[int, dict[str, int], object] | None = None
     for order in ORDERS.values():
         offsets = alloc.place(buffers, align=align, order=order, what="DDR activations")
         peak = alloc.peak(buffers, offsets)
         if best is None or peak < best[0]:
-            best = (peak, offsets)
-    peak, offsets = best
+            best = (peak, offsets, order)
+    peak, offsets, order = best
+    if peak > alloc.live_bound(buffers):
+        # greedy orders can fragment (a transformer block's q/k/v around its qkv tensors): search
+        # nearby orders, swapping two buffers at a time
+        improved, trial = alloc.improve(buffers, sorted(buffers, key=order), align=align)
+        if improved < peak:
+            peak, offsets = improved, trial
     base = alloc.align_up(weight_bytes, align)
     if base + peak > chip.ddr_bytes:
         raise TpuBuildError(f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
