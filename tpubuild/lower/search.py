@@ -57,7 +57,7 @@ class SearchConfig:
     """The manifest's ``mixed_precision`` options."""
 
     target_cos: float = 0.99
-    samples: int = 3  # calibration samples scored
+    samples: int = 4  # calibration samples scored
     chunks: int = 8  # contiguous groups of tensors tried first
     mode: str | None = None  # the float mode; None: the chip's (F16 on bm1684x)
     max_lowerings: int = 60  # a bound on the search's cost

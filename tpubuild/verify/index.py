@@ -27,8 +27,8 @@ from tpubuild.build.paths import ModelPaths, failed_json, zoo_index, zoo_status
 from tpubuild.verify import report as page
 
 # stages in graph order (the first failing one is the one to fix); unknown ones sort last
-STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "lower", "verify_tpu",
-               "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
+STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "search", "lower",
+               "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
 LEVEL_STAGES = (("top", "verify_top"), ("tpu", "verify_tpu"), ("chip", "verify_chip"))
 
 
@@ -162,7 +162,7 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
 
 
 def _target_stage(stage: str) -> bool:
-    return _rank(stage) >= _rank("lower") and stage != "compile"
+    return _rank(stage) >= _rank("search") and stage != "compile"
 
 
 def failure_page_path(p: ModelPaths, target: str | None, stage: str) -> Path:
