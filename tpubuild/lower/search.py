@@ -198,12 +198,12 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
     int8_score = ev.score_of(tpu_module, tpu_weights)
     say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {config.target_cos})")
     units = units_of(lw, user)
-    search = _Search(ev, units, user, mode, config, say)
-    chosen = search.run(int8_score) if int8_score < config.target_cos else frozenset()
-    score = search.scores.get(chosen, int8_score)
+    finder = _Search(ev, units, user, mode, config, say)
+    chosen = finder.run(int8_score) if int8_score < config.target_cos else frozenset()
+    score = finder.scores.get(chosen, int8_score)
     picked = [units[i] for i in sorted(chosen)]
     for i in sorted(chosen):
-        units[i].score = search.alone.get(i, math.nan)
+        units[i].score = finder.alone.get(i, math.nan)
     return SearchResult(table_of(user, picked, mode), user, picked, mode, int8_score, score, config.target_cos,
                         len(ev.samples), ev.lowerings)
 
