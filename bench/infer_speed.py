@@ -145,6 +145,9 @@ def bench_model(file: Path, build_dir: Path, repeat: int, threads: int, sim: boo
         row["error"] = "build failed"
         print("  canonicalize failed:\n" + tail, flush=True)
         return row
+    if reuse and source_file(m, p).stat().st_mtime > p.canonical_mlir.stat().st_mtime:
+        print(f"  warning: {source_file(m, p).name} is newer than canonical.mlir (--reuse times stale "
+              "artifacts: the cosines compare different models)", flush=True)
     inputs = read_npz(p.input_npz)
 
     row["ort"], ref = time_ort(source_file(m, p), inputs, threads, repeat)
