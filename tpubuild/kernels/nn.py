@@ -56,9 +56,8 @@ def _(p: top.ConvParams, x, w, b):
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    xp = padded(x, p.pads[:nd], p.pads[nd:])
-    out_sp = tuple((size - (k - 1) * d - 1) // s + 1
-                   for size, k, d, s in zip(xp.shape[2:], p.kernel_shape, p.dilations, p.strides))
+    out_sp = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, lo, hi, k, d, s in
+                   zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides))
     dtype = np.result_type(x.dtype, w.dtype)
     taps = _live_taps(p, x.shape[2:], out_sp)
     w = w.reshape(oc, c // g, -1)
@@ -66,14 +65,17 @@ def _(p: top.ConvParams, x, w, b):
         w = w[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     if not taps:
         y = np.zeros((n, oc) + out_sp, dtype)
+    elif g > 1 and c == g and all(st == 1 for st in p.strides):
+        y = _depthwise_flat(x, w, taps, p, out_sp, dtype)
     elif g > 1 and c == g:
-        y = _depthwise(xp, w, taps, p, out_sp, dtype)
+        y = _depthwise(padded(x, p.pads[:nd], p.pads[nd:]), w, taps, p, out_sp, dtype)
     elif len(taps) == 1:
         # one tap (1x1): a plain matmul of the (strided) input pixels, pixel-major (see _im2col)
+        xp = padded(x, p.pads[:nd], p.pads[nd:])
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
         y = np.matmul(cols.swapaxes(2, 3), w.reshape(g, oc // g, c // g).swapaxes(1, 2)).swapaxes(2, 3)
     else:
-        y = _im2col(xp, w, g, taps, p, out_sp, dtype)
+        y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype)
     y = y.reshape(n, oc, *out_sp)
     if b is not None:
         bias = b.reshape((1, oc) + (1,) * nd)
@@ -138,6 +140,53 @@ def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
                 np.multiply(view, wt[c0:c1, t].reshape(scale_shape), out=part)
                 out += part
     return y
+
+
+def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
+    """x zero-padded, each plane flattened, with ``tail`` more zeros after it: [n, c, plane + tail]."""
+    n, c = x.shape[:2]
+    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], begin, end))
+    plane = math.prod(grid)
+    flat = np.zeros((n, c, plane + tail), x.dtype)
+    inner = flat[:, :, :plane].reshape((n, c) + grid, copy=False)
+    inner[(Ellipsis,) + tuple(slice(b, b + size) for b, size in zip(begin, x.shape[2:]))] = x
+    return flat
+
+
+def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
+    """_depthwise at stride 1 on flattened padded planes: the same float operations, in long runs.
+
+    Output pixel j of the flattened padded plane reads element j + offset(tap), so each
+    tap is one contiguous run per channel instead of a strided view whose rows are as
+    short as the plane is narrow (ShuffleNet's 14x14 and 7x7 planes). Every padded
+    column is computed and the last kernel-span - 1 of each row dropped.
+    """
+    n, c = x.shape[:2]
+    nd = len(out_sp)
+    oc, k = w.shape[0], len(taps)
+    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], p.pads[:nd], p.pads[nd:]))
+    steps = [math.prod(grid[i + 1:]) for i in range(nd)]  # elements per step along each dim
+    offsets = [sum(t * d * st for t, d, st in zip(tap, p.dilations, steps)) for tap in taps]
+    length = out_sp[0] * steps[0]  # the output rows, each a whole padded row
+    flat = _flat_planes(x, p.pads[:nd], p.pads[nd:], max(0, max(offsets) + length - math.prod(grid)))
+    if oc != c:  # channel multiplier: output channel o reads input channel o // (oc / c)
+        flat = np.repeat(flat, oc // c, axis=1)
+    wt = w.reshape(oc, k)
+    chans = max(1, min(oc, _COLS_BLOCK // (4 * n * length * np.dtype(dtype).itemsize)))
+    full = np.empty((n, oc, length), dtype)
+    tmp = np.empty((n, chans, length), dtype)
+    for c0 in range(0, oc, chans):
+        c1 = min(oc, c0 + chans)
+        out, part = full[:, c0:c1], tmp[:, :c1 - c0]
+        for t, off in enumerate(offsets):
+            view = flat[:, c0:c1, off:off + length]
+            if t == 0:
+                np.multiply(view, wt[c0:c1, 0, None], out=out)
+            else:
+                np.multiply(view, wt[c0:c1, t, None], out=part)
+                out += part
+    keep = (slice(None),) * 3 + tuple(slice(0, o) for o in out_sp[1:])
+    return full.reshape((n, oc, out_sp[0]) + grid[1:])[keep]
 
 
 def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
