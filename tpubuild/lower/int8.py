@@ -32,8 +32,8 @@ from tpubuild.ir.types import shape_of
 from tpubuild.kernels import get_kernel
 from tpubuild.kernels.tpu import avgpool_counts
 from tpubuild.lower.lowering import Lowering, int8_rule, is_float_type, retyped, tpu_params
-from tpubuild.lower.quant import (QType, channel_scales, multiplier_rshift, quantize_bias, quantize_per_channel,
-                                  shared_rshift)
+from tpubuild.lower.quant import (QType, bias_safe_scales, channel_scales, multiplier_rshift, quantize_bias,
+                                  quantize_per_channel, shared_rshift)
 
 ACC_LIMIT = 2**31  # int32 accumulator
 # A Concat whose inputs' ranges differ by more than this stays float, and so does
@@ -84,7 +84,7 @@ def _(lw: Lowering, op: TensorOp):
         return None
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
-    s_w = channel_scales(w, 0)
+    s_w = bias_safe_scales(channel_scales(w, 0), bias, qx.scale)
     acc_scale = qx.scale * s_w
     mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
     wq = lw.weight(wv.owner.loc_name, "i8", quantize_per_channel(w, s_w, 0), _per_channel(s_w, 0, "i8"))
@@ -106,7 +106,7 @@ def _(lw: Lowering, op: TensorOp):
     ain, qa = lw.quant_value(a)
     if w is not None and w.ndim >= 2:  # per output channel (the last dim)
         axis = w.ndim - 1
-        s_b = channel_scales(w, axis)
+        s_b = bias_safe_scales(channel_scales(w, axis), bias, qa.scale)
         bin_ = lw.weight(b.owner.loc_name, "i8", quantize_per_channel(w, s_b, axis), _per_channel(s_b, axis, "i8"))
         zp_b = 0
     else:

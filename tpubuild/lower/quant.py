@@ -146,6 +146,31 @@ def quantize_per_channel(w: np.ndarray, scales: np.ndarray, axis: int) -> np.nda
 
 
 def quantize_bias(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """int32 bias in accumulator units (scale s_in * s_w per channel), saturated."""
-    q = round_half_away(b.astype(np.float64) / scales)
-    return np.clip(q, -(2**31), 2**31 - 1).astype(np.int32)
+    """int32 bias in accumulator units (scale s_in * s_w per channel), saturated.
+
+    (Clipped before rounding: a quotient beyond int64 would wrap in the cast, and saturate with the wrong sign.)
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.nan_to_num(b.astype(np.float64) / scales, nan=0.0)
+    return round_half_away(np.clip(v, -(2.0**31), 2.0**31 - 1)).astype(np.int32)
+
+
+# A bias must fit the accumulator in its units with room left for the products: |b| / (s_in * s_w) <= 2^30.
+BIAS_LIMIT = 2.0**30
+
+
+def bias_safe_scales(w_scales: np.ndarray, bias: np.ndarray | None, in_scale: float) -> np.ndarray:
+    """Per-channel weight scales, raised where the bias would not fit in accumulator units.
+
+    A channel whose filter is (nearly) all zeros (PP-OCRv4 rec has filters of 1e-40) gets a
+    weight scale of 1e-42: its bias, divided by s_in * s_w, is far beyond int32, and its
+    requantization multiplier rounds to 0, so the channel's output, which is its bias, comes
+    out 0. Raising s_w to |b| / (s_in * 2^30) keeps the bias exact (its filter rounds to 0, as
+    it nearly is); TFLite's quantizer does the same (AdjustWeightsForBiasScale).
+    """
+    if bias is None:
+        return w_scales
+    b = np.abs(bias.astype(np.float64))
+    per_channel = b.reshape(-1, b.shape[-1]).max(axis=0) if b.ndim else b.reshape(1)  # the channel axis is last
+    need = per_channel / (in_scale * BIAS_LIMIT)
+    return np.maximum(w_scales, need if need.size == np.size(w_scales) else need.max())
