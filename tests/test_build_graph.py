@@ -10,16 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from tpubuild.testing import upstream_check
+from tpubuild.testing import doit_cmd, doit_env, run_doit, save_onnx, snapshot_code, tasks_marked, upstream_check
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("transform", "reference", "canonicalize", "verify_top", "compile")
@@ -39,15 +37,11 @@ tolerance:
 def tiny_onnx(path: Path, op: str = "Relu") -> None:
     """y = op(x @ w + b), batch dimension dynamic."""
     rng = np.random.default_rng(7)
-    w = rng.standard_normal((4, 3)).astype(np.float32)
-    b = rng.standard_normal(3).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
              helper.make_node("Add", ["mm", "b"], ["add"], name="add"),
              helper.make_node(op, ["add"], ["y"], name="act")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-                              initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": rng.standard_normal((4, 3)).astype(np.float32),
+                                                             "b": rng.standard_normal(3).astype(np.float32)})
 
 
 class Zoo:
@@ -56,6 +50,7 @@ class Zoo:
     def __init__(self, root: Path):
         self.models = root / "models"
         self.build = root / "build"
+        self.code = snapshot_code(root / "code")  # sources edited during the run must not rebuild everything
         self.models.mkdir()
         tiny_onnx(self.models / "tiny.onnx")
 
@@ -64,23 +59,22 @@ class Zoo:
         path.write_text(text if text is not None else MANIFEST.format(name=name, batch=batch))
         return path
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
-                "PYTHONUNBUFFERED": "1"}
+    def env(self, **extra: str) -> dict[str, str]:
+        return doit_env(self.models, self.build, PYTHONPATH=str(self.code), **extra)
 
     def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args]
+        return doit_cmd(*args, code=self.code)
 
-    def doit(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.cmd(*args), env=env or self.env(), capture_output=True, text=True, timeout=600)
+    def doit(self, *args: str) -> subprocess.CompletedProcess:
+        return run_doit(*args, manifests=self.models, build=self.build, code=self.code)
 
 
 def executed(out: str) -> set[str]:
-    return {line[3:].strip() for line in out.splitlines() if line.startswith(".  ")}
+    return tasks_marked(out, ".  ")
 
 
 def skipped(out: str) -> set[str]:
-    return {line[3:].strip() for line in out.splitlines() if line.startswith("-- ")}
+    return tasks_marked(out, "-- ")
 
 
 def all_tasks(*models: str) -> set[str]:
@@ -224,7 +218,7 @@ def test_sigterm_keeps_finished_tasks(zoo, jobs):
     """SIGTERM while compile:b runs: every task that finished before it is not run again."""
     zoo.manifest("a")
     zoo.manifest("b")
-    env = {**zoo.env(), "TPUBUILD_DEBUG_DELAY": "compile:b=60"}
+    env = zoo.env(TPUBUILD_DEBUG_DELAY="compile:b=60")
     proc = subprocess.Popen(zoo.cmd(*jobs, "compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     deadline = time.monotonic() + 300
@@ -256,9 +250,7 @@ def test_shipped_models_build_and_verify(tmp_path):
     build = tmp_path / "build"
     # these two only: the rest of configs/models (real models, some of hundreds of MB) is bench/real_models.py's
     shipped = os.pathsep.join(str(REPO / "configs" / "models" / f"{m}.yaml") for m in ("demo_cnn", "tiny_transformer"))
-    env = {**os.environ, "TPUBUILD_MANIFESTS": shipped, "TPUBUILD_BUILD_DIR": str(build)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "compile"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = run_doit("compile", manifests=shipped, build=build)
     assert run.returncode == 0, run.stdout + run.stderr
     for model in ("demo_cnn", "tiny_transformer"):
         doc = json.loads((build / model / "verify_top.json").read_text())

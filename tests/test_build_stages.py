@@ -11,25 +11,22 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from tpubuild.build import stages
 from tpubuild.build.files import read_npz, write_npz
 from tpubuild.build.testinput import default_input, make_inputs
 from tpubuild.build.version import compiler_version
 from tpubuild.errors import TpuBuildError
+from tpubuild.testing import save_onnx
 
 SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]}]
 
 
 def tiny_onnx(path: Path) -> None:
-    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
              helper.make_node("Relu", ["mm"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-                              initializer=[numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)})
 
 
 def outputs(tmp_path: Path) -> dict[str, str]:

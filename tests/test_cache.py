@@ -7,20 +7,18 @@ import json
 import multiprocessing
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from tpubuild.build import cache as cache_mod
 from tpubuild.build.cache import ArtifactCache, cache_root, run_cached, stage_key
 from tpubuild.cli import main as cli_main
+from tpubuild.testing import run_doit, save_onnx, snapshot_code
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -292,36 +290,17 @@ for _name, _func in list(vars(stages).items()):
 
 
 def tiny_onnx(path: Path) -> None:
-    rng = np.random.default_rng(3)
-    w = rng.standard_normal((4, 3)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
              helper.make_node("Relu", ["mm"], ["y"], name="act")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-                              initializer=[numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-
-
-def snapshot(dest: Path) -> Path:
-    """A copy of what dodo.py loads: the compiler version (in every key) digests the sources, and other
-    people's edits to the checkout while the test runs would make every lookup miss."""
-    import shutil
-
-    ignore = shutil.ignore_patterns("__pycache__")
-    dest.mkdir()
-    shutil.copy2(REPO / "dodo.py", dest / "dodo.py")
-    for folder in ("tpubuild", "configs"):
-        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
-    return dest
+    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]},
+              {"w": np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)})
 
 
 def doit(code: Path, models: Path, build: Path, cache: Path, *, trap: Path | None = None
          ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(build),
-           "TPUBUILD_ARTIFACT_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
-               [str(trap)] * bool(trap) + [str(code)])}
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(code / "dodo.py"), "compile"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    # the compiler version (in every key) digests the sources: run on a snapshot of them (snapshot_code)
+    return run_doit("compile", manifests=models, build=build, code=code, TPUBUILD_ARTIFACT_CACHE=str(cache),
+                    PYTHONPATH=os.pathsep.join([str(trap)] * bool(trap) + [str(code)]))
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -331,7 +310,7 @@ def tree(root: Path) -> dict[str, bytes]:
 def test_fresh_build_tree_from_cache_runs_no_stage(tmp_path):
     models, cache = tmp_path / "models", tmp_path / "cache"
     models.mkdir()
-    code = snapshot(tmp_path / "code")
+    code = snapshot_code(tmp_path / "code")
     tiny_onnx(models / "tiny.onnx")
     (models / "a.yaml").write_text(MANIFEST.format(name="a", cos=0.99999))
     first = doit(code, models, tmp_path / "b1", cache)

@@ -6,17 +6,15 @@ Drives `doit` in a subprocess on temp manifests, as tests/test_build_graph.py do
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-REPO = Path(__file__).resolve().parents[1]
+from tpubuild.testing import run_doit, save_onnx, snapshot_code, tasks_marked
+
 
 MANIFEST = """\
 name: {name}
@@ -38,19 +36,16 @@ F32 = "  - {chip: bm1684x, mode: F32}\n"
 def tiny_onnx(path: Path) -> None:
     """y = Relu(x @ w + b) with a heavy-tailed x making KL and max disagree."""
     rng = np.random.default_rng(7)
-    w = rng.standard_normal((4, 3)).astype(np.float32)
-    b = rng.standard_normal(3).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["add"]),
              helper.make_node("Relu", ["add"], ["y"])]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-                              initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_onnx(path, nodes, {"x": [2, 4]}, {"y": [2, 3]}, {"w": rng.standard_normal((4, 3)).astype(np.float32),
+                                                         "b": rng.standard_normal(3).astype(np.float32)})
 
 
 class Zoo:
     def __init__(self, root: Path):
         self.models, self.build = root / "models", root / "build"
+        self.code = snapshot_code(root / "code")  # sources edited during the run must not rebuild everything
         (self.models / "calib").mkdir(parents=True)
         tiny_onnx(self.models / "tiny.onnx")
         rng = np.random.default_rng(3)
@@ -64,13 +59,11 @@ class Zoo:
         (self.models / f"{name}.yaml").write_text(MANIFEST.format(name=name, calibration=cal, targets=targets))
 
     def doit(self, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build)}
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return run_doit(*args, manifests=self.models, build=self.build, code=self.code)
 
 
 def executed(out: str) -> set[str]:
-    return {line[3:].strip() for line in out.splitlines() if line.startswith(".  ")}
+    return tasks_marked(out, ".  ")
 
 
 @pytest.fixture

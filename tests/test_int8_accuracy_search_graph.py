@@ -7,19 +7,15 @@ output below the target, so the search has something to pin.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from tpubuild.lower.qtable import parse_quantize_table
+from tpubuild.testing import run_doit, save_onnx, snapshot_code, tasks_marked
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFEST = """\
 name: t
 source: tiny.onnx
@@ -38,19 +34,16 @@ calibration:
 
 def tiny_onnx(path: Path) -> None:
     rng = np.random.default_rng(7)
-    w1 = rng.standard_normal((4, 6)).astype(np.float32)
-    w2 = rng.standard_normal((6, 3)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="h"), helper.make_node("Relu", ["h"], ["r"], name="r"),
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="y")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-                              initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_onnx(path, nodes, {"x": [2, 4]}, {"y": [2, 3]}, {"w1": rng.standard_normal((4, 6)).astype(np.float32),
+                                                         "w2": rng.standard_normal((6, 3)).astype(np.float32)})
 
 
 class Zoo:
     def __init__(self, root: Path):
         self.models, self.build = root / "models", root / "build"
+        self.code = snapshot_code(root / "code")  # sources edited during the run must not rebuild everything
         (self.models / "calib").mkdir(parents=True)
         tiny_onnx(self.models / "tiny.onnx")
         rng = np.random.default_rng(3)
@@ -63,11 +56,9 @@ class Zoo:
         (self.models / "t.yaml").write_text(MANIFEST.format(extra=extra))
 
     def doit(self, *args: str) -> set[str]:
-        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build)}
-        run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
-                             capture_output=True, text=True, timeout=600)
+        run = run_doit(*args, manifests=self.models, build=self.build, code=self.code)
         assert run.returncode == 0, run.stdout + run.stderr
-        return {line[3:].strip() for line in run.stdout.splitlines() if line.startswith(".  ")}
+        return tasks_marked(run.stdout)
 
 
 @pytest.fixture

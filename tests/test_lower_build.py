@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tpubuild.testing import upstream_check
+from tpubuild.testing import run_doit, snapshot_code, tasks_marked, upstream_check
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +62,7 @@ class Zoo:
     def __init__(self, root: Path):
         self.models = root / "models"
         self.build = root / "build"
+        self.code = snapshot_code(root / "code")  # sources edited during the run must not rebuild everything
         (self.models / "calib").mkdir(parents=True)
         tiny_onnx(self.models / "tiny.onnx")
         rng = np.random.default_rng(2)
@@ -74,15 +74,12 @@ class Zoo:
                                                             targets=target_lines(*targets)))
 
     def doit(self, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
-               "PYTHONUNBUFFERED": "1"}
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return run_doit(*args, manifests=self.models, build=self.build, code=self.code)
 
     def compile(self) -> set[str]:
         run = self.doit("compile")
         assert run.returncode == 0, run.stdout + run.stderr
-        return {line[3:].strip() for line in run.stdout.splitlines() if line.startswith(".  ")}
+        return tasks_marked(run.stdout)
 
 
 @pytest.fixture
@@ -182,9 +179,7 @@ def test_shipped_demo_cnn_int8_and_transformer(tmp_path):
     tpu.mlir parses with upstream MLIR."""
     shipped = os.pathsep.join(str(REPO / "configs" / "models" / f"{m}.yaml") for m in ("demo_cnn", "tiny_transformer"))
     build = tmp_path / "build"
-    env = {**os.environ, "TPUBUILD_MANIFESTS": shipped, "TPUBUILD_BUILD_DIR": str(build)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "compile"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = run_doit("compile", manifests=shipped, build=build)
     assert run.returncode == 0, run.stdout + run.stderr
     (comp,) = json.loads((build / "demo_cnn" / "bm1684x-INT8" / "verify_tpu.json").read_text())["comparisons"]
     assert comp["passed"] and comp["compared"] >= 10 and comp["min_cos"] >= 0.99, comp["min_cos"]

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.task import Task
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from tpubuild.build.progress import ProgressReporter, split_task, zoo_table
 from tpubuild.build.tasks import doit_config
+from tpubuild.testing import run_doit, save_onnx
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def task(name: str, deps=(), meta=None) -> Task:
@@ -135,12 +131,8 @@ def test_doit_config_continues_past_failures(tmp_path):
 
 
 def tiny_onnx(path: Path) -> None:
-    w = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-                              initializer=[numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_onnx(path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], {"x": ["N", 4]}, {"y": ["N", 3]},
+              {"w": np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)})
 
 
 MANIFEST = "name: {name}\nsource: {source}\ninputs:\n  - {{name: x, shape: [2, 4]}}\n"
@@ -154,10 +146,7 @@ def test_batch_build_carries_on_and_ends_with_the_table(tmp_path):
     (models / "good.yaml").write_text(MANIFEST.format(name="good", source="tiny.onnx"))
     (models / "bad.yaml").write_text(MANIFEST.format(name="bad", source="garbage.onnx"))
     (models / "broken.yaml").write_text("name: broken\nsource: tiny.onnx\ninputs: 3\n")
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(tmp_path / "build"),
-           "TPUBUILD_PROGRESS": "0"}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-n", "2", "compile"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = run_doit("-n", "2", "compile", manifests=models, build=tmp_path / "build", TPUBUILD_PROGRESS="0")
     out = run.stdout
     assert run.returncode != 0
     assert ".  compile:good" in out, out

@@ -4,9 +4,7 @@ per-task checks, and anything doit would notice sends the next run through doit 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.build.noop import selects_compile
+from tpubuild.testing import run_doit, snapshot_code, tasks_marked
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = "without doit's per-task checks"
 MANIFEST = "name: {name}\nsource: tiny.onnx\ninputs:\n  - {{name: x, shape: [2, 4]}}\ntolerance:\n  top: {{cos: {cos}}}\n"
 
@@ -39,21 +37,10 @@ def tiny_onnx(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
-def snapshot(dest: Path) -> Path:
-    """A copy of what dodo.py loads: the compiler version digests the sources, and other people's edits
-    to the checkout while a test runs would make consecutive builds rebuild everything."""
-    ignore = shutil.ignore_patterns("__pycache__")
-    dest.mkdir()
-    shutil.copy2(REPO / "dodo.py", dest / "dodo.py")
-    for folder in ("tpubuild", "configs"):
-        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
-    return dest
-
-
 class Zoo:
     def __init__(self, root: Path):
         self.models, self.build = root / "models", root / "build"
-        self.code = snapshot(root / "code")
+        self.code = snapshot_code(root / "code")
         self.models.mkdir()
         tiny_onnx(self.models / "tiny.onnx")
         for name in ("a", "b"):
@@ -64,14 +51,12 @@ class Zoo:
 
     def doit(self, *args: str, **env: str) -> subprocess.CompletedProcess:
         # files younger than TPUBUILD_NOOP_SETTLE are never stamped: these tests change them just before
-        full_env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
-                    "PYTHONPATH": str(self.code), "TPUBUILD_NOOP_SETTLE": "0", **env}
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(self.code / "dodo.py"), *args], env=full_env,
-                              capture_output=True, text=True, timeout=600)
+        return run_doit(*args, manifests=self.models, build=self.build, code=self.code,
+                        **{"TPUBUILD_NOOP_SETTLE": "0", **env})
 
 
 def lines(out: str, prefix: str) -> set[str]:
-    return {line[3:] for line in out.splitlines() if line.startswith(prefix)}
+    return tasks_marked(out, prefix)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.verify import charts, report
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,10 +81,7 @@ class Zoo:
         (self.models / f"{name}.yaml").write_text(MANIFEST.format(name=name, targets=lines, tolerance=tolerance))
 
     def doit(self, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TPUBUILD_MANIFESTS": str(self.models), "TPUBUILD_BUILD_DIR": str(self.build),
-               "PYTHONUNBUFFERED": "1"}
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
-                              capture_output=True, text=True, timeout=900)
+        return run_doit(*args, manifests=self.models, build=self.build, timeout=900)
 
     def target(self, model: str, target: str) -> Path:
         return self.build / model / target
