@@ -41,3 +41,15 @@ class TpuBuildError(Exception):
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+def read_user_text(path, what: str = "file", hint: str | None = None) -> str:
+    """The text of a file the user named; missing or unreadable, a TpuBuildError naming it (and `hint`)."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TpuBuildError(f"{what} not found", file=str(path), hint=hint) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise TpuBuildError(f"cannot read the {what} ({err})", file=str(path)) from None

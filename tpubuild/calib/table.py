@@ -21,9 +21,8 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from tpubuild.errors import TpuBuildError
+from tpubuild.errors import TpuBuildError, read_user_text
 
 _STOP_SECTIONS = ("#int4_th", "#weight_scale")
 COLUMNS = "# op_name threshold min max"
@@ -102,11 +101,6 @@ def _check_line(fields: list[str]) -> str | None:
 
 
 def read_table(path: str | os.PathLike) -> tuple[list[str], dict[str, Entry]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TpuBuildError("calibration table not found", file=str(path),
-                            hint="check calibration.table in the manifest (a path relative to the manifest)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise TpuBuildError(f"cannot read the calibration table ({err})", file=str(path)) from None
+    text = read_user_text(path, "calibration table",
+                          hint="check calibration.table in the manifest (a path relative to the manifest)")
     return parse_table(text, file=str(path))

@@ -13,7 +13,6 @@ import io
 import os
 from collections.abc import Iterator, Sequence
 from functools import cache
-from pathlib import Path
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -24,7 +23,7 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tpubuild.build.files import write_text
-from tpubuild.errors import TpuBuildError
+from tpubuild.errors import TpuBuildError, read_user_text
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import Quant
 from tpubuild.ir.top import InputOp, NoneOp, Top, WeightOp
@@ -60,13 +59,7 @@ def parse_module(text: str, *, file: str = "<string>") -> ModuleOp:
 
 
 def load_module(path: str | os.PathLike) -> ModuleOp:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TpuBuildError("file not found", file=str(path)) from None
-    except (UnicodeDecodeError, OSError) as e:
-        raise TpuBuildError(f"cannot read ({e})", file=str(path)) from None
-    return parse_module(text, file=str(path))
+    return parse_module(read_user_text(path, "MLIR file"), file=str(path))
 
 
 def print_module(module: ModuleOp) -> str:

@@ -8,9 +8,8 @@ that mode whatever the target's, with casts around it (mixed precision).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from tpubuild.errors import TpuBuildError
+from tpubuild.errors import TpuBuildError, read_user_text
 
 FLOAT_MODES = ("F32", "BF16", "F16")
 
@@ -32,11 +31,6 @@ def parse_quantize_table(text: str, *, file: str = "<quantize table>") -> dict[s
 
 
 def read_quantize_table(path: str | os.PathLike) -> dict[str, str]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TpuBuildError("quantize table not found", file=str(path),
-                            hint="check quantize_table in the manifest (a path relative to the manifest)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TpuBuildError(f"cannot read the quantize table ({e})", file=str(path)) from None
+    text = read_user_text(path, "quantize table",
+                          hint="check quantize_table in the manifest (a path relative to the manifest)")
     return parse_quantize_table(text, file=str(path))
