@@ -8,6 +8,7 @@ import pytest
 
 from tpubuild.calib.table import Entry, format_table, parse_table, read_table
 from tpubuild.errors import TpuBuildError
+from tpubuild.lower.qtable import read_quantize_table
 
 ENTRIES = {
     "input": Entry(2.640000104904175, -2.1100001335144043, 2.640000104904175),
@@ -75,9 +76,14 @@ def test_whitespace_in_a_name_cannot_be_written():
         format_table({"a b": Entry(1.0, 0.0, 1.0)})
 
 
-def test_missing_table_file(tmp_path):
-    with pytest.raises(TpuBuildError, match="not found"):
-        read_table(tmp_path / "nope")
+@pytest.mark.parametrize("read, what", [(read_table, "calibration table"), (read_quantize_table, "quantize table")])
+def test_missing_or_unreadable_table_file(tmp_path, read, what):
+    with pytest.raises(TpuBuildError, match=f"{what} not found") as err:
+        read(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(err.value) and "manifest" in err.value.hint
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00 not utf-8")
+    with pytest.raises(TpuBuildError, match=f"cannot read the {what}"):
+        read(tmp_path / "binary")
 
 
 def test_calibrated_range_is_symmetric_or_unsigned():
