@@ -31,11 +31,12 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import commands as cmd
+from tpubuild.codegen import cost
 from tpubuild.codegen.assign import read_assignment
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, START, Group, Planner, Range, logical_shape, read_groups,
+from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, LOCAL, START, Group, Planner, Range, logical_shape, read_groups,
                                          permute_as_copy, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
@@ -52,6 +53,11 @@ def _strides4(shape4) -> tuple[int, int, int, int]:
     return cmd.contiguous_strides(shape4)
 
 
+def _extent(r: Range) -> tuple[int, int]:
+    """(n, h) rows of a range."""
+    return r[1] - r[0], r[3] - r[2]
+
+
 def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """A weight's local block: its first non-unit dim on lanes, the rest one row (slicing.weight_lane_bytes)."""
     dims = list(shape)
@@ -64,13 +70,15 @@ def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 
 class Emitter:
     def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
-                 act_addr: Mapping[str, int]):
+                 act_addr: Mapping[str, int], *, prefetch: bool = True):
         self.g, self.groups, self.chip = graph, groups, chip
+        self.prefetching = prefetch
         # the ops' true slice geometry (windows and all): lg.mlir's ranges say how they were sliced
         self.planner = Planner(graph, chip, exact_f32=False)
         self.w_addr, self.a_addr = weight_addr, act_addr
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
+        self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
 
     # ---- queues ----
 
@@ -105,15 +113,15 @@ class Emitter:
     # ---- emission ----
 
     def run(self) -> None:
-        for group in self.groups:
-            if group.kind == ALIAS:
-                continue
+        order = [group for group in self.groups if group.kind != ALIAS]
+        for k, group in enumerate(order):
             if group.kind == COPY:
                 self.copy_op(group)
             elif group.kind == GLOBAL:
                 self.global_op(group)
             else:
-                self.local_group(group)
+                nxt = order[k + 1] if self.prefetching and k + 1 < len(order) and order[k + 1].kind == LOCAL else None
+                self.local_group(group, nxt)
 
     def global_op(self, group: Group) -> None:
         node = self.g.ops[group.ops[0]]
@@ -130,33 +138,101 @@ class Emitter:
                  strides, 0, 0, block, self.a_addr[dst], cmd.contiguous_strides(block))
         self.gdma.append(g)
 
-    def local_group(self, group: Group) -> None:
-        """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids."""
+    def local_group(self, group: Group, nxt: Group | None = None) -> None:
+        """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids;
+        before its last store, the transfers of ``nxt`` (the local group after it) that may run early."""
         g = self.g
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
+        early = self.early.pop(group.id, {})
         loads = group.weight_loads(g)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         last_id: list[int] = []  # per step: the id of its last command in its queue
-        for step in steps:
-            wait = prev_bdc if step.wait == START else (last_id[step.wait] if step.wait >= 0 else 0)
-            s = step.slice
-            if step.kind == "load":
-                for t in group.inputs:
-                    addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
-                    self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
-            elif step.kind == "weights":
-                for w in loads[step.op]:
-                    block = _weight_block(g.tensors[w].shape)
-                    self._gdma(Direction.LOAD, w, self.w_addr[w], group.addrs[f"{w}#0"], block, wait)
-            elif step.kind == "store":
-                for o in group.outputs:
-                    addr, block, strides = self.ddr_rows(o, group.own[o][s])
-                    local, _, plane = self.view(group, o, s % group.copies, group.ranges[o][s], group.own[o][s])
-                    self._gdma(Direction.STORE, o, addr, local, block, wait, strides, plane)
+        for index, step in enumerate(steps):
+            if nxt is not None and index == len(steps) - 1:
+                self.early[nxt.id] = self.prefetch(nxt, group, prev_bdc)
+            wait = prev_bdc if step.wait == START else max((last_id[i] for i in step.after), default=0)
+            done, last = early.get(index, ((), 0))
+            if step.queue == "gdma":
+                late = [t for t in self.transfers(group, step, loads) if t not in done]
+                for t in late:
+                    self.transfer(group, step, t, wait)
+                if late or not done:
+                    last = len(self.gdma)
             else:
-                self.local_op(group, group.ops[step.op], s, wait)
-            last_id.append(len(self.gdma) if step.queue == "gdma" else len(self.bdc))
+                self.local_op(group, group.ops[step.op], step.slice, wait)
+                last = len(self.bdc)
+            last_id.append(last)
+
+    @staticmethod
+    def transfers(group: Group, step, loads: list[list[str]]) -> list[str]:
+        """The tensors a GDMA step moves, one command each."""
+        return {"load": group.inputs, "weights": loads[step.op] if step.op >= 0 else [],
+                "store": group.outputs}[step.kind]
+
+    def transfer(self, group: Group, step, t: str, wait: int) -> None:
+        s = step.slice
+        if step.kind == "load":
+            addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
+            self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
+        elif step.kind == "weights":
+            block = _weight_block(self.g.tensors[t].shape)
+            self._gdma(Direction.LOAD, t, self.w_addr[t], group.addrs[f"{t}#0"], block, wait)
+        else:
+            addr, block, strides = self.ddr_rows(t, group.own[t][s])
+            local, _, plane = self.view(group, t, s % group.copies, group.ranges[t][s], group.own[t][s])
+            self._gdma(Direction.STORE, t, addr, local, block, wait, strides, plane)
+
+    def prefetch(self, nxt: Group, cur: Group, prev_bdc: int) -> dict[int, tuple[set[str], int]]:
+        """Emit now, while ``cur``'s last slice computes, the transfers of ``nxt`` that need nothing of
+        ``cur``: its weights and its first input tiles whose local bytes no buffer of ``cur`` uses and
+        whose DDR rows ``cur``'s last store does not write (rows its earlier slices stored are there). They wait for the computes before ``cur`` (every
+        earlier group is done with local memory then). -> per step of nxt: (tensors moved, last id)."""
+        local = [(cur.addrs[k], cur.addrs[k] + cur.sizes[k]) for k in cur.addrs if cur.sizes[k]]
+        last = cur.slices - 1  # cur's earlier slices are stored before the prefetch in the queue
+
+        def apart(lo: int, hi: int, used) -> bool:
+            return all(hi <= a or b <= lo for a, b in used)
+
+        def unwritten(t: str) -> bool:
+            """Are the DDR bytes nxt's first tile of t reads apart from those cur's last store writes?"""
+            lo = self.a_addr[t]
+            for o in cur.outputs:
+                if apart(lo, lo + self.g.tensors[t].nbytes, [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes)]):
+                    continue
+                r, w = nxt.ranges[t][0], cur.own[o][last]
+                if t != o or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
+                    return False
+            return True
+
+        # what hides behind cur's last slice: past nxt's first op's operands, an early transfer that
+        # does not fit there would only delay cur's last store and what waits for it
+        cur_steps, cur_cycles = self.planner.timed_steps(cur)
+        budget = sum(d for step, d in zip(cur_steps, cur_cycles) if step.queue == "bdc" and step.slice == last)
+        loads = nxt.weight_loads(self.g)
+        steps = schedule(len(nxt.ops), nxt.slices, nxt.copies, [bool(w) for w in loads])
+        early: dict[int, tuple[set[str], int]] = {}
+        for index, step in enumerate(steps):
+            if step.kind not in ("load", "weights") or step.slice != 0:
+                continue
+            moved: set[str] = set()
+            for t in self.transfers(nxt, step, loads):
+                key = f"{t}#0"
+                if not apart(nxt.addrs[key], nxt.addrs[key] + nxt.sizes[key], local):
+                    continue
+                if step.kind == "load" and not unwritten(t):
+                    continue
+                nbytes = (self.g.tensors[t].nbytes if step.kind == "weights" else
+                          self.planner.t[t].ddr_bytes(*_extent(nxt.ranges[t][0])))
+                spend = cost.gdma_cycles(self.chip, nbytes)
+                if step.op > 0 and spend > budget:
+                    continue
+                budget -= spend
+                self.transfer(nxt, step, t, prev_bdc)
+                moved.add(t)
+            if moved:
+                early[index] = (moved, len(self.gdma))
+        return early
 
     def view(self, group: Group, t: str, copy: int, have: Range, need: Range) -> tuple[int, tuple, int]:
         """(address, block, plane) of rows ``need`` of t's tile holding rows ``have``: the tile's own
@@ -217,8 +293,9 @@ def _types(module: ModuleOp) -> dict[str, TensorType]:
     return tensor_types(module)
 
 
-def codegen(module: ModuleOp, weights: WeightStore, chip: Chip) -> ModelFile:
-    """An addressed module (addr.mlir) and its weights -> the model file's contents."""
+def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: bool = True) -> ModelFile:
+    """An addressed module (addr.mlir) and its weights -> the model file's contents. ``prefetch`` off:
+    every group starts after the previous one's last compute (its cycles are then layer group's estimate)."""
     state = mlir.module_attr(module, "state")
     if state != "TPU_ADDRESSED":
         raise TpuBuildError(f"codegen reads an addressed module (state TPU_ADDRESSED), this one is {state}",
@@ -234,7 +311,7 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip) -> ModelFile:
             raise TpuBuildError(f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
                                 hint="the weight file does not belong to this module; rebuild it")
         blob[addr:addr + len(data)] = data
-    emitter = Emitter(graph, groups, chip, w_addr, a_addr)
+    emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch)
     emitter.run()
     header = Header(model=mlir.module_attr(module, "name", "") or "", chip=ChipParams.from_chip(chip),
                     ddr_size=int(module.attributes["addr.ddr_bytes"].value.data), weight_base=0,

@@ -641,6 +641,11 @@ class Planner:
     def replay(self, group: Group) -> int:
         """Cycles of the group's commands (``schedule`` with the cost model's cycles of each): what the
         simulator's cycle model replays for this group."""
+        steps, durations = self.timed_steps(group)
+        return replay_steps(steps, durations)
+
+    def timed_steps(self, group: Group) -> tuple[list[Step], list[int]]:
+        """The group's ``schedule`` and the cost model's cycles of each step."""
         chip, g = self.chip, self.g
         loads = group.weight_loads(g)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
@@ -663,7 +668,7 @@ class Planner:
                 out = logical_shape(g.tensors[node.name].shape, group.ranges[node.name][step.slice])
                 d = max(1, cost.bdc_cycles(chip, node.kind, params, ins, [out], self._compute_dtype(node)))
             durations.append(d)
-        return replay_steps(steps, durations)
+        return steps, durations
 
     def plan(self) -> list[Group]:
         groups: list[Group] = []
@@ -672,7 +677,27 @@ class Planner:
                 groups.append(self._single(len(groups), i, kind))
                 continue
             groups.extend(self._settle(len(groups), i, j, est))
+        self._alternate(groups)
         return groups
+
+    def _alternate(self, groups: Sequence[Group]) -> None:
+        """Every other local group of a run of them is mirrored to the top of local memory
+        (``capacity - addr - size``: the same buffers, overlaps and banks, upside down), so two
+        neighbours that fit together use disjoint bytes and codegen can load the next one's
+        weights and first tiles while the current one still computes (``Emitter.prefetch``)."""
+        cap = self.chip.lmem_bytes
+        flip = False
+        for group in groups:
+            if group.kind == ALIAS:
+                continue
+            if group.kind != LOCAL:
+                flip = False
+                continue
+            if flip and all(group.addrs[k] % self.chip.eu_bytes == 0 == (cap - group.sizes[k]) % self.chip.eu_bytes
+                            for k in group.addrs):
+                group.addrs = {k: cap - a - group.sizes[k] for k, a in group.addrs.items()}
+                self.check(group)
+            flip = not flip
 
     def _settle(self, gid: int, i: int, j: int, est: Estimate) -> list[Group]:
         """The group at its estimated slicing, re-sliced until the exact plan fits; split if it never does."""
@@ -714,13 +739,16 @@ class Step:
     """One step of a local group's command streams: ``queue`` "gdma" (a load of slice ``slice``'s
     inputs, the weights of op ``op``, a store of a slice's outputs) or "bdc" (op ``op`` of a slice).
     ``wait``: the index of the step of the other queue this one waits for (START: the previous group's
-    last compute; NONE: only its own queue's order)."""
+    last compute; NONE: only its own queue's order); ``after``: every step of the other queue it needs
+    (``wait`` is the last of them in this order; codegen may emit a group's first transfers early,
+    before the previous group's last store, so their command ids no longer follow this order)."""
 
     queue: str
     kind: str
     slice: int
     op: int = -1
     wait: int = -1
+    after: tuple[int, ...] = ()
 
 
 START, NONE = -2, -1
@@ -743,11 +771,12 @@ def schedule(n_ops: int, slices: int, copies: int, weighted: Sequence[bool]) -> 
 
     def load(s: int) -> None:
         loads[s] = len(steps)
-        steps.append(Step("gdma", "load", s, wait=last_op[s - copies] if s >= copies else START))
+        steps.append(Step("gdma", "load", s, wait=last_op[s - copies] if s >= copies else START,
+                          after=(last_op[s - copies],) if s >= copies else ()))
 
     def store(s: int) -> None:
         stores[s] = len(steps)
-        steps.append(Step("gdma", "store", s, wait=last_op[s]))
+        steps.append(Step("gdma", "store", s, wait=last_op[s], after=(last_op[s],)))
 
     def compute(s: int) -> None:
         for p in range(n_ops):
@@ -756,7 +785,7 @@ def schedule(n_ops: int, slices: int, copies: int, weighted: Sequence[bool]) -> 
                 waits.append(stores[s - copies])
             if s == 0 and p in weights:
                 waits.append(weights[p])
-            steps.append(Step("bdc", "compute", s, p, wait=max(waits) if waits else NONE))
+            steps.append(Step("bdc", "compute", s, p, wait=max(waits) if waits else NONE, after=tuple(waits)))
         last_op[s] = len(steps) - 1
 
     load(0)
