@@ -17,6 +17,17 @@ execution). Prints per target:
 - cycles, ms: the replayed total at the chip clock; roofline: max(MACs / peak
   MAC rate of the mode, (weights + inputs + outputs) / DDR bandwidth) in cycles;
   x roof: the ratio (goal <= 1.5).
+- chip roof, x chip: the same with what the chip must do by construction in
+  place of MACs / peak: per op one BDC command's fixed overhead plus its work
+  on the unit that runs it, over every lane with no EU padding (cube MACs at
+  the rate of the op's own dtype; depthwise conv taps, activations, adds,
+  pooling on the vector unit at one EU per lane per cycle: cost.attainable_cycles).
+  Ops run one at a time on the BDC, so these add up. It differs from the
+  roofline where a model's time is not its MACs: depthwise convs (no channel
+  reduction for the cube), element-wise work, many small ops (the overhead per
+  command), F16/F32 ops inside an INT8 model. What stays in x chip is what
+  codegen controls: lanes left idle (small or 64-padded channel counts), EU
+  padding of input channels, DMA not hidden behind compute, extra traffic.
 - ref ms: TPU-MLIR's own profile estimate for bm1684x on the same model where
   known (issue 5's sanity band; ours should land within 0.5x-2x).
 - lg/assign/codegen s: compile time of each backend stage.
@@ -63,7 +74,7 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
     from tpubuild.codegen.assign import memory_assign
     from tpubuild.codegen.codegen import codegen
     from tpubuild.codegen.graph import build_graph
-    from tpubuild.codegen.layergroup import ALIAS, Planner, layer_group
+    from tpubuild.codegen.layergroup import ALIAS, COPY, Planner, layer_group
     from tpubuild.ir import mlir
     from tpubuild.ir.weights import WeightStore
     from tpubuild.sim import cycles
@@ -89,10 +100,17 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
     profile = cycles.profile(model, params, cycles.replay(model, params))
     rate = chip.lanes * chip.macs_per_lane(mode)
     roof = max(macs / rate, min_bytes / chip.ddr_bytes_per_cycle)
+    # the chip roofline: what the BDC must do at best, op by op (see the module docstring)
+    bdc_floor = sum(cost.attainable_cycles(chip, n.kind, n.op.params,
+                                           [graph.tensors[t].shape if t else () for t in n.inputs],
+                                           [graph.tensors[o].shape for o in n.outputs if o in graph.tensors],
+                                           planner._compute_dtype(n))
+                    for n, f in zip(graph.ops, planner.ops) if f.kind not in (ALIAS, COPY))
+    chip_roof = max(bdc_floor, min_bytes / chip.ddr_bytes_per_cycle)
     return {"ops": len(graph.ops), "groups": len(groups), "local": sum(g.kind == "local" for g in groups),
             "act": a.activation_bytes, "lb": a.lower_bound,
             "ddr_lg": profile["ddr_read_bytes"] + profile["ddr_write_bytes"], "ddr_alone": alone,
-            "cycles": profile["total_cycles"], "ms": profile["time_ms"], "roof": roof,
+            "cycles": profile["total_cycles"], "ms": profile["time_ms"], "roof": roof, "chip_roof": chip_roof,
             "t_lg": t1 - t0, "t_assign": t2 - t1, "t_codegen": t3 - t2, "profile": profile}
 
 
@@ -142,7 +160,8 @@ def main() -> None:
     if not args.no_build:
         build([f"lower:{m.name}/{t.id}" for m in manifests for t in m.targets], build_dir, args.jobs)
     head = (f"{'model':<22} {'target':<14} {'ops':>4} {'grp':>4} {'act/LB':>7} {'DDR MB LG':>10} {'alone':>8} "
-            f"{'cycles':>10} {'ms':>8} {'roofline':>9} {'x roof':>7} {'ref ms':>7} {'x ref':>6} "
+            f"{'cycles':>10} {'ms':>8} {'roofline':>9} {'x roof':>7} {'chip roof':>9} {'x chip':>6} "
+            f"{'ref ms':>7} {'x ref':>6} "
             f"{'lg s':>5} {'asg s':>5} {'cg s':>5}")
     print(head)
     print("-" * len(head))
@@ -158,6 +177,7 @@ def main() -> None:
             print(f"{m.name:<22} {t.id:<14} {r['ops']:>4} {r['groups']:>4} {r['act'] / max(r['lb'], 1):>7.3f} "
                   f"{r['ddr_lg'] / 1e6:>10.2f} {r['ddr_alone'] / 1e6:>8.2f} {r['cycles']:>10} {r['ms']:>8.3f} "
                   f"{r['roof']:>9.0f} {r['cycles'] / max(r['roof'], 1):>7.2f} "
+                  f"{r['chip_roof']:>9.0f} {r['cycles'] / max(r['chip_roof'], 1):>6.2f} "
                   f"{ref_ms:>7} {x_ref:>6} "
                   f"{r['t_lg']:>5.1f} {r['t_assign']:>5.1f} {r['t_codegen']:>5.1f}", flush=True)
             if args.ops:

@@ -262,5 +262,18 @@ def true_macs(op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[
     return 0
 
 
+def attainable_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                      dtype: np.dtype | str) -> float:
+    """The fewest BDC cycles the op can take on this chip: one command's overhead plus its work on the
+    unit that runs it (cube MACs at the dtype's rate, vector element-ops at one EU per cycle), spread
+    evenly over every lane with no EU padding. The chip roofline's per-op term (bench/backend.py)."""
+    esize = np.dtype(dtype).itemsize if not isinstance(dtype, str) else _itemsize(dtype)
+    s = OpShape(params=params, ins=tuple(tuple(int(d) for d in x) for x in in_shapes),
+                outs=tuple(tuple(int(d) for d in x) for x in out_shapes), esize=esize, lanes=1, eu_elems=1)
+    w = op_work(op, s)
+    mac = w.macs / (chip.lanes * chip.macs_per_lane(compute_mode(chip, dtype)))
+    return chip.bdc_overhead + mac + w.vector * esize / (chip.eu_bytes * chip.lanes)
+
+
 def cycles_to_ms(chip: Chip, cycles: float) -> float:
     return cycles / (chip.clock_mhz * 1e3)
