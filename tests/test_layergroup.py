@@ -17,7 +17,7 @@ from tpubuild.codegen.graph import build_graph
 from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, read_groups
 from tpubuild.codegen.slicing import Window, local_rule
 from tpubuild.codegen.synthetic import residual_net
-from tpubuild.ir import mlir, tpu
+from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.top import InputOp
 from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
@@ -378,3 +378,39 @@ def test_attainable_cycles_spread_work_over_every_lane():
     taps = 96 * 40 * 40 * 9
     floor_dw = cost.attainable_cycles(chip, "tpu.Conv", dw, [(1, 96, 40, 40), (96, 1, 3, 3)], [(1, 96, 40, 40)], "int8")
     assert floor_dw == pytest.approx(chip.bdc_overhead + taps / (64 * 64))
+
+
+def test_deconv_whose_kernel_is_its_stride_slices_along_h():
+    """A 2x2 stride-2 transposed conv between two 3x3 convs: input row r makes output rows 2r and 2r+1 only,
+    so its group slices H (the deconv computing whole row pairs, the next conv reading a view of them) and
+    the tiles reproduce whole-tensor inference."""
+    rng = np.random.default_rng(3)
+    c, h = 4, 12
+    b = mlir.GraphBuilder([tensor_type((2, c, h, h))])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    weights = WeightStore()
+
+    def weight(name, shape):
+        weights.add(name, rng.standard_normal(shape).astype(np.float32) * 0.3)
+        return b.weight(name, tensor_type(shape))
+
+    conv_p = tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1))
+    y = b.add(tpu.ConvOp.make([x, weight("c1.w", (c, c, 3, 3)), weight("c1.b", (c,))], conv_p, name="c1")).results[0]
+    deconv = tpu.MIRROR[top.DeconvOp]
+    dp = deconv.PARAMS(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0), dilations=(1, 1))
+    y = b.add(deconv.make([y, weight("d.w", (c, c, 2, 2)), weight("d.b", (c,))], dp, name="up")).results[0]
+    y = b.add(tpu.ConvOp.make([y, weight("c2.w", (c, c, 3, 3)), weight("c2.b", (c,))], conv_p, name="c2")).results[0]
+    module = b.finish([y], name="up", weight_file="w.npz", state="TPU_LOWERED")
+    inputs = {"x": rng.standard_normal((2, c, h, h)).astype(np.float32)}
+    ref = run(module, weights, inputs)
+    graph = build_graph(module)
+    rule = local_rule(graph, next(n for n in graph.ops if n.name == "up"))
+    # rows 3..6 of the output need input rows 1..3, which make output rows 2..7
+    assert rule.computed(3, 7, 2 * h) == (2, 8) and rule.in_h_range(0, 2, 8, h, 2 * h) == (1, 4, 0, 0)
+    lg, groups = layer_group(module, small_chip(4 * 1024, 4), exact_f32=False)
+    up = next(g for g in groups if any(graph.ops[p].name == "up" for p in g.ops))
+    assert up.kind == LOCAL and up.h_secs > 1
+    for r in up.ranges["up"]:
+        assert r[2] % 2 == 0 and r[3] % 2 == 0, "the deconv computes whole row pairs"
+    got = execute(mlir.parse_module(mlir.print_module(lg)), weights, inputs)
+    np.testing.assert_allclose(got["c2"], ref["c2"], rtol=1e-4, atol=1e-4)

@@ -323,6 +323,7 @@ class Planner:
                 r = self.own_range(f.name, ns, hs, ni, hi)
             if not f.rule.rows:  # whole rows in, whole rows out (and whole N unless it slices N)
                 r = (r[0], r[1], 0, o4[2]) if f.rule.n_split else (0, o4[0], 0, o4[2])
+            r = (r[0], r[1], *f.rule.computed(r[2], r[3], o4[2]))
             need[f.name] = r
             for k, t, same in f.operands:
                 s4 = self.t[t].shape4

@@ -82,6 +82,14 @@ class Rule:
     # only maps whole tensors to whole tensors (an output row may depend on every input row), so its
     # result and operands are always whole, even when its readers need fewer rows
     rows: bool = True
+    # operand 0's row r makes output rows [r * upsample, (r + 1) * upsample) and nothing else (a
+    # transposed conv whose kernel equals its stride): the op computes whole runs of them
+    upsample: int = 1
+
+    def computed(self, lo: int, hi: int, out_h: int) -> tuple[int, int]:
+        """The output rows the op computes when [lo, hi) are needed."""
+        u = self.upsample
+        return (lo // u * u, min(-(-hi // u) * u, out_h)) if u > 1 else (lo, hi)
 
     def in_h_range(self, k: int, lo: int, hi: int, in_h: int, out_h: int) -> tuple[int, int, int, int]:
         """Operand k's rows for output rows [lo, hi): (first, end, pad_top, pad_bottom)."""
@@ -89,6 +97,8 @@ class Rule:
             return 0, in_h, 0, 0
         if k == 0 and self.window is not None:
             return self.window.need(lo, hi, in_h)
+        if k == 0 and self.upsample > 1:
+            return lo // self.upsample, -(-hi // self.upsample), 0, 0
         if k in self.whole or in_h != out_h:
             return 0, in_h, 0, 0  # whole operand, or broadcast along H (in_h == 1)
         return lo, hi, 0, 0
@@ -243,5 +253,13 @@ def _concat(graph: Graph, node: Node) -> Rule:
 
 @rule_for(tpu.MIRROR[top.DeconvOp])
 def _deconv(graph: Graph, node: Node) -> Rule:
-    # a transposed conv scatters each input row into several output rows: H stays whole, N slices
+    # a transposed conv scatters each input row into several output rows: H stays whole, N slices;
+    # unless its kernel equals its stride along H (no pads, dilation or output padding there): then
+    # input row r makes exactly output rows [r * stride, (r + 1) * stride), each from one tap
+    p = node.op.params
+    nd = len(p.kernel_shape)
+    extra = p.output_padding or (0,) * nd
+    if (nd == 2 and p.kernel_shape[0] == p.strides[0] > 1 and (p.dilations or (1,))[0] == 1
+            and p.pads[0] == p.pads[nd] == 0 and extra[0] == 0):
+        return Rule(upsample=p.strides[0])
     return Rule(h_split=False, rows=False)
