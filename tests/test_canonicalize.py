@@ -235,25 +235,49 @@ def test_shared_filter_folded_separately(tmp_path):
     assert "w" not in weights and len(weights) == 4
 
 
-def test_batchnorm_after_conv_with_two_users_becomes_mul_add(tmp_path):
+def test_batchnorm_after_conv_with_two_users_becomes_depthwise_conv(tmp_path):
     inits = {"w": randn(4, 3, 3, 3), **bn_inits(4)}
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), bn_node("conv", "bn"), node("Relu", ["bn"], "relu")]
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, outputs=["relu", "conv"],
                                  initializers=inits)
-    assert kinds(canonical) == [("top.Conv", "conv"), ("top.Mul", "bn_mul"), ("top.Add", "relu")]
-    assert only(canonical, top.AddOp).params.do_relu
+    assert kinds(canonical) == [("top.Conv", "conv"), ("top.Conv", "relu")]
+    dw = [op for op in canonical.walk() if isinstance(op, top.ConvOp)][1]
+    assert dw.params.group == 4 and dw.params.kernel_shape == (1, 1) and dw.params.do_relu
 
 
-def test_batchnorm_after_conv_with_runtime_filter_becomes_mul_add(tmp_path):
+def test_batchnorm_after_conv_with_runtime_filter_becomes_depthwise_conv(tmp_path):
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), bn_node("conv", "bn")]
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6), "w": randn(4, 3, 3, 3)},
                                  initializers=bn_inits(4))
-    assert kinds(canonical) == [("top.Conv", "conv"), ("top.Mul", "bn_mul"), ("top.Add", "bn")]
+    assert kinds(canonical) == [("top.Conv", "conv"), ("top.Conv", "bn")]
 
 
-def test_lone_batchnorm_becomes_mul_add(tmp_path):
-    canonical, _, _ = canon_onnx(tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 4, 3)}, initializers=bn_inits(5))
+def test_lone_batchnorm_becomes_depthwise_conv(tmp_path):
+    canonical, _, weights = canon_onnx(tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 4, 3)},
+                                       initializers=bn_inits(5))
+    assert kinds(canonical) == [("top.Conv", "bn")]
+    conv = only(canonical, top.ConvOp)
+    assert conv.params.group == 5 and weights[mlir.value_name(conv.operands[1])].shape == (5, 1, 1, 1)
+
+
+def test_lone_batchnorm_not_nchw_becomes_mul_add(tmp_path):
+    canonical, _, _ = canon_onnx(tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 7)}, initializers=bn_inits(5))
     assert kinds(canonical) == [("top.Mul", "bn_mul"), ("top.Add", "bn")]
+
+
+def test_densenet_preactivation_is_one_depthwise_conv(tmp_path):
+    """Concat -> BatchNorm -> Caffe-style Scale (Mul, Add of Unsqueezed per-channel vectors) -> ReLU:
+    a single depthwise Conv with the ReLU fused (one INT8 requantization instead of four)."""
+    inits = {**bn_inits(6), "g": R.uniform(0.5, 1.5, 6).astype(np.float32), "t": randn(6, scale=0.1),
+             "axes": np.array([1, 2], np.int64)}
+    nodes = [node("Concat", ["x", "y"], "cat", axis=1), bn_node("cat", "bn"),
+             node("Unsqueeze", ["g", "axes"], "g3"), node("Mul", ["bn", "g3"], "scaled"),
+             node("Unsqueeze", ["t", "axes"], "t3"), node("Add", ["scaled", "t3"], "shifted"),
+             node("Relu", ["shifted"], "out")]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 2, 5, 5), "y": randn(1, 4, 5, 5)},
+                                 initializers=inits)
+    assert kinds(canonical) == [("top.Concat", "cat"), ("top.Conv", "out")]
+    assert only(canonical, top.ConvOp).params.do_relu
 
 
 def test_batchnorm_on_2d_folded_into_matmul(tmp_path):

@@ -133,6 +133,29 @@ def test_normalize_activations_on_batchnorm_and_gemm():
     np.testing.assert_allclose(n.std(axis=(0, 2, 3)), inits["scale"], rtol=0.25)
 
 
+def test_fill_weights_sees_through_unsqueeze():
+    """A Scale layer's gamma reaches its Mul through Unsqueeze (Caffe2 exports): it gets a Mul scale's
+    range (0.5, 1.5), not the fallback around 0; its beta, an Add's, stays small."""
+    from onnx import TensorProto, helper
+
+    shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([1, 2], np.int64), "axes")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["gamma"],
+                              value=numpy_helper.from_array(np.array([0.02], np.float32))),
+             helper.make_node("ConstantOfShape", ["shape"], ["beta"],
+                              value=numpy_helper.from_array(np.array([0.02], np.float32))),
+             helper.make_node("Unsqueeze", ["gamma", "axes"], ["g3"]),
+             helper.make_node("Unsqueeze", ["beta", "axes"], ["b3"]),
+             helper.make_node("Mul", ["x", "g3"], ["m"]),
+             helper.make_node("Add", ["m", "b3"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 4])], [shape, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    got = {t.name: numpy_helper.to_array(t) for t in prepare_model(model, ["fill_weights"]).graph.initializer}
+    assert got["gamma"].min() >= 0.5 and got["gamma"].max() <= 1.5
+    assert np.abs(got["beta"]).max() <= 0.1
+
+
 def test_prepare_errors(tmp_path):
     with pytest.raises(TpuBuildError, match=r"unknown prepare step\(s\) \['fill'\]; known: \['fill_weights'"):
         prepare_model(onnx.ModelProto(), ["fill"])

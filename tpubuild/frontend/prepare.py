@@ -48,12 +48,35 @@ def prepare_model(model: onnx.ModelProto, steps: Sequence[str]) -> onnx.ModelPro
     return model
 
 
+# ops that only reshape a weight: its role is decided by the op after them
+_SHAPE_ONLY = ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Cast")
+
+
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
-    uses: dict[str, list[tuple[str, int]]] = {}
+    """Each tensor's uses as (op type, input slot), seen through shape-only ops on their data input.
+
+    Caffe2 exports (DenseNet-121, Inception-v2) give a BatchNorm's Scale layer its gamma and beta
+    through Unsqueeze: taken at face value they were "Unsqueeze" inputs and got the fallback
+    uniform(-0.1, 0.1), a gamma of either sign around 0 that shrinks channels by 10 to 1000 and
+    flips half of them, unlike any trained Scale layer. Seen as the Mul's scale, gamma comes from
+    (0.5, 1.5) like any Mul scale; beta, the Add's, stays in (-0.1, 0.1). Inception-v1's
+    classifier weight (through Reshape) gets its Gemm's He scale.
+    """
+    direct: dict[str, list[tuple[str, int, onnx.NodeProto]]] = {}
     for node in graph.node:
         for i, name in enumerate(node.input):
-            uses.setdefault(name, []).append((node.op_type, i))
-    return uses
+            direct.setdefault(name, []).append((node.op_type, i, node))
+
+    def resolve(name: str, depth: int = 0) -> list[tuple[str, int]]:
+        found = []
+        for op, slot, node in direct.get(name, []):
+            if op in _SHAPE_ONLY and slot == 0 and depth < 8:
+                found += resolve(node.output[0], depth + 1) or [(op, slot)]
+            else:
+                found.append((op, slot))
+        return found
+
+    return {name: resolve(name) for name in direct}
 
 
 def _weights_for(name: str, shape: tuple[int, ...], uses: list[tuple[str, int]]) -> np.ndarray:
