@@ -226,3 +226,33 @@ def test_a_weight_two_ops_share_is_loaded_once(make_model, tmp_path, mode):
     assert any(g.kind == LOCAL and len(g.ops) >= 3 for g in groups)
     for name, out in result.outputs.items():
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
+
+
+@pytest.mark.parametrize("coord_mode,nearest_mode", [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor")])
+def test_nearest_upsample_slices_along_h_on_the_chip(coord_mode, nearest_mode):
+    """A nearest resize by 2 repeats each input row twice, so its group slices H, each slice running the
+    kernel with its own output shape; the chip reproduces whole-tensor inference bit for bit."""
+    from tpubuild.ir import top, tpu
+    from tpubuild.ir.top import InputOp
+    from tpubuild.ir.types import tensor_type
+
+    rng = np.random.default_rng(5)
+    b = mlir.GraphBuilder([tensor_type((2, 8, 24, 32)), tensor_type((2, 8, 48, 64))])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    skip = b.add(InputOp.make([b.args[1]], name="skip")).results[0]
+    interp = tpu.MIRROR[top.InterpOp]
+    p = interp.PARAMS(shape=(2, 8, 48, 64), scales=(1.0, 1.0, 2.0, 2.0), mode="nearest", coord_mode=coord_mode,
+                      nearest_mode=nearest_mode)
+    y = b.add(interp.make([x], p, name="up")).results[0]
+    y = b.add(tpu.AddOp.make([y, skip], name="add")).results[0]
+    y = b.add(tpu.ReluOp.make([y], name="relu")).results[0]
+    module = b.finish([y], name="up", weight_file="w.npz", state="TPU_LOWERED")
+    inputs = {"x": rng.standard_normal((2, 8, 24, 32)).astype(np.float32),
+              "skip": rng.standard_normal((2, 8, 48, 64)).astype(np.float32)}
+    ref = run(module, WeightStore(), inputs)
+    chip = small(24 * 1024, 4)
+    lg, groups = layer_group(mlir.parse_module(mlir.print_module(module)), chip)
+    assert any(g.kind == LOCAL and g.h_secs > 1 and len(g.ops) == 3 for g in groups), [(g.kind, g.ops, g.n_secs, g.h_secs) for g in groups]
+    addr, _ = memory_assign(mlir.parse_module(mlir.print_module(lg)), chip)
+    model = decode_model(encode_model(codegen(mlir.parse_module(mlir.print_module(addr)), WeightStore(), chip)))
+    np.testing.assert_array_equal(simulate(model, inputs).outputs["relu"], ref["relu"])

@@ -603,7 +603,8 @@ class Planner:
 
     def op_tiles(self, group: Group, p: int, s: int) -> tuple[object, list]:
         """(params as executed, per operand: None, ("weight", name) or (tensor, rows needed)) of op p in
-        slice s: a windowed op's H pads trimmed to the slice, each activation's rows from its rule."""
+        slice s: a windowed op's H pads trimmed to the slice, a sized op's output shape the slice's, each
+        activation's rows from its rule."""
         node = self.g.ops[p]
         f = self.ops[p]
         out_r = group.ranges[node.name][s]
@@ -627,6 +628,8 @@ class Planner:
             else:
                 n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
             operands.append((t, (n_lo, n_hi, h_lo, h_hi)))
+        if f.rule.sized:
+            params = dataclasses.replace(params, shape=logical_shape(self.g.tensors[node.name].shape, out_r))
         return params, operands
 
     def check(self, group: Group) -> None:

@@ -16,6 +16,7 @@ above 4 run as global ops.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,8 +84,11 @@ class Rule:
     # result and operands are always whole, even when its readers need fewer rows
     rows: bool = True
     # operand 0's row r makes output rows [r * upsample, (r + 1) * upsample) and nothing else (a
-    # transposed conv whose kernel equals its stride): the op computes whole runs of them
+    # transposed conv whose kernel equals its stride, a nearest resize by an integer factor): the op
+    # computes whole runs of them
     upsample: int = 1
+    # the op's parameters name its output shape (Interp): a slice runs with its own
+    sized: bool = False
 
     def computed(self, lo: int, hi: int, out_h: int) -> tuple[int, int]:
         """The output rows the op computes when [lo, hi) are needed."""
@@ -249,6 +253,34 @@ def _layernorm(graph: Graph, node: Node) -> Rule:
 @rule_for(tpu.ConcatOp)
 def _concat(graph: Graph, node: Node) -> Rule:
     return _axes_rule(graph, node, [node.op.params.axis], 0.0)
+
+
+# coordinate transforms of a resize that depend on the output index alone (not on the lengths), so a
+# run of whole upsampled rows maps like the whole tensor shifted
+_SHIFTABLE = ("asymmetric", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+
+
+@rule_for(tpu.MIRROR[top.InterpOp])
+def _interp(graph: Graph, node: Node) -> Rule:
+    """A nearest resize that repeats every input row exactly s times along H (N and C unchanged)
+    slices N and H; any other resize runs on whole tensors."""
+    from tpubuild.kernels.resize import _resample_axis
+
+    p = node.op.params
+    shape_in = graph.tensors[node.inputs[0]].shape
+    if (len(shape_in) != 4 or p.mode != "nearest" or p.coord_mode not in _SHIFTABLE or p.antialias or p.roi
+            or tuple(p.shape[:2]) != tuple(shape_in[:2])):
+        return WHOLE
+    in_h, out_h = shape_in[2], p.shape[2]
+    u = out_h // in_h
+    if u < 2 or out_h != u * in_h:
+        return WHOLE
+    # the kernel's own row map must be o -> o // u
+    rows = _resample_axis(np.arange(in_h, dtype=np.float64), 0, out_h,
+                          dataclasses.replace(p, scales=(p.scales[2],), shape=(out_h,)))
+    if not np.array_equal(rows, np.arange(out_h) // u):
+        return WHOLE
+    return Rule(upsample=u, sized=True)
 
 
 @rule_for(tpu.MIRROR[top.DeconvOp])
