@@ -9,18 +9,22 @@ locations, so upstream MLIR tools parse them.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import re
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from functools import cache
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Builtin, BoolAttr, IntegerAttr, ModuleOp, StringAttr, i1
+from xdsl.dialects.builtin import ArrayAttr, Builtin, BoolAttr, IntegerAttr, ModuleOp, StringAttr, i1, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import ParseError, VerifyException
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 from tpubuild.build.files import write_text
 from tpubuild.errors import TpuBuildError, read_user_text
@@ -44,9 +48,52 @@ def context() -> Context:
     return ctx
 
 
+# Modules parsed in this process, by the sha256 of their text (most recent last). doit runs every stage of a
+# build in one process, and most files are read by several stages (canonical.mlir by TOP verification,
+# calibration, lowering and TPU verification; tpu.mlir by TPU verification and layer group): the xDSL parser
+# costs about a millisecond per op, a clone of the parsed module a thousandth of that, and prints the same text.
+_PARSED: OrderedDict[bytes, ModuleOp] = OrderedDict()
+_PARSED_KEEP = 8
+
+
 def parse_module(text: str, *, file: str = "<string>") -> ModuleOp:
+    """The module ``text`` holds, verified; a fresh copy the caller may change, also when the same text was
+    parsed before."""
+    key = hashlib.sha256(text.encode("utf-8")).digest()
+    known = _PARSED.get(key)
+    if known is not None:
+        _PARSED.move_to_end(key)
+        return known.clone()
+    module = _parse(text, file)
+    _PARSED[key] = module.clone()
+    while len(_PARSED) > _PARSED_KEEP:
+        _PARSED.popitem(last=False)
+    return module
+
+
+# What the printer writes for an array of i64 (per-channel multipliers and shifts, slices, addresses):
+# the generic parser spends a few tokens and calls per element, this reads the array at once.
+_I64_ARRAY = re.compile(r"\[(-?\d+) : i64((?:, -?\d+ : i64)*)\]")
+_I64_ITEM = re.compile(r", (-?\d+) : i64")
+
+
+class _Parser(Parser):
+    """xDSL's parser with a fast path for the arrays of i64 that dominate lowered modules; the same
+    attributes as the generic path (IntegerAttr(value, i64) in an ArrayAttr)."""
+
+    def _parse_optional_array_attr(self) -> ArrayAttr | None:
+        if self._current_token.kind == MLIRTokenKind.L_SQUARE:
+            found = _I64_ARRAY.match(self.lexer.input.content, self.pos)
+            if found:
+                values = [int(found.group(1))] + [int(v) for v in _I64_ITEM.findall(found.group(2))]
+                self._resume_from(found.end())
+                return ArrayAttr([IntegerAttr(v, i64) for v in values])
+        return super()._parse_optional_array_attr()
+
+
+def _parse(text: str, file: str) -> ModuleOp:
     try:
-        module = Parser(context(), text, name=file).parse_module()
+        module = _Parser(context(), text, name=file).parse_module()
     except ParseError as e:
         first = str(e).strip().splitlines()
         raise TpuBuildError(f"not valid MLIR: {' / '.join(first[:3])}", file=file,

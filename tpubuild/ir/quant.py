@@ -12,6 +12,7 @@ realValue = scale * (storedValue - zeroPoint).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, FloatData, IntAttr, StringAttr
@@ -22,6 +23,12 @@ from xdsl.printer import Printer
 
 STORAGE = {"i8": (-128, 127), "u8": (0, 255), "i16": (-32768, 32767), "u16": (0, 65535),
            "i32": (-(2**31), 2**31 - 1)}
+
+
+# print_parameters' per-axis list: scales as mlir_float writes them (always with a '.'), zero points
+_FLOAT = r"-?\d+\.\d*(?:e[-+]?\d+)?"
+_PER_AXIS = re.compile(rf"\{{((?:{_FLOAT}:-?\d+)(?:,{_FLOAT}:-?\d+)*)\}}")
+_PAIR = re.compile(rf"({_FLOAT}):(-?\d+)")
 
 
 def mlir_float(x: float) -> str:
@@ -117,11 +124,20 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
             zps.append(parser.parse_integer() if parser.parse_optional_punctuation(":") else 0)
 
         if axis >= 0:
-            parser.parse_punctuation("{")
-            one()
-            while parser.parse_optional_punctuation(","):
+            # the whole {scale:zp,...} list at once when it is as the printer writes it (a per-channel
+            # type names every channel: token by token it dominates parsing a lowered module)
+            found = _PER_AXIS.match(parser.lexer.input.content, parser.pos)
+            if found:
+                for scale, zp in _PAIR.findall(found.group(1)):
+                    scales.append(float(scale))
+                    zps.append(int(zp))
+                parser._resume_from(found.end())
+            else:
+                parser.parse_punctuation("{")
                 one()
-            parser.parse_punctuation("}")
+                while parser.parse_optional_punctuation(","):
+                    one()
+                parser.parse_punctuation("}")
         else:
             one()
         parser.parse_punctuation(">")

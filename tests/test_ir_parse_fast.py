@@ -1,0 +1,61 @@
+"""Reading .mlir files fast: the i64-array and per-axis quant fast paths give what xDSL's generic parser gives,
+and the per-process parse cache hands out independent copies."""
+
+from __future__ import annotations
+
+import pytest
+from xdsl.dialects.builtin import StringAttr
+from xdsl.parser import Parser
+
+from tpubuild.ir import mlir
+from tpubuild.ir.quant import UniformType
+
+# a lowered-module-like op: i64 arrays (negative, single, empty), an f64 array, a per-axis type with
+# negative zero points and exponents, a per-tensor type
+TEXT = '''"builtin.module"() ({
+  "func.func"() <{sym_name = "main", function_type = (tensor<1x3xf32>) -> tensor<1x3xf32>}> ({
+  ^bb0(%0: tensor<1x3xf32> loc(unknown)):
+    %1 = "top.Input"(%0) : (tensor<1x3xf32>) -> tensor<1x3xf32> loc("x")
+    %2 = "top.Weight"() {a = [7 : i64], b = [-3 : i64, 0 : i64, 2147483647 : i64], c = [], d = [1.5, 2.0], e = [1 : i32, 2 : i32]} : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.0:12}>> loc("w")
+    %3 = "top.Weight"() : () -> tensor<3x!quant.uniform<u8:f32, 0.0078125:128>> loc("v")
+    "func.return"(%1) : (tensor<1x3xf32>) -> () loc(unknown)
+  }) : () -> () loc(unknown)
+}) {module.name = "m"} : () -> () loc(unknown)
+'''
+
+
+def described(module) -> list:
+    """Everything of each op that a stage can read, with the Python types of the values."""
+    def attr(a):
+        return (type(a).__name__, repr(a))
+    return [(type(op).__name__, sorted((k, attr(v)) for k, v in op.attributes.items()),
+             sorted((k, attr(v)) for k, v in op.properties.items()), [attr(r.type) for r in op.results],
+             repr(op.location)) for op in module.walk()]
+
+
+def test_fast_paths_give_the_generic_parsers_attributes():
+    fast = mlir._parse(TEXT, "t.mlir")
+    generic = Parser(mlir.context(), TEXT, name="t.mlir").parse_module()
+    assert described(fast) == described(generic)
+    weight = list(mlir.body_ops(fast))[1]
+    assert [a.value.data for a in weight.attributes["b"].data] == [-3, 0, 2147483647]
+    qtype = weight.results[0].type.element_type
+    assert isinstance(qtype, UniformType)
+    assert qtype.scale_list == [0.5, 1.25e-07, 3.0] and qtype.zero_point_list == [0, -3, 12]
+    assert mlir.print_module(fast) == mlir.print_module(generic)
+
+
+def test_fast_path_leaves_malformed_lists_to_the_parser():
+    bad = TEXT.replace("{0.5:0,1.25e-07:-3,3.0:12}", "{0.5:0,,3.0:12}")
+    with pytest.raises(mlir.TpuBuildError, match="not valid MLIR"):
+        mlir.parse_module(bad, file="bad.mlir")
+
+
+def test_parse_cache_hands_out_independent_copies():
+    first = mlir.parse_module(TEXT)
+    first.attributes["module.name"] = StringAttr("changed")
+    list(mlir.body_ops(first))[1].detach()
+    second = mlir.parse_module(TEXT)
+    assert mlir.module_attr(second, "name") == "m"
+    assert len(list(mlir.body_ops(second))) == 4
+    assert mlir.print_module(second) == mlir.print_module(mlir._parse(TEXT, "t.mlir"))
