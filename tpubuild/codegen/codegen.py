@@ -120,8 +120,15 @@ class Emitter:
             elif group.kind == GLOBAL:
                 self.global_op(group)
             else:
-                nxt = order[k + 1] if self.prefetching and k + 1 < len(order) and order[k + 1].kind == LOCAL else None
-                self.local_group(group, nxt)
+                # the next local group, past global ops and copies (they use no local memory)
+                between = []
+                for later in order[k + 1:]:
+                    if later.kind == LOCAL:
+                        self.local_group(group, later if self.prefetching else None, between)
+                        break
+                    between.append(later)
+                else:
+                    self.local_group(group)
 
     def global_op(self, group: Group) -> None:
         node = self.g.ops[group.ops[0]]
@@ -138,9 +145,10 @@ class Emitter:
                  strides, 0, 0, block, self.a_addr[dst], cmd.contiguous_strides(block))
         self.gdma.append(g)
 
-    def local_group(self, group: Group, nxt: Group | None = None) -> None:
+    def local_group(self, group: Group, nxt: Group | None = None, between: list[Group] = ()) -> None:
         """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids;
-        before its last store, the transfers of ``nxt`` (the local group after it) that may run early."""
+        before its last store, the transfers of ``nxt`` (the next local group, after the global ops and
+        copies ``between``) that may run early."""
         g = self.g
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
@@ -150,7 +158,7 @@ class Emitter:
         last_id: list[int] = []  # per step: the id of its last command in its queue
         for index, step in enumerate(steps):
             if nxt is not None and index == len(steps) - 1:
-                self.early[nxt.id] = self.prefetch(nxt, group, prev_bdc)
+                self.early[nxt.id] = self.prefetch(nxt, group, prev_bdc, between)
             wait = prev_bdc if step.wait == START else max((last_id[i] for i in step.after), default=0)
             done, last = early.get(index, ((), 0))
             if step.queue == "gdma":
@@ -183,20 +191,24 @@ class Emitter:
             local, _, plane = self.view(group, t, s % group.copies, group.ranges[t][s], group.own[t][s])
             self._gdma(Direction.STORE, t, addr, local, block, wait, strides, plane)
 
-    def prefetch(self, nxt: Group, cur: Group, prev_bdc: int) -> dict[int, tuple[set[str], int]]:
-        """Emit now, while ``cur``'s last slice computes, the transfers of ``nxt`` that need nothing of
-        ``cur``: its weights and its first input tiles whose local bytes no buffer of ``cur`` uses and
-        whose DDR rows ``cur``'s last store does not write (rows its earlier slices stored are there). They wait for the computes before ``cur`` (every
+    def prefetch(self, nxt: Group, cur: Group, prev_bdc: int, between: list[Group]) -> dict[int, tuple[set[str], int]]:
+        """Emit now, while ``cur``'s last slice (and the global ops ``between``) compute, the transfers
+        of ``nxt`` that need nothing of them: its weights and its first input tiles whose local bytes no
+        buffer of ``cur`` uses and whose DDR bytes neither cur's last store (rows its earlier slices
+        stored are there) nor a group between writes. They wait for the computes before ``cur`` (every
         earlier group is done with local memory then). -> per step of nxt: (tensors moved, last id)."""
         local = [(cur.addrs[k], cur.addrs[k] + cur.sizes[k]) for k in cur.addrs if cur.sizes[k]]
         last = cur.slices - 1  # cur's earlier slices are stored before the prefetch in the queue
+        later = [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes) for b in between for o in b.outputs]
 
         def apart(lo: int, hi: int, used) -> bool:
             return all(hi <= a or b <= lo for a, b in used)
 
         def unwritten(t: str) -> bool:
-            """Are the DDR bytes nxt's first tile of t reads apart from those cur's last store writes?"""
+            """Are the DDR bytes nxt's first tile of t reads apart from those written after now?"""
             lo = self.a_addr[t]
+            if not apart(lo, lo + self.g.tensors[t].nbytes, later):
+                return False
             for o in cur.outputs:
                 if apart(lo, lo + self.g.tensors[t].nbytes, [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes)]):
                     continue
@@ -209,6 +221,7 @@ class Emitter:
         # does not fit there would only delay cur's last store and what waits for it
         cur_steps, cur_cycles = self.planner.timed_steps(cur)
         budget = sum(d for step, d in zip(cur_steps, cur_cycles) if step.queue == "bdc" and step.slice == last)
+        budget += sum(self.planner.ops[b.ops[0]].global_cycles for b in between if b.kind == GLOBAL)
         loads = nxt.weight_loads(self.g)
         steps = schedule(len(nxt.ops), nxt.slices, nxt.copies, [bool(w) for w in loads])
         early: dict[int, tuple[set[str], int]] = {}

@@ -685,17 +685,14 @@ class Planner:
         return groups
 
     def _alternate(self, groups: Sequence[Group]) -> None:
-        """Every other local group of a run of them is mirrored to the top of local memory
+        """Every other local group is mirrored to the top of local memory
         (``capacity - addr - size``: the same buffers, overlaps and banks, upside down), so two
         neighbours that fit together use disjoint bytes and codegen can load the next one's
         weights and first tiles while the current one still computes (``Emitter.prefetch``)."""
         cap = self.chip.lmem_bytes
         flip = False
         for group in groups:
-            if group.kind == ALIAS:
-                continue
-            if group.kind != LOCAL:
-                flip = False
+            if group.kind != LOCAL:  # global ops and copies between use no local memory
                 continue
             if flip and all(group.addrs[k] % self.chip.eu_bytes == 0 == (cap - group.sizes[k]) % self.chip.eu_bytes
                             for k in group.addrs):
