@@ -127,3 +127,17 @@ def test_an_unreachable_target_is_reported_not_hidden(net):
     result = run_search(net, cali, target_cos=1.0 + 1e-9, max_lowerings=12)
     assert not result.reached and result.lowerings <= 12
     assert "TARGET NOT REACHED" in format_result(result)
+
+
+def test_the_samples_scored_are_those_where_int8_alone_is_worst(net):
+    """Of a pool of samples, the search scores the ones furthest from float under INT8 (computed here per sample)."""
+    cali = net.wreck("r1", 10.0)
+    per_sample = [net.score(cali, None, [s]) for s in net.samples]
+    worst = sorted(np.argsort(per_sample, kind="stable")[:2].tolist())
+    assert len({round(c, 6) for c in per_sample}) == len(per_sample)  # no ties to decide
+    result = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                    samples=net.samples, config=SearchConfig(samples=2, target_cos=0.99))
+    assert result.pool == len(net.samples) and list(result.scored) == worst and result.samples == 2
+    assert result.int8_score == pytest.approx(min(per_sample), abs=1e-9)
+    assert "of the first 10 where INT8 alone is furthest from float" in format_result(result)
+    assert result.reached and net.score(cali, result.table, net.samples) >= 0.99

@@ -174,7 +174,7 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
 
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
-    samples = list(itertools.islice(iter(Samples.of(data_files, inputs)), config.samples))
+    samples = list(itertools.islice(iter(Samples.of(data_files, inputs)), max(config.pool, config.samples)))
     if not samples:
         raise TpuBuildError("no calibration sample to search a quantize table with", model=model, stage="search",
                             hint="check calibration.data in the manifest")
