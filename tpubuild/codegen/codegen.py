@@ -79,6 +79,7 @@ class Emitter:
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
         self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
+        self.shuffled = self._shuffles()  # output -> (the channel shuffle's result, groups): stored shuffled
 
     # ---- queues ----
 
@@ -112,8 +113,42 @@ class Emitter:
 
     # ---- emission ----
 
+    def _shuffles(self) -> dict[str, tuple[str, int]]:
+        """Local groups' outputs whose only reader is a channel shuffle (Reshape (n, C, h, w) ->
+        (n, g, C/g, h, w), Permute (0, 2, 1, 3, 4), a copy): their stores write the shuffled tensor
+        directly, channel run j of the tile to channels j, j + g, ... (one strided store per run), and
+        the copy is not emitted. Only where the shuffled tensor's DDR bytes are apart from every input
+        of the producing group (it is written earlier than the copy would write it; memory assign may
+        have given it a buffer an input of the group leaves), or the group has one slice."""
+        g = self.g
+        kinds = {p: group.kind for group in self.groups for p in group.ops}
+        producer = {g.ops[p].name: group for group in self.groups if group.kind == LOCAL for p in group.ops}
+        found: dict[str, tuple[str, int]] = {}
+        for o, group in producer.items():
+            t = g.tensors[o]
+            if o not in group.outputs or t.graph_output or len(t.shape) != 4 or t.shape[0] != 1 or len(t.users) != 1:
+                continue
+            reshape = g.ops[t.users[0]]
+            if kinds.get(reshape.index) != ALIAS or len(g.tensors[reshape.name].users) != 1:
+                continue
+            permute = g.ops[g.tensors[reshape.name].users[0]]
+            r = g.tensors[reshape.name]
+            if (kinds.get(permute.index) != COPY or r.graph_output or len(r.shape) != 5
+                    or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
+                    or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)):
+                continue
+            out = permute.name
+            lo, hi = self.a_addr[out], self.a_addr[out] + g.tensors[out].nbytes
+            # one slice: every load of the group precedes its store in the queue
+            if group.slices == 1 or all(hi <= self.a_addr[i] or self.a_addr[i] + g.tensors[i].nbytes <= lo
+                                        for i in group.inputs):
+                found[o] = (out, r.shape[1])
+        return found
+
     def run(self) -> None:
-        order = [group for group in self.groups if group.kind != ALIAS]
+        skipped = {self.g.tensors[out].producer for out, _ in self.shuffled.values()}
+        order = [group for group in self.groups if group.kind != ALIAS
+                 and not (group.kind == COPY and group.ops[0] in skipped)]
         for k, group in enumerate(order):
             if group.kind == COPY:
                 self.copy_op(group)
@@ -186,10 +221,30 @@ class Emitter:
         elif step.kind == "weights":
             block = _weight_block(self.g.tensors[t].shape)
             self._gdma(Direction.LOAD, t, self.w_addr[t], group.addrs[f"{t}#0"], block, wait)
+        elif t in self.shuffled:
+            self.shuffled_store(group, t, s, wait)
         else:
             addr, block, strides = self.ddr_rows(t, group.own[t][s])
             local, _, plane = self.view(group, t, s % group.copies, group.ranges[t][s], group.own[t][s])
             self._gdma(Direction.STORE, t, addr, local, block, wait, strides, plane)
+
+    def shuffled_store(self, group: Group, t: str, s: int, wait: int) -> None:
+        """Rows of t's tile to its channel shuffle's result: channels [j*C/g, (j+1)*C/g) of the tile (a
+        view from lane j*C/g % lanes, slot j*C/g // lanes) to channels j, j + g, j + 2g, ..."""
+        out, groups = self.shuffled[t]
+        _, c, h, w = nchw(self.g.tensors[t].shape)
+        run = c // groups
+        es = self.g.tensors[t].dtype.itemsize
+        have, own = group.ranges[t][s], group.own[t][s]
+        local, _, plane = self.view(group, t, s % group.copies, have, own)
+        plane = plane or cmd.plane_bytes(have[3] - have[2], w, self.g.tensors[t].dtype.name, self.chip.eu_bytes)
+        for j in range(groups):
+            first = j * run
+            g = Gdma(len(self.gdma) + 1, wait, Direction.STORE, _dtype(self.g, t),
+                     self.a_addr[out] + (j * h * w + own[2] * w) * es, (c * h * w, groups * h * w, w, 1),
+                     local + first // self.chip.lanes * plane, first % self.chip.lanes,
+                     (1, run, own[3] - own[2], w), dst_strides=(plane, 0, 0, 0))
+            self.gdma.append(g)
 
     def prefetch(self, nxt: Group, cur: Group, prev_bdc: int, between: list[Group]) -> dict[int, tuple[set[str], int]]:
         """Emit now, while ``cur``'s last slice (and the global ops ``between``) compute, the transfers
@@ -200,6 +255,9 @@ class Emitter:
         local = [(cur.addrs[k], cur.addrs[k] + cur.sizes[k]) for k in cur.addrs if cur.sizes[k]]
         last = cur.slices - 1  # cur's earlier slices are stored before the prefetch in the queue
         later = [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes) for b in between for o in b.outputs]
+        # a shuffled store writes its shuffle's result, rows of every channel run: all of it counts
+        later += [(self.a_addr[out], self.a_addr[out] + self.g.tensors[out].nbytes)
+                  for out, _ in (self.shuffled[o] for o in cur.outputs if o in self.shuffled)]
 
         def apart(lo: int, hi: int, used) -> bool:
             return all(hi <= a or b <= lo for a, b in used)
