@@ -37,7 +37,7 @@ from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
 from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, LOCAL, START, Group, Planner, Range, logical_shape, read_groups,
-                                         permute_as_copy, schedule)
+                                         as_copy, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -70,9 +70,10 @@ def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 
 class Emitter:
     def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
-                 act_addr: Mapping[str, int], *, prefetch: bool = True):
+                 act_addr: Mapping[str, int], *, prefetch: bool = True, scalars: Mapping[str, int] | None = None):
         self.g, self.groups, self.chip = graph, groups, chip
         self.prefetching = prefetch
+        self.scalars = scalars or {}  # scalar integer weights (a Gather's index) by name
         # the ops' true slice geometry (windows and all): lg.mlir's ranges say how they were sliced
         self.planner = Planner(graph, chip, exact_f32=False)
         self.w_addr, self.a_addr = weight_addr, act_addr
@@ -172,11 +173,12 @@ class Emitter:
         self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
 
     def copy_op(self, group: Group) -> None:
-        """A Permute as one DDR-to-DDR strided GDMA (after every compute before it)."""
+        """A layout op as one DDR-to-DDR strided GDMA (after every compute before it): ``as_copy``."""
         node = self.g.ops[group.ops[0]]
-        block, strides = permute_as_copy(self.g, node)
+        block, strides, offset = as_copy(self.g, node, self.scalars)
         src, dst = node.inputs[0], node.name
-        g = Gdma(len(self.gdma) + 1, len(self.bdc), Direction.DDR2DDR, _dtype(self.g, dst), self.a_addr[src],
+        g = Gdma(len(self.gdma) + 1, len(self.bdc), Direction.DDR2DDR, _dtype(self.g, dst),
+                 self.a_addr[src] + offset * self.g.tensors[src].dtype.itemsize,
                  strides, 0, 0, block, self.a_addr[dst], cmd.contiguous_strides(block))
         self.gdma.append(g)
 
@@ -382,7 +384,9 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
             raise TpuBuildError(f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
                                 hint="the weight file does not belong to this module; rebuild it")
         blob[addr:addr + len(data)] = data
-    emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch)
+    scalars = {name: int(np.asarray(weights[name]).reshape(())) for name, t in graph.tensors.items()
+               if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr}
+    emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch, scalars=scalars)
     emitter.run()
     header = Header(model=mlir.module_attr(module, "name", "") or "", chip=ChipParams.from_chip(chip),
                     ddr_size=int(module.attributes["addr.ddr_bytes"].value.data), weight_base=0,

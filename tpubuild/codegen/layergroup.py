@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
@@ -47,7 +47,7 @@ from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
 from tpubuild.codegen.slicing import WHOLE, Rule, align, blas_f32, local_rule, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
-from tpubuild.ir import mlir, tpu
+from tpubuild.ir import mlir, top, tpu
 
 LOCAL, GLOBAL, ALIAS, COPY = "local", "global", "alias", "copy"
 MAX_GROUP_OPS = 24  # longer runs gain little (DDR traffic is already cut) and cost search time
@@ -60,19 +60,75 @@ def split(total: int, parts: int, index: int) -> tuple[int, int]:
     return index * total // parts, (index + 1) * total // parts
 
 
-def permute_as_copy(graph: Graph, node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """A Permute as one strided DDR-to-DDR copy: (block, source strides in elements) over at most 4
-    dims, merging output dims that stay adjacent in the source; None if it needs more dims."""
-    if not isinstance(node.op, tpu.PermuteOp):
+Block = tuple[int, ...]
+CopyDims = tuple[list[tuple[int, int]], int]  # (size, source stride) per output dim, source offset
+_COPIES: dict[type, Callable[[Graph, object, Mapping[str, int]], "CopyDims | None"]] = {}
+
+
+def copy_for(*classes: type):
+    def register(fn):
+        for cls in classes:
+            _COPIES[cls] = fn
+        return fn
+    return register
+
+
+def _row_major(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return strides
+
+
+@copy_for(tpu.PermuteOp)
+def _permute_copy(graph: Graph, node, scalars) -> CopyDims:
+    shape = graph.tensors[node.inputs[0]].shape
+    src = _row_major(shape)
+    return [(shape[a], src[a]) for a in node.op.params.order], 0
+
+
+@copy_for(tpu.MIRROR[top.SliceOp])
+def _slice_copy(graph: Graph, node, scalars) -> CopyDims | None:
+    """Slice with positive steps: every output dim a strided run of the source."""
+    p = node.op.params
+    data = [t for t in node.inputs if t is not None]
+    if len(data) != 1 or any(step <= 0 for step in p.steps):
+        return None
+    src = _row_major(graph.tensors[data[0]].shape)
+    out = graph.tensors[node.name].shape
+    return ([(out[i], src[i] * p.steps[i]) for i in range(len(out))],
+            sum(o * st for o, st in zip(p.offset, src)))
+
+
+@copy_for(tpu.MIRROR[top.GatherOp])
+def _gather_copy(graph: Graph, node, scalars) -> CopyDims | None:
+    """Gather of one constant index: the source without that dim, at the index's offset along it."""
+    if len(node.inputs) != 2 or node.inputs[1] is None:
+        return None
+    index = graph.tensors[node.inputs[1]]
+    if not index.weight or index.shape != ():
         return None
     shape = graph.tensors[node.inputs[0]].shape
-    order = node.op.params.order
-    src = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        src[i] = src[i + 1] * shape[i + 1]
-    dims = [(shape[a], src[a]) for a in order if shape[a] != 1]
+    axis = node.op.params.axis % len(shape)
+    src = _row_major(shape)
+    at = scalars.get(node.inputs[1], 0) % shape[axis]
+    return [(shape[i], src[i]) for i in range(len(shape)) if i != axis], at * src[axis]
+
+
+def as_copy(graph: Graph, node, scalars: Mapping[str, int] | None = None) -> tuple[Block, Block, int] | None:
+    """A layout op (Permute; and Slice, Gather of a constant index, which otherwise run as global
+    ops) as one strided DDR-to-DDR copy: (block, source strides in elements, source offset in
+    elements) over at most 4 dims, merging output dims that stay adjacent in the source; None if it
+    needs more dims. ``scalars``: the values of scalar index weights (planning needs none)."""
+    fn = _COPIES.get(type(node.op))
+    found = fn(graph, node, scalars or {}) if fn else None
+    if found is None:
+        return None
+    dims, offset = found
     merged: list[list[int]] = []
     for size, stride in dims:
+        if size == 1:
+            continue
         if merged and merged[-1][1] == stride * size:
             merged[-1] = [merged[-1][0] * size, stride]
         else:
@@ -80,7 +136,7 @@ def permute_as_copy(graph: Graph, node) -> tuple[tuple[int, ...], tuple[int, ...
     if len(merged) > 4:
         return None
     merged = [[1, 0]] * (4 - len(merged)) + merged
-    return tuple(m[0] for m in merged), tuple(m[1] for m in merged)
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged), offset
 
 
 def with_h_pads(params, top: int, bottom: int):
@@ -209,7 +265,8 @@ class Planner:
         rule = local_rule(g, node)
         if rule is not None and self.exact_f32 and blas_f32(g, node):
             rule = WHOLE
-        copy = permute_as_copy(g, node)
+        # a Permute is always a copy; Slice and Gather only instead of running as global ops
+        copy = as_copy(g, node) if isinstance(node.op, tpu.PermuteOp) or rule is None else None
         kind = (ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None
                 else LOCAL if rule else GLOBAL)
         out_rank = len(g.tensors[node.name].shape)
