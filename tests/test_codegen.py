@@ -321,3 +321,32 @@ def test_slice_and_constant_gather_of_rank_5_run_as_copies():
     out = simulate(decode_model(encode_model(model)), inputs).outputs
     for name in ("g", "s"):
         np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
+
+
+def test_channel_split_is_stored_split():
+    """A channel Split (a global op) reading a local group's output alone: the group stores each result's
+    run of channels straight to it (the run from lane 30 crosses into the second slot) and no Split runs."""
+    from tpubuild.ir import top, tpu
+    from tpubuild.ir.top import InputOp
+    from tpubuild.ir.types import tensor_type
+
+    rng = np.random.default_rng(11)
+    shape = (1, 80, 6, 10)
+    b = mlir.GraphBuilder([tensor_type(shape)])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    y = b.add(tpu.ReluOp.make([x], name="relu")).results[0]
+    split = tpu.MIRROR[top.SplitOp]
+    left, right = b.add(split.make([y], split.PARAMS(axis=1, split_size=(30, 50)), name=["left", "right"])).results
+    out0 = b.add(tpu.MIRROR[top.SigmoidOp].make([left], name="out0")).results[0]
+    out1 = b.add(tpu.MIRROR[top.SigmoidOp].make([right], name="out1")).results[0]
+    module = b.finish([out0, out1], name="split", weight_file="w.npz", state="TPU_LOWERED")
+    inputs = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ref = run(module, WeightStore(), inputs)
+    lg, groups = layer_group(mlir.parse_module(mlir.print_module(module)), BM1684X)
+    assert "global" in [g.kind for g in groups]
+    addr, _ = memory_assign(mlir.parse_module(mlir.print_module(lg)), BM1684X)
+    model = codegen(mlir.parse_module(mlir.print_module(addr)), WeightStore(), BM1684X)
+    assert not any(c.op == "tpu.Split" for c in model.bdc)
+    out = simulate(decode_model(encode_model(model)), inputs).outputs
+    for name in ("out0", "out1"):
+        np.testing.assert_array_equal(out[name], ref[name], err_msg=name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -40,7 +41,7 @@ from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, LOCAL, START, Grou
                                          as_copy, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
-from tpubuild.ir import mlir
+from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.quant import UniformType
 from tpubuild.ir.weights import WeightStore
 
@@ -51,6 +52,46 @@ def _dtype(graph: Graph, t: str) -> str:
 
 def _strides4(shape4) -> tuple[int, int, int, int]:
     return cmd.contiguous_strides(shape4)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Channels [first, first + count) of a tile stored to channels at, at + stride, ... of ``dest``."""
+
+    dest: str
+    first: int
+    count: int
+    stride: int = 1
+    at: int = 0
+
+
+def _shuffle_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list[Piece]] | None:
+    """o -> Reshape (n, g, C/g, h, w) -> Permute (0, 2, 1, 3, 4) (a copy): run j of C/g channels goes
+    to channels j, j + g, ... of the permute's result."""
+    t = g.tensors[o]
+    reshape = g.ops[t.users[0]]
+    r = g.tensors[reshape.name]
+    if kinds.get(reshape.index) != ALIAS or len(r.users) != 1 or r.graph_output or len(r.shape) != 5:
+        return None
+    permute = g.ops[r.users[0]]
+    if (kinds.get(permute.index) != COPY or not isinstance(permute.op, tpu.PermuteOp)
+            or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
+            or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)):
+        return None
+    groups, run = r.shape[1], r.shape[2]
+    return permute.index, [Piece(permute.name, j * run, run, groups, j) for j in range(groups)]
+
+
+def _split_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list[Piece]] | None:
+    """o -> Split along channels (a global op): result k takes its run of channels."""
+    node = g.ops[g.tensors[o].users[0]]
+    if kinds.get(node.index) != GLOBAL or not isinstance(node.op, tpu.MIRROR[top.SplitOp]):
+        return None
+    if node.op.params.axis % 4 != 1 or len(node.outputs) != len(node.op.params.split_size):
+        return None
+    firsts = np.cumsum((0, *node.op.params.split_size))
+    return node.index, [Piece(out, int(firsts[k]), int(n)) for k, (out, n)
+                        in enumerate(zip(node.outputs, node.op.params.split_size))]
 
 
 def _extent(r: Range) -> tuple[int, int]:
@@ -80,7 +121,7 @@ class Emitter:
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
         self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
-        self.shuffled = self._shuffles()  # output -> (the channel shuffle's result, groups): stored shuffled
+        self.redirected = self._redirects()  # output -> (its reader not emitted, where its channels go)
 
     # ---- queues ----
 
@@ -114,42 +155,40 @@ class Emitter:
 
     # ---- emission ----
 
-    def _shuffles(self) -> dict[str, tuple[str, int]]:
+    def _redirects(self) -> dict[str, tuple[int, list[Piece]]]:
         """Local groups' outputs whose only reader is a channel shuffle (Reshape (n, C, h, w) ->
-        (n, g, C/g, h, w), Permute (0, 2, 1, 3, 4), a copy): their stores write the shuffled tensor
-        directly, channel run j of the tile to channels j, j + g, ... (one strided store per run), and
-        the copy is not emitted. Only where the shuffled tensor's DDR bytes are apart from every input
-        of the producing group (it is written earlier than the copy would write it; memory assign may
-        have given it a buffer an input of the group leaves), or the group has one slice."""
+        (n, g, C/g, h, w), Permute (0, 2, 1, 3, 4), a copy) or a channel Split (a global op): their
+        stores write the reader's results directly, runs of the tile's channels to their channels
+        there (``Piece``: one strided store each), and the reader is not emitted. Only where those
+        results' DDR bytes are apart from every input of the producing group (they are written earlier
+        than the reader would write them; memory assign may have given one a buffer an input of the
+        group leaves), or the group has one slice (its loads all precede its store in the queue).
+        -> output -> (the reader's op index, its pieces)."""
         g = self.g
         kinds = {p: group.kind for group in self.groups for p in group.ops}
-        producer = {g.ops[p].name: group for group in self.groups if group.kind == LOCAL for p in group.ops}
-        found: dict[str, tuple[str, int]] = {}
-        for o, group in producer.items():
-            t = g.tensors[o]
-            if o not in group.outputs or t.graph_output or len(t.shape) != 4 or t.shape[0] != 1 or len(t.users) != 1:
+        found: dict[str, tuple[int, list[Piece]]] = {}
+        for group in self.groups:
+            if group.kind != LOCAL:
                 continue
-            reshape = g.ops[t.users[0]]
-            if kinds.get(reshape.index) != ALIAS or len(g.tensors[reshape.name].users) != 1:
-                continue
-            permute = g.ops[g.tensors[reshape.name].users[0]]
-            r = g.tensors[reshape.name]
-            if (kinds.get(permute.index) != COPY or r.graph_output or len(r.shape) != 5
-                    or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
-                    or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)):
-                continue
-            out = permute.name
-            lo, hi = self.a_addr[out], self.a_addr[out] + g.tensors[out].nbytes
-            # one slice: every load of the group precedes its store in the queue
-            if group.slices == 1 or all(hi <= self.a_addr[i] or self.a_addr[i] + g.tensors[i].nbytes <= lo
-                                        for i in group.inputs):
-                found[o] = (out, r.shape[1])
+            for o in group.outputs:
+                t = g.tensors[o]
+                if t.graph_output or len(t.shape) != 4 or t.shape[0] != 1 or len(t.users) != 1:
+                    continue
+                hit = _shuffle_pieces(g, kinds, o) or _split_pieces(g, kinds, o)
+                if hit is None:
+                    continue
+                reader, pieces = hit
+                pieces = [piece for piece in pieces if piece.dest in self.a_addr]
+                if group.slices == 1 or all(
+                        self.a_addr[i] + g.tensors[i].nbytes <= self.a_addr[pc.dest]
+                        or self.a_addr[pc.dest] + g.tensors[pc.dest].nbytes <= self.a_addr[i]
+                        for i in group.inputs for pc in pieces):
+                    found[o] = (reader, pieces)
         return found
 
     def run(self) -> None:
-        skipped = {self.g.tensors[out].producer for out, _ in self.shuffled.values()}
-        order = [group for group in self.groups if group.kind != ALIAS
-                 and not (group.kind == COPY and group.ops[0] in skipped)]
+        skipped = {reader for reader, _ in self.redirected.values()}
+        order = [group for group in self.groups if group.kind != ALIAS and group.ops[0] not in skipped]
         for k, group in enumerate(order):
             if group.kind == COPY:
                 self.copy_op(group)
@@ -223,29 +262,30 @@ class Emitter:
         elif step.kind == "weights":
             block = _weight_block(self.g.tensors[t].shape)
             self._gdma(Direction.LOAD, t, self.w_addr[t], group.addrs[f"{t}#0"], block, wait)
-        elif t in self.shuffled:
-            self.shuffled_store(group, t, s, wait)
+        elif t in self.redirected:
+            self.redirected_store(group, t, s, wait)
         else:
             addr, block, strides = self.ddr_rows(t, group.own[t][s])
             local, _, plane = self.view(group, t, s % group.copies, group.ranges[t][s], group.own[t][s])
             self._gdma(Direction.STORE, t, addr, local, block, wait, strides, plane)
 
-    def shuffled_store(self, group: Group, t: str, s: int, wait: int) -> None:
-        """Rows of t's tile to its channel shuffle's result: channels [j*C/g, (j+1)*C/g) of the tile (a
-        view from lane j*C/g % lanes, slot j*C/g // lanes) to channels j, j + g, j + 2g, ..."""
-        out, groups = self.shuffled[t]
-        _, c, h, w = nchw(self.g.tensors[t].shape)
-        run = c // groups
+    def redirected_store(self, group: Group, t: str, s: int, wait: int) -> None:
+        """Rows of t's tile to its reader's results: per piece, channels [first, first + count) of the
+        tile (a view from lane first % lanes, slot first // lanes) to channels at, at + stride, ... of
+        the piece's tensor."""
+        _, pieces = self.redirected[t]
+        _, _, h, w = nchw(self.g.tensors[t].shape)
         es = self.g.tensors[t].dtype.itemsize
         have, own = group.ranges[t][s], group.own[t][s]
         local, _, plane = self.view(group, t, s % group.copies, have, own)
         plane = plane or cmd.plane_bytes(have[3] - have[2], w, self.g.tensors[t].dtype.name, self.chip.eu_bytes)
-        for j in range(groups):
-            first = j * run
+        for pc in pieces:
+            channels = nchw(self.g.tensors[pc.dest].shape)[1]
             g = Gdma(len(self.gdma) + 1, wait, Direction.STORE, _dtype(self.g, t),
-                     self.a_addr[out] + (j * h * w + own[2] * w) * es, (c * h * w, groups * h * w, w, 1),
-                     local + first // self.chip.lanes * plane, first % self.chip.lanes,
-                     (1, run, own[3] - own[2], w), dst_strides=(plane, 0, 0, 0))
+                     self.a_addr[pc.dest] + (pc.at * h * w + own[2] * w) * es,
+                     (channels * h * w, pc.stride * h * w, w, 1),
+                     local + pc.first // self.chip.lanes * plane, pc.first % self.chip.lanes,
+                     (1, pc.count, own[3] - own[2], w), dst_strides=(plane, 0, 0, 0))
             self.gdma.append(g)
 
     def prefetch(self, nxt: Group, cur: Group, prev_bdc: int, between: list[Group]) -> dict[int, tuple[set[str], int]]:
@@ -257,9 +297,9 @@ class Emitter:
         local = [(cur.addrs[k], cur.addrs[k] + cur.sizes[k]) for k in cur.addrs if cur.sizes[k]]
         last = cur.slices - 1  # cur's earlier slices are stored before the prefetch in the queue
         later = [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes) for b in between for o in b.outputs]
-        # a shuffled store writes its shuffle's result, rows of every channel run: all of it counts
-        later += [(self.a_addr[out], self.a_addr[out] + self.g.tensors[out].nbytes)
-                  for out, _ in (self.shuffled[o] for o in cur.outputs if o in self.shuffled)]
+        # a redirected store writes rows of every piece's tensor: all of each counts
+        later += [(self.a_addr[pc.dest], self.a_addr[pc.dest] + self.g.tensors[pc.dest].nbytes)
+                  for o in cur.outputs if o in self.redirected for pc in self.redirected[o][1]]
 
         def apart(lo: int, hi: int, used) -> bool:
             return all(hi <= a or b <= lo for a, b in used)
