@@ -202,12 +202,20 @@ def ort_outputs(model: Model, method: str, workdir: Path) -> list[list[np.ndarra
 
 
 def _pre_process(quant_pre_process, src: Path, dst: Path) -> None:
-    """Opset 13 at least (per-channel DequantizeLinear needs its axis), then quant_pre_process; without its
-    symbolic shape inference if that gives up (PP-OCR rec), else none."""
+    """IR 7 with initializers apart from graph inputs, opset 13 at least (per-channel DequantizeLinear
+    needs its axis), then quant_pre_process; without its symbolic shape inference if that gives up
+    (PP-OCR rec), else none."""
     import onnx
     from onnx import version_converter
 
     model = onnx.load(str(src))
+    # before IR 4 every initializer is also a graph input (light_densenet121); the quantized model's
+    # new constants then come out as required inputs onnxruntime refuses to run without
+    inits = {t.name for t in model.graph.initializer}
+    data = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(data)
+    model.ir_version = max(model.ir_version, 7)
     if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 13:
         model = version_converter.convert_version(model, 13)
     upgraded = dst.with_suffix(".opset.onnx")
