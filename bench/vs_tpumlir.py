@@ -102,6 +102,7 @@ class Side:
     steps: dict[str, Timing] = field(default_factory=dict)
     matrix: Timing = field(default_factory=Timing)
     failed: list[str] = field(default_factory=list)
+    done: bool = False  # the INT8 flow ran to its end
     cos: float | None = None
     cos_tpu: float | None = None  # theirs: tpu.mlir
 
@@ -272,6 +273,7 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, 
     if not ok:
         ours.failed.append(target.id)
         return ours, theirs, []
+    ours.done = True
 
     tm_dir = work / "tpumlir"
     tm_dir.mkdir()
@@ -296,6 +298,7 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, 
             print(f"  TPU-MLIR {step} FAILED:\n" + tail(tm.log), flush=True)
             theirs.failed.append(target.id)
             return ours, theirs, []
+    theirs.done = True
     print(f"  TPU-MLIR  INT8 flow ({', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})  "
           f"{theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
           f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU", flush=True)
@@ -345,8 +348,8 @@ def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> 
           f"{'1-cos ours':>11}{'theirs':>9}{'':>3}" + (f"{'matrix s: ours':>16}{'theirs':>8}{'ratio':>8}{'CPU ratio':>10}"
                                                      if matrix else ""))
     for name, ours, theirs, _ in rows:
-        if not theirs.flow.wall or not ours.flow.wall:
-            print(f"{name:<21}  failed (see above)")
+        if not (ours.done and theirs.done):
+            print(f"{name:<21}  {'tpubuild' if not ours.done else 'TPU-MLIR'} failed (see above)")
             continue
         better = ("" if ours.cos is None or theirs.cos is None else ">=" if ours.cos >= theirs.cos else "<")
         line = (f"{name:<21}{ours.flow.wall:>18.1f}{theirs.flow.wall:>8.1f}{_ratio(ours.flow.wall, theirs.flow.wall):>8}"
@@ -355,7 +358,7 @@ def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> 
             line += (f"{ours.matrix.wall:>16.1f}{theirs.matrix.wall:>8.1f}{_ratio(ours.matrix.wall, theirs.matrix.wall):>8}"
                      f"{_ratio(ours.matrix.cpu, theirs.matrix.cpu):>10}")
         print(line)
-    done = [r for r in rows if r[1].flow.wall and r[2].flow.wall]
+    done = [r for r in rows if r[1].done and r[2].done]
     if not done:
         return
     ow, tw = sum(r[1].flow.wall for r in done), sum(r[2].flow.wall for r in done)
@@ -405,7 +408,7 @@ def main() -> int:
             print(f"\nbuilds and logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    return 0 if all(r[1].flow.wall and r[2].flow.wall for r in rows) else 1
+    return 0 if all(r[1].done and r[2].done for r in rows) else 1
 
 
 if __name__ == "__main__":
