@@ -251,6 +251,19 @@ def lowest_cos(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | 
     return min(cosine(np.ravel(t), np.ravel(r)) for t, r in zip(test, ref))
 
 
+def largest_error(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | None:
+    """The largest absolute error over the outputs, relative to the largest |float output| (where cosine
+    saturates, as on a two-class softmax, this still tells the two apart)."""
+    if lowest_cos(test, ref) is None:
+        return None
+    return max(float(np.max(np.abs(np.ravel(t).astype(np.float64) - np.ravel(r)))) / max(float(np.max(np.abs(r))), 1e-30)
+               for t, r in zip(test, ref))
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
 # ---- one model ----------------------------------------------------------------------------------
 
 def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, Side, list[str]]:
@@ -304,11 +317,12 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, 
           f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU", flush=True)
 
     ref = float_outputs(source_file(m, paths), paths.input_npz)
-    ours.cos = lowest_cos(ours_outputs(paths, target.id), ref)
-    theirs.cos = lowest_cos(tm.outputs(CHIP, "model"), ref)
+    ours_out, theirs_out = ours_outputs(paths, target.id), tm.outputs(CHIP, "model")
+    ours.cos, theirs.cos = lowest_cos(ours_out, ref), lowest_cos(theirs_out, ref)
     theirs.cos_tpu = lowest_cos(tm.outputs(CHIP, "tpu"), ref)
     print(f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
-          f"(bmodel), {_cos(theirs.cos_tpu)} (final.mlir)", flush=True)
+          f"(bmodel), {_cos(theirs.cos_tpu)} (final.mlir); largest |error| / largest |float output|: "
+          f"ours {_num(largest_error(ours_out, ref))}, theirs {_num(largest_error(theirs_out, ref))}", flush=True)
 
     others = [t for t in m.targets if t is not target]
     if not matrix:
