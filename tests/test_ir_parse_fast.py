@@ -45,6 +45,19 @@ def test_fast_paths_give_the_generic_parsers_attributes():
     assert mlir.print_module(fast) == mlir.print_module(generic)
 
 
+def test_tensor_types_read_once_per_text_stay_distinct():
+    # the same text twice shares its type; a per-axis type differing in one scale does not
+    text = TEXT.replace('%3 = "top.Weight"() : () -> tensor<3x!quant.uniform<u8:f32, 0.0078125:128>>',
+                        '%3 = "top.Weight"() : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.5:12}>>')
+    for _ in range(2):
+        fast = mlir._parse(text, "t.mlir")
+        generic = Parser(mlir.context(), text, name="t.mlir").parse_module()
+        assert described(fast) == described(generic)
+    w, v = list(mlir.body_ops(fast))[1:3]
+    assert w.results[0].type != v.results[0].type
+    assert v.results[0].type.element_type.scale_list == [0.5, 1.25e-07, 3.5]
+
+
 def test_fast_path_leaves_malformed_lists_to_the_parser():
     bad = TEXT.replace("{0.5:0,1.25e-07:-3,3.0:12}", "{0.5:0,,3.0:12}")
     with pytest.raises(mlir.TpuBuildError, match="not valid MLIR"):

@@ -77,9 +77,48 @@ _I64_ARRAY = re.compile(r"\[(-?\d+) : i64((?:, -?\d+ : i64)*)\]")
 _I64_ITEM = re.compile(r", (-?\d+) : i64")
 
 
+_ANGLE = re.compile(r"[<>]")
+# tensor types by their text: an op's function type repeats its operands' types, and a per-channel
+# quant type is long; types are immutable, so every value of one type can share the object
+_TENSOR_TYPES: dict[str, Attribute] = {}
+_TENSOR_TYPES_KEEP = 100_000
+
+
+def _type_end(text: str, start: int) -> int | None:
+    """The end of the `tensor<...>` starting at ``start`` (angle brackets balanced, on its line), or None."""
+    line_end = text.find("\n", start)
+    depth = 0
+    for m in _ANGLE.finditer(text, start, len(text) if line_end < 0 else line_end):
+        depth += 1 if m.group() == "<" else -1
+        if depth == 0:
+            return m.end()
+    return None
+
+
 class _Parser(Parser):
-    """xDSL's parser with a fast path for the arrays of i64 that dominate lowered modules; the same
-    attributes as the generic path (IntegerAttr(value, i64) in an ArrayAttr)."""
+    """xDSL's parser with fast paths: the arrays of i64 that dominate lowered modules, read at once (the same
+    attributes as the generic path: IntegerAttr(value, i64) in an ArrayAttr), and tensor types parsed once
+    per text."""
+
+    def parse_optional_type(self) -> Attribute | None:
+        token = self._current_token
+        if token.kind != MLIRTokenKind.BARE_IDENT or token.text != "tensor":
+            return super().parse_optional_type()
+        text, start = self.lexer.input.content, self.pos
+        end = _type_end(text, start)
+        if end is None:
+            return super().parse_optional_type()
+        key = text[start:end]
+        known = _TENSOR_TYPES.get(key)
+        if known is not None:
+            self._resume_from(end)
+            return known
+        found = super().parse_optional_type()
+        if found is not None and self.pos >= end and not text[end:self.pos].strip():  # it read exactly that text
+            if len(_TENSOR_TYPES) >= _TENSOR_TYPES_KEEP:
+                _TENSOR_TYPES.clear()
+            _TENSOR_TYPES[key] = found
+        return found
 
     def _parse_optional_array_attr(self) -> ArrayAttr | None:
         if self._current_token.kind == MLIRTokenKind.L_SQUARE:
