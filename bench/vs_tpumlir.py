@@ -82,7 +82,7 @@ FLOW_GOAL, MATRIX_GOAL = 0.25, 0.15
 DEFAULT_MODELS = "demo_cnn,ppocr_mobile_v2_cls,ppocrv4_rec,mini_yolo"
 CHIP, MODE = "bm1684x", "INT8"
 POOLS = ("MaxPool", "AveragePool", "LpPool")
-NO_TOLERANCE = "-1,-1e9"  # model_deploy's cos,euc bounds that no comparison fails
+NO_TOLERANCE = "0,-1e9"  # cos, euc bounds that pass anything above cos 0 (a leading "-" would read as an option)
 
 
 @dataclass
