@@ -262,6 +262,36 @@ def test_cli_stats_and_prune(tmp_path, cache_dir, capsys):
     assert cli_main(["cache", "prune", "--max-bytes", "1.5K"]) == 0
 
 
+def test_size_limit_evicts_least_recently_used_per_group(tmp_path, cache_dir, monkeypatch):
+    """With TPUBUILD_CACHE_MAX_SIZE, a store trims its key's group (first hex digit) to its 1/16 share."""
+    calls: list = []
+    for i in range(49):  # 49 entries in 16 groups: some group holds at least 4
+        run_toy(tmp_path / f"u{i}", calls, content=b"%04d" % i * 250)
+    cache = ArtifactCache(cache_dir)
+    everything = sorted(cache.entries(), key=lambda e: e.meta["created"])
+    assert len(everything) == 49  # the default limit (10G) evicts nothing here
+    size = everything[0].bytes
+    limit = 16 * 3 * size  # a share of three entries, trimmed down to 2.4: two stay
+
+    by_group: dict[str, list] = {}
+    for e in everything:
+        by_group.setdefault(e.key[0], []).append(e)
+    group = max(by_group.values(), key=len)
+    protected = group[0]  # the least recently used, but the one "just stored": it stays
+    assert cache.trim_group(protected.key, limit) == len(group) - 2
+    kept = {e.key for e in cache.entries() if e.key[0] == protected.key[0]}
+    assert kept == {protected.key, group[-1].key}  # and the most recently used other one
+    assert cache.events().get("evict") == len(group) - 2
+    assert {e.key for e in cache.entries() if e.key[0] != protected.key[0]} == \
+        {e.key for e in everything if e.key[0] != protected.key[0]}  # other groups untouched
+    assert cache.trim_group(protected.key, 0) == 0  # 0: no limit
+
+    monkeypatch.setenv("TPUBUILD_CACHE_MAX_SIZE", str(limit))  # a store trims its own group
+    run_toy(tmp_path / "last", calls, content=b"last" * 250)
+    newest = max(cache.entries(), key=lambda e: e.meta["created"])
+    assert sum(e.bytes for e in cache.entries() if e.key[0] == newest.key[0]) <= limit / 16
+
+
 # -- under doit ------------------------------------------------------------------------------------
 
 MANIFEST = """\

@@ -103,14 +103,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
         removed, freed = cache.prune(max_bytes=args.max_bytes, older_than_days=args.older_than)
         print(f"removed {removed} entries, {format_bytes(freed)} freed")
     stats = cache.stats()
-    print(f"artifact cache {stats['root']}: {stats['entries']} entries, {format_bytes(stats['bytes'])}")
+    limit = f"of at most {format_bytes(stats['max_bytes'])}" if stats["max_bytes"] else "(no size limit)"
+    print(f"artifact cache {stats['root']}: {stats['entries']} entries, {format_bytes(stats['bytes'])} {limit}")
     for stage, (count, size) in sorted(stats["stages"].items()):
         print(f"  {stage:<14} {count:>6} entries  {format_bytes(size):>10}")
     events = stats["events"]
     hits, misses = events.get("hit", 0), events.get("miss", 0)
     if hits or misses:
         print(f"since the log began: {hits} hits, {misses} misses ({hits / (hits + misses):.0%} hit rate), "
-              f"{events.get('store', 0)} stored, {events.get('corrupt', 0)} corrupt entries dropped")
+              f"{events.get('store', 0)} stored, {events.get('evict', 0)} evicted over the size limit, "
+              f"{events.get('corrupt', 0)} corrupt entries dropped")
     return 0
 
 
@@ -132,14 +134,12 @@ def _read_npz(path: str) -> dict:
 
 def _byte_count(text: str) -> int:
     """'500M' -> 524288000 (K, M, G are powers of 1024)."""
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    from tpubuild.build.cache import parse_size
+
     try:
-        value = float(text[:-1] if scale > 1 else text) * scale
+        return parse_size(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1000000, 500M, 2G)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}")
-    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:

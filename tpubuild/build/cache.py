@@ -26,6 +26,13 @@ write into a restored file. meta.json's mtime is the entry's last use (LRU).
 
 Location: $TPUBUILD_ARTIFACT_CACHE, else $TPUBUILD_CACHE/artifacts, else
 ~/.cache/tpubuild/artifacts. Either variable set to "off" disables the cache.
+
+Size: at most $TPUBUILD_CACHE_MAX_SIZE (default 10G; 0 = no limit), kept as
+ccache keeps its own: entries fall into 16 groups by their key's first hex digit,
+and a store that takes its group past 1/16 of the limit evicts that group's
+least recently used entries (never the one just stored) down to 80% of its share.
+A store reads one group's meta files, not the whole cache, and a zoo's worth of
+builds cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -50,6 +57,28 @@ OFF = "off"
 _META = "meta.json"
 _LOG = "events.log"
 _CHUNK = 1 << 20
+_GROUPS = 16
+DEFAULT_MAX_SIZE = "10G"
+
+
+def parse_size(text: str) -> int:
+    """'500M' -> 524288000 (K, M, G are powers of 1024); ValueError if it is not a byte count."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    value = float(text[:-1] if scale > 1 else text) * scale
+    if not value >= 0:
+        raise ValueError(f"negative byte count {text!r}")
+    return int(value)
+
+
+def max_size() -> int:
+    """The cache's size limit in bytes ($TPUBUILD_CACHE_MAX_SIZE; 0: none)."""
+    text = os.environ.get("TPUBUILD_CACHE_MAX_SIZE") or DEFAULT_MAX_SIZE
+    try:
+        return parse_size(text)
+    except ValueError:
+        print(f"tpubuild: TPUBUILD_CACHE_MAX_SIZE={text!r} is not a byte count (e.g. 500M, 10G, 0 for no "
+              f"limit); using {DEFAULT_MAX_SIZE}", file=sys.stderr)
+        return parse_size(DEFAULT_MAX_SIZE)
 
 
 def cache_root() -> Path | None:
@@ -195,6 +224,7 @@ class ArtifactCache:
                 os.rename(tmp, final)
             except OSError:  # another process stored the same key first (ENOTEMPTY/EEXIST)
                 return False
+            self.trim_group(key, max_size())
             return True
         finally:
             if tmp.exists():
@@ -218,14 +248,8 @@ class ArtifactCache:
         if not self.root.is_dir():
             return
         for shard in sorted(self.root.iterdir()):
-            if len(shard.name) != 2 or not shard.is_dir():
-                continue
-            for path in sorted(shard.iterdir()):
-                try:
-                    meta = json.loads((path / _META).read_text(encoding="utf-8"))
-                    yield Entry(path.name, path, meta)
-                except (OSError, ValueError):
-                    continue
+            if len(shard.name) == 2 and shard.is_dir():
+                yield from self._entries_in(shard)
 
     def events(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -250,7 +274,7 @@ class ArtifactCache:
             row[0] += 1
             row[1] += size
         return {"root": str(self.root), "entries": count, "bytes": total_bytes, "stages": per_stage,
-                "events": self.events()}
+                "events": self.events(), "max_bytes": max_size()}
 
     def prune(self, max_bytes: int | None = None, older_than_days: float | None = None,
               now: float | None = None) -> tuple[int, int]:
@@ -277,7 +301,39 @@ class ArtifactCache:
         self._clean_tmp(now)
         return removed, freed
 
+    def trim_group(self, key: str, limit: int) -> int:
+        """Evict the least recently used entries of ``key``'s group (never ``key`` itself) once the group
+        holds more than its share of ``limit``, down to 80% of that share. Returns the entries removed."""
+        if limit <= 0:
+            return 0
+        share = limit / _GROUPS
+        group = [e for shard in sorted(self.root.glob(key[0] + "?")) if len(shard.name) == 2
+                 for e in self._entries_in(shard)]
+        total = sum(e.bytes for e in group)
+        if total <= share:
+            return 0
+        removed = 0
+        for entry in sorted(group, key=lambda e: e.last_use):
+            if total <= 0.8 * share:
+                break
+            if entry.key == key:
+                continue
+            total -= entry.bytes
+            removed += 1
+            self._remove(entry.path)
+            self.log("evict", str(entry.meta.get("task", "?")))
+        return removed
+
     # -- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _entries_in(shard: Path) -> Iterator[Entry]:
+        for path in sorted(shard.iterdir()):
+            try:
+                meta = json.loads((path / _META).read_text(encoding="utf-8"))
+                yield Entry(path.name, path, meta)
+            except (OSError, ValueError):
+                continue
 
     def _tmp_dir(self) -> Path:
         base = self.root / "tmp"
