@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,16 @@ def test_console_script_is_installed():
     script = Path(sys.executable).parent / "tpubuild"
     run = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "compile" in run.stdout and "infer" in run.stdout
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`tpubuild ops | head -1`: the reader goes away; no traceback, the shell's SIGPIPE status."""
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "tpubuild.cli", "ops"], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)  # gone before the child (still importing) writes its first line
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_ops_lists_the_issue_op_set():

@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tpubuild: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tpubuild ops | head`: the reader left; say nothing more, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
