@@ -313,3 +313,28 @@ def test_tune_prefers_the_candidate_that_disturbs_consumers_least(make_model, co
     outs = mlir.output_names(module)
     chosen = tune(module, weights, samples, {outs[0]: [0.001, 9.0]}, {outs[0]: 255})
     assert chosen[outs[0]] == 9.0
+
+
+@pytest.mark.parametrize("method", ["kl", "percentile", "mse"])
+def test_bounded_outputs_keep_their_whole_range(make_model, convert, method):
+    """A sigmoid map that is mostly ~0 with a few pixels ~1 (a detector's text map): clipping methods
+    would cut the rare high values, which are the signal; a bounded op's threshold is its max."""
+    from onnx import helper
+
+    from tpubuild.calib.calibrate import compute_entries
+
+    rng = np.random.default_rng(0)
+
+    def sample():  # as PP-OCRv4 det's map: 87% near 0, 12% near 1, a few values between (KL alone: 0.24)
+        x = rng.normal(-12.0, 2.0, (1, 1, 64, 64))
+        x[..., :8, :] = rng.normal(8.0, 1.5, (1, 1, 8, 64))
+        x[..., 8:9, :] = rng.uniform(-5.0, 5.0, (1, 1, 1, 64))
+        return {"x": x.astype(np.float32)}
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p"]), helper.make_node("Relu", ["x"], ["r"])]
+    model = make_model(nodes, sample(), outputs=["p", "r"])
+    module, weights = convert(model, {"x": [1, 1, 64, 64]})
+    stats, _ = collect_stats(module, weights, [sample() for _ in range(4)])
+    entries = compute_entries(module, weights, stats, method)
+    assert entries["p"].threshold == pytest.approx(stats["p"].max, rel=1e-3) and entries["p"].threshold > 0.99
+    assert entries["r"].threshold == threshold(stats["r"], method)  # unbounded: the method decides

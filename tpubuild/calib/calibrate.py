@@ -4,7 +4,9 @@
    every float activation tensor (graph inputs included) into its streaming
    statistics, and tensors are freed after their last use.
 2. ``compute_entries``: a threshold per tensor by the manifest's method
-   (thresholds.py), or ``auto`` (tune.py); min and max are the observed ones.
+   (thresholds.py), or ``auto`` (tune.py), except the max for results of
+   bounded ops (Sigmoid, HardSigmoid, Softmax, Tanh: ``BOUNDED``); min and
+   max are the observed ones.
 3. A user table (the manifest's ``calibration.table``) wins: its entries
    replace computed ones, and when it covers every tensor no inference runs.
 4. ``apply_table``: every calibrated tensor's type becomes
@@ -31,13 +33,18 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType
-from tpubuild.ir.top import NoneOp, WeightOp
+from tpubuild.ir.top import HardSigmoidOp, NoneOp, SigmoidOp, SoftmaxOp, TanhOp, WeightOp
 from tpubuild.ir.types import numpy_dtype
 from tpubuild.ir.weights import WeightStore
 
 METHOD_NAMES = (*th.METHODS, "auto")
 # auto's candidates, in tie-break order
 AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
+# ops whose results lie in a fixed interval: no outlier can stretch their range, and the values
+# near its end are the signal (a probability near 1), so their threshold is the observed max
+# whatever the method. KL put PP-OCRv4 det's sigmoid map (88% near 0, 12% near 1) at 0.25:
+# every text pixel saturated below DB's 0.3 threshold and the INT8 map found no text at all.
+BOUNDED = (SigmoidOp, HardSigmoidOp, SoftmaxOp, TanhOp)
 
 
 def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
@@ -88,6 +95,10 @@ def compute_entries(module: ModuleOp, weights: WeightStore, stats: Mapping[str, 
         chosen = {name: th.threshold(s, method) for name, s in stats.items()}
     else:
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
+    values = activation_values(module)
+    for name, s in stats.items():
+        if isinstance(getattr(values.get(name), "owner", None), BOUNDED):
+            chosen[name] = th.threshold(s, "max")
     return {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
 
 
