@@ -176,7 +176,7 @@ class TpuMlir:
         args = ([f"--tolerance={tolerance}"] if tolerance else []) + [
                 "--mlir", f"{self.name}.mlir", "--quantize", mode, "--chip", chip,
                 "--test_input", f"{self.name}_in_f32.npz", "--test_reference", f"{self.name}_top_outputs.npz",
-                "--model", f"{self.name}_{chip}_{mode.lower()}{'_asym' if asymmetric else ''}.bmodel"]
+                "--model", f"{self.name}_{chip}_{mode.lower()}{'_asym' if asymmetric else ''}.{model_suffix(chip)}"]
         if mode == "INT8":
             args += ["--calibration_table", f"{self.name}_cali_table"] + (["--asymmetric"] if asymmetric else [])
         return self.tool("model_deploy", *args)
@@ -196,6 +196,11 @@ class TpuMlir:
             return None
         with np.load(out) as data:
             return [data[k] for k in data.files]
+
+
+def model_suffix(chip: str) -> str:
+    """model_deploy writes a cvimodel for the cv18xx chips, and its runner picks the format by this suffix."""
+    return "cvimodel" if chip.startswith("cv18") else "bmodel"
 
 
 def prepare_tpumlir(m, paths, work: Path) -> int:
