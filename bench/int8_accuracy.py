@@ -28,7 +28,8 @@ Every variant is compared with onnxruntime's float outputs of the source model:
 `cos` is the lowest cosine over evaluation samples and outputs, `mean` its
 mean, `max|err|` the largest absolute error relative to the float output's
 largest |value|, `top1` the fraction of positions whose argmax agrees (along
-the class axis; not for PP-OCR det's probability map), and for detection
+the class axis; for PP-OCR det's probability map, the intersection over union
+of the text masks at DB's threshold 0.3, 1 when both are empty), and for detection
 heads `scores` the lowest cosine of the class-score channels on their own
 (mini_yolo: channels 4.. of [1, 24, anchors], next to boxes in pixels).
 The last lines per model say whether ours is at least as close to float as
@@ -70,11 +71,13 @@ class Head:
 
     top1_axis: int | None = -1
     scores: tuple[int, int] | None = None
+    mask: float | None = None  # a probability map: `top1` is the IoU of its pixels above this
 
 
 HEADS = {
     "mini_yolo": Head(top1_axis=None, scores=(1, 4)),
-    "ppocrv4_det": Head(top1_axis=None),
+    # DB's own binarisation threshold: the text mask PaddleOCR draws boxes from
+    "ppocrv4_det": Head(top1_axis=None, mask=0.3),
 }
 
 
@@ -113,6 +116,10 @@ def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: He
                 so, sr = o[tuple(idx)], r[tuple(idx)]
                 scores.append(cosine(so, sr))
                 agree.append(top1(so, sr, axis))
+            elif head.mask is not None:
+                om, rm = o > head.mask, r > head.mask
+                union = np.count_nonzero(om | rm)
+                agree.append(np.count_nonzero(om & rm) / union if union else 1.0)
             elif head.top1_axis is not None and r.ndim and r.shape[head.top1_axis] >= 2:
                 agree.append(top1(o, r, head.top1_axis))
     return {"cos": min(cos), "mean": float(np.mean(cos)), "err": max(err),
