@@ -228,6 +228,22 @@ def test_a_weight_two_ops_share_is_loaded_once(make_model, tmp_path, mode):
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
 
 
+def test_an_activation_named_weight_is_read_as_an_activation(make_model, tmp_path):
+    """Tensor names are the user's: a conv output called "weight" is a sliced activation, not a weight."""
+    rng = np.random.default_rng(4)
+    nodes = [node("Conv", ["x", "w1", "b1"], "c", pads=[1, 1, 1, 1]), node("Relu", ["c"], "weight"),
+             node("Conv", ["weight", "w2", "b2"], "y", pads=[1, 1, 1, 1])]
+    inits = {"w1": randn(rng, 4, 3, 3, 3, scale=0.4), "b1": randn(rng, 4, scale=0.1),
+             "w2": randn(rng, 4, 4, 3, 3, scale=0.4), "b2": randn(rng, 4, scale=0.1)}
+    model = make_model(nodes, {"x": np.zeros((1, 3, 16, 16), np.float32)}, initializers=inits)
+    tm, tw, inputs = lowered(model, {"x": (1, 3, 16, 16)}, tmp_path, "INT8")
+    ref = run(tm, tw, inputs)
+    result, groups = compile_and_run(tm, tw, inputs, CHIPS["8 lanes 3K"])
+    assert any(g.kind == LOCAL and len(g.ops) >= 2 for g in groups), [(g.kind, g.ops, g.h_secs) for g in groups]
+    for name, out in result.outputs.items():
+        np.testing.assert_array_equal(out, ref[name], err_msg=name)
+
+
 @pytest.mark.parametrize("coord_mode,nearest_mode", [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor")])
 def test_nearest_upsample_slices_along_h_on_the_chip(coord_mode, nearest_mode):
     """A nearest resize by 2 repeats each input row twice, so its group slices H, each slice running the

@@ -372,9 +372,9 @@ class Emitter:
         for tile in tiles:
             if tile is None:
                 operands.append(Tensor.none())
-            elif tile[0] == "weight":
-                tensor = g.tensors[tile[1]]
-                operands.append(Tensor.local(group.addrs[f"{tile[1]}#0"], 0, _weight_block(tensor.shape),
+            elif tile[1] is None:  # a weight, whole
+                tensor = g.tensors[tile[0]]
+                operands.append(Tensor.local(group.addrs[f"{tile[0]}#0"], 0, _weight_block(tensor.shape),
                                              tensor.dtype.name, view=tensor.shape))
             else:
                 t, need = tile

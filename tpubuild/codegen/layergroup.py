@@ -659,7 +659,7 @@ class Planner:
     # ---- one op on one slice (codegen emits exactly this) -----------------------------------------
 
     def op_tiles(self, group: Group, p: int, s: int) -> tuple[object, list]:
-        """(params as executed, per operand: None, ("weight", name) or (tensor, rows needed)) of op p in
+        """(params as executed, per operand: None, (weight, None) or (tensor, rows needed)) of op p in
         slice s: a windowed op's H pads trimmed to the slice, a sized op's output shape the slice's, each
         activation's rows from its rule."""
         node = self.g.ops[p]
@@ -674,7 +674,7 @@ class Planner:
                 operands.append(None)
                 continue
             if self.g.tensors[t].weight:
-                operands.append(("weight", t))
+                operands.append((t, None))
                 continue
             s4 = self.t[t].shape4
             if len(self.g.tensors[t].shape) == out_rank:
@@ -724,7 +724,7 @@ class Planner:
                 p = group.ops[step.op]
                 node = g.ops[p]
                 params, operands = self.op_tiles(group, p, step.slice)
-                ins = [() if o is None else g.tensors[o[1]].shape if o[0] == "weight"
+                ins = [() if o is None else g.tensors[o[0]].shape if o[1] is None
                        else logical_shape(g.tensors[o[0]].shape, o[1]) for o in operands]
                 out = logical_shape(g.tensors[node.name].shape, group.ranges[node.name][step.slice])
                 d = max(1, cost.bdc_cycles(chip, node.kind, params, ins, [out], self._compute_dtype(node)))
