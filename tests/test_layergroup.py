@@ -14,7 +14,7 @@ from tpubuild.codegen import alloc
 from tpubuild.codegen.assign import assign, ddr_lifetimes, memory_assign
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import build_graph
-from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, read_groups
+from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, logical_shape, read_groups
 from tpubuild.codegen.slicing import Window, local_rule
 from tpubuild.codegen.synthetic import residual_net
 from tpubuild.ir import mlir, top, tpu
@@ -81,13 +81,6 @@ def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
 
 # ---- executing a plan tile by tile ----------------------------------------------------------------
 
-def _with_h_pads(params, top: int, bottom: int):
-    pads = list(params.pads)
-    nd = len(params.kernel_shape)
-    pads[0], pads[nd] = top, bottom
-    return dataclasses.replace(params, pads=tuple(pads))
-
-
 def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]:
     """Run an lg.mlir as the chip would: each local group slice by slice on tiles holding only the planned
     rows (reading a tile outside them fails), global ops on whole tensors."""
@@ -111,30 +104,21 @@ def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]
                 tiles[t] = (group.ranges[t][s], _tile(ddr[t], group.ranges[t][s]))
             for p in group.ops:
                 node = graph.ops[p]
-                f = planner.ops[p]
                 out_r = group.ranges[node.name][s]
-                out4 = planner.t[node.name].shape4
-                params = node.op.params
+                params, operands = planner.op_tiles(group, p, s)  # what codegen emits for this op and slice
                 args = []
-                for k, t in enumerate(node.inputs):
-                    if t is None:
+                for operand in operands:
+                    if operand is None:
                         args.append(None)
-                    elif graph.tensors[t].weight:
-                        args.append(arrays[t])
+                    elif operand[1] is None:
+                        args.append(arrays[operand[0]])
                     else:
+                        t, (n_lo, n_hi, h_lo, h_hi) = operand
                         have, tile = tiles[t]
-                        s4 = planner.t[t].shape4
-                        if len(graph.tensors[t].shape) == len(graph.tensors[node.name].shape):
-                            n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
-                            h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
-                            if k == 0 and f.rule.window is not None:
-                                params = _with_h_pads(params, top, bottom)
-                        else:
-                            n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
                         assert have[0] <= n_lo and n_hi <= have[1] and have[2] <= h_lo and h_hi <= have[3], \
                             f"{node.name} reads {t} rows outside its tile"
                         view = tile[n_lo - have[0]:n_hi - have[0], :, h_lo - have[2]:h_hi - have[2]]
-                        args.append(view.reshape(_logical(graph.tensors[t].shape, view.shape)))
+                        args.append(view.reshape(logical_shape(graph.tensors[t].shape, operand[1])))
                 result = np.asarray(get_kernel(type(node.op))(params, *args)).astype(graph.tensors[node.name].dtype)
                 tiles[node.name] = (out_r, result.reshape(nchw(result.shape)))
             for o in group.outputs:
@@ -150,16 +134,6 @@ def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]
 def _tile(array, r):
     a = np.asarray(array).reshape(nchw(array.shape))
     return a[r[0]:r[1], :, r[2]:r[3]].copy()
-
-
-def _logical(full_shape, shape4):
-    """The kernel-facing shape of a 4-D tile of a tensor of ``full_shape`` (sliced dims shrunk)."""
-    n, c, h, w = shape4
-    if len(full_shape) == 4:
-        return (n, c, h, w)
-    if len(full_shape) == 3:
-        return (n, full_shape[1], full_shape[2])
-    return tuple(full_shape)
 
 
 def conv_chain(h: int = 24, c: int = 4) -> tuple:
