@@ -110,6 +110,30 @@ def make_model():
 
 
 @pytest.fixture
+def attention_model():
+    """``attention_model(batch)``: a transformer-ish block (q.k^T, softmax, residual add, LayerNorm, GELU,
+    projection) on x [batch, 6, 16], for the lowering and chip tests."""
+    def build(batch: int) -> onnx.ModelProto:
+        rng = np.random.default_rng(11)
+
+        def node(op, inputs, output, **attrs):
+            return helper.make_node(op, list(inputs), [output], name=output, **attrs)
+
+        def randn(*shape):
+            return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+        nodes = [node("MatMul", ["x", "wq"], "q"), node("MatMul", ["x", "wk"], "k"),
+                 node("Transpose", ["k"], "kt", perm=[0, 2, 1]), node("MatMul", ["q", "kt"], "scores"),
+                 node("Softmax", ["scores"], "attn", axis=-1), node("MatMul", ["attn", "x"], "ctx"),
+                 node("Add", ["ctx", "x"], "res"), node("LayerNormalization", ["res", "g", "beta"], "ln", axis=-1),
+                 node("Gelu", ["ln"], "act"), node("MatMul", ["act", "wo"], "out")]
+        inits = {"wq": randn(16, 16), "wk": randn(16, 16), "g": np.ones(16, np.float32),
+                 "beta": np.zeros(16, np.float32), "wo": randn(16, 8)}
+        return make_onnx(nodes, {"x": np.zeros((batch, 6, 16), np.float32)}, initializers=inits, opset=20)
+    return build
+
+
+@pytest.fixture
 def check_against_ort(tmp_path):
     """``check_against_ort(model, inputs, rtol=..., atol=...)`` for a model built by hand."""
     def check(model, inputs, *, rtol=1e-4, atol=1e-5):

@@ -334,21 +334,9 @@ def test_concat_of_disparate_ranges_stays_float(make_model, tmp_path):
 
 # ---- transformer-ish: matmul of two activations, layernorm, GELU table ------------------------
 
-def attention_model(make_model):
-    rng = np.random.default_rng(11)
-    nodes = [node("MatMul", ["x", "wq"], "q"), node("MatMul", ["x", "wk"], "k"),
-             node("Transpose", ["k"], "kt", perm=[0, 2, 1]), node("MatMul", ["q", "kt"], "scores"),
-             node("Softmax", ["scores"], "attn", axis=-1), node("MatMul", ["attn", "x"], "ctx"),
-             node("Add", ["ctx", "x"], "res"), node("LayerNormalization", ["res", "g", "beta"], "ln", axis=-1),
-             node("Gelu", ["ln"], "act"), node("MatMul", ["act", "wo"], "out")]
-    inits = {"wq": randn(rng, 16, 16, scale=0.3), "wk": randn(rng, 16, 16, scale=0.3),
-             "g": np.ones(16, np.float32), "beta": np.zeros(16, np.float32), "wo": randn(rng, 16, 8, scale=0.3)}
-    return make_model(nodes, {"x": np.zeros((1, 6, 16), np.float32)}, initializers=inits, opset=20)
-
-
 @pytest.mark.parametrize("mode", ["BF16", "F16", "INT8"])
-def test_attention_block(make_model, tmp_path, mode):
-    built = Built(attention_model(make_model), {"x": (1, 6, 16)}, tmp_path)
+def test_attention_block(attention_model, tmp_path, mode):
+    built = Built(attention_model(1), {"x": (1, 6, 16)}, tmp_path)
     tm, raw, real = built.tpu(mode)
     for name, (cos, euc) in similarity_by_name(real, built.top).items():
         assert cos >= 0.99 and euc >= 0.85, (name, cos, euc)
