@@ -66,12 +66,10 @@ def child(manifest: str, build_dir: str, samples: int, method: str) -> None:
 
 def build_canonical(manifest: Path, build_dir: Path) -> str:
     from tpubuild.build.manifest import load_manifest
+    from tpubuild.testing import run_doit
 
     name = load_manifest(manifest).name
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
-           "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), f"canonicalize:{name}"],
-                         env=env, capture_output=True, text=True)
+    run = run_doit(f"canonicalize:{name}", manifests=manifest, build=build_dir, timeout=None)
     if run.returncode != 0:
         raise SystemExit(f"building canonical.mlir failed:\n{run.stdout}{run.stderr}")
     return name

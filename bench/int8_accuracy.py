@@ -46,9 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,10 +80,9 @@ HEADS = {
 
 
 def build(manifest: Path, build_dir: Path, name: str) -> None:
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
-           "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), f"canonicalize:{name}"],
-                         env=env, capture_output=True, text=True)
+    from tpubuild.testing import run_doit
+
+    run = run_doit(f"canonicalize:{name}", manifests=manifest, build=build_dir, timeout=None)
     if run.returncode != 0:
         raise RuntimeError(f"building {name}'s canonical.mlir failed:\n{run.stdout}{run.stderr}")
 

@@ -27,14 +27,13 @@ exactly as shipped.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "configs" / "models" / "ppocrv4_rec.yaml"
@@ -74,9 +73,7 @@ def ctc_decode(probs: np.ndarray, chars: list[str]) -> str:
 
 
 def build(manifest: Path, build_dir: Path, name: str) -> None:
-    env = {**os.environ, "TPUBUILD_BUILD_DIR": str(build_dir), "TPUBUILD_MANIFESTS": str(manifest)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), f"lower:{name}/{TARGET}"],
-                         env=env, capture_output=True, text=True, timeout=3600)
+    run = run_doit(f"lower:{name}/{TARGET}", manifests=manifest, build=build_dir, timeout=3600)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
 
 

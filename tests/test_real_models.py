@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "configs" / "models"
@@ -41,10 +41,8 @@ def onnxruntime_outputs(model: Path, inputs: dict[str, np.ndarray]) -> dict[str,
 
 def build_and_check(names: list[str], tmp_path: Path) -> None:
     build = tmp_path / "build"
-    env = {**os.environ, "TPUBUILD_BUILD_DIR": str(build),
-           "TPUBUILD_MANIFESTS": os.pathsep.join(str(MODELS / f"{n}.yaml") for n in names)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                          *[f"verify_top:{n}" for n in names]], env=env, capture_output=True, text=True, timeout=1800)
+    run = run_doit(*[f"verify_top:{n}" for n in names], build=build, timeout=1800,
+                   manifests=os.pathsep.join(str(MODELS / f"{n}.yaml") for n in names))
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     for name in names:
         folder = build / name

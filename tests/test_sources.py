@@ -24,6 +24,7 @@ from tpubuild.build import fetch
 from tpubuild.build.manifest import SCHEMA_PATH, load_manifest
 from tpubuild.errors import TpuBuildError
 from tpubuild.frontend.prepare import PREPARE_STEPS, prepare_model
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 SQUEEZENET = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_squeezenet.onnx"
@@ -214,9 +215,7 @@ def test_bad_sources_name_the_field(tmp_path, source, where, expected):
 
 
 def doit(tmp_path: Path, manifests: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifests), "TPUBUILD_BUILD_DIR": str(tmp_path / "build")}
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=env,
-                          capture_output=True, text=True)
+    return run_doit(*args, manifests=manifests, build=tmp_path / "build", timeout=None)
 
 
 def test_prepare_steps_are_fetch_config(tmp_path):

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from tpubuild.build import fetch  # noqa: E402
 from tpubuild.errors import TpuBuildError  # noqa: E402
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "models" / "torch_examples.py"
@@ -56,9 +57,7 @@ def test_export_is_deterministic(tmp_path):
 def test_torch_manifest_builds_and_matches_torch(tmp_path):
     """configs/models/torch/tiny_torch_cnn.yaml through doit; TOP inference agrees with onnxruntime and with torch."""
     build = tmp_path / "build"
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(MANIFEST), "TPUBUILD_BUILD_DIR": str(build)}
-    run = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "verify_top:tiny_torch_cnn"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = run_doit("verify_top:tiny_torch_cnn", manifests=MANIFEST, build=build)
     assert run.returncode == 0, run.stdout + run.stderr
     folder = build / "tiny_torch_cnn"
     for comp in json.loads((folder / "verify_top.json").read_text())["comparisons"]:

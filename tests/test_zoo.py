@@ -21,6 +21,7 @@ from onnx import helper
 
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import load_manifest
+from tpubuild.testing import run_doit
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -31,10 +32,8 @@ MINILM = CONFIGS / "torch" / "minilm_l6_v2.yaml"
 
 
 def doit(manifests: list[Path], build: Path, *tasks: str, timeout: int = 3000) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPUBUILD_BUILD_DIR": str(build),
-           "TPUBUILD_MANIFESTS": os.pathsep.join(str(m) for m in manifests)}
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *tasks],
-                          env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return run_doit(*tasks, manifests=os.pathsep.join(str(m) for m in manifests), build=build, timeout=timeout,
+                    cwd=REPO)
 
 
 def test_generated_models_regenerate_byte_identically(tmp_path):

@@ -56,12 +56,13 @@ def doit_cmd(*args: str, code: Path = REPO) -> list[str]:
 
 
 def run_doit(*args: str, manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO,
-             timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+             timeout: float | None = 600, cwd: str | os.PathLike | None = None,
+             **env: str) -> subprocess.CompletedProcess:
     """`doit ARGS` on code/dodo.py in a subprocess (see doit_env), importing tpubuild from `code`; extra
     environment variables as keywords."""
     env.setdefault("PYTHONPATH", os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run(doit_cmd(*args, code=code), env=doit_env(manifests, build, **env), capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 def tasks_marked(out: str, marker: str = ".  ") -> set[str]:
