@@ -60,7 +60,7 @@ class Zoo:
         return path
 
     def env(self, **extra: str) -> dict[str, str]:
-        return doit_env(self.models, self.build, PYTHONPATH=str(self.code), **extra)
+        return doit_env(self.models, self.build, self.code, **extra)
 
     def cmd(self, *args: str) -> list[str]:
         return doit_cmd(*args, code=self.code)

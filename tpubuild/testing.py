@@ -45,10 +45,13 @@ def save_onnx(path: str | os.PathLike, nodes: list, inputs: dict[str, list], out
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), str(path))
 
 
-def doit_env(manifests: str | os.PathLike, build: str | os.PathLike, **env: str) -> dict[str, str]:
-    """The environment of a doit run over `manifests` (a folder, or files joined by os.pathsep) into `build`."""
+def doit_env(manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO,
+             **env: str) -> dict[str, str]:
+    """The environment of a doit run over `manifests` (a folder, or files joined by os.pathsep) into `build`,
+    importing tpubuild from `code`; extra variables as keywords."""
+    path = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {**os.environ, "TPUBUILD_MANIFESTS": str(manifests), "TPUBUILD_BUILD_DIR": str(build),
-            "PYTHONUNBUFFERED": "1", **env}
+            "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **env}
 
 
 def doit_cmd(*args: str, code: Path = REPO) -> list[str]:
@@ -58,11 +61,9 @@ def doit_cmd(*args: str, code: Path = REPO) -> list[str]:
 def run_doit(*args: str, manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO,
              timeout: float | None = 600, cwd: str | os.PathLike | None = None,
              **env: str) -> subprocess.CompletedProcess:
-    """`doit ARGS` on code/dodo.py in a subprocess (see doit_env), importing tpubuild from `code`; extra
-    environment variables as keywords."""
-    env.setdefault("PYTHONPATH", os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return subprocess.run(doit_cmd(*args, code=code), env=doit_env(manifests, build, **env), capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+    """`doit ARGS` on code/dodo.py in a subprocess with doit_env's environment."""
+    return subprocess.run(doit_cmd(*args, code=code), env=doit_env(manifests, build, code, **env),
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def tasks_marked(out: str, marker: str = ".  ") -> set[str]:
