@@ -388,3 +388,20 @@ def test_deconv_whose_kernel_is_its_stride_slices_along_h():
         assert r[2] % 2 == 0 and r[3] % 2 == 0, "the deconv computes whole row pairs"
     got = execute(mlir.parse_module(mlir.print_module(lg)), weights, inputs)
     np.testing.assert_allclose(got["c2"], ref["c2"], rtol=1e-4, atol=1e-4)
+
+
+def test_each_backend_stage_refuses_a_module_of_another_state():
+    from tpubuild.codegen.codegen import codegen
+    from tpubuild.errors import TpuBuildError
+
+    module, weights, _ = conv_chain()  # TPU_LOWERED
+    with pytest.raises(TpuBuildError, match="memory assign reads a grouped module .state TPU_GROUPED., "
+                                            "this one is TPU_LOWERED") as err:
+        memory_assign(module, BM1684X)
+    assert err.value.hint == "run the layergroup stage first"
+    with pytest.raises(TpuBuildError, match="codegen reads an addressed module .state TPU_ADDRESSED."):
+        codegen(module, weights, BM1684X)
+    grouped, _ = layer_group(module, BM1684X)
+    with pytest.raises(TpuBuildError, match="layer group reads a lowered module .state TPU_LOWERED., "
+                                            "this one is TPU_GROUPED"):
+        layer_group(grouped, BM1684X)

@@ -172,7 +172,5 @@ def apply_table(module: ModuleOp, entries: Mapping[str, Entry]) -> ModuleOp:
 
 
 def check_state(module: ModuleOp, file: str) -> None:
-    state = mlir.module_attr(module, "state")
-    if state != "TOP_F32":
-        raise TpuBuildError(f"calibration needs a TOP_F32 module, this one is {state}", file=file,
-                            hint="calibrate canonical.mlir")
+    mlir.require_state(module, "TOP_F32", "calibration reads a float TOP module", hint="calibrate canonical.mlir",
+                       file=file)

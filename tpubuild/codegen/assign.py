@@ -170,10 +170,8 @@ def annotate(module: ModuleOp, a: Assignment) -> None:
 
 def memory_assign(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, Assignment]:
     """lg.mlir -> addr.mlir (in place), with the assignment."""
-    state = mlir.module_attr(module, "state")
-    if state != "TPU_GROUPED":
-        raise TpuBuildError(f"memory assign reads a grouped module (state TPU_GROUPED), this one is {state}",
-                            hint="run the layergroup stage first")
+    mlir.require_state(module, "TPU_GROUPED", "memory assign reads a grouped module",
+                       hint="run the layergroup stage first")
     graph = build_graph(module)
     groups = read_groups(module, graph)
     a = assign(graph, groups, chip)

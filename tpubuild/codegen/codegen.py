@@ -409,10 +409,7 @@ def _types(module: ModuleOp) -> dict[str, TensorType]:
 def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: bool = True) -> ModelFile:
     """An addressed module (addr.mlir) and its weights -> the model file's contents. ``prefetch`` off:
     every group starts after the previous one's last compute (its cycles are then layer group's estimate)."""
-    state = mlir.module_attr(module, "state")
-    if state != "TPU_ADDRESSED":
-        raise TpuBuildError(f"codegen reads an addressed module (state TPU_ADDRESSED), this one is {state}",
-                            hint="run the assign stage first")
+    mlir.require_state(module, "TPU_ADDRESSED", "codegen reads an addressed module", hint="run the assign stage first")
     graph = build_graph(module)
     groups = read_groups(module, graph)
     w_addr, a_addr = read_assignment(module)

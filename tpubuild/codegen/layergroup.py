@@ -934,10 +934,7 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
 
 def layer_group(module: ModuleOp, chip: Chip, *, exact_f32: bool = True) -> tuple[ModuleOp, list[Group]]:
     """Plan tpu.mlir's groups for ``chip`` and annotate the module in place (-> lg.mlir)."""
-    state = mlir.module_attr(module, "state")
-    if state != "TPU_LOWERED":
-        raise TpuBuildError(f"layer group reads a lowered module (state TPU_LOWERED), this one is {state}",
-                            hint="run the lower stage first")
+    mlir.require_state(module, "TPU_LOWERED", "layer group reads a lowered module", hint="run the lower stage first")
     graph = build_graph(module)
     groups = Planner(graph, chip, exact_f32=exact_f32).plan()
     annotate(module, graph, groups)

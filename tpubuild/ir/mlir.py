@@ -160,6 +160,14 @@ def save_module(module: ModuleOp, path: str | os.PathLike) -> None:
 
 # ---- module layout ----------------------------------------------------------
 
+def require_state(module: ModuleOp, state: str, reader: str, hint: str, file: str | None = None) -> None:
+    """Refuse a module a stage cannot read: ``reader`` says which stage reads what ("codegen reads an
+    addressed module"), ``hint`` which stage makes it."""
+    found = module_attr(module, "state")
+    if found != state:
+        raise TpuBuildError(f"{reader} (state {state}), this one is {found}", file=file, hint=hint)
+
+
 def module_attr(module: ModuleOp, key: str, default: str | None = None) -> str | None:
     attr = module.attributes.get(f"module.{key}")
     if attr is None:
