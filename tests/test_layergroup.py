@@ -336,8 +336,9 @@ def test_assign_search_reaches_the_bound_where_greedy_fragments():
 # ---- the chip roofline's per-op floor -----------------------------------------------------------
 
 def test_attainable_cycles_spread_work_over_every_lane():
-    """A conv's floor is its MACs over every lane at the dtype's cube rate; a depthwise conv's taps run on
-    the vector unit; the cost of the emitted command with few channels is above the floor."""
+    """A conv's floor is its MACs over every lane at the dtype's cube rate plus requantising its int32 result
+    (3 vector passes); a depthwise conv's taps run on the vector unit at int32 width, plus one requant pass;
+    the cost of the emitted command with few channels is above the floor."""
     from tpubuild.codegen import cost
 
     chip = BM1684X
@@ -345,13 +346,14 @@ def test_attainable_cycles_spread_work_over_every_lane():
     ins, out = [(1, 96, 40, 40), (24, 96, 3, 3)], [(1, 24, 40, 40)]
     macs = 24 * 40 * 40 * 9 * 96
     floor = cost.attainable_cycles(chip, "tpu.Conv", p, ins, out, "int8")
-    assert floor == pytest.approx(chip.bdc_overhead + macs / (64 * 256))
+    int32_per_cycle = 64 * 64 // 4  # lanes x int32 elements per 64-byte EU
+    assert floor == pytest.approx(chip.bdc_overhead + macs / (64 * 256) + 3 * 24 * 40 * 40 / int32_per_cycle)
     # 24 output channels leave 40 of 64 lanes idle in the command as emitted
     assert cost.bdc_cycles(chip, "tpu.Conv", p, ins, out, "int8") > 2 * floor
     dw = dataclasses.replace(p, group=96)
     taps = 96 * 40 * 40 * 9
     floor_dw = cost.attainable_cycles(chip, "tpu.Conv", dw, [(1, 96, 40, 40), (96, 1, 3, 3)], [(1, 96, 40, 40)], "int8")
-    assert floor_dw == pytest.approx(chip.bdc_overhead + taps / (64 * 64))
+    assert floor_dw == pytest.approx(chip.bdc_overhead + (taps + 96 * 40 * 40) / int32_per_cycle)
 
 
 def test_deconv_whose_kernel_is_its_stride_slices_along_h():

@@ -7,12 +7,34 @@ Everything here works on plain data (op names, parameter dataclasses, shapes,
 numpy dtypes) because the simulator sees only the model file.
 
 - GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)``.
-- BDC on local tiles: ``bdc_overhead + MAC cycles + vector cycles``. Channels
-  spread over lanes, so a tile with C channels keeps ``ceil(C / lanes)``
-  channels per lane and every per-lane count uses that. MAC cycles run on the
-  cube at ``macs_per_lane_per_cycle[mode]``, reducing input channels in chunks
-  of one EU (``eu_bytes / element size``); vector cycles process ``eu_bytes``
-  per lane per cycle, times a per-op factor (an exp costs more than an add).
+- BDC on local tiles: ``bdc_overhead + MAC cycles + vector cycles + serial
+  cycles``. Channels spread over lanes, so a tile with C channels keeps
+  ``ceil(C / lanes)`` channels per lane and every per-lane count uses that. MAC
+  cycles run on the cube at ``macs_per_lane_per_cycle[mode]``, reducing input
+  channels in chunks of one EU (``eu_bytes / element size``); vector cycles
+  process ``eu_bytes`` per lane per cycle, times a per-op factor (an exp costs
+  more than an add); serial cycles are one element per lane per cycle.
+
+Where the rates below are not the headline figures of the chip YAML they
+follow TPU-MLIR's own cost model for bm1684x: the per-command cycles that
+``model_deploy --debug`` writes to compiler_profile_0.txt (tpu-mlir 1.30.2,
+PP-OCR cls, PP-OCRv4 rec and det in F32, BF16 and INT8; docs/backend.md,
+"The cycle model against TPU-MLIR's"), joined per command to the tile shapes
+in the bmodel's net_0.profile:
+
+- table lookups (INT8 activations) and nearest resize run on the
+  scatter-gather path, one element per lane per cycle whatever the dtype
+  (Lut and Upsample SG commands: cycles = output elements per lane);
+- a transposed conv runs as a conv over the zero-inserted input, so the cube
+  works on the output grid with the whole kernel (Deconv CONV commands:
+  cycles = output positions x kernel x EU-padded input channels / MAC rate,
+  in INT8 and BF16 alike);
+- integer convs accumulate in int32: a depthwise conv's taps and INT8
+  average pooling run at int32 width (depthwise PorD: 16 taps per lane per
+  cycle in INT8 as in F32; global average pool PorD: one input element per
+  lane per cycle), and requantising the int32 result costs 3 vector passes
+  over it for a conv (AR bias at 8 and RQDQ at 16 elements per cycle), 1 for
+  a depthwise conv or a transposed conv (RQDQ only).
 - A global op (one that reads and writes DDR directly) is charged one GDMA
   transfer per DDR operand and result and its compute, one after the other: no
   double buffering is credited to it, so the layer-group search prefers local
@@ -43,6 +65,7 @@ class Work:
 
     macs: float = 0.0
     vector: float = 0.0  # element-operations of `esize` bytes each
+    serial: float = 0.0  # element-operations at one per lane per cycle (scatter-gather: lookups, gathers)
 
 
 @dataclass(frozen=True)
@@ -55,6 +78,12 @@ class OpShape:
     esize: int  # bytes per element of the computation
     lanes: int
     eu_elems: int  # elements per EU
+    integer: bool = False  # an integer computation (INT8 mode): accumulates and requantises in int32
+
+    @property
+    def acc_ratio(self) -> int:
+        """Element-operations of ``esize`` bytes that one operation on the accumulator costs (int8 -> int32: 4)."""
+        return max(4 // self.esize, 1) if self.integer else 1
 
     def per_lane(self, shape: Shape) -> int:
         """Elements of ``shape`` one lane holds (its ``nchw`` channel dim spread over lanes)."""
@@ -113,20 +142,27 @@ def _conv(s: OpShape) -> Work:
     ic_per_group = x[1] // group
     positions = s.per_lane(out)
     if ic_per_group == 1:
-        # depthwise: no input-channel reduction for the cube; the vector unit multiplies-accumulates
-        return Work(vector=positions * k)
-    return Work(macs=positions * k * s.pad_eu(ic_per_group))
+        # depthwise: no input-channel reduction for the cube; the vector unit multiplies-accumulates (in int32
+        # for an integer conv), and an integer result is requantised in one pass
+        return Work(vector=positions * k * s.acc_ratio + _requant(s, positions, 1))
+    return Work(macs=positions * k * s.pad_eu(ic_per_group), vector=_requant(s, positions, 3))
+
+
+def _requant(s: OpShape, positions: int, passes: int) -> float:
+    """Vector element-operations (of ``esize``) that requantise an integer conv's int32 result."""
+    return positions * passes * s.acc_ratio if s.integer else 0.0
 
 
 @work("Deconv")
 def _deconv(s: OpShape) -> Work:
-    x, w = s.ins[0], s.ins[1]
+    w = s.ins[1]
+    x = s.ins[0]
     group = getattr(s.params, "group", 1)
     k = int(np.prod(w[2:], dtype=np.int64))
-    # every input position scatters into k outputs per output channel: count on the input grid
-    per_lane_in = int(np.prod(x, dtype=np.int64)) // max(x[1], 1)
-    oc = s.outs[0][1]
-    return Work(macs=per_lane_in * math.ceil(oc / s.lanes) * k * s.pad_eu(max(x[1] // group, 1)))
+    # a conv over the input with stride - 1 zeros inserted: the cube sweeps the whole kernel at every output
+    # position, zeros included (TPU-MLIR's cost model charges the same)
+    positions = s.per_lane(s.outs[0])
+    return Work(macs=positions * k * s.pad_eu(max(x[1] // group, 1)), vector=_requant(s, positions, 1))
 
 
 @work("MatMul")
@@ -142,10 +178,25 @@ def _matmul(s: OpShape) -> Work:
     return Work(macs=batch * per_lane * s.pad_eu(k))
 
 
-@work("MaxPool", "AvgPool", "MaxPoolWithMask")
+@work("MaxPool", "MaxPoolWithMask")
 def _pool(s: OpShape) -> Work:
     k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
     return Work(vector=s.per_lane(s.outs[0]) * k)
+
+
+@work("AvgPool")
+def _avgpool(s: OpShape) -> Work:
+    k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
+    if s.integer:
+        # summed in int32 and rescaled: TPU-MLIR's cost model takes one input element per lane per cycle
+        return Work(serial=s.per_lane(s.outs[0]) * k)
+    return Work(vector=s.per_lane(s.outs[0]) * k)
+
+
+@work("Lut")
+def _lut(s: OpShape) -> Work:
+    # a table lookup per element on the scatter-gather path
+    return Work(serial=s.per_lane(s.outs[0]))
 
 
 @work("Softmax", "LogSoftmax")
@@ -177,7 +228,10 @@ def _reduce(s: OpShape) -> Work:
 
 @work("Interp")
 def _interp(s: OpShape) -> Work:
-    # bilinear: four taps per output element
+    if getattr(s.params, "mode", "nearest") == "nearest":
+        # a gather of one source element per output element on the scatter-gather path
+        return Work(serial=s.per_lane(s.outs[0]))
+    # (bi)linear: four taps per output element
     return Work(vector=s.per_lane(s.outs[0]) * 4)
 
 
@@ -200,16 +254,18 @@ def compute_mode(chip: Chip, dtype: np.dtype | str) -> str:
 
 def op_shape(chip: Chip, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
              dtype: np.dtype | str) -> OpShape:
-    esize = np.dtype(dtype).itemsize if not isinstance(dtype, str) else _itemsize(dtype)
+    dt = _dtype(dtype)
     return OpShape(params=params, ins=tuple(tuple(int(d) for d in s) for s in in_shapes),
-                   outs=tuple(tuple(int(d) for d in s) for s in out_shapes), esize=esize, lanes=chip.lanes,
-                   eu_elems=max(chip.eu_bytes // esize, 1))
+                   outs=tuple(tuple(int(d) for d in s) for s in out_shapes), esize=dt.itemsize, lanes=chip.lanes,
+                   eu_elems=max(chip.eu_bytes // dt.itemsize, 1), integer=dt.kind in "iu")
 
 
-def _itemsize(name: str) -> int:
-    from tpubuild.ir.types import dtype_from_name
+def _dtype(dtype: np.dtype | str) -> np.dtype:
+    if isinstance(dtype, str):
+        from tpubuild.ir.types import dtype_from_name
 
-    return dtype_from_name(name).itemsize
+        return np.dtype(dtype_from_name(dtype))
+    return np.dtype(dtype)
 
 
 def op_work(op: str, s: OpShape) -> Work:
@@ -225,7 +281,7 @@ def compute_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_
     w = op_work(op, s)
     mac_cycles = w.macs / chip.macs_per_lane(compute_mode(chip, dtype))
     vector_cycles = w.vector * s.esize / chip.eu_bytes
-    return mac_cycles + vector_cycles
+    return mac_cycles + vector_cycles + w.serial
 
 
 def bdc_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
@@ -267,12 +323,13 @@ def attainable_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], o
     """The fewest BDC cycles the op can take on this chip: one command's overhead plus its work on the
     unit that runs it (cube MACs at the dtype's rate, vector element-ops at one EU per cycle), spread
     evenly over every lane with no EU padding. The chip roofline's per-op term (bench/backend.py)."""
-    esize = np.dtype(dtype).itemsize if not isinstance(dtype, str) else _itemsize(dtype)
+    dt = _dtype(dtype)
     s = OpShape(params=params, ins=tuple(tuple(int(d) for d in x) for x in in_shapes),
-                outs=tuple(tuple(int(d) for d in x) for x in out_shapes), esize=esize, lanes=1, eu_elems=1)
+                outs=tuple(tuple(int(d) for d in x) for x in out_shapes), esize=dt.itemsize, lanes=1, eu_elems=1,
+                integer=dt.kind in "iu")
     w = op_work(op, s)
     mac = w.macs / (chip.lanes * chip.macs_per_lane(compute_mode(chip, dtype)))
-    return chip.bdc_overhead + mac + w.vector * esize / (chip.eu_bytes * chip.lanes)
+    return chip.bdc_overhead + mac + w.vector * dt.itemsize / (chip.eu_bytes * chip.lanes) + w.serial / chip.lanes
 
 
 def cycles_to_ms(chip: Chip, cycles: float) -> float:

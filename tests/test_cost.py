@@ -1,0 +1,63 @@
+"""The cost formulas against TPU-MLIR's own cost model for bm1684x.
+
+Each expected figure is the cycles TPU-MLIR 1.30.2 gives one command of the
+same tile (``model_deploy --debug`` on PP-OCRv4 det / PP-OCR cls: the TIU
+commands in compiler_profile_0.txt, their tile shapes from the bmodel's
+net_0.profile); the sum where TPU-MLIR splits the op into several commands
+(conv + bias + requant). Our command overhead is left out (compute_cycles).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tpubuild.build.chips import load_chip
+from tpubuild.codegen import cost
+from tpubuild.ir import top
+
+BM1684X = load_chip("bm1684x")
+
+
+def conv(k: int, group: int = 1) -> top.ConvParams:
+    return top.ConvParams(kernel_shape=(k, k), strides=(1, 1), pads=(k // 2,) * 4, dilations=(1, 1), group=group)
+
+
+@pytest.mark.parametrize("op, params, ins, outs, dtype, tpumlir", [
+    # INT8 1x1 conv 24 -> 24 on a 36 x 320 slice: CONV 2880 + AR 1440 + RQDQ 720
+    ("tpu.Conv", conv(1), [(1, 24, 36, 320), (24, 24, 1, 1)], [(1, 24, 36, 320)], "int8", 2880 + 1440 + 720),
+    # INT8 5x5 depthwise on 192 x 40 x 40: PorD 7500 + RQDQ 300
+    ("tpu.Conv", conv(5, 192), [(1, 192, 40, 40), (192, 1, 5, 5)], [(1, 192, 40, 40)], "int8", 7500 + 300),
+    # BF16 and F32 depthwise 5x5 on 192 x 40 x 40: PorD 3750 and 7500
+    ("tpu.Conv", conv(5, 192), [(1, 192, 40, 40), (192, 1, 5, 5)], [(1, 192, 40, 40)], "bfloat16", 3750),
+    ("tpu.Conv", conv(5, 192), [(1, 192, 40, 40), (192, 1, 5, 5)], [(1, 192, 40, 40)], "float32", 7500),
+    # INT8 2x2 stride-2 transposed conv 24 -> 1 on a 36-row slice (72 output rows): CONV 46080, then its
+    # RequantIntAxis RQDQ 2880
+    ("tpu.Deconv", top.DeconvParams(kernel_shape=(2, 2), strides=(2, 2), pads=(0,) * 4, dilations=(1, 1)),
+     [(1, 24, 36, 320), (24, 1, 2, 2)], [(1, 1, 72, 640)], "int8", 46080 + 2880),
+    # BF16 2x2 stride-2 transposed conv 24 -> 24 on a 20-row slice: CONV 12800
+    ("tpu.Deconv", top.DeconvParams(kernel_shape=(2, 2), strides=(2, 2), pads=(0,) * 4, dilations=(1, 1)),
+     [(1, 24, 20, 160), (24, 24, 2, 2)], [(1, 24, 40, 320)], "bfloat16", 12800),
+    # INT8 lookup table (HardSwish) on 192 x 40 x 40: SG 4800
+    ("tpu.Lut", None, [(1, 192, 40, 40), (256,)], [(1, 192, 40, 40)], "int8", 4800),
+    # nearest 2x upsample 96 x 40 x 40 -> 80 x 80, INT8 and BF16: SG 12800
+    ("tpu.Interp", top.InterpParams(shape=(1, 96, 80, 80), scales=(1, 1, 2, 2)), [(1, 96, 40, 40)],
+     [(1, 96, 80, 80)], "int8", 12800),
+    ("tpu.Interp", top.InterpParams(shape=(1, 96, 80, 80), scales=(1, 1, 2, 2)), [(1, 96, 40, 40)],
+     [(1, 96, 80, 80)], "bfloat16", 12800),
+    # INT8 global average pool of 96 x 80 x 80: PorD 12800
+    ("tpu.AvgPool", top.PoolParams(kernel_shape=(80, 80), strides=(1, 1), pads=(0,) * 4), [(1, 96, 80, 80)],
+     [(1, 96, 1, 1)], "int8", 12800),
+])
+def test_command_cycles_match_tpumlir_cost_model(op, params, ins, outs, dtype, tpumlir):
+    assert cost.compute_cycles(BM1684X, op, params, ins, outs, dtype) == pytest.approx(tpumlir)
+
+
+def test_deconv_costs_its_output_grid():
+    """A transposed conv runs as a conv over the zero-inserted input: four times the work of its input grid
+    for a 2x2 stride-2 kernel, as the same conv on the output grid."""
+    p = top.DeconvParams(kernel_shape=(2, 2), strides=(2, 2), pads=(0,) * 4, dilations=(1, 1))
+    deconv = cost.compute_cycles(BM1684X, "tpu.Deconv", p, [(1, 64, 20, 20), (64, 64, 2, 2)], [(1, 64, 40, 40)],
+                                 "bfloat16")
+    same_conv = cost.compute_cycles(BM1684X, "tpu.Conv", conv(2), [(1, 64, 40, 40), (64, 64, 2, 2)],
+                                    [(1, 64, 40, 40)], "bfloat16")
+    assert deconv == pytest.approx(same_conv)
