@@ -22,9 +22,10 @@ from tpubuild.frontend import convert_onnx
 from tpubuild.ir import mlir
 from tpubuild.lower.lowering import lower_module
 from tpubuild.lower.qtable import parse_quantize_table
+from tpubuild.lower import search as search_module
 from tpubuild.lower.search import SearchConfig, format_result, search
 from tpubuild.top.canonicalize import canonicalize
-from tpubuild.top.inference import run
+from tpubuild.top.inference import Memo, run
 from tpubuild.verify.similarity import cosine
 
 BM1684X = load_chip("bm1684x")
@@ -141,3 +142,48 @@ def test_the_samples_scored_are_those_where_int8_alone_is_worst(net):
     assert result.int8_score == pytest.approx(min(per_sample), abs=1e-9)
     assert "of the first 10 where INT8 alone is furthest from float" in format_result(result)
     assert result.reached and net.score(cali, result.table, net.samples) >= 0.99
+
+
+def test_memo_runs_equal_plain_runs_and_compute_only_what_a_change_reaches(net):
+    """Memo (top/inference.py), as the search uses it: INT8 lowerings that differ in the last op's mode give the
+    same bits as plain runs, and the second computes only the ops from that change on."""
+    cali = net.wreck("r1")
+    module = apply_table(net.module, cali)
+    samples = net.samples[:2]
+    memo = Memo(samples)
+    int8 = lower_module(module, net.weights, chip=BM1684X, mode="INT8", cali=cali)
+    pinned = lower_module(module, net.weights, chip=BM1684X, mode="INT8", cali=cali, qtable={"logits": "F16"})
+    computed = []
+    for tm, tw in (int8, pinned, pinned):
+        for i, sample in enumerate(samples):
+            expect, got = run(tm, tw, sample, all_tensors=False), memo.run(tm, tw, i)
+            assert got.keys() == expect.keys()
+            assert all(got[k].dtype == expect[k].dtype and np.array_equal(got[k], expect[k]) for k in expect)
+        computed.append(memo.computed)
+    assert computed[0] >= 2 * 8  # conv, conv, add, conv, pool, flatten, gemm and more, per sample
+    assert 0 < computed[1] - computed[0] <= 2 * 3  # the gemm, the cast feeding it, the output's cast
+    assert computed[2] == computed[1]  # the same module again: nothing to compute
+
+
+def test_pruning_scores_samples_hardest_first_and_stops_below_the_target(net, monkeypatch):
+    """A pruning step only asks whether a table reaches the target: it stops at the first sample below it. The
+    search's result is the one scoring every sample gives, with fewer sample runs."""
+    cali = net.wreck("r1")
+    runs = {"n": 0}
+    sample_score = search_module.Evaluator.sample_score
+
+    def counted(self, *args):
+        runs["n"] += 1
+        return sample_score(self, *args)
+
+    monkeypatch.setattr(search_module.Evaluator, "sample_score", counted)
+    # two chunks, x .. res and r3 .. logits: the first reaches the target, and pruning then tries r2 and res
+    # alone in float (below the target: r1 is the wrecked one) before it keeps x and r1, then r1
+    fast = run_search(net, cali, target_cos=0.99, samples=3, chunks=2)
+    fast_runs, runs["n"] = runs["n"], 0
+    monkeypatch.setattr(search_module._Search, "passes", lambda self, chosen, like: self.score(chosen) >= 0.99)
+    full = run_search(net, cali, target_cos=0.99, samples=3, chunks=2)
+    assert fast.table == full.table and fast.score == full.score and fast.lowerings == full.lowerings
+    assert [u.tensor for u in fast.chosen] == [u.tensor for u in full.chosen]
+    assert [u.tensor for u in fast.chosen] == ["r1"]
+    assert fast_runs < runs["n"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from functools import cache
+from functools import cache, lru_cache
 
 from xdsl.dialects.builtin import (ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, IntegerType, StringAttr,
                                    f64, i1, i64)
@@ -60,12 +60,20 @@ def _to_attr(kind: str, value: object) -> Attribute:
     if kind == "str":
         return StringAttr(str(value))
     if kind == "ints":
-        return ArrayAttr([IntegerAttr(int(v), i64) for v in value])
+        return _int_array(tuple(int(v) for v in value))
     if kind == "floats":
         return ArrayAttr([FloatAttr(float(v), f64) for v in value])
     if kind == "strs":
         return ArrayAttr([StringAttr(str(v)) for v in value])
     raise AssertionError(kind)
+
+
+@lru_cache(maxsize=4096)
+def _int_array(values: tuple[int, ...]) -> ArrayAttr:
+    # attributes are immutable, so one can serve every op with the same values: the mixed-precision search
+    # lowers one module dozens of times, and an INT8 op's per-channel multipliers (6625 of them in PP-OCRv4
+    # rec's classifier) were most of each lowering as fresh IntegerAttrs
+    return ArrayAttr([IntegerAttr(v, i64) for v in values])
 
 
 def _from_attr(kind: str, attr: Attribute) -> object:

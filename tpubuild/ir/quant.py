@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
 
 from xdsl.dialects.builtin import ArrayAttr, FloatData, IntAttr, StringAttr
 from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, TypeAttribute
@@ -86,9 +89,9 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
             axis: int = -1) -> "UniformType":
         if storage not in STORAGE:
             raise ValueError(f"unknown quant storage type {storage!r}; expected one of {sorted(STORAGE)}")
-        return UniformType(StringAttr(storage), expressed, IntAttr(axis),
-                           ArrayAttr([FloatData(float(s)) for s in scales]),
-                           ArrayAttr([IntAttr(int(z)) for z in zero_points]))
+        # keyed by the scales' exact bits (as floats, -0.0 == 0.0 would share an entry)
+        return _uniform(storage, expressed, np.asarray(scales, np.float64).tobytes(),
+                        tuple(int(z) for z in zero_points), int(axis))
 
     @property
     def storage_type(self) -> str:
@@ -152,6 +155,16 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
             printer.print_string(f":{self.axis.data}, {{{','.join(pairs)}}}>")
         else:
             printer.print_string(f", {pairs[0]}>")
+
+
+@lru_cache(maxsize=1024)
+def _uniform(storage: str, expressed: Attribute, scales: bytes, zero_points: tuple[int, ...],
+             axis: int) -> UniformType:
+    # types are immutable, so one serves every op of that type: the mixed-precision search lowers a module
+    # dozens of times, and a per-channel type holds an attribute per channel
+    return UniformType(StringAttr(storage), expressed, IntAttr(axis),
+                       ArrayAttr([FloatData(s) for s in np.frombuffer(scales, np.float64).tolist()]),
+                       ArrayAttr([IntAttr(z) for z in zero_points]))
 
 
 Quant = Dialect("quant", [], [CalibratedType, UniformType])

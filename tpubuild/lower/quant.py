@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from xdsl.dialects.builtin import f32
@@ -44,6 +45,7 @@ def round_half_away_exact(x: float) -> int:
     return -n if x < 0 else n
 
 
+@lru_cache(maxsize=1 << 16)  # per-channel scales repeat across the search's lowerings of one model
 def multiplier_rshift(scale: float) -> tuple[int, int]:
     """(m, r) with m / 2^r ~ scale: m in [2^30, 2^31), r as large as allowed (see module doc)."""
     if not (scale >= 0 and math.isfinite(scale)):

@@ -53,7 +53,7 @@ from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
-from tpubuild.top.inference import run
+from tpubuild.top.inference import Memo, run
 from tpubuild.verify.similarity import cosine
 
 
@@ -122,6 +122,7 @@ class Evaluator:
         top_outputs = mlir.output_names(module)
         self.refs = [[run(module, weights, s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
         self.lowerings = 0
+        self.memo: Memo | None = None  # once the scored samples are chosen
 
     def lower(self, qtable: Mapping[str, str]) -> tuple[Lowering, ModuleOp, WeightStore]:
         lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
@@ -130,32 +131,36 @@ class Evaluator:
         self.lowerings += 1
         return lw, tpu_module, tpu_weights
 
-    def outputs(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> list[list[np.ndarray]]:
+    def sample_score(self, tpu_module: ModuleOp, tpu_weights: WeightStore, i: int) -> float:
+        """Sample i's lowest cosine of any output."""
         names = mlir.output_names(tpu_module)
-        types = {n: v.type for n, v in zip(names, mlir.return_op(tpu_module).operands)}
-        found = []
-        for s in self.samples:
-            out = run(tpu_module, tpu_weights, s, all_tensors=False)
-            found.append([dequantize(out[n], types[n].element_type) for n in names])
+        types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
+        out = (self.memo.run(tpu_module, tpu_weights, i) if self.memo is not None
+               else run(tpu_module, tpu_weights, self.samples[i], all_tensors=False))
+        return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.refs[i]))
+
+    def per_sample(self, tpu_module: ModuleOp, tpu_weights: WeightStore, order: Sequence[int] | None = None,
+                   stop_below: float | None = None) -> dict[int, float]:
+        """Each sample's lowest cosine of any output, in ``order``; with ``stop_below``, none after the
+        first sample below it (its score is then all that matters)."""
+        found = {}
+        for i in range(len(self.samples)) if order is None else order:
+            found[i] = self.sample_score(tpu_module, tpu_weights, i)
+            if stop_below is not None and found[i] < stop_below:
+                break
         return found
 
-    def per_sample(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> list[float]:
-        """Each sample's lowest cosine of any output."""
-        return [min(cosine(t, r) for t, r in zip(outs, refs))
-                for outs, refs in zip(self.outputs(tpu_module, tpu_weights), self.refs)]
-
-    def score_of(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> float:
-        """The lowest cosine of any output over the samples."""
-        return min(self.per_sample(tpu_module, tpu_weights))
-
     def keep(self, indices: Sequence[int]) -> None:
-        """Score only these samples from now on."""
+        """Score only these samples from now on; their runs reuse each other's unchanged tensors (Memo)."""
         self.samples = [self.samples[i] for i in indices]
         self.refs = [self.refs[i] for i in indices]
+        self.memo = Memo(self.samples)
 
-    def score(self, qtable: Mapping[str, str]) -> float:
+    def score(self, qtable: Mapping[str, str], order: Sequence[int] | None = None,
+              stop_below: float | None = None) -> dict[int, float]:
+        """Lower with ``qtable`` and score the samples (per_sample)."""
         _, tpu_module, tpu_weights = self.lower(qtable)
-        return self.score_of(tpu_module, tpu_weights)
+        return self.per_sample(tpu_module, tpu_weights, order, stop_below)
 
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
@@ -212,7 +217,7 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
     user = dict(user or {})
     ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples)
     lw, tpu_module, tpu_weights = ev.lower(user)
-    per_sample = ev.per_sample(tpu_module, tpu_weights)
+    per_sample = list(ev.per_sample(tpu_module, tpu_weights).values())
     pool = len(per_sample)
     # stable: the first samples on ties, scored in their own order
     worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[:config.samples])
@@ -238,12 +243,35 @@ class _Search:
     def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say):
         self.ev, self.units, self.user, self.mode, self.config, self.say = ev, units, user, mode, config, say
         self.scores: dict[frozenset[int], float] = {}
+        self.per_sample: dict[frozenset[int], dict[int, float]] = {}  # of the tables in ``scores``
+        self.failed: set[frozenset[int]] = set()  # tables known below the target, not scored on every sample
         self.alone: dict[int, float] = {}  # a tensor's score when its segment alone was float
+
+    def table(self, chosen: frozenset[int]) -> dict[str, str]:
+        return table_of(self.user, [self.units[i] for i in sorted(chosen)], self.mode)
 
     def score(self, chosen: frozenset[int]) -> float:
         if chosen not in self.scores:
-            self.scores[chosen] = self.ev.score(table_of(self.user, [self.units[i] for i in sorted(chosen)], self.mode))
+            self.per_sample[chosen] = self.ev.score(self.table(chosen))
+            self.scores[chosen] = min(self.per_sample[chosen].values())
         return self.scores[chosen]
+
+    def passes(self, chosen: frozenset[int], like: frozenset[int]) -> bool:
+        """Whether ``chosen`` reaches the target: the same answer as score(chosen) >= target, but the
+        samples are scored hardest first (as they were for ``like``, a table scored on all of them) and
+        none after one below the target. A table that passes is scored on every sample."""
+        target = self.config.target_cos
+        if chosen in self.scores:
+            return self.scores[chosen] >= target
+        if chosen in self.failed:
+            return False
+        hardest = self.per_sample[like]
+        found = self.ev.score(self.table(chosen), sorted(hardest, key=lambda i: (hardest[i], i)), target)
+        if min(found.values()) < target:
+            self.failed.add(chosen)
+            return False
+        self.per_sample[chosen], self.scores[chosen] = found, min(found.values())
+        return True
 
     def budget_left(self) -> bool:
         return self.ev.lowerings < self.config.max_lowerings
@@ -278,13 +306,12 @@ class _Search:
 
     def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
         """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
-        target = self.config.target_cos
         while queue and self.budget_left():
             seg = queue.pop(0) & chosen
             if not seg:
                 continue
             rest = chosen - seg
-            if rest and self.score(rest) >= target:
+            if rest and self.passes(rest, chosen):
                 chosen = rest
                 self.say(f"- tensors {self._span(seg)}: not needed, cos {self.scores[rest]:.6f}")
             elif len(seg) > 1:

@@ -7,8 +7,10 @@ stage's dump can be compared with every other's and with onnxruntime's.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -97,6 +99,103 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
     outs = {mlir.value_name(v): values[id(v)] for v in mlir.return_op(module).operands}
     named.update(outs)
     return named
+
+
+class Memo:
+    """Tensors of earlier runs on the same inputs, reused by later runs of related modules.
+
+    An op's results are determined by its kind, attributes, result types and operands, so
+    each value gets a key from those (an operand by its own key, a weight by its bytes, a
+    graph input by its name): a run that meets a key computed before on the same input
+    takes its tensors instead of running the kernel. The mixed-precision search lowers one
+    model dozens of times with a few ops changed each time; the ops before the first
+    change, and those the change does not reach, are then computed once. Keeps at most
+    ``budget`` bytes of tensors, least recently used dropped first.
+    """
+
+    def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], budget: int = 1 << 30):
+        self.inputs = list(inputs)
+        self.budget = budget
+        self._keys: dict[tuple, int] = {}
+        self._results: OrderedDict[tuple[int, int], tuple[tuple, int]] = OrderedDict()  # (key, input) -> results
+        self._bytes = 0
+        self._plan: tuple[ModuleOp, WeightStore, list, list] | None = None
+        self.computed = self.reused = 0  # ops, over all runs
+
+    def run(self, module: ModuleOp, weights: WeightStore, index: int) -> dict[str, np.ndarray]:
+        """The graph outputs by name on input ``index`` (as ``run(..., all_tensors=False)`` gives them)."""
+        plan, outputs = self._plan_of(module, weights)
+        here: dict[int, tuple] = {}  # this run's values by key (an entry may leave the memo meanwhile)
+        for op, role, key, operands in plan:
+            if role is WeightOp:
+                here[key] = (weights[op.loc_name],)
+            elif role is NoneOp:
+                here[key] = (None,)
+            elif key not in here:
+                here[key] = self._results_of(op, role, key, index, [here[k][i] for k, i in operands])
+        return {name: here[key][i] for name, (key, i) in outputs}
+
+    def _plan_of(self, module: ModuleOp, weights: WeightStore) -> tuple[list, list]:
+        """Each op's key and its operands' (key, result index), for the module of the last run or a new one."""
+        if self._plan is not None and self._plan[0] is module and self._plan[1] is weights:
+            return self._plan[2], self._plan[3]
+        plan = []
+        where: dict[int, tuple[int, int]] = {}  # id(value) -> (key, result index)
+        for op in mlir.body_ops(module):
+            if not isinstance(op, TensorOp):
+                continue
+            role = _role(type(op))
+            if role is WeightOp:
+                array = weights[op.loc_name]
+                signature = ("weight", array.dtype.str, array.shape,
+                             hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=16).digest())
+            elif role is NoneOp:
+                signature = ("none",)
+            else:
+                # a graph input reads its data by name; nothing else depends on names or locations
+                signature = (op.name, op.loc_name if role is InputOp else None, tuple(op.attributes.items()),
+                             tuple(op.properties.items()), tuple(r.type for r in op.results),
+                             tuple(where[id(v)] for v in op.operands if id(v) in where))
+            key = self._keys.setdefault(signature, len(self._keys))
+            operands = [where[id(v)] for v in op.operands] if role is None else []
+            plan.append((op, role, key, operands))
+            for i, value in enumerate(op.results):
+                where[id(value)] = (key, i)
+        outputs = [(mlir.value_name(v), where[id(v)]) for v in mlir.return_op(module).operands]
+        self._plan = (module, weights, plan, outputs)
+        return plan, outputs
+
+    def _results_of(self, op: TensorOp, role, key: int, index: int, args: list) -> tuple:
+        hit = self._results.get((key, index))
+        if hit is not None:
+            self._results.move_to_end((key, index))
+            self.reused += 1
+            return hit[0]
+        params, result_types, names = _decoded(op, role)
+        if role is InputOp:
+            result = _feed(op, self.inputs[index])
+        else:
+            try:
+                result = _kernel(type(op))(params, *args)
+            except (KernelError, ValueError, FloatingPointError) as e:
+                raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+        results = tuple(_checked(op, np.asarray(a), name, expect, dtype) for a, name, (expect, dtype)
+                        in zip(result if isinstance(result, tuple) else (result,), names, result_types))
+        self.computed += 1
+        size = sum(a.nbytes for a in results)
+        self._results[(key, index)] = (results, size)
+        self._bytes += size
+        while self._bytes > self.budget and len(self._results) > 1:
+            _, (_, dropped) = self._results.popitem(last=False)
+            self._bytes -= dropped
+        return results
+
+
+def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if array.shape != expect:
+        raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}", loc=name)
+    # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
+    return array.astype(dtype, order="C", copy=False)
 
 
 # per op class, looked up once: the graph-source op it is (or None: computed by a kernel) and its kernel
