@@ -39,6 +39,7 @@ class Chip:
     ddr_align: int = 64
     gdma_latency: int = 0  # cycles per GDMA transfer
     bdc_overhead: int = 0  # cycles per BDC command
+    ddr_store_gb_s: float | None = None  # local -> DDR bandwidth where it differs from ddr_gb_s (DDR -> local)
 
     def macs_per_lane(self, mode: str) -> int:
         """Peak MACs per lane per cycle in ``mode`` (F32, BF16, F16, INT8)."""
@@ -50,7 +51,13 @@ class Chip:
 
     @property
     def ddr_bytes_per_cycle(self) -> float:
+        """DDR -> local (and DDR -> DDR read) bytes per cycle."""
         return self.ddr_gb_s * 1e9 / (self.clock_mhz * 1e6)
+
+    @property
+    def ddr_store_bytes_per_cycle(self) -> float:
+        """local -> DDR bytes per cycle."""
+        return (self.ddr_store_gb_s or self.ddr_gb_s) * 1e9 / (self.clock_mhz * 1e6)
 
     @property
     def lmem_bank_bytes(self) -> int:
@@ -127,4 +134,5 @@ def load_chip(name: str) -> Chip:
                 eu_bytes=data["eu_bytes"], lmem_bytes=lmem["bytes_per_lane"], lmem_banks=lmem["banks"],
                 macs=tuple(sorted(data["macs_per_lane_per_cycle"].items())), ddr_bytes=ddr["bytes"],
                 ddr_gb_s=float(ddr["bandwidth_gb_s"]), ddr_align=ddr["align_bytes"],
-                gdma_latency=data["gdma_latency_cycles"], bdc_overhead=data["bdc_overhead_cycles"])
+                gdma_latency=data["gdma_latency_cycles"], bdc_overhead=data["bdc_overhead_cycles"],
+                ddr_store_gb_s=ddr.get("store_bandwidth_gb_s"))

@@ -6,7 +6,9 @@ replays the emitted commands), so a plan and its replay agree by construction.
 Everything here works on plain data (op names, parameter dataclasses, shapes,
 numpy dtypes) because the simulator sees only the model file.
 
-- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)``.
+- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)`` at the bandwidth of
+  the transfer's direction (DDR -> local, or local -> DDR where the chip gives
+  a store bandwidth); DDR -> DDR pays both.
 - BDC on local tiles: ``bdc_overhead + MAC cycles + vector cycles + serial
   cycles``. Channels spread over lanes, so a tile with C channels keeps
   ``ceil(C / lanes)`` channels per lane and every per-lane count uses that. MAC
@@ -290,17 +292,24 @@ def bdc_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shap
     return chip.bdc_overhead + math.ceil(compute_cycles(chip, op, params, in_shapes, out_shapes, dtype))
 
 
-def gdma_cycles(chip: Chip, nbytes: int) -> int:
-    """One GDMA transfer of ``nbytes`` between DDR and local memory (or DDR to DDR)."""
-    return chip.gdma_latency + math.ceil(nbytes / chip.ddr_bytes_per_cycle)
+def gdma_cycles(chip: Chip, nbytes: int, store: bool = False) -> int:
+    """One GDMA transfer of ``nbytes`` DDR -> local (``store``: local -> DDR)."""
+    bw = chip.ddr_store_bytes_per_cycle if store else chip.ddr_bytes_per_cycle
+    return chip.gdma_latency + math.ceil(nbytes / bw)
+
+
+def copy_cycles(chip: Chip, nbytes: int) -> int:
+    """One DDR -> DDR transfer of ``nbytes``: it reads and writes each byte."""
+    return chip.gdma_latency + math.ceil(nbytes / chip.ddr_bytes_per_cycle + nbytes / chip.ddr_store_bytes_per_cycle)
 
 
 def global_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                  dtype: np.dtype | str, transfers: Sequence[int]) -> int:
-    """An op that streams its operands from DDR and its results back (a global BDC command);
-    ``transfers``: the bytes of each DDR operand and result, each one GDMA transfer."""
+                  dtype: np.dtype | str, reads: Sequence[int], writes: Sequence[int] = ()) -> int:
+    """An op that streams its operands from DDR and its results back (a global BDC command); ``reads``,
+    ``writes``: the bytes of each DDR operand and result, each one GDMA transfer."""
     compute = compute_cycles(chip, op, params, in_shapes, out_shapes, dtype)
-    return chip.bdc_overhead + sum(gdma_cycles(chip, b) for b in transfers) + math.ceil(compute)
+    return (chip.bdc_overhead + sum(gdma_cycles(chip, b) for b in reads)
+            + sum(gdma_cycles(chip, b, store=True) for b in writes) + math.ceil(compute))
 
 
 def true_macs(op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> int:

@@ -171,6 +171,10 @@ class TensorFacts:
     def ddr_bytes(self, n: int, h: int) -> int:
         return n * h * self.row
 
+    def gdma_cycles(self, chip: Chip, n: int, h: int, store: bool = False) -> int:
+        """One transfer of ``n`` x ``h`` rows of the tensor to local memory (``store``: back to DDR)."""
+        return cost.gdma_cycles(chip, self.ddr_bytes(n, h), store)
+
 
 @dataclass
 class OpFacts:
@@ -277,14 +281,14 @@ class Planner:
         out_shapes = [g.tensors[o].shape for o in node.outputs if o in g.tensors]
         dtype = self._compute_dtype(node)
         compute = cost.compute_cycles(chip, node.kind, node.op.params, in_shapes, out_shapes, dtype)
-        transfers = ([g.tensors[t].nbytes for t in dict.fromkeys(x for x in node.inputs if x is not None)]
-                     + [g.tensors[o].nbytes for o in node.outputs if o in g.tensors])
-        nbytes = sum(transfers)
+        reads = [g.tensors[t].nbytes for t in dict.fromkeys(x for x in node.inputs if x is not None)]
+        writes = [g.tensors[o].nbytes for o in node.outputs if o in g.tensors]
+        nbytes = sum(reads) + sum(writes)
         if kind == COPY:  # one DDR-to-DDR transfer reading and writing every byte
-            gcycles = cost.gdma_cycles(chip, 2 * g.tensors[node.name].nbytes)
+            gcycles = cost.copy_cycles(chip, g.tensors[node.name].nbytes)
         else:
             gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
-                                                                 out_shapes, dtype, transfers)
+                                                                 out_shapes, dtype, reads, writes)
         wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
         wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
         s4 = nchw(g.tensors[node.name].shape)
@@ -413,14 +417,12 @@ class Planner:
         load = store = nbytes = 0
         for t in inputs:
             r = need[t]
-            b = self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2])
-            load += cost.gdma_cycles(chip, b)
-            nbytes += b
+            load += self.t[t].gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
+            nbytes += self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2])
         for o in outputs:
             r = own[o]
-            b = self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2])
-            store += cost.gdma_cycles(chip, b)
-            nbytes += b
+            store += self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
+            nbytes += self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2])
         compute = 0
         for p in range(i, j):
             f = self.ops[p]
@@ -494,13 +496,13 @@ class Planner:
             r = need[t]
             f = facts[t]
             base += copies * f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
-            load += cost.gdma_cycles(chip, f.ddr_bytes(r[1] - r[0], r[3] - r[2]))
+            load += f.gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
         for o in outputs:
             r = need[o]
             f = facts[o]
             base += copies * f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
             own = self.own_range(o, ns, hs, 0, None)
-            store += cost.gdma_cycles(chip, f.ddr_bytes(own[1] - own[0], own[3] - own[2]))
+            store += f.gdma_cycles(chip, own[1] - own[0], own[3] - own[2], store=True)
         whole = set(inputs) | set(outputs)
         m = j - i
         diff = [0] * (m + 1)
@@ -713,10 +715,10 @@ class Planner:
         durations = []
         for step in steps:
             if step.kind == "load":
-                d = sum(cost.gdma_cycles(chip, self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2]))
+                d = sum(self.t[t].gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
                         for t in group.inputs for r in [group.ranges[t][step.slice]])
             elif step.kind == "store":
-                d = sum(cost.gdma_cycles(chip, self.t[o].ddr_bytes(r[1] - r[0], r[3] - r[2]))
+                d = sum(self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
                         for o in group.outputs for r in [group.own[o][step.slice]])
             elif step.kind == "weights":
                 d = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in loads[step.op])

@@ -71,6 +71,7 @@ class ChipParams:
     macs_per_lane_per_cycle: Mapping[str, float]  # by mode: INT8, F16, BF16, F32 (as the chip YAML)
     gdma_latency_cycles: int = 0    # fixed cost of each GDMA command
     bdc_overhead_cycles: int = 0    # fixed cost of each BDC command
+    ddr_store_bandwidth: float = 0.0  # local -> DDR bytes per second; 0: ddr_bandwidth both ways
 
     @classmethod
     def from_chip(cls, chip) -> "ChipParams":
@@ -78,7 +79,7 @@ class ChipParams:
         return cls(name=chip.name, lanes=chip.lanes, lane_bytes=chip.lmem_bytes, banks=chip.lmem_banks,
                    eu_bytes=chip.eu_bytes, ddr_bandwidth=chip.ddr_gb_s * 1e9, clock_hz=chip.clock_mhz * 1e6,
                    macs_per_lane_per_cycle=dict(chip.macs), gdma_latency_cycles=chip.gdma_latency,
-                   bdc_overhead_cycles=chip.bdc_overhead)
+                   bdc_overhead_cycles=chip.bdc_overhead, ddr_store_bandwidth=(chip.ddr_store_gb_s or 0.0) * 1e9)
 
     def to_chip(self):
         """A tpubuild.build.chips.Chip with these figures (what the cost formulas take)."""
@@ -87,13 +88,15 @@ class ChipParams:
         return Chip(name=self.name, modes=tuple(sorted(self.macs_per_lane_per_cycle)), clock_mhz=self.clock_hz / 1e6,
                     lanes=self.lanes, eu_bytes=self.eu_bytes, lmem_bytes=self.lane_bytes, lmem_banks=self.banks,
                     macs=tuple(sorted(self.macs_per_lane_per_cycle.items())), ddr_gb_s=self.ddr_bandwidth / 1e9,
-                    gdma_latency=self.gdma_latency_cycles, bdc_overhead=self.bdc_overhead_cycles)
+                    gdma_latency=self.gdma_latency_cycles, bdc_overhead=self.bdc_overhead_cycles,
+                    ddr_store_gb_s=self.ddr_store_bandwidth / 1e9 or None)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "lanes": self.lanes, "lane_bytes": self.lane_bytes, "banks": self.banks,
                 "eu_bytes": self.eu_bytes, "ddr_bandwidth": self.ddr_bandwidth, "clock_hz": self.clock_hz,
                 "macs_per_lane_per_cycle": dict(sorted(self.macs_per_lane_per_cycle.items())),
-                "gdma_latency_cycles": self.gdma_latency_cycles, "bdc_overhead_cycles": self.bdc_overhead_cycles}
+                "gdma_latency_cycles": self.gdma_latency_cycles, "bdc_overhead_cycles": self.bdc_overhead_cycles,
+                "ddr_store_bandwidth": self.ddr_store_bandwidth}
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,8 @@ def _chip(doc: Any) -> ChipParams:
         clock_hz=_num(doc.get("clock_hz")),
         macs_per_lane_per_cycle={_str(k): _num(v) for k, v in macs.items()},
         gdma_latency_cycles=_int(doc.get("gdma_latency_cycles", 0)),
-        bdc_overhead_cycles=_int(doc.get("bdc_overhead_cycles", 0)))
+        bdc_overhead_cycles=_int(doc.get("bdc_overhead_cycles", 0)),
+        ddr_store_bandwidth=_num(doc["ddr_store_bandwidth"]) if doc.get("ddr_store_bandwidth") else 0.0)
 
 
 def _header(payload: bytes, file: str) -> Header:

@@ -4,8 +4,9 @@ Each command's cycles come from tpubuild/codegen/cost.py, the formulas layer
 group plans with, applied to what the command says (op, parameters, tile
 shapes, element type) and the chip figures in the model header:
 
-- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)``, bytes being what
-  crosses the DDR interface (DDR2DDR counts its read and its write);
+- GDMA: ``gdma_latency + bytes / (DDR bytes per cycle)`` at the bandwidth of
+  its direction, bytes being what crosses the DDR interface (DDR2DDR pays its
+  read and its write);
 - BDC on local tiles: ``bdc_overhead`` + cube MAC cycles + vector cycles, with
   channels spread over lanes (``ceil(C / lanes)`` per lane);
 - global BDC (DDR operands or results): its DDR tensors each cost one transfer,
@@ -41,8 +42,9 @@ def bdc_cycles(chip: Chip, b: Bdc, params) -> int:
     """``chip``: the header's figures as a Chip (``ChipParams.to_chip()``)."""
     ins, outs = _shapes(b.operands), _shapes(b.results)
     if b.is_global:
-        transfers = [t.size() * cmd.itemsize(t.dtype) for t in (*b.operands, *b.results) if t.space == Space.DDR]
-        cycles = cost.global_cycles(chip, b.op, params, ins, outs, _compute_dtype(b), transfers)
+        reads = [t.size() * cmd.itemsize(t.dtype) for t in b.operands if t.space == Space.DDR]
+        writes = [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR]
+        cycles = cost.global_cycles(chip, b.op, params, ins, outs, _compute_dtype(b), reads, writes)
     else:
         cycles = cost.bdc_cycles(chip, b.op, params, ins, outs, _compute_dtype(b))
     return max(1, cycles)
@@ -50,7 +52,9 @@ def bdc_cycles(chip: Chip, b: Bdc, params) -> int:
 
 def gdma_cycles(chip: Chip, g: Gdma) -> int:
     read, written = g.ddr_bytes()
-    return max(1, cost.gdma_cycles(chip, read + written))
+    if g.direction == cmd.Direction.DDR2DDR:
+        return max(1, cost.copy_cycles(chip, read))
+    return max(1, cost.gdma_cycles(chip, read + written, store=g.direction == cmd.Direction.STORE))
 
 
 def bdc_macs(b: Bdc, params) -> int:
