@@ -21,7 +21,9 @@ execution). Prints per target:
   place of MACs / peak: per op one BDC command's fixed overhead plus its work
   on the unit that runs it, over every lane with no EU padding (cube MACs at
   the rate of the op's own dtype; depthwise conv taps, activations, adds,
-  pooling on the vector unit at one EU per lane per cycle: cost.attainable_cycles).
+  pooling on the vector unit at one EU per lane per cycle, int32-wide for
+  INT8; table lookups and nearest resize one element per lane per cycle:
+  cost.attainable_cycles).
   Ops run one at a time on the BDC, so these add up. It differs from the
   roofline where a model's time is not its MACs: depthwise convs (no channel
   reduction for the cube), element-wise work, many small ops (the overhead per
