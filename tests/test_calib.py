@@ -338,3 +338,82 @@ def test_bounded_outputs_keep_their_whole_range(make_model, convert, method):
     entries = compute_entries(module, weights, stats, method)
     assert entries["p"].threshold == pytest.approx(stats["p"].max, rel=1e-3) and entries["p"].threshold > 0.99
     assert entries["r"].threshold == threshold(stats["r"], method)  # unbounded: the method decides
+
+
+def test_saturating_readers_bound_the_threshold(make_model, convert):
+    """A tensor read only by HardSigmoid / Sigmoid needs no threshold past where their stored result stops
+    changing: HardSigmoid(x/6 + 1/2) is 1 from x = 3; a uint8 sigmoid output is 255 from ln(509). The INT8
+    result is then as close to float as with the wide threshold (nothing is lost), and closer on the slope."""
+    from onnx import helper
+
+    from tpubuild.build.chips import load_chip
+    from tpubuild.calib.calibrate import apply_table, compute_entries
+    from tpubuild.lower.inference import dequantized
+    from tpubuild.lower.lowering import lower_module
+
+    rng = np.random.default_rng(0)
+
+    def sample():
+        return {"x": rng.normal(0.0, 1.5, (1, 64, 8, 8)).astype(np.float32)}
+
+    # the convolutions' results: mostly on the slope, 4 channels far past it (as a squeeze-excite gate
+    # input calibrated to 95)
+    offsets = np.where(np.arange(64) < 4, 100.0, 0.0).astype(np.float32) * np.array([1, -1] * 32, np.float32)
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+             helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1.0 / 6, beta=0.5),
+             helper.make_node("Conv", ["x", "w", "b"], ["d"]), helper.make_node("Sigmoid", ["d"], ["s"]),
+             helper.make_node("Conv", ["x", "w", "b"], ["e"]), helper.make_node("HardSigmoid", ["e"], ["h"]),
+             helper.make_node("Relu", ["e"], ["r"])]
+    model = make_model(nodes, sample(), outputs=["g", "s", "h", "r", "c"],
+                       initializers={"w": np.eye(64, dtype=np.float32).reshape(64, 64, 1, 1), "b": offsets})
+    module, weights = convert(model, {"x": [1, 64, 8, 8]})
+    samples = [sample() for _ in range(4)]
+    stats, _ = collect_stats(module, weights, samples)
+    entries = compute_entries(module, weights, stats, "max")
+    assert stats["c"].absmax > 95
+    assert entries["d"].threshold == pytest.approx(np.log(2 * 255 / entries["s"].threshold - 1))
+    # c is also a graph output, e is also read by a Relu: their values past the bound still matter
+    assert entries["c"].threshold == threshold(stats["c"], "max")
+    assert entries["e"].threshold == threshold(stats["e"], "max")
+    wide = {**entries, "c": Entry(threshold(stats["c"], "max"), entries["c"].min, entries["c"].max)}
+    mc = model.graph.output
+    del mc[-1]  # c no longer a graph output: HardSigmoid is its only reader
+    module, weights = convert(model, {"x": [1, 64, 8, 8]})
+    entries = compute_entries(module, weights, stats, "max")
+    assert entries["c"].threshold == pytest.approx(3.0, rel=1e-6)
+    chip = load_chip("bm1684x")
+    test = sample()
+    ref = run(module, weights, test)["g"]
+    errors = []
+    for table in (wide, entries):
+        tpu, w = lower_module(apply_table(module, table), weights, chip=chip, mode="INT8", cali=table)
+        out = dequantized(tpu, run(tpu, w, test))
+        errors.append(float(np.max(np.abs(np.asarray(out["g"], np.float64).reshape(ref.shape) - ref))))
+    assert errors[1] < 0.01 and errors[1] < errors[0] / 10, errors  # the input's and the gate's rounding
+
+
+def test_small_vectors_take_their_max(make_model, convert):
+    """Pooled features and logits: a few hundred values per sample, each one signal; the histogram
+    methods would clip the channel that decides the output. Larger tensors are the method's."""
+    from onnx import helper
+
+    from tpubuild.calib.calibrate import VECTOR_SIZE, compute_entries
+
+    rng = np.random.default_rng(1)
+
+    def sample(n):
+        x = rng.standard_normal((1, n)).astype(np.float32)
+        x[0, 0] = 12.0  # one channel far above the rest, in every image
+        return x
+
+    nodes = [helper.make_node("Relu", ["v"], ["rv"]), helper.make_node("Relu", ["m"], ["rm"])]
+    n_small, n_big = VECTOR_SIZE // 4, VECTOR_SIZE * 4
+    model = make_model(nodes, {"v": sample(n_small), "m": sample(n_big)}, outputs=["rv", "rm"])
+    module, weights = convert(model, {"v": [1, n_small], "m": [1, n_big]})
+    samples = [{"v": sample(n_small), "m": sample(n_big)} for _ in range(8)]
+    stats, _ = collect_stats(module, weights, samples)
+    entries = compute_entries(module, weights, stats, "kl")
+    assert threshold(stats["v"], "kl") < 6.0 and threshold(stats["m"], "kl") < 6.0  # KL clips the channel
+    assert entries["v"].threshold == entries["rv"].threshold == pytest.approx(12.0)
+    assert entries["m"].threshold == threshold(stats["m"], "kl")

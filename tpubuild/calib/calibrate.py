@@ -6,7 +6,10 @@
 2. ``compute_entries``: a threshold per tensor by the manifest's method
    (thresholds.py), or ``auto`` (tune.py), except the max for results of
    bounded ops (Sigmoid, HardSigmoid, Softmax, Tanh: ``BOUNDED``); min and
-   max are the observed ones.
+   max are the observed ones. Two more rules, whatever the method: a tensor
+   of at most ``VECTOR_SIZE`` values per sample (pooled features, logits)
+   takes its max, and a tensor read only by ops that saturate (HardSigmoid,
+   Clip, Sigmoid, Tanh) is clipped where their result stops changing.
 3. A user table (the manifest's ``calibration.table``) wins: its entries
    replace computed ones, and when it covers every tensor no inference runs.
 4. ``apply_table``: every calibrated tensor's type becomes
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -33,7 +37,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType
-from tpubuild.ir.top import HardSigmoidOp, NoneOp, SigmoidOp, SoftmaxOp, TanhOp, WeightOp
+from tpubuild.ir.top import ClipOp, HardSigmoidOp, NoneOp, ReluOp, SigmoidOp, SoftmaxOp, TanhOp, WeightOp
 from tpubuild.ir.types import numpy_dtype
 from tpubuild.ir.weights import WeightStore
 
@@ -45,6 +49,44 @@ AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
 # whatever the method. KL put PP-OCRv4 det's sigmoid map (88% near 0, 12% near 1) at 0.25:
 # every text pixel saturated below DB's 0.3 threshold and the INT8 map found no text at all.
 BOUNDED = (SigmoidOp, HardSigmoidOp, SoftmaxOp, TanhOp)
+# A tensor this small per sample is a vector of per-image features (a squeeze-excite block's pooled
+# channels, a classifier's logits): every value is signal, and a few hundred values per sample are too
+# few for a histogram method to tell an outlier from the feature that decides the output. KL clipped
+# mini_mobilenet's pooled SE features at 1.35 where photographs reach 2.3, which moved the gates of
+# every channel: output cosine 0.35 on a held-out photograph, 0.92 with the max.
+VECTOR_SIZE = 1024
+
+
+def _hardsigmoid_bound(op, out) -> float:
+    a, b = op.params.alpha, op.params.beta  # 0 at -b/a, 1 at (1-b)/a
+    return max(abs(b / a), abs((1 - b) / a))
+
+
+def _clip_bound(op, out) -> float:
+    return max(abs(op.params.min), abs(op.params.max))
+
+
+def _relu_bound(op, out) -> float:
+    return op.params.relu_limit if op.params.relu_limit > 0 else math.inf
+
+
+def _sigmoid_bound(op, out) -> float:
+    # past ln(2/s - 1) the result is within half an output step s of 0 or 1: the same stored value
+    step = out.threshold / (255 if out.min >= 0 else 127)
+    return math.log(2 / step - 1) if 0 < step < 2 else math.inf
+
+
+def _tanh_bound(op, out) -> float:
+    step = out.threshold / 127
+    return math.atanh(1 - step / 2) if 0 < step < 2 else math.inf
+
+
+# op -> (op, its result's entry) -> the |x| beyond which its result no longer changes (as stored in
+# INT8: a table op's output is quantized). A tensor read only by such ops needs no threshold above
+# the largest of their bounds: PP-OCRv4 det's squeeze-excite gates read convolutions calibrated to
+# 95, which left 8 of the 256 input levels to HardSigmoid's whole (-3, 3) slope.
+SATURATES = {HardSigmoidOp: _hardsigmoid_bound, ClipOp: _clip_bound, ReluOp: _relu_bound,
+             SigmoidOp: _sigmoid_bound, TanhOp: _tanh_bound}
 
 
 def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
@@ -97,9 +139,26 @@ def compute_entries(module: ModuleOp, weights: WeightStore, stats: Mapping[str, 
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
     values = activation_values(module)
     for name, s in stats.items():
-        if isinstance(getattr(values.get(name), "owner", None), BOUNDED):
+        if isinstance(getattr(values.get(name), "owner", None), BOUNDED) or 0 < s.count <= VECTOR_SIZE * s.samples:
             chosen[name] = th.threshold(s, "max")
-    return {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
+    entries = {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
+    for name, entry in entries.items():
+        bound = _saturation_bound(values.get(name), entries)
+        if bound < entry.threshold:
+            entries[name] = Entry(bound, entry.min, entry.max)
+    return entries
+
+
+def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> float:
+    """The largest |x| that changes what any reader of ``value`` computes; inf if a reader is not
+    a saturating op (or the value is a graph output: the return op reads it)."""
+    bounds = []
+    for use in value.uses if value is not None else ():
+        op = use.operation
+        rule = SATURATES.get(type(op))
+        out = entries.get(op.names[0]) if rule is not None else None
+        bounds.append(rule(op, out) if out is not None else math.inf)
+    return max(bounds, default=math.inf)
 
 
 def _candidates(s: TensorStats) -> list[float]:
