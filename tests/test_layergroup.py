@@ -81,12 +81,13 @@ def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
 
 # ---- executing a plan tile by tile ----------------------------------------------------------------
 
-def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]:
+def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[str, np.ndarray]:
     """Run an lg.mlir as the chip would: each local group slice by slice on tiles holding only the planned
-    rows (reading a tile outside them fails), global ops on whole tensors."""
+    rows (reading a tile outside them fails), in its layout (a spread group's tensors in their lane-spread
+    shapes), global ops on whole tensors."""
     graph = build_graph(module)
     groups = read_groups(module, graph)
-    planner = Planner(graph, BM1684X, exact_f32=False)
+    channel = Planner(graph, chip, exact_f32=False)
     ddr = {name: np.asarray(a) for name, a in inputs.items()}
     arrays = {name: weights[name] for name, t in graph.tensors.items() if t.weight}
     for group in groups:
@@ -97,11 +98,12 @@ def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]
             for name, r in zip(node.outputs, result if isinstance(result, tuple) else (result,)):
                 ddr[name] = np.asarray(r).astype(graph.tensors[name].dtype)
             continue
+        planner = channel.layout(group)
         stored = {o: np.full(graph.tensors[o].shape, np.nan).astype(graph.tensors[o].dtype) for o in group.outputs}
         for s in range(group.slices):
             tiles = {}
             for t in group.inputs:
-                tiles[t] = (group.ranges[t][s], _tile(ddr[t], group.ranges[t][s]))
+                tiles[t] = (group.ranges[t][s], _tile(ddr[t], group.ranges[t][s], planner.t[t].shape4))
             for p in group.ops:
                 node = graph.ops[p]
                 out_r = group.ranges[node.name][s]
@@ -118,7 +120,7 @@ def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]
                         assert have[0] <= n_lo and n_hi <= have[1] and have[2] <= h_lo and h_hi <= have[3], \
                             f"{node.name} reads {t} rows outside its tile"
                         view = tile[n_lo - have[0]:n_hi - have[0], :, h_lo - have[2]:h_hi - have[2]]
-                        args.append(view.reshape(logical_shape(graph.tensors[t].shape, operand[1])))
+                        args.append(view.reshape(logical_shape(planner.g.tensors[t].shape, operand[1])))
                 result = np.asarray(get_kernel(type(node.op))(params, *args)).astype(graph.tensors[node.name].dtype)
                 tiles[node.name] = (out_r, result.reshape(nchw(result.shape)))
             for o in group.outputs:
@@ -131,8 +133,8 @@ def execute(module, weights: WeightStore, inputs: dict) -> dict[str, np.ndarray]
     return ddr
 
 
-def _tile(array, r):
-    a = np.asarray(array).reshape(nchw(array.shape))
+def _tile(array, r, shape4):
+    a = np.asarray(array).reshape(shape4)
     return a[r[0]:r[1], :, r[2]:r[3]].copy()
 
 
@@ -170,7 +172,7 @@ def test_group_slices_reproduce_whole_tensor_inference(lmem, lanes):
     ref = run(module, weights, inputs)
     lg, groups = layer_group(module, chip, exact_f32=False)  # slice the F32 convs too: the halo math
     lg = mlir.parse_module(mlir.print_module(lg))
-    got = execute(lg, weights, inputs)
+    got = execute(lg, weights, inputs, chip)
     for name in ("pool", "c4"):
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-4, err_msg=name)
     if lmem <= 6 * 1024:

@@ -23,8 +23,9 @@ tile's plane stride.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +118,7 @@ class Emitter:
         self.scalars = scalars or {}  # scalar integer weights (a Gather's index) by name
         # the ops' true slice geometry (windows and all): lg.mlir's ranges say how they were sliced
         self.planner = Planner(graph, chip, exact_f32=False)
+        self.channel = self.planner  # the ops in their channel layout (``layout`` may switch self.g/planner)
         self.w_addr, self.a_addr = weight_addr, act_addr
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
@@ -138,13 +140,26 @@ class Emitter:
         self.bdc.append(b)
         return b.id
 
+    @contextlib.contextmanager
+    def layout(self, group: Group) -> Iterator[None]:
+        """Emit ``group`` in its layout: a spread group's tensors take the spread graph's shapes, so
+        every tile, view and DDR block below is of the spread (n, c, h, w)."""
+        saved = self.g, self.planner
+        self.planner = self.channel.layout(group)
+        self.g = self.planner.g
+        try:
+            yield
+        finally:
+            self.g, self.planner = saved
+
     # ---- DDR blocks ----
 
-    def ddr_tensor(self, t: str) -> Tensor:
+    def ddr_tensor(self, t: str, graph: Graph | None = None) -> Tensor:
+        """A whole DDR tensor, its kernel view the shape ``graph`` (default: self.g) gives it."""
         tensor = self.g.tensors[t]
         addr = self.w_addr[t] if tensor.weight else self.a_addr[t]
         block = (1, 1, 1, max(math.prod(tensor.shape), 1) if tensor.shape else 1)
-        return Tensor.ddr(addr, block, _dtype(self.g, t), view=tensor.shape)
+        return Tensor.ddr(addr, block, _dtype(self.g, t), view=(graph or self.g).tensors[t].shape)
 
     def ddr_rows(self, t: str, r: Range) -> tuple[int, tuple, tuple]:
         """(address, block, strides) of rows ``r`` of DDR tensor t."""
@@ -168,7 +183,7 @@ class Emitter:
         kinds = {p: group.kind for group in self.groups for p in group.ops}
         found: dict[str, tuple[int, list[Piece]]] = {}
         for group in self.groups:
-            if group.kind != LOCAL:
+            if group.kind != LOCAL or group.spread:  # pieces are runs of channels
                 continue
             for o in group.outputs:
                 t = g.tensors[o]
@@ -206,9 +221,12 @@ class Emitter:
                     self.local_group(group)
 
     def global_op(self, group: Group) -> None:
+        """One BDC on DDR tensors; a layout-free op's kernel sees them in their lane-spread shapes (the
+        cycle model spreads its work over the lanes those use)."""
         node = self.g.ops[group.ops[0]]
-        operands = [Tensor.none() if t is None else self.ddr_tensor(t) for t in node.inputs]
-        results = [self.ddr_tensor(o) for o in node.outputs]
+        views = self.channel.spread.g if node.index in self.channel.free else self.g
+        operands = [Tensor.none() if t is None else self.ddr_tensor(t, views) for t in node.inputs]
+        results = [self.ddr_tensor(o, views) for o in node.outputs]
         self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
 
     def copy_op(self, group: Group) -> None:
@@ -225,11 +243,14 @@ class Emitter:
         """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids;
         before its last store, the transfers of ``nxt`` (the next local group, after the global ops and
         copies ``between``) that may run early."""
-        g = self.g
+        with self.layout(group):
+            self._local_group(group, nxt, between)
+
+    def _local_group(self, group: Group, nxt: Group | None, between: list[Group]) -> None:
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
         early = self.early.pop(group.id, {})
-        loads = group.weight_loads(g)
+        loads = group.weight_loads(self.g)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         last_id: list[int] = []  # per step: the id of its last command in its queue
         for index, step in enumerate(steps):
@@ -313,15 +334,25 @@ class Emitter:
                 if apart(lo, lo + self.g.tensors[t].nbytes, [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes)]):
                     continue
                 r, w = nxt.ranges[t][0], cur.own[o][last]
-                if t != o or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
+                # rows compare only in one layout: a spread group's rows are not the channel layout's
+                if t != o or cur.spread != nxt.spread or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
                     return False
             return True
 
         # what hides behind cur's last slice: past nxt's first op's operands, an early transfer that
         # does not fit there would only delay cur's last store and what waits for it
-        cur_steps, cur_cycles = self.planner.timed_steps(cur)
+        cur_steps, cur_cycles = self.channel.layout(cur).timed_steps(cur)
         budget = sum(d for step, d in zip(cur_steps, cur_cycles) if step.queue == "bdc" and step.slice == last)
-        budget += sum(self.planner.ops[b.ops[0]].global_cycles for b in between if b.kind == GLOBAL)
+        budget += sum(self.channel.ops[b.ops[0]].global_cycles for b in between if b.kind == GLOBAL)
+        with self.layout(nxt):
+            return self._prefetch(nxt, prev_bdc, budget, local, unwritten)
+
+    def _prefetch(self, nxt: Group, prev_bdc: int, budget: int, local, unwritten) -> dict[int, tuple[set[str], int]]:
+        """``prefetch``'s transfers of nxt, in nxt's layout."""
+
+        def apart(lo: int, hi: int, used) -> bool:
+            return all(hi <= a or b <= lo for a, b in used)
+
         loads = nxt.weight_loads(self.g)
         steps = schedule(len(nxt.ops), nxt.slices, nxt.copies, [bool(w) for w in loads])
         early: dict[int, tuple[set[str], int]] = {}

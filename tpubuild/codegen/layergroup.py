@@ -45,7 +45,7 @@ from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc, cost
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.slicing import WHOLE, Rule, align, blas_f32, local_rule, weight_lane_bytes
+from tpubuild.codegen.slicing import WHOLE, Rule, align, blas_f32, local_rule, spread_shape, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
 
@@ -214,6 +214,9 @@ class Group:
     cycles: int = 0
     ddr_bytes: int = 0
     lmem_bytes: int = 0
+    # a local group of layout-free ops run in the lane-spread layout: its tensors' (n, c, h, w) are
+    # ``slicing.spread_shape``'s (``spread_graph``), and its ranges count rows of that shape
+    spread: bool = False
 
     @property
     def slices(self) -> int:
@@ -241,21 +244,51 @@ class Estimate:
     n_secs: int
     h_secs: int
     index: int  # position in the slicing sequence
+    spread: bool = False  # in the lane-spread layout (``Planner.spread``)
+
+
+def spread_graph(graph: Graph, ops: Sequence[int], lanes: int) -> Graph:
+    """``graph`` with the activations of ``ops`` (layout-free ops) in their lane-spread shapes
+    (``slicing.spread_shape``: a function of the shape, so an op's operands and result agree)."""
+    tensors = dict(graph.tensors)
+    for p in ops:
+        node = graph.ops[p]
+        for t in [*graph.data_inputs(node), *(o for o in node.outputs if o in tensors)]:
+            tensors[t] = dataclasses.replace(graph.tensors[t], shape=spread_shape(graph.tensors[t].shape, lanes))
+    return Graph(graph.ops, tensors, graph.inputs, graph.outputs)
 
 
 class Planner:
     """``exact_f32``: F32 GEMM ops run on whole tensors (``slicing.blas_f32``), so the chip's F32
-    results equal TPU inference's; off, they slice like every other op (tests of the halo math)."""
+    results equal TPU inference's; off, they slice like every other op (tests of the halo math).
 
-    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True):
+    Layout-free ops (``Rule.layout_free``) may also run in the lane-spread layout: ``self.spread`` is a
+    second planner over ``spread_graph`` that plans only them (``spread_ops``); the search takes its
+    estimate for a run of such ops where it is cheaper, and a global layout-free op runs spread."""
+
+    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True, spread_ops: frozenset[int] | None = None):
         self.g, self.chip = graph, chip
         self.exact_f32 = exact_f32
+        self.spread_layout = spread_ops is not None
         self.t: dict[str, TensorFacts] = {}
         for name, t in graph.tensors.items():
             s4 = nchw(t.shape)
             self.t[name] = TensorFacts(s4, t.dtype.itemsize, math.ceil(s4[1] / chip.lanes),
                                        s4[1] * s4[3] * t.dtype.itemsize)
-        self.ops = [self._facts(node) for node in graph.ops]
+        self.spread: Planner | None = None
+        self.free: frozenset[int] = frozenset()  # layout-free ops whose spread layout uses more lanes
+        if spread_ops is None:
+            free = [node.index for node in graph.ops if _layout_free(graph, node)]
+            if free:
+                sg = spread_graph(graph, free, chip.lanes)
+                self.spread = Planner(sg, chip, exact_f32=exact_f32, spread_ops=frozenset(free))
+                self.free = frozenset(p for p in free
+                                      if nchw(sg.tensors[graph.ops[p].name].shape) != self.t[graph.ops[p].name].shape4)
+        self.ops = [self._facts(node) if spread_ops is None or node.index in spread_ops else _elsewhere(node)
+                    for node in graph.ops]
+        if self.spread is not None:
+            for p in self.free:  # a global layout-free op runs spread (codegen.Emitter.global_op)
+                self.ops[p].global_cycles = self.spread.ops[p].global_cycles
         self._structure: dict[tuple[int, int], tuple] = {}
         self._memo: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
         self._sequences: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -294,6 +327,15 @@ class Planner:
         s4 = nchw(g.tensors[node.name].shape)
         return OpFacts(node.index, node.name, kind, rule, operands, weights, wlane, wcycles, compute,
                        s4[0] * s4[2], gcycles, nbytes)
+
+    def layout(self, group: Group) -> "Planner":
+        """The planner of ``group``'s layout (the spread planner for a spread group)."""
+        return self.spread if group.spread and self.spread is not None else self
+
+    def spreads(self, i: int, j: int) -> bool:
+        """May ops[i:j] run in the lane-spread layout, and does it use more lanes there?"""
+        return self.spread is not None and any(p in self.free for p in range(i, j)) and all(
+            self.spread.ops[p].kind == LOCAL for p in range(i, j))
 
     def _compute_dtype(self, node):
         data = [t for t in node.inputs if t is not None and not self.g.tensors[t].weight]
@@ -541,7 +583,16 @@ class Planner:
 
     def best_local(self, i: int, j: int, hint: int = 0) -> Estimate | None:
         """The cheapest slicing of ops[i:j] among the fewest slices that fit and about 2x and 4x as many
-        (more slices overlap more DMA with compute but add halo rows and command overheads); None: none fits."""
+        (more slices overlap more DMA with compute but add halo rows and command overheads), in the
+        channel layout or, for layout-free ops, the lane-spread one; None: none fits."""
+        best = self._best_local(i, j, hint)
+        if self.spreads(i, j):
+            alt = self.spread._best_local(i, j, hint)
+            if alt is not None and (best is None or alt.cycles < best.cycles):
+                best = alt
+        return best
+
+    def _best_local(self, i: int, j: int, hint: int = 0) -> Estimate | None:
         seq = self.sequence(i, j)
         first = self._first_fit(i, j, seq, min(hint, len(seq) - 1))
         if first is None:
@@ -556,7 +607,7 @@ class Planner:
         for idx in tried:
             fits, cycles = self.estimate(i, j, *seq[idx])
             if fits and (best is None or cycles < best.cycles):
-                best = Estimate(cycles, seq[idx][0], seq[idx][1], first)
+                best = Estimate(cycles, seq[idx][0], seq[idx][1], first, self.spread_layout)
         return best
 
     def _first_fit(self, i: int, j: int, seq: list[tuple[int, int]], hint: int) -> int | None:
@@ -654,7 +705,8 @@ class Planner:
                       ranges={t: [need[t] for need in needs] for t in needs[0]},
                       own={o: [own[o] for own in owns] for o in outputs},
                       sizes=keyed, addrs=addrs, copies=copies,
-                      ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs))
+                      ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs),
+                      spread=self.spread_layout)
         group.cycles = self.replay(group)
         return group
 
@@ -739,7 +791,8 @@ class Planner:
             if kind != LOCAL:
                 groups.append(self._single(len(groups), i, kind))
                 continue
-            groups.extend(self._settle(len(groups), i, j, est))
+            planner = self.spread if est.spread else self
+            groups.extend(planner._settle(len(groups), i, j, est))
         self._alternate(groups)
         return groups
 
@@ -756,7 +809,7 @@ class Planner:
             if flip and all(group.addrs[k] % self.chip.eu_bytes == 0 == (cap - group.sizes[k]) % self.chip.eu_bytes
                             for k in group.addrs):
                 group.addrs = {k: cap - a - group.sizes[k] for k, a in group.addrs.items()}
-                self.check(group)
+                self.layout(group).check(group)
             flip = not flip
 
     def _settle(self, gid: int, i: int, j: int, est: Estimate) -> list[Group]:
@@ -783,6 +836,22 @@ class Planner:
         return Group(gid, kind, [p], inputs=inputs, outputs=outputs, weights=f.weights,
                      cycles=f.global_cycles if kind in (GLOBAL, COPY) else 0,
                      ddr_bytes=f.global_bytes if kind in (GLOBAL, COPY) else 0)
+
+
+# readers that take a result's channels in runs (a channel shuffle's Reshape, a channel Split): codegen
+# stores those runs to their places directly (``Emitter._redirects``), which needs the channel layout
+_CHANNEL_READERS = (tpu.ReshapeOp, tpu.MIRROR[top.SplitOp])
+
+
+def _layout_free(graph: Graph, node) -> bool:
+    rule = local_rule(graph, node)
+    return (rule is not None and rule.layout_free
+            and not any(isinstance(graph.ops[u].op, _CHANNEL_READERS) for u in graph.tensors[node.name].users))
+
+
+def _elsewhere(node) -> OpFacts:
+    """Facts of an op a spread planner never plans (it is not layout-free)."""
+    return OpFacts(node.index, node.name, GLOBAL, None, [], [], 0, 0, 0.0, 1, 0, 0)
 
 
 def pipelined_after_first(k: int, load: int, compute: int, store: int, gdma_t: int, bdc_t: int) -> int:
@@ -923,7 +992,7 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
         }
         if group.kind == LOCAL:
             entry.update({
-                "lmem_bytes": _int(group.lmem_bytes),
+                "lmem_bytes": _int(group.lmem_bytes), "spread": _int(int(group.spread)),
                 "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
                 "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
                 "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": _int(group.addrs[f"{w}#0"]),
@@ -976,6 +1045,7 @@ def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:
         if g.kind == LOCAL:
             g.copies = 2 if g.slices > 1 else 1
             g.lmem_bytes = d["lmem_bytes"]
+            g.spread = bool(d.get("spread", 0))
             for load in d["loads"]:
                 g.inputs.append(load["tensor"])
                 g.ranges[load["tensor"]] = _ranges(load)

@@ -89,6 +89,10 @@ class Rule:
     upsample: int = 1
     # the op's parameters name its output shape (Interp): a slice runs with its own
     sized: bool = False
+    # every result element depends only on the same element of each operand (element-wise, no
+    # broadcasting but of single values, no per-channel weights): any row-major reshape of its
+    # operands and result computes the same elements, so it may run in the lane-spread layout
+    layout_free: bool = False
 
     def computed(self, lo: int, hi: int, out_h: int) -> tuple[int, int]:
         """The output rows the op computes when [lo, hi) are needed."""
@@ -152,9 +156,48 @@ _ELEMENTWISE_TOP = [c for c in top.TOP_OPS if isinstance(c, type) and issubclass
     top.ReluOp, top.SigmoidOp, top.TanhOp, top.ClipOp, top.PReluOp, top.WhereOp, top.CompareOp, top.BatchNormOp]
 
 
+# operands an element-wise op reads whole, whatever the layout of the others: a lookup table
+_TABLES: dict[type, frozenset[int]] = {tpu.LutOp: frozenset({1})}
+
+
 @rule_for(*_mirrors(*_ELEMENTWISE_TOP), tpu.CastOp, tpu.LutOp)
 def _elementwise(graph: Graph, node: Node) -> Rule:
-    return Rule()
+    return Rule(layout_free=_layout_free(graph, node))
+
+
+def _layout_free(graph: Graph, node: Node) -> bool:
+    """Are the op's activation operands all of its result's shape, and its weights single values (or
+    a table it indexes)?"""
+    out = graph.tensors[node.name].shape
+    tables = _TABLES.get(type(node.op), frozenset())
+    for k, t in enumerate(node.inputs):
+        if t is None or k in tables:
+            continue
+        x = graph.tensors[t]
+        if (math.prod(x.shape) != 1) if x.weight else (x.shape != out):
+            return False
+    return True
+
+
+def spread_shape(shape: tuple[int, ...], lanes: int) -> Shape4:
+    """The lane-spread layout of a tensor with fewer channels than lanes: the same elements row-major
+    as (n, c * k, p / k / w', w'), p = h * w the channel plane, k the largest divisor of p with
+    c * k <= lanes, w' = w when k divides h (else the largest divisor of p / k dividing w). ``nchw`` puts channel c in lane
+    c % lanes, so a 1-channel map would sit in one lane; here each lane holds a run of p / k of its
+    elements (TPU-MLIR reshapes its global element-wise ops alike). ``nchw(shape)`` when c >= lanes or
+    no divisor helps."""
+    n, c, h, w = nchw(shape)
+    plane = h * w
+    if c >= lanes or plane <= 1:
+        return n, c, h, w
+    k = max(d for d in range(1, lanes // c + 1) if plane % d == 0)
+    if k == 1:
+        return n, c, h, w
+    if h % k == 0:
+        return n, c * k, h // k, w
+    run = plane // k
+    row = math.gcd(run, w)
+    return n, c * k, run // row, row
 
 
 def _spatial_rule(p, nd: int) -> Rule:
