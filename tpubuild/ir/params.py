@@ -73,7 +73,16 @@ def _int_array(values: tuple[int, ...]) -> ArrayAttr:
     # attributes are immutable, so one can serve every op with the same values: the mixed-precision search
     # lowers one module dozens of times, and an INT8 op's per-channel multipliers (6625 of them in PP-OCRv4
     # rec's classifier) were most of each lowering as fresh IntegerAttrs
-    return ArrayAttr([IntegerAttr(v, i64) for v in values])
+    attr = ArrayAttr([IntegerAttr(v, i64) for v in values])
+    if len(_INT_ARRAY_VALUES) >= 8192:
+        _INT_ARRAY_VALUES.clear()
+    _INT_ARRAY_VALUES[id(attr)] = (attr, values)
+    return attr
+
+
+# the values of the arrays _int_array made, by identity (the entry keeps its array, so the id stays its own):
+# decoding each op of each lowering would otherwise read them back one IntegerAttr at a time
+_INT_ARRAY_VALUES: dict[int, tuple[ArrayAttr, tuple[int, ...]]] = {}
 
 
 def _from_attr(kind: str, attr: Attribute) -> object:
@@ -96,6 +105,9 @@ def _from_attr(kind: str, attr: Attribute) -> object:
         return attr.data
     if not isinstance(attr, ArrayAttr):
         raise VerifyException(f"expected an array attribute, got {attr}")
+    known = _INT_ARRAY_VALUES.get(id(attr)) if kind == "ints" else None
+    if known is not None and known[0] is attr:
+        return known[1]
     elem = {"ints": "int", "floats": "float", "strs": "str"}[kind]
     return tuple(_from_attr(elem, a) for a in attr.data)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
-from tpubuild.kernels import nn
+from tpubuild.kernels import halfcast, nn
 from tpubuild.kernels.registry import _KERNELS, get_kernel, kernel
 from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
                                         exact_int, is_float, requantize, rshift_round, saturate)
@@ -31,7 +31,7 @@ _QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
 
 def widen(x):
     """bf16/f16 -> float32 (exact); anything else unchanged."""
-    return x.astype(np.float32) if x is not None and x.dtype in _NARROW_FLOATS else x
+    return halfcast.astype(x, np.float32) if x is not None and x.dtype in _NARROW_FLOATS else x
 
 
 def is_quant(x) -> bool:

@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import UniformType
+from tpubuild.kernels import halfcast
 from tpubuild.kernels.tpu_arith import is_float
 from tpubuild.top.inference import run, weights_for
 
@@ -43,7 +44,7 @@ def dequantize(array: np.ndarray, elem) -> np.ndarray:
             scales, zps = scales.reshape(shape), zps.reshape(shape)
         return ((array.astype(np.float64) - zps) * scales).astype(np.float32)
     if is_float(array.dtype) and array.dtype != np.float32:
-        return array.astype(np.float32)
+        return halfcast.astype(array, np.float32)
     return array
 
 

@@ -20,7 +20,7 @@ from tpubuild.codegen.commands import Bdc, Direction, Gdma
 from tpubuild.codegen.model_file import ModelFile, ModelFileError, read_model, tpu_op_class
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir.types import dtype_from_name
-from tpubuild.kernels import get_kernel
+from tpubuild.kernels import get_kernel, halfcast
 from tpubuild.sim import cycles
 from tpubuild.sim.memory import Memories, Where
 from tpubuild.sim.sync import check_races
@@ -139,4 +139,4 @@ def _run_bdc(mem: Memories, i: int, b: Bdc, params) -> None:
         r = np.asarray(r)
         if r.size != t.size():
             raise where.error(f"{b.op} result {j} has shape {r.shape}, its block {t.shape} holds {t.size()} elements")
-        mem.write_tensor(t, r.astype(dtype_from_name(t.dtype), copy=False), Where("bdc", i, f"result {j}"))
+        mem.write_tensor(t, halfcast.astype(r, dtype_from_name(t.dtype)), Where("bdc", i, f"result {j}"))

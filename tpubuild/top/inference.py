@@ -23,7 +23,7 @@ from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, NoneOp, WeightOp
 from tpubuild.ir.types import dtype_of, shape_of
 from tpubuild.ir.weights import WeightStore
-from tpubuild.kernels import KernelError, get_kernel
+from tpubuild.kernels import KernelError, get_kernel, halfcast
 
 
 def output_names(module: ModuleOp) -> list[str]:
@@ -84,7 +84,7 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
                 raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}",
                                     loc=name)
             # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
-            array = array.astype(dtype, order="C", copy=False)
+            array = halfcast.astype(array, dtype, order="C")
             values[id(value)] = array
             arrays.append(array)
             if all_tensors:
@@ -117,6 +117,8 @@ class Memo:
         self.inputs = list(inputs)
         self.budget = budget
         self._keys: dict[tuple, int] = {}
+        self._attrs: dict[object, int] = {}  # attribute -> number
+        self._attr_ids: dict[int, tuple[object, int]] = {}  # id(attribute) -> (attribute, number)
         self._results: OrderedDict[tuple[int, int], tuple[tuple, int]] = OrderedDict()  # (key, input) -> results
         self._bytes = 0
         self._plan: tuple[ModuleOp, WeightStore, list, list] | None = None
@@ -153,8 +155,10 @@ class Memo:
                 signature = ("none",)
             else:
                 # a graph input reads its data by name; nothing else depends on names or locations
-                signature = (op.name, op.loc_name if role is InputOp else None, tuple(op.attributes.items()),
-                             tuple(op.properties.items()), tuple(r.type for r in op.results),
+                signature = (op.name, op.loc_name if role is InputOp else None,
+                             tuple((k, self._number(a)) for k, a in op.attributes.items()),
+                             tuple((k, self._number(a)) for k, a in op.properties.items()),
+                             tuple(self._number(r.type) for r in op.results),
                              tuple(where[id(v)] for v in op.operands if id(v) in where))
             key = self._keys.setdefault(signature, len(self._keys))
             operands = [where[id(v)] for v in op.operands] if role is None else []
@@ -164,6 +168,17 @@ class Memo:
         outputs = [(mlir.value_name(v), where[id(v)]) for v in mlir.return_op(module).operands]
         self._plan = (module, weights, plan, outputs)
         return plan, outputs
+
+    def _number(self, attr) -> int:
+        """A number per distinct attribute value. Hashing one walks all of it (a per-channel multiplier array,
+        thousands of integers, on every lowering), so an attribute object met before is known by identity (it
+        stays referenced here, so its id is not reused)."""
+        hit = self._attr_ids.get(id(attr))
+        if hit is not None and hit[0] is attr:
+            return hit[1]
+        number = self._attrs.setdefault(attr, len(self._attrs))
+        self._attr_ids[id(attr)] = (attr, number)
+        return number
 
     def _results_of(self, op: TensorOp, role, key: int, index: int, args: list) -> tuple:
         hit = self._results.get((key, index))
@@ -195,7 +210,7 @@ def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...]
     if array.shape != expect:
         raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}", loc=name)
     # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
-    return array.astype(dtype, order="C", copy=False)
+    return halfcast.astype(array, dtype, order="C")
 
 
 # per op class, looked up once: the graph-source op it is (or None: computed by a kernel) and its kernel
