@@ -409,3 +409,21 @@ def test_each_backend_stage_refuses_a_module_of_another_state():
     with pytest.raises(TpuBuildError, match="layer group reads a lowered module .state TPU_LOWERED., "
                                             "this one is TPU_GROUPED"):
         layer_group(grouped, BM1684X)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(1, 300), min_size=1, max_size=4), lanes=st.sampled_from([4, 8, 64]))
+def test_spread_shape_holds_the_same_elements_in_no_more_per_lane(shape, lanes):
+    """The lane-spread layout is a row-major reshape of the (n, c, h, w) view that leaves no lane more
+    elements than the channel layout, in runs of at least 64 (or the whole plane)."""
+    from tpubuild.codegen.slicing import MIN_RUN, spread_shape
+
+    n, c, h, w = nchw(tuple(shape))
+    s = spread_shape(tuple(shape), lanes)
+    assert s[0] == n and np.prod(s) == n * c * h * w
+    assert s[1] % c == 0  # each channel's plane is cut into s[1] // c consecutive runs
+    per_lane = -(-s[1] // lanes) * s[2] * s[3]
+    assert per_lane <= -(-c // lanes) * h * w
+    assert s == (n, c, h, w) or s[2] * s[3] >= min(h * w, MIN_RUN)
+    if c == 1 and h * w % lanes == 0 and h * w >= lanes * MIN_RUN:
+        assert s[1] == lanes  # a one-channel map fills every lane

@@ -179,18 +179,23 @@ def _layout_free(graph: Graph, node: Node) -> bool:
     return True
 
 
+MIN_RUN = 64  # elements of one lane's run in the lane-spread layout, at least
+
+
 def spread_shape(shape: tuple[int, ...], lanes: int) -> Shape4:
-    """The lane-spread layout of a tensor with fewer channels than lanes: the same elements row-major
-    as (n, c * k, p / k / w', w'), p = h * w the channel plane, k the largest divisor of p with
-    c * k <= lanes, w' = w when k divides h (else the largest divisor of p / k dividing w). ``nchw`` puts channel c in lane
-    c % lanes, so a 1-channel map would sit in one lane; here each lane holds a run of p / k of its
-    elements (TPU-MLIR reshapes its global element-wise ops alike). ``nchw(shape)`` when c >= lanes or
-    no divisor helps."""
+    """The lane-spread layout of a tensor: the same elements row-major as (n, c * k, p / k / w', w'),
+    p = h * w the channel plane, k the divisor of p (up to ``lanes``, p / k >= ``MIN_RUN``) that
+    leaves each lane the fewest elements, ``ceil(c * k / lanes) * p / k`` (the smallest such k);
+    w' = w when k divides h (else the largest divisor of p / k dividing w). ``nchw`` puts channel c in lane c % lanes, so a 1-channel map
+    sits in one lane and 96 channels fill 64 lanes and then 32; spread, 1 x 640 x 640 becomes
+    64 x 10 x 640 and 96 x 80 x 80 becomes 192 x 40 x 80 (3 slots of 3200 per lane, not 2 of 6400).
+    TPU-MLIR reshapes its global element-wise ops over the lanes alike. ``nchw(shape)`` when no k helps."""
     n, c, h, w = nchw(shape)
     plane = h * w
-    if c >= lanes or plane <= 1:
-        return n, c, h, w
-    k = max(d for d in range(1, lanes // c + 1) if plane % d == 0)
+    # a lane's run stays at least one EU of int8 (64 elements; or the whole plane if shorter): the
+    # vector unit works EU by EU, so finer runs would save no cycles
+    k = min((d for d in range(1, min(lanes, plane) + 1) if plane % d == 0 and plane // d >= min(plane, MIN_RUN)),
+            key=lambda d: (math.ceil(c * d / lanes) * (plane // d), d))
     if k == 1:
         return n, c, h, w
     if h % k == 0:
