@@ -3,7 +3,10 @@ and the per-process parse cache hands out independent copies."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper
 from xdsl.dialects.builtin import StringAttr
 from xdsl.parser import Parser
 
@@ -72,3 +75,48 @@ def test_parse_cache_hands_out_independent_copies():
     assert mlir.module_attr(second, "name") == "m"
     assert len(list(mlir.body_ops(second))) == 4
     assert mlir.print_module(second) == mlir.print_module(mlir._parse(TEXT, "t.mlir"))
+
+
+def test_a_saved_module_is_read_back_without_parsing_as_parsing_would_give_it(make_model, tmp_path, monkeypatch):
+    """save_module keeps a copy for the next load of the same text in this process: an INT8 lowering
+    (per-channel types, multiplier arrays, f64 params, module flags) and its layer-grouped and addressed
+    modules read back as what parsing their files gives."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.calib.calibrate import apply_table, calibrate
+    from tpubuild.codegen.assign import memory_assign
+    from tpubuild.codegen.layergroup import layer_group
+    from tpubuild.frontend import convert_onnx
+    from tpubuild.lower.lowering import lower_module
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])]
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32)}
+    model = tmp_path / "m.onnx"
+    onnx.save(make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits), model)
+    module, weights = convert_onnx(model, {"x": (1, 3, 8, 8)}, "m", "w.npz")
+    cali, _ = calibrate(module, weights, [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)}], "max")
+    lowered, _ = lower_module(apply_table(module, cali), weights, chip=load_chip("bm1684x"), mode="INT8", cali=cali)
+    grouped, _ = layer_group(lowered.clone(), load_chip("bm1684x"))
+    addressed, _ = memory_assign(grouped.clone(), load_chip("bm1684x"))
+    for name, saved in (("tpu.mlir", lowered), ("lg.mlir", grouped), ("addr.mlir", addressed)):
+        path = tmp_path / name
+        mlir.save_module(saved, path)
+        text = path.read_text()
+        parsed = mlir._parse(text, str(path))
+        saved.attributes["module.name"] = StringAttr("changed after saving")
+        with monkeypatch.context() as patch:
+            patch.setattr(mlir, "_parse", no_parse)
+            loaded = mlir.load_module(path)
+        assert described(loaded) == described(parsed) and mlir.print_module(loaded) == text
+    # an edited file is read from its text
+    path.write_text(text.replace('"m"', '"m2"', 1))
+    with monkeypatch.context() as patch:
+        patch.setattr(mlir, "_parse", no_parse)
+        with pytest.raises(AssertionError, match="parsed again"):
+            mlir.load_module(path)
+
+
+def no_parse(*args):
+    raise AssertionError("parsed again")

@@ -59,16 +59,25 @@ _PARSED_KEEP = 8
 def parse_module(text: str, *, file: str = "<string>") -> ModuleOp:
     """The module ``text`` holds, verified; a fresh copy the caller may change, also when the same text was
     parsed before."""
-    key = hashlib.sha256(text.encode("utf-8")).digest()
+    key = _text_key(text)
     known = _PARSED.get(key)
     if known is not None:
         _PARSED.move_to_end(key)
         return known.clone()
     module = _parse(text, file)
-    _PARSED[key] = module.clone()
+    _keep_parsed(key, module.clone())
+    return module
+
+
+def _text_key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def _keep_parsed(key: bytes, module: ModuleOp) -> None:
+    _PARSED[key] = module
+    _PARSED.move_to_end(key)
     while len(_PARSED) > _PARSED_KEEP:
         _PARSED.popitem(last=False)
-    return module
 
 
 # What the printer writes for an array of i64 (per-channel multipliers and shifts, slices, addresses):
@@ -155,7 +164,17 @@ def print_module(module: ModuleOp) -> str:
 
 
 def save_module(module: ModuleOp, path: str | os.PathLike) -> None:
-    write_text(path, print_module(module))
+    text = print_module(module)
+    write_text(path, text)
+    # the stage that reads this file next usually runs in the same process (doit runs every stage in one):
+    # it gets a copy of this module, which is what parsing the text gives (the printer writes every value
+    # exactly), without parsing it, a third of a small stage's time; a module that does not verify is left
+    # to parsing, which reports it
+    try:
+        module.verify()
+    except VerifyException:
+        return
+    _keep_parsed(_text_key(text), module.clone())
 
 
 # ---- module layout ----------------------------------------------------------
@@ -181,7 +200,8 @@ def module_attr(module: ModuleOp, key: str, default: str | None = None) -> str |
 
 def set_module_attrs(module: ModuleOp, **attrs: str | bool) -> None:
     for key, value in attrs.items():
-        module.attributes[f"module.{key}"] = (BoolAttr(value, i1) if isinstance(value, bool)
+        # (an int, as parsing "true" gives: a module read back from its saved copy is then the parsed one)
+        module.attributes[f"module.{key}"] = (BoolAttr(int(value), i1) if isinstance(value, bool)
                                              else StringAttr(str(value)))
 
 

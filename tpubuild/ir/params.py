@@ -56,7 +56,7 @@ def _to_attr(kind: str, value: object) -> Attribute:
     if kind == "float":
         return FloatAttr(float(value), f64)
     if kind == "bool":
-        return BoolAttr(bool(value), i1)
+        return BoolAttr(int(bool(value)), i1)  # an int, as parsing gives
     if kind == "str":
         return StringAttr(str(value))
     if kind == "ints":
