@@ -179,6 +179,35 @@ def test_conv_int8_zero_point_and_padding_is_real_zero():
     assert get_kernel(tpu.ConvOp)(p, x, w, None).ravel().tolist() == [2]
 
 
+@pytest.mark.parametrize("kernel, channels, group", [((3, 3), 8, 1), ((5, 5), 16, 16), ((1, 1), 2048, 1)])
+def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, group):
+    """Small enough partial sums run in float32 (depthwise 5x5, 3x3 over 8 channels), others in float64 (1x1 over
+    2048 channels of +-127: 255 * 127 * 2048 > 2^24): either way the accumulator is the exact integer sum, as
+    computed here in int64 (with the weights at the storage extremes, where float32 would round first)."""
+    from tpubuild.kernels.tpu import F32_EXACT, _partial_sum_bound
+
+    rng = np.random.default_rng(5)
+    x = rng.integers(-128, 128, (1, channels, 6, 7)).astype(np.int8)
+    x.flat[:3] = [-128, 127, -128]
+    w = rng.choice(np.array([-128, 127, -127, 3], np.int8), (channels, channels // group) + kernel)
+    b = rng.integers(-(2**30), 2**30, channels).astype(np.int32)
+    zp = -7
+    pads = tuple(k // 2 for k in kernel) * 2
+    p = params(tpu.ConvOp, kernel_shape=kernel, strides=(1, 1), pads=pads, dilations=(1, 1), group=group,
+               multiplier=(2**30,) * channels, rshift=(30,), in_zp=(zp,), qmin=-(2**31), qmax=2**31 - 1)
+    xs = np.pad(x.astype(np.int64) - zp, [(0, 0), (0, 0)] + [(k // 2, k // 2) for k in kernel])
+    want = np.zeros((1, channels, 6, 7), np.int64)
+    cg = channels // group
+    for o in range(channels):
+        g = o // (channels // group)
+        for i in range(kernel[0]):
+            for j in range(kernel[1]):
+                want[0, o] += np.tensordot(w[o, :, i, j].astype(np.int64), xs[0, g * cg:(g + 1) * cg, i:i + 6, j:j + 7], 1)
+    want = np.clip(want + b.reshape(1, -1, 1, 1), -(2**31), 2**31 - 1)
+    assert (_partial_sum_bound(x.dtype, zp, w) <= F32_EXACT) == (channels < 2048)
+    assert np.array_equal(get_kernel(tpu.ConvOp)(p, x, w, b), want)
+
+
 def test_matmul_int8_per_channel():
     p = params(tpu.MatMulOp, multiplier=(M_HALF, 2**30), rshift=(31, 30), in_zp=(1, 0))
     a = np.array([[3, 5]], np.int8)  # minus zp 1: [2, 4]

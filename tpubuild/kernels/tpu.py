@@ -14,6 +14,7 @@ the stored integers directly, which is exact.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_dtypes
 import numpy as np
@@ -59,15 +60,35 @@ def _acc32(acc: np.ndarray) -> np.ndarray:
 
 # ---- ops with an integer path ---------------------------------------------------------
 
+# float32 holds every integer up to 2^24: a product whose partial sums all stay within it is exact in float32
+F32_EXACT = 1 << 24
+
+
 @kernel(tpu.ConvOp)
 def _(p, x, w, b):
     if not is_quant(x):
         return get_kernel(top.ConvOp)(p, widen(x), widen(w), widen(b))
-    # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units
-    bias = None if b is None else b.astype(np.float64)
-    acc = _acc32(get_kernel(top.ConvOp)(_no_relu(p), centered(x, _zp(p, 0)), w.astype(np.float64), bias))
+    # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units, added
+    # in float64 (exact) after the sums
+    zp = _zp(p, 0)
+    dtype = np.float32 if _partial_sum_bound(x.dtype, zp, w) <= F32_EXACT else np.float64
+    acc = get_kernel(top.ConvOp)(_no_relu(p), x.astype(dtype) - dtype(zp), w.astype(dtype), None)
+    acc = acc.astype(np.float64)
+    if b is not None:
+        acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
+    acc = _acc32(acc)
     return requantize(acc, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
                       p.out_zp, p.qmin, p.qmax)
+
+
+def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
+    """A bound on |any partial sum| of a conv of stored x (minus zp) with integer weights w, in any order:
+    the largest |x - zp| times the largest sum of |w| over one output channel (inf: w is not integer)."""
+    if not is_quant(w) or w.size == 0:
+        return math.inf
+    lo, hi = STORAGE_RANGE[np.dtype(x_dtype)]
+    reach = max(abs(lo - zp), abs(hi - zp))
+    return reach * int(np.abs(w.reshape(w.shape[0], -1).astype(np.int32)).sum(axis=1).max())
 
 
 @kernel(tpu.MatMulOp)
