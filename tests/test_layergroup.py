@@ -427,3 +427,27 @@ def test_spread_shape_holds_the_same_elements_in_no_more_per_lane(shape, lanes):
     assert s == (n, c, h, w) or s[2] * s[3] >= min(h * w, MIN_RUN)
     if c == 1 and h * w % lanes == 0 and h * w >= lanes * MIN_RUN:
         assert s[1] == lanes  # a one-channel map fills every lane
+
+
+@settings(max_examples=300, deadline=None)
+@given(h=st.integers(1, 40), kh=st.integers(2, 5), sh=st.integers(1, 3), dh=st.integers(1, 2), pt=st.integers(0, 3),
+       data=st.data())
+def test_fold_pieces_make_every_row_of_the_folded_input_once(h, kh, sh, dh, pt, data):
+    """Per kernel row dy, rows [lo, hi) of X' come from X's row r * sh + dy * dh - pt where that is
+    inside X, and from the zero-point fill where it is padding; each row exactly once."""
+    from tpubuild.codegen.layergroup import Fold
+
+    out_h = data.draw(st.integers(1, 30))
+    lo = data.draw(st.integers(0, out_h - 1))
+    hi = data.draw(st.integers(lo + 1, out_h))
+    fold = Fold(0, 0, "x", None, "w", 1, 3, h, 8, kh, sh, dh, pt, 0)
+    made: dict[tuple[int, int], int | None] = {}
+    for dy, first, rows, source in fold.pieces(lo, hi):
+        assert rows > 0
+        for k in range(rows):
+            assert (dy, first + k) not in made
+            made[(dy, first + k)] = None if source is None else source + k * sh
+    for dy in range(kh):
+        for r in range(lo, hi):
+            y = r * sh + dy * dh - pt
+            assert made[(dy, r)] == (y if 0 <= y < h else None)

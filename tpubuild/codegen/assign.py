@@ -23,14 +23,14 @@ local memory) and the module attributes ``addr.weight_bytes``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, i64
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import ALIAS, Group, read_groups
+from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, read_groups
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
@@ -47,6 +47,7 @@ class Assignment:
     lower_bound: int  # most bytes alive at one step
     buffers: list[alloc.Buffer]  # activation buffers (one per alias class), offsets relative to the base
     members: dict[str, str]  # tensor -> its buffer's key
+    fills: list[int] = field(default_factory=list)  # per fold group (in order): its zero-point slot
 
     @property
     def ddr_bytes(self) -> int:
@@ -111,6 +112,12 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
             if w not in weights:
                 weights[w] = offset
                 offset = alloc.align_up(offset + graph.tensors[w].nbytes, align)
+    # a fold group's padding rows broadcast its input's zero point from a slot of its own (codegen)
+    fills = []
+    for group in groups:
+        if group.layout == FOLD:
+            fills.append(offset)
+            offset += align
     weight_bytes = offset
     life = ddr_lifetimes(graph, groups)
     roots = _alias_roots(graph, groups)
@@ -143,7 +150,8 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
                             f"activations); {chip.name} has {chip.ddr_bytes}",
                             hint="use a smaller input shape or batch, or a chip with more DDR")
     activations = {t: base + offsets[r] for t, r in members.items() if r in offsets}
-    return Assignment(weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members)
+    return Assignment(weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members,
+                      fills)
 
 
 def _ints(values) -> ArrayAttr:
@@ -165,6 +173,8 @@ def annotate(module: ModuleOp, a: Assignment) -> None:
                        ("activation_bytes", a.activation_bytes), ("activation_lower_bound", a.lower_bound),
                        ("ddr_bytes", a.ddr_bytes)):
         module.attributes[f"addr.{key}"] = IntegerAttr(value, i64)
+    if a.fills:
+        module.attributes["addr.fills"] = _ints(a.fills)
     mlir.set_module_attrs(module, state="TPU_ADDRESSED")
 
 
@@ -177,6 +187,12 @@ def memory_assign(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, Assignment]:
     a = assign(graph, groups, chip)
     annotate(module, a)
     return module, a
+
+
+def read_fills(module: ModuleOp) -> list[int]:
+    """Each fold group's zero-point slot (in group order) of an addr.mlir."""
+    attr = module.attributes.get("addr.fills")
+    return [v.value.data for v in attr.data] if attr is not None else []
 
 
 def read_assignment(module: ModuleOp) -> tuple[dict[str, int], dict[str, int]]:

@@ -34,12 +34,12 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import commands as cmd
 from tpubuild.codegen import cost
-from tpubuild.codegen.assign import read_assignment
+from tpubuild.codegen.assign import read_assignment, read_fills
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import (ALIAS, COPY, GLOBAL, LOCAL, START, Group, Planner, Range, logical_shape, read_groups,
-                                         as_copy, schedule)
+from tpubuild.codegen.layergroup import (ALIAS, COPY, FOLD, GLOBAL, LOCAL, SPREAD, START, Group, Planner, Range,
+                                         logical_shape, read_groups, as_copy, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
@@ -120,6 +120,7 @@ class Emitter:
         self.planner = Planner(graph, chip, exact_f32=False)
         self.channel = self.planner  # the ops in their channel layout (``layout`` may switch self.g/planner)
         self.w_addr, self.a_addr = weight_addr, act_addr
+        self.fills: dict[str, int] = {}  # folded input -> DDR address of its zero point (memory assign's fill slots)
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
         self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
@@ -142,8 +143,8 @@ class Emitter:
 
     @contextlib.contextmanager
     def layout(self, group: Group) -> Iterator[None]:
-        """Emit ``group`` in its layout: a spread group's tensors take the spread graph's shapes, so
-        every tile, view and DDR block below is of the spread (n, c, h, w)."""
+        """Emit ``group`` in its layout: a spread or fold group's tensors take that layout's graph's
+        shapes, so every tile, view and DDR block below is of those (n, c, h, w)."""
         saved = self.g, self.planner
         self.planner = self.channel.layout(group)
         self.g = self.planner.g
@@ -183,7 +184,7 @@ class Emitter:
         kinds = {p: group.kind for group in self.groups for p in group.ops}
         found: dict[str, tuple[int, list[Piece]]] = {}
         for group in self.groups:
-            if group.kind != LOCAL or group.spread:  # pieces are runs of channels
+            if group.kind != LOCAL or group.layout == SPREAD:  # pieces are runs of channels
                 continue
             for o in group.outputs:
                 t = g.tensors[o]
@@ -277,7 +278,9 @@ class Emitter:
 
     def transfer(self, group: Group, step, t: str, wait: int) -> None:
         s = step.slice
-        if step.kind == "load":
+        if step.kind == "load" and t in self.planner.folded:
+            self.folded_load(group, t, s, wait)
+        elif step.kind == "load":
             addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
             self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
         elif step.kind == "weights":
@@ -289,6 +292,27 @@ class Emitter:
             addr, block, strides = self.ddr_rows(t, group.own[t][s])
             local, _, plane = self.view(group, t, s % group.copies, group.ranges[t][s], group.own[t][s])
             self._gdma(Direction.STORE, t, addr, local, block, wait, strides, plane)
+
+    def folded_load(self, group: Group, t: str, s: int, wait: int) -> None:
+        """Rows of a folded input X' (``layergroup.Fold``): per kernel row dy, X's rows r * sh + dy * dh - pt
+        (one strided block into lanes dy * ic...), and the padding rows as a broadcast of the zero point."""
+        fold = self.planner.folded[t]
+        r = group.ranges[t][s]
+        dtype = _dtype(self.g, t)
+        es = self.g.tensors[t].dtype.itemsize
+        base = group.addrs[f"{t}#{s % group.copies}"]
+        plane = cmd.plane_bytes(r[3] - r[2], fold.w, dtype, self.chip.eu_bytes)
+        image = fold.ic * fold.h * fold.w
+        for dy, first, rows, source in fold.pieces(r[2], r[3]):
+            block = (r[1] - r[0], fold.ic, rows, fold.w)
+            if source is None:
+                addr, strides = self.fills[t], (0, 0, 0, 0)
+            else:
+                addr = self.a_addr[t] + (r[0] * image + source * fold.w) * es
+                strides = (image, fold.h * fold.w, fold.sh * fold.w, 1)
+            self.gdma.append(Gdma(len(self.gdma) + 1, wait, Direction.LOAD, dtype, addr, strides,
+                                  base + (first - r[2]) * fold.w * es, dy * fold.ic, block,
+                                  dst_strides=(plane, 0, 0, 0)))
 
     def redirected_store(self, group: Group, t: str, s: int, wait: int) -> None:
         """Rows of t's tile to its reader's results: per piece, channels [first, first + count) of the
@@ -335,7 +359,7 @@ class Emitter:
                     continue
                 r, w = nxt.ranges[t][0], cur.own[o][last]
                 # rows compare only in one layout: a spread group's rows are not the channel layout's
-                if t != o or cur.spread != nxt.spread or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
+                if t != o or cur.layout != nxt.layout or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
                     return False
             return True
 
@@ -444,17 +468,31 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
     graph = build_graph(module)
     groups = read_groups(module, graph)
     w_addr, a_addr = read_assignment(module)
+    # a folded conv's filter is stored as the folded conv reads it (W'), and its input's zero point in
+    # its fill slot (the padding rows of X' broadcast it)
+    scalars = {name: int(np.asarray(weights[name]).reshape(())) for name, t in graph.tensors.items()
+               if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr}
+    emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch, scalars=scalars)
     blob = bytearray(int(module.attributes["addr.weight_bytes"].value.data))
+    folded_weights = {}
+    for group, addr in zip([g for g in groups if g.layout == FOLD], read_fills(module)):
+        f = emitter.channel.folds.get(group.ops[0])
+        if f is None:
+            continue
+        folded_weights[f.weight] = f
+        emitter.fills[f.input] = addr
+        value = np.asarray([f.zp], dtype=graph.tensors[f.input].dtype).tobytes()
+        blob[addr:addr + len(value)] = value
     for name, addr in w_addr.items():
         t = graph.tensors[name]
-        data = np.ascontiguousarray(np.asarray(weights[name]).astype(t.dtype, copy=False)).tobytes()
+        array = np.asarray(weights[name])
+        if name in folded_weights:
+            array = folded_weights[name].weight_data(array)
+        data = np.ascontiguousarray(array.astype(t.dtype, copy=False)).tobytes()
         if len(data) != t.nbytes:
             raise TpuBuildError(f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
                                 hint="the weight file does not belong to this module; rebuild it")
         blob[addr:addr + len(data)] = data
-    scalars = {name: int(np.asarray(weights[name]).reshape(())) for name, t in graph.tensors.items()
-               if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr}
-    emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch, scalars=scalars)
     emitter.run()
     header = Header(model=mlir.module_attr(module, "name", "") or "", chip=ChipParams.from_chip(chip),
                     ddr_size=int(module.attributes["addr.ddr_bytes"].value.data), weight_base=0,

@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.ir import Attribute
 
@@ -50,6 +51,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
 
 LOCAL, GLOBAL, ALIAS, COPY = "local", "global", "alias", "copy"
+CHANNEL, SPREAD, FOLD = "channel", "spread", "fold"  # a local group's layout (Group.layout)
 MAX_GROUP_OPS = 24  # longer runs gain little (DDR traffic is already cut) and cost search time
 ALIAS_OPS = (tpu.ReshapeOp,)
 
@@ -214,9 +216,11 @@ class Group:
     cycles: int = 0
     ddr_bytes: int = 0
     lmem_bytes: int = 0
-    # a local group of layout-free ops run in the lane-spread layout: its tensors' (n, c, h, w) are
-    # ``slicing.spread_shape``'s (``spread_graph``), and its ranges count rows of that shape
-    spread: bool = False
+    # CHANNEL: channel c in lane c % lanes. SPREAD: a group of layout-free ops on its tensors'
+    # ``slicing.spread_shape`` (``spread_graph``). FOLD: a group starting with a small-IC integer conv
+    # whose kernel rows are folded into its input's channels (``fold_graph``). Ranges count rows of the
+    # tensors' shapes in that layout's graph.
+    layout: str = CHANNEL
 
     @property
     def slices(self) -> int:
@@ -244,7 +248,7 @@ class Estimate:
     n_secs: int
     h_secs: int
     index: int  # position in the slicing sequence
-    spread: bool = False  # in the lane-spread layout (``Planner.spread``)
+    layout: str = CHANNEL  # the planner it comes from (``Planner.spread``, ``Planner.fold``)
 
 
 def spread_graph(graph: Graph, ops: Sequence[int], lanes: int) -> Graph:
@@ -258,18 +262,128 @@ def spread_graph(graph: Graph, ops: Sequence[int], lanes: int) -> Graph:
     return Graph(graph.ops, tensors, graph.inputs, graph.outputs)
 
 
+@dataclass(frozen=True)
+class Fold:
+    """A conv whose kh kernel rows are folded into its input's channels (TPU-MLIR's "3ic" for small-IC
+    convs): input X (n, ic, H, W) becomes X' (n, kh * ic, OH, W) with X'[:, dy * ic + c, r] =
+    X[:, c, r * sh + dy * dh - pt] (the zero point where that row is padding), the filter W'[o, dy * ic
+    + c, 0, dx] = W[o, c, dy, dx], and the conv a 1 x kw conv with stride (1, sw), pads (0, pl, 0, pr):
+    the cube reduces kh * ic channels per EU chunk instead of ic, kh times fewer chunks.
+
+    When X is the quantizing Cast of a float tensor (a model's input), the fold starts at the Cast: its
+    float input is loaded folded, padding rows as 0.0, which the Cast turns into the zero point."""
+
+    start: int  # the first op of a fold group: the conv, or the Cast before it
+    conv: int  # op index
+    input: str  # the group input loaded folded
+    through: str | None  # the Cast's result (X), folded too; None: ``input`` is X
+    weight: str
+    n: int
+    ic: int
+    h: int
+    w: int
+    kh: int
+    sh: int
+    dh: int
+    pt: int
+    zp: float  # what a padding row of ``input`` holds: X's zero point, or 0.0 before a Cast
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
+        """How rows [lo, hi) of X' are made: (dy, first row, rows, first source row of X or None: fill
+        with the zero point), per kernel row dy the padding rows before, the run of X's rows, those after."""
+        out = []
+        for dy in range(self.kh):
+            shift = dy * self.dh - self.pt  # X' row r reads X row r * sh + shift
+            first = max(lo, -(shift // self.sh))  # ceil(-shift / sh): the first row inside X
+            end = min(hi, (self.h - 1 - shift) // self.sh + 1)
+            if first >= end:
+                out.append((dy, lo, hi - lo, None))
+                continue
+            if first > lo:
+                out.append((dy, lo, first - lo, None))
+            out.append((dy, first, end - first, first * self.sh + shift))
+            if end < hi:
+                out.append((dy, end, hi - end, None))
+        return out
+
+    def weight_data(self, w: np.ndarray) -> np.ndarray:
+        """W (oc, ic, kh, kw) as W' (oc, kh * ic, 1, kw)."""
+        oc, ic, kh, kw = w.shape
+        return np.ascontiguousarray(np.asarray(w).transpose(0, 2, 1, 3)).reshape(oc, kh * ic, 1, kw)
+
+
+def find_folds(graph: Graph, chip: Chip) -> list[Fold]:
+    """The convs worth folding: 2-D, one group, integer input (its sums are exact in any order, so the
+    chip stays bit-exact), kh * ic within the lanes and fewer EU chunks of input channels that way; the
+    input and the filter read by this conv alone (their layout changes with the fold)."""
+    folds = []
+    for node in graph.ops:
+        if not isinstance(node.op, tpu.ConvOp) or node.inputs[0] is None or node.inputs[1] is None:
+            continue
+        p = node.op.params
+        x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
+        if (len(p.kernel_shape) != 2 or p.group != 1 or x.dtype.kind not in "iu" or x.weight or not w.weight
+                or len(x.shape) != 4 or len(x.users) != 1 or len(w.users) != 1 or x.graph_output):
+            continue
+        n, ic, h, width = x.shape
+        kh = p.kernel_shape[0]
+        eu = max(chip.eu_bytes // x.dtype.itemsize, 1)
+        if kh < 2 or ic * kh > chip.lanes or -(-ic * kh // eu) >= kh * -(-ic // eu):
+            continue
+        start, source, through, fill = node.index, node.inputs[0], None, p.in_zp[0] if getattr(p, "in_zp", ()) else 0
+        cast = graph.ops[x.producer] if x.producer is not None else None
+        if cast is not None and isinstance(cast.op, tpu.CastOp) and cast.inputs[0] is not None:
+            before = graph.tensors[cast.inputs[0]]
+            zero = cast.op.params.zero_point
+            # quantize(0.0) = round(0 * 1/scale) + zero point: the padding value, whatever the scale
+            if (before.dtype.kind == "f" and not before.weight and len(before.users) == 1 and before.shape == x.shape
+                    and not before.graph_output and zero == fill):
+                start, source, through, fill = cast.index, cast.inputs[0], node.inputs[0], 0.0
+        folds.append(Fold(start, node.index, source, through, node.inputs[1], n, ic, h, width, kh, p.strides[0],
+                          (p.dilations or (1, 1))[0], p.pads[0], fill))
+    return folds
+
+
+def fold_graph(graph: Graph, folds: Sequence[Fold]) -> Graph:
+    """``graph`` with each fold's conv, input and filter as the folded conv sees them."""
+    tensors = dict(graph.tensors)
+    ops = list(graph.ops)
+    for f in folds:
+        node = graph.ops[f.conv]
+        p = node.op.params
+        out_h = graph.tensors[node.name].shape[2]
+        oc, _, _, kw = graph.tensors[f.weight].shape
+        for t in (f.input, f.through):
+            if t is not None:
+                tensors[t] = dataclasses.replace(graph.tensors[t], shape=(f.n, f.kh * f.ic, out_h, f.w))
+        tensors[f.weight] = dataclasses.replace(graph.tensors[f.weight], shape=(oc, f.kh * f.ic, 1, kw))
+        nd = 2
+        folded = dataclasses.replace(p, kernel_shape=(1, kw), strides=(1, p.strides[1]),
+                                     pads=(0, p.pads[1], 0, p.pads[1 + nd]),
+                                     dilations=(1, (p.dilations or (1, 1))[1]))
+        op = tpu.ConvOp.make(list(node.op.operands), folded, name=node.name,
+                             result_types=[r.type for r in node.op.results])
+        op.drop_all_references()  # a description for the planner, never part of the module
+        ops[f.conv] = dataclasses.replace(node, op=op)
+    return Graph(ops, tensors, graph.inputs, graph.outputs)
+
+
 class Planner:
     """``exact_f32``: F32 GEMM ops run on whole tensors (``slicing.blas_f32``), so the chip's F32
     results equal TPU inference's; off, they slice like every other op (tests of the halo math).
 
     Layout-free ops (``Rule.layout_free``) may also run in the lane-spread layout: ``self.spread`` is a
     second planner over ``spread_graph`` that plans only them (``spread_ops``); the search takes its
-    estimate for a run of such ops where it is cheaper, and a global layout-free op runs spread."""
+    estimate for a run of such ops where it is cheaper, and a global layout-free op runs spread.
+    Likewise ``self.fold`` plans over ``fold_graph``, for groups that start with a foldable conv.
+    ``layout``: which of the three this planner is."""
 
-    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True, spread_ops: frozenset[int] | None = None):
+    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True, spread_ops: frozenset[int] | None = None,
+                 layout: str = CHANNEL, folds: Sequence[Fold] = ()):
         self.g, self.chip = graph, chip
         self.exact_f32 = exact_f32
-        self.spread_layout = spread_ops is not None
+        self.layout_name = SPREAD if spread_ops is not None else layout
+        self.folded = {f.input: f for f in folds} if layout == FOLD else {}  # X' -> its fold
         self.t: dict[str, TensorFacts] = {}
         for name, t in graph.tensors.items():
             s4 = nchw(t.shape)
@@ -277,7 +391,12 @@ class Planner:
                                        s4[1] * s4[3] * t.dtype.itemsize)
         self.spread: Planner | None = None
         self.free: frozenset[int] = frozenset()  # layout-free ops whose spread layout uses more lanes
-        if spread_ops is None:
+        self.folds: dict[int, Fold] = {}  # first op of a fold group -> its fold
+        self.fold: dict[int, Planner] = {}  # first op of a fold group -> the planner of its fold graph
+        if self.layout_name == CHANNEL:
+            for f in find_folds(graph, chip):
+                self.folds[f.start] = f
+                self.fold[f.start] = Planner(fold_graph(graph, [f]), chip, exact_f32=exact_f32, layout=FOLD, folds=[f])
             free = [node.index for node in graph.ops if _layout_free(graph, node)]
             if free:
                 sg = spread_graph(graph, free, chip.lanes)
@@ -329,8 +448,18 @@ class Planner:
                        s4[0] * s4[2], gcycles, nbytes)
 
     def layout(self, group: Group) -> "Planner":
-        """The planner of ``group``'s layout (the spread planner for a spread group)."""
-        return self.spread if group.spread and self.spread is not None else self
+        """The planner of ``group``'s layout."""
+        if group.layout == FOLD:
+            return self.fold.get(group.ops[0], self)
+        return self.spread if group.layout == SPREAD and self.spread is not None else self
+
+    def load_cycles(self, t: str, r: Range) -> int:
+        """GDMA cycles of loading rows ``r`` of group input t: one transfer, or a folded input's pieces."""
+        fold = self.folded.get(t)
+        if fold is None:
+            return self.t[t].gdma_cycles(self.chip, r[1] - r[0], r[3] - r[2])
+        row = (r[1] - r[0]) * fold.ic * fold.w * self.t[t].esize
+        return sum(cost.gdma_cycles(self.chip, rows * row) for _, _, rows, _ in fold.pieces(r[2], r[3]))
 
     def spreads(self, i: int, j: int) -> bool:
         """May ops[i:j] run in the lane-spread layout, and does it use more lanes there?"""
@@ -459,7 +588,7 @@ class Planner:
         load = store = nbytes = 0
         for t in inputs:
             r = need[t]
-            load += self.t[t].gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
+            load += self.load_cycles(t, r)
             nbytes += self.t[t].ddr_bytes(r[1] - r[0], r[3] - r[2])
         for o in outputs:
             r = own[o]
@@ -538,7 +667,7 @@ class Planner:
             r = need[t]
             f = facts[t]
             base += copies * f.lane_bytes(chip, r[1] - r[0], r[3] - r[2])
-            load += f.gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
+            load += self.load_cycles(t, r)
         for o in outputs:
             r = need[o]
             f = facts[o]
@@ -586,8 +715,11 @@ class Planner:
         (more slices overlap more DMA with compute but add halo rows and command overheads), in the
         channel layout or, for layout-free ops, the lane-spread one; None: none fits."""
         best = self._best_local(i, j, hint)
-        if self.spreads(i, j):
-            alt = self.spread._best_local(i, j, hint)
+        alts = [self.spread] if self.spreads(i, j) else []
+        if i in self.folds and j > self.folds[i].conv:  # X' never leaves the group
+            alts.append(self.fold[i])
+        for planner in alts:
+            alt = planner._best_local(i, j, hint)
             if alt is not None and (best is None or alt.cycles < best.cycles):
                 best = alt
         return best
@@ -607,7 +739,7 @@ class Planner:
         for idx in tried:
             fits, cycles = self.estimate(i, j, *seq[idx])
             if fits and (best is None or cycles < best.cycles):
-                best = Estimate(cycles, seq[idx][0], seq[idx][1], first, self.spread_layout)
+                best = Estimate(cycles, seq[idx][0], seq[idx][1], first, self.layout_name)
         return best
 
     def _first_fit(self, i: int, j: int, seq: list[tuple[int, int]], hint: int) -> int | None:
@@ -706,7 +838,7 @@ class Planner:
                       own={o: [own[o] for own in owns] for o in outputs},
                       sizes=keyed, addrs=addrs, copies=copies,
                       ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs),
-                      spread=self.spread_layout)
+                      layout=self.layout_name)
         group.cycles = self.replay(group)
         return group
 
@@ -767,8 +899,7 @@ class Planner:
         durations = []
         for step in steps:
             if step.kind == "load":
-                d = sum(self.t[t].gdma_cycles(chip, r[1] - r[0], r[3] - r[2])
-                        for t in group.inputs for r in [group.ranges[t][step.slice]])
+                d = sum(self.load_cycles(t, group.ranges[t][step.slice]) for t in group.inputs)
             elif step.kind == "store":
                 d = sum(self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
                         for o in group.outputs for r in [group.own[o][step.slice]])
@@ -791,8 +922,23 @@ class Planner:
             if kind != LOCAL:
                 groups.append(self._single(len(groups), i, kind))
                 continue
-            planner = self.spread if est.spread else self
-            groups.extend(planner._settle(len(groups), i, j, est))
+            if est.layout != CHANNEL:
+                settled = self.layout(Group(0, LOCAL, [i], layout=est.layout))._settle(len(groups), i, j, est)
+                whole = len(settled) == 1 and settled[0].kind == LOCAL
+                # the search's estimate sizes a middle slice: keep the other layout only if its exact
+                # plan beats the channel layout's too
+                base = self._best_local(i, j)
+                channel = self._settle(len(groups), i, j, base) if base is not None else None
+                if whole and (channel is None or settled[0].cycles < sum(g.cycles for g in channel)):
+                    groups.extend(settled)
+                    continue
+                if est.layout == SPREAD and channel is None:
+                    groups.extend(settled)
+                    continue
+                # (a fold group split up would store X' to DDR: the ops run in the channel layout)
+                groups.extend(channel if channel is not None else self._settle(len(groups), i, j, Estimate(0, 1, 1, 0)))
+                continue
+            groups.extend(self._settle(len(groups), i, j, est))
         self._alternate(groups)
         return groups
 
@@ -992,7 +1138,7 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
         }
         if group.kind == LOCAL:
             entry.update({
-                "lmem_bytes": _int(group.lmem_bytes), "spread": _int(int(group.spread)),
+                "lmem_bytes": _int(group.lmem_bytes), "layout": StringAttr(group.layout),
                 "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
                 "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
                 "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": _int(group.addrs[f"{w}#0"]),
@@ -1045,7 +1191,7 @@ def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:
         if g.kind == LOCAL:
             g.copies = 2 if g.slices > 1 else 1
             g.lmem_bytes = d["lmem_bytes"]
-            g.spread = bool(d.get("spread", 0))
+            g.layout = d.get("layout", CHANNEL)
             for load in d["loads"]:
                 g.inputs.append(load["tensor"])
                 g.ranges[load["tensor"]] = _ranges(load)
