@@ -163,6 +163,10 @@ def test_memo_runs_equal_plain_runs_and_compute_only_what_a_change_reaches(net):
     assert computed[0] >= 2 * 8  # conv, conv, add, conv, pool, flatten, gemm and more, per sample
     assert 0 < computed[1] - computed[0] <= 2 * 3  # the gemm, the cast feeding it, the output's cast
     assert computed[2] == computed[1]  # the same module again: nothing to compute
+    memo.keep([1])  # the second input alone, now number 0: its tensors stay
+    expect = run(pinned[0], pinned[1], samples[1], all_tensors=False)
+    got = memo.run(pinned[0], pinned[1], 0)
+    assert all(np.array_equal(got[k], expect[k]) for k in expect) and memo.computed == computed[2]
 
 
 def test_pruning_scores_samples_hardest_first_and_stops_below_the_target(net, monkeypatch):

@@ -122,7 +122,7 @@ class Evaluator:
         top_outputs = mlir.output_names(module)
         self.refs = [[run(module, weights, s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
         self.lowerings = 0
-        self.memo: Memo | None = None  # once the scored samples are chosen
+        self.memo = Memo(self.samples)
 
     def lower(self, qtable: Mapping[str, str]) -> tuple[Lowering, ModuleOp, WeightStore]:
         lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
@@ -135,8 +135,7 @@ class Evaluator:
         """Sample i's lowest cosine of any output."""
         names = mlir.output_names(tpu_module)
         types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
-        out = (self.memo.run(tpu_module, tpu_weights, i) if self.memo is not None
-               else run(tpu_module, tpu_weights, self.samples[i], all_tensors=False))
+        out = self.memo.run(tpu_module, tpu_weights, i)
         return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.refs[i]))
 
     def per_sample(self, tpu_module: ModuleOp, tpu_weights: WeightStore, order: Sequence[int] | None = None,
@@ -151,10 +150,10 @@ class Evaluator:
         return found
 
     def keep(self, indices: Sequence[int]) -> None:
-        """Score only these samples from now on; their runs reuse each other's unchanged tensors (Memo)."""
+        """Score only these samples from now on (their tensors of the runs so far stay in the memo)."""
         self.samples = [self.samples[i] for i in indices]
         self.refs = [self.refs[i] for i in indices]
-        self.memo = Memo(self.samples)
+        self.memo.keep(indices)
 
     def score(self, qtable: Mapping[str, str], order: Sequence[int] | None = None,
               stop_below: float | None = None) -> dict[int, float]:

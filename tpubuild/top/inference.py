@@ -137,6 +137,13 @@ class Memo:
                 here[key] = self._results_of(op, role, key, index, [here[k][i] for k, i in operands])
         return {name: here[key][i] for name, (key, i) in outputs}
 
+    def keep(self, indices: Sequence[int]) -> None:
+        """Only these inputs from now on, numbered in this order; their tensors stay."""
+        self.inputs = [self.inputs[i] for i in indices]
+        number = {old: new for new, old in enumerate(indices)}
+        kept = OrderedDict(((key, number[i]), entry) for (key, i), entry in self._results.items() if i in number)
+        self._results, self._bytes = kept, sum(size for _, size in kept.values())
+
     def _plan_of(self, module: ModuleOp, weights: WeightStore) -> tuple[list, list]:
         """Each op's key and its operands' (key, result index), for the module of the last run or a new one."""
         if self._plan is not None and self._plan[0] is module and self._plan[1] is weights:
