@@ -12,11 +12,12 @@ matches --models), on the same data:
   enough (the table says how many evaluation samples were also calibration ones);
 - ours: one statistics pass, then per method a calibration table, the INT8
   lowering for bm1684x (symmetric; --asym adds asymmetric) and TPU inference
-  (the chip's exact arithmetic); "+search" is the mixed-precision search
-  (tpubuild/lower/search.py, with the manifest's `mixed_precision` options or
-  their defaults: target cos 0.99 on the first calibration samples) on top of
-  the manifest's method's table (or --search-method's), symmetric, with how many
-  tensors it kept in float;
+  (the chip's exact arithmetic); "+qtable" is the manifest's method with its
+  `quantize_table` (the ops it pins stay float), as the manifest builds it;
+  "+search" is the mixed-precision search (tpubuild/lower/search.py, with the
+  manifest's `mixed_precision` options or their defaults: target cos 0.99 on
+  the first calibration samples) on top of the manifest's method's table (or
+  --search-method's), symmetric, with how many tensors it kept in float;
 - onnxruntime: its recommended flow, the model at opset 13 at least (per-channel
   needs it), quant_pre_process (shape inference and graph optimization, which
   folds batch norms into convolutions), then quantize_static, QDQ, per-channel
@@ -265,6 +266,15 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
             print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
     search_method = args.search_method or configured
     options = dict(model.m.mixed_precision or {})
+    if model.m.quantize_table is not None:
+        from tpubuild.lower.qtable import read_quantize_table
+
+        start = time.perf_counter()
+        qtable = read_quantize_table(model.m.quantize_table)
+        label = f"ours {configured}+qtable"
+        results[label] = metrics(model.ours(tables[configured], False, qtable), model.refs, model.head)
+        print(row(label, results[label], f"the manifest's quantize table ({len(qtable)} ops float), "
+                                         f"{time.perf_counter() - start:.0f} s"), flush=True)
     if not args.no_search:
         from tpubuild.build.chips import load_chip
         from tpubuild.calib.calibrate import apply_table
@@ -296,7 +306,8 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
             print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
             ort_best = max(ort_best or -2.0, results[label]["cos"])
     searched = options.get("search") and not args.no_search and search_method == configured
-    as_built = f"ours {configured}+search" if searched else f"ours {configured}"
+    as_built = (f"ours {configured}+search" if searched else
+                f"ours {configured}+qtable" if model.m.quantize_table is not None else f"ours {configured}")
     ours_best = max((r["cos"], k) for k, r in results.items() if k.startswith("ours"))
     for what, (cos, label) in (("as the manifest builds it", (results.get(as_built, {}).get("cos"), as_built)),
                                ("best of ours", ours_best)):
