@@ -156,8 +156,9 @@ class Memo:
             role = _role(type(op))
             if role is WeightOp:
                 array = weights[op.loc_name]
+                # bytes, not the buffer: bfloat16 (ml_dtypes) does not export one
                 signature = ("weight", array.dtype.str, array.shape,
-                             hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=16).digest())
+                             hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).data, digest_size=16).digest())
             elif role is NoneOp:
                 signature = ("none",)
             else:
