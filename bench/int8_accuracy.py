@@ -16,7 +16,8 @@ matches --models), on the same data:
   `quantize_table` (the ops it pins stay float), as the manifest builds it;
   "+search" is the mixed-precision search (tpubuild/lower/search.py, with the
   manifest's `mixed_precision` options or their defaults: target cos 0.99 on
-  the first calibration samples) on top of the manifest's method's table (or
+  the calibration samples where INT8 alone is worst, of the first `pool`,
+  starting from the manifest's quantize_table, as the search stage does) on top of the manifest's method's table (or
   --search-method's), symmetric, with how many tensors it kept in float;
 - onnxruntime: its recommended flow, the model at opset 13 at least (per-channel
   needs it), quant_pre_process (shape inference and graph optimization, which
@@ -266,6 +267,7 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
             print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
     search_method = args.search_method or configured
     options = dict(model.m.mixed_precision or {})
+    qtable = None
     if model.m.quantize_table is not None:
         from tpubuild.lower.qtable import read_quantize_table
 
@@ -287,11 +289,14 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
         entries = tables[search_method]
         config = SearchConfig.of(options)
         found = search(apply_table(model.module, entries), model.weights, chip=load_chip(CHIP), cali=entries,
-                       asymmetric=False, samples=model.cal[:config.samples], config=config)
+                       asymmetric=False, samples=model.cal[:max(config.pool, config.samples)], config=config,
+                       user=qtable)
         label = f"ours {search_method}+search"
         results[label] = metrics(model.ours(entries, False, found.table), model.refs, model.head)
-        note = (f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings, "
-                f"{time.perf_counter() - start:.0f} s" + ("" if found.reached else ", target not reached"))
+        extra = len(found.table) - len(found.user)
+        note = (f"{len(found.chosen)} tensors / {extra} ops float{' besides the manifest table' if found.user else ''}, "
+                f"{found.lowerings} lowerings, {time.perf_counter() - start:.0f} s"
+                + ("" if found.reached else ", target not reached"))
         print(row(label, results[label], note), flush=True)
     ort_best = None
     if not args.no_ort:
