@@ -125,6 +125,7 @@ class Emitter:
         self.bdc: list[Bdc] = []
         self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
         self.redirected = self._redirects()  # output -> (its reader not emitted, where its channels go)
+        self.stored: Group | None = None  # the last local group emitted (its last store may still be running)
 
     # ---- queues ----
 
@@ -250,6 +251,11 @@ class Emitter:
     def _local_group(self, group: Group, nxt: Group | None, between: list[Group]) -> None:
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
+        # the previous local group's last store reads its output tiles; when this group's loads went
+        # early, its first compute waits for them only, so if it may write those bytes it waits for
+        # every transfer before this group too (without early loads its own loads come after the store)
+        floor = len(self.gdma) if self._overlaps_stored(group) else 0
+        self.stored = group
         early = self.early.pop(group.id, {})
         loads = group.weight_loads(self.g)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
@@ -266,9 +272,18 @@ class Emitter:
                 if late or not done:
                     last = len(self.gdma)
             else:
-                self.local_op(group, group.ops[step.op], step.slice, wait)
+                self.local_op(group, group.ops[step.op], step.slice, max(wait, floor))
+                floor = 0  # later computes follow this one in the queue
                 last = len(self.bdc)
             last_id.append(last)
+
+    def _overlaps_stored(self, group: Group) -> bool:
+        """Does a local buffer of ``group`` overlap an output tile of the local group emitted before it?"""
+        prev = self.stored
+        if prev is None:
+            return False
+        tiles = [(prev.addrs[k], prev.addrs[k] + prev.sizes[k]) for o in prev.outputs for k in prev.buffer_keys(o)]
+        return any(not (a + group.sizes[k] <= lo or hi <= a) for k, a in group.addrs.items() for lo, hi in tiles)
 
     @staticmethod
     def transfers(group: Group, step, loads: list[list[str]]) -> list[str]:
