@@ -368,6 +368,14 @@ def test_quantize_table_in_a_bf16_target(cnn):
     assert op_named(tm, "r1").result_types[0].element_type == bf16
 
 
+def test_quantize_table_never_lowers_a_target_s_precision(cnn):
+    tm, _, _ = cnn.tpu("F32", qtable={"c2": "F16", "logits": "BF16"})
+    assert op_named(tm, "c2").result_types[0].element_type == f32
+    assert op_named(tm, "logits").result_types[0].element_type == f32
+    tm, _, _ = cnn.tpu("F16", qtable={"c2": "BF16"})
+    assert op_named(tm, "c2").result_types[0].element_type == bf16
+
+
 @pytest.mark.parametrize("text, match", [("c2 INT8\n", "line 1"), ("c2\n", "line 1"), ("# ok\nc2 F16 extra\n", "line 2")])
 def test_quantize_table_syntax_errors(text, match):
     with pytest.raises(TpuBuildError, match=match):

@@ -37,6 +37,9 @@ from tpubuild.lower.quant import QType, activation_qtype
 from tpubuild.registry import Registry
 
 MODES = ("F32", "BF16", "F16", "INT8")
+# A quantize-table entry raises an op's precision and never lowers it: a table
+# shipped for INT8 targets leaves the model's F32 target in F32.
+PRECISION = {"INT8": 0, "BF16": 1, "F16": 1, "F32": 2}
 MODE_DTYPE = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16)}
 MODE_ELEM = {"F32": f32, "BF16": bf16, "F16": f16}
 SUFFIX = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
@@ -145,7 +148,8 @@ class Lowering:
     def mode_of(self, op: TensorOp) -> str:
         for name in op.names:
             if name in self.qtable:
-                return self.qtable[name]
+                pinned = self.qtable[name]
+                return pinned if PRECISION[pinned] >= PRECISION[self.mode] else self.mode
         return self.mode
 
     def lower_op(self, op: TensorOp) -> Sequence[SSAValue]:
