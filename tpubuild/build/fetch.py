@@ -33,7 +33,7 @@ from tpubuild.errors import TpuBuildError
 
 # prepare steps that run the model on data, and how many of the manifest's calibration samples they get
 SAMPLE_STEPS = frozenset({"normalize_activations"})
-PREPARE_SAMPLES = 16
+PREPARE_SAMPLES = 32
 
 
 def cache_dir() -> Path:
