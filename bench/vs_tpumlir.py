@@ -2,6 +2,7 @@
 
     python bench/vs_tpumlir.py [--models demo_cnn,ppocr_mobile_v2_cls,ppocrv4_rec,mini_yolo] [--no-matrix]
                                [--venv .anchors/tpumlir-venv] [--work DIR] [--keep]
+                               [--save-theirs FIGURES.json | --theirs-from FIGURES.json]
 
 TPU-MLIR runs from its own venv (../shared/anchors/tpumlir-setup.sh installs it
 into .anchors/tpumlir-venv; without it this script says so and exits 0). For each
@@ -59,11 +60,18 @@ Prints per model:
 Ratios are measured in this run, one side right after the other. Run it alone
 on the machine if you can (it takes minutes per model: TPU-MLIR's tools start
 slowly, and ppocrv4_rec's INT8 target runs the search).
+
+While working on our side only, ``--save-theirs FILE`` keeps TPU-MLIR's figures of
+a run and ``--theirs-from FILE`` takes them from there instead of running its
+tools again (its times are steady run to run); the ratios then compare this run
+of ours with that earlier run of theirs, and the output says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import resource
 import shutil
@@ -272,7 +280,18 @@ def _num(value: float | None) -> str:
 
 # ---- one model ----------------------------------------------------------------------------------
 
-def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, Side, list[str]]:
+def side_json(side: Side) -> dict:
+    return dataclasses.asdict(side)
+
+
+def side_of(doc: dict) -> Side:
+    return Side(**{**doc, "flow": Timing(**doc["flow"]), "matrix": Timing(**doc["matrix"]),
+                   "steps": {k: Timing(**v) for k, v in doc["steps"].items()}})
+
+
+def bench_model(name: str, venv: Path, work: Path, matrix: bool,
+                cached: Side | None = None) -> tuple[Side, Side, list[str]]:
+    """Both sides on one model; ``cached``: TPU-MLIR's figures of an earlier run, its tools not run."""
     from tpubuild.build.manifest import load_manifest
     from tpubuild.build.paths import ModelPaths
     from tpubuild.build.tasks import source_file
@@ -293,6 +312,8 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, 
         ours.failed.append(target.id)
         return ours, theirs, []
     ours.done = True
+    if cached is not None:
+        return _ours_against(cached, m, paths, target, ours, manifest, work, log, matrix)
 
     tm_dir = work / "tpumlir"
     tm_dir.mkdir()
@@ -353,6 +374,35 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool) -> tuple[Side, 
     return ours, theirs, [t.id for t in m.targets]
 
 
+def _ours_against(theirs: Side, m, paths, target, ours: Side, manifest: Path, work: Path, log: Path,
+                  matrix: bool) -> tuple[Side, Side, list[str]]:
+    """The rest of bench_model with TPU-MLIR's figures taken from an earlier run."""
+    from tpubuild.build.paths import ModelPaths
+    from tpubuild.build.tasks import source_file
+
+    print(f"  TPU-MLIR  INT8 flow (an earlier run: {', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})"
+          f"  {theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
+          f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU", flush=True)
+    ref = float_outputs(source_file(m, paths), paths.input_npz)
+    ours.cos = lowest_cos(ours_outputs(paths, target.id), ref)
+    print(f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
+          f"(bmodel, earlier run)", flush=True)
+    if not matrix or not theirs.matrix.wall:
+        if matrix:
+            print("  matrix: the earlier run of TPU-MLIR has none (it was run with --no-matrix)", flush=True)
+        return ours, theirs, [target.id]
+    matrix_build = work / "ours-matrix"
+    ours.matrix, ok = doit([f"compile:{m.name}"], manifest, matrix_build, log)
+    if not ok:
+        built = ModelPaths.of(matrix_build, m.name)
+        ours.failed += [t.id for t in m.targets if not built.target(t.id).verify.is_file()]
+    print(f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
+          f"   TPU-MLIR (earlier run) {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
+          f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
+          + (f"\n  failed targets: tpubuild {ours.failed}" if ours.failed else ""), flush=True)
+    return ours, theirs, [t.id for t in m.targets]
+
+
 def _cos(value: float | None) -> str:
     return "-" if value is None else f"{value:.6f} (1-cos {1 - value:.1e})"
 
@@ -409,9 +459,18 @@ def main() -> int:
     parser.add_argument("--no-matrix", action="store_true", help="only the bm1684x INT8 flow")
     parser.add_argument("--work", help="folder for both sides' builds (default: a temporary one, removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    figures = parser.add_mutually_exclusive_group()
+    figures.add_argument("--save-theirs", metavar="JSON", help="write TPU-MLIR's figures of this run to JSON")
+    figures.add_argument("--theirs-from", metavar="JSON",
+                         help="take TPU-MLIR's figures from JSON (written by --save-theirs) instead of running it: "
+                              "the ratios are then against that earlier run")
     args = parser.parse_args()
+    earlier = json.loads(Path(args.theirs_from).read_text()) if args.theirs_from else {}
+    if args.theirs_from:
+        print(f"TPU-MLIR's figures: the run of {earlier.get('measured', '?')} kept in {args.theirs_from} "
+              "(its tools are not run)")
     venv = Path(args.venv).resolve()
-    if not (venv / "bin" / "model_deploy").is_file():
+    if not args.theirs_from and not (venv / "bin" / "model_deploy").is_file():
         print(f"vs_tpumlir: skipped: no TPU-MLIR in {venv} (install it with ../shared/anchors/tpumlir-setup.sh "
               f"{venv}, or name another venv with --venv)")
         return 0
@@ -423,8 +482,17 @@ def main() -> int:
             if work.exists():
                 shutil.rmtree(work)
             work.mkdir(parents=True)
-            rows.append((name, *bench_model(name, venv, work, not args.no_matrix)))
+            if args.theirs_from and name not in earlier.get("models", {}):
+                print(f"== {name}: no TPU-MLIR figures for it in {args.theirs_from}; skipped")
+                continue
+            cached = side_of(earlier["models"][name]) if args.theirs_from else None
+            rows.append((name, *bench_model(name, venv, work, not args.no_matrix, cached)))
         print_table(rows, not args.no_matrix)
+        if args.save_theirs:
+            saved = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "matrix": not args.no_matrix,
+                     "models": {name: side_json(theirs) for name, _, theirs, _ in rows if theirs.done}}
+            Path(args.save_theirs).write_text(json.dumps(saved, indent=1) + "\n")
+            print(f"TPU-MLIR's figures kept in {args.save_theirs}")
     finally:
         if args.keep or args.work:
             print(f"\nbuilds and logs kept in {root}")
