@@ -84,14 +84,48 @@ def _(lw: Lowering, op: TensorOp):
         return None
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
-    s_w = bias_safe_scales(channel_scales(w, 0), bias, qx.scale)
-    acc_scale = qx.scale * s_w
-    mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
-    wq = lw.weight(wv.owner.loc_name, "i8", quantize_per_channel(w, s_w, 0), _per_channel(s_w, 0, "i8"))
-    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale),
-                                                 _per_channel(acc_scale, 0, "i32"))
-    params = _requant(tpu_params(tpu.ConvOp, op.params), qy, op.params, mults, shifts, [qx.zero_point])
+    k = _weighted(w, bias, 0, 0, qx.scale, qy.scale)
+    wq = lw.weight(wv.owner.loc_name, "i8", k.w, k.w_type)
+    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", k.b, k.b_type)
+    params = _requant(tpu_params(tpu.ConvOp, op.params), qy, op.params, k.mults, k.shifts, [qx.zero_point])
     return _emit(lw, op, [xin, wq, bq], params, qy.element())
+
+
+@dataclasses.dataclass(frozen=True)
+class Weighted:
+    """What an INT8 Conv/MatMul makes of its constant filter and bias for its input and output scales."""
+
+    w: np.ndarray
+    w_type: UniformType
+    b: np.ndarray | None
+    b_type: UniformType | None
+    mults: tuple[int, ...]
+    shifts: tuple[int, ...]
+
+
+# by the identity of the filter and bias arrays (each entry keeps them, so their ids stay theirs): the
+# mixed-precision search lowers one module's weights dozens of times, and requantizing a 6625-channel
+# classifier was a third of each lowering
+_WEIGHTED: dict[tuple, tuple[np.ndarray, np.ndarray | None, Weighted]] = {}
+
+
+def _weighted(w: np.ndarray, bias: np.ndarray | None, axis: int, bias_axis: int | None, in_scale: float,
+              out_scale: float) -> Weighted:
+    """Per-channel int8 filter, int32 bias, their types and the requantization multipliers and shifts."""
+    key = (id(w), id(bias), axis, bias_axis, in_scale, out_scale)
+    hit = _WEIGHTED.get(key)
+    if hit is not None and hit[0] is w and hit[1] is bias:
+        return hit[2]
+    s = bias_safe_scales(channel_scales(w, axis), bias, in_scale)
+    acc_scale = in_scale * s
+    mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale))
+    found = Weighted(quantize_per_channel(w, s, axis), _per_channel(s, axis, "i8"),
+                     None if bias is None else quantize_bias(bias, acc_scale),
+                     None if bias is None else _per_channel(acc_scale, bias_axis, "i32"), mults, shifts)
+    if len(_WEIGHTED) >= 256:
+        _WEIGHTED.clear()
+    _WEIGHTED[key] = (w, bias, found)
+    return found
 
 
 @int8_rule(top.MatMulOp)
@@ -105,13 +139,14 @@ def _(lw: Lowering, op: TensorOp):
         return None
     ain, qa = lw.quant_value(a)
     if w is not None and w.ndim >= 2:  # per output channel (the last dim)
-        axis = w.ndim - 1
-        s_b = bias_safe_scales(channel_scales(w, axis), bias, qa.scale)
-        bin_ = lw.weight(b.owner.loc_name, "i8", quantize_per_channel(w, s_b, axis), _per_channel(s_b, axis, "i8"))
-        zp_b = 0
-    else:
-        bin_, qb = lw.quant_value(b)
-        s_b, zp_b = np.array([qb.scale]), qb.zero_point
+        qy = lw.out_qtype(op.loc_name)
+        k = _weighted(w, bias, w.ndim - 1, None if bias is None else bias.ndim - 1, qa.scale, qy.scale)
+        bin_ = lw.weight(b.owner.loc_name, "i8", k.w, k.w_type)
+        bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", k.b, k.b_type)
+        params = _requant(tpu_params(tpu.MatMulOp, op.params), qy, op.params, k.mults, k.shifts, [qa.zero_point, 0])
+        return _emit(lw, op, [ain, bin_, bq], params, qy.element())
+    bin_, qb = lw.quant_value(b)
+    s_b, zp_b = np.array([qb.scale]), qb.zero_point
     qy = lw.out_qtype(op.loc_name)
     acc_scale = qa.scale * s_b
     mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
