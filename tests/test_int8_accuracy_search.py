@@ -169,9 +169,11 @@ def test_memo_runs_equal_plain_runs_and_compute_only_what_a_change_reaches(net):
     assert all(np.array_equal(got[k], expect[k]) for k in expect) and memo.computed == computed[2]
 
 
-def test_pruning_scores_samples_hardest_first_and_stops_below_the_target(net, monkeypatch):
-    """A pruning step only asks whether a table reaches the target: it stops at the first sample below it. The
-    search's result is the one scoring every sample gives, with fewer sample runs."""
+@pytest.mark.parametrize("target", [0.99, 1.0 + 1e-9])
+def test_steps_score_samples_hardest_first_and_stop_below_the_target(net, monkeypatch, target):
+    """A greedy or pruning step only asks whether a table reaches the target: it stops at the first sample below
+    it. The search's result is the one scoring every sample gives (also when the target is out of reach and the
+    best table below it is kept), with fewer sample runs when it is reached."""
     cali = net.wreck("r1")
     runs = {"n": 0}
     sample_score = search_module.Evaluator.sample_score
@@ -183,11 +185,15 @@ def test_pruning_scores_samples_hardest_first_and_stops_below_the_target(net, mo
     monkeypatch.setattr(search_module.Evaluator, "sample_score", counted)
     # two chunks, x .. res and r3 .. logits: the first reaches the target, and pruning then tries r2 and res
     # alone in float (below the target: r1 is the wrecked one) before it keeps x and r1, then r1
-    fast = run_search(net, cali, target_cos=0.99, samples=3, chunks=2)
+    fast = run_search(net, cali, target_cos=target, samples=3, chunks=2, max_lowerings=12)
     fast_runs, runs["n"] = runs["n"], 0
-    monkeypatch.setattr(search_module._Search, "passes", lambda self, chosen, like: self.score(chosen) >= 0.99)
-    full = run_search(net, cali, target_cos=0.99, samples=3, chunks=2)
+    monkeypatch.setattr(search_module._Search, "passes", lambda self, chosen, like: self.score(chosen) >= target)
+    full = run_search(net, cali, target_cos=target, samples=3, chunks=2, max_lowerings=12)
     assert fast.table == full.table and fast.score == full.score and fast.lowerings == full.lowerings
     assert [u.tensor for u in fast.chosen] == [u.tensor for u in full.chosen]
-    assert [u.tensor for u in fast.chosen] == ["r1"]
-    assert fast_runs < runs["n"]
+    assert format_result(fast) == format_result(full)
+    if target < 1:
+        assert [u.tensor for u in fast.chosen] == ["r1"]
+        assert fast_runs < runs["n"]
+    else:
+        assert not fast.reached

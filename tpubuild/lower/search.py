@@ -124,11 +124,11 @@ class Evaluator:
         self.lowerings = 0
         self.memo = Memo(self.samples)
 
-    def lower(self, qtable: Mapping[str, str]) -> tuple[Lowering, ModuleOp, WeightStore]:
+    def lower(self, qtable: Mapping[str, str], counted: bool = True) -> tuple[Lowering, ModuleOp, WeightStore]:
         lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
                       cali=self.cali, qtable=qtable)
         tpu_module, tpu_weights = lw.run("tpu_weights.npz")
-        self.lowerings += 1
+        self.lowerings += counted
         return lw, tpu_module, tpu_weights
 
     def sample_score(self, tpu_module: ModuleOp, tpu_weights: WeightStore, i: int) -> float:
@@ -156,9 +156,9 @@ class Evaluator:
         self.memo.keep(indices)
 
     def score(self, qtable: Mapping[str, str], order: Sequence[int] | None = None,
-              stop_below: float | None = None) -> dict[int, float]:
+              stop_below: float | None = None, counted: bool = True) -> dict[int, float]:
         """Lower with ``qtable`` and score the samples (per_sample)."""
-        _, tpu_module, tpu_weights = self.lower(qtable)
+        _, tpu_module, tpu_weights = self.lower(qtable, counted)
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
 
 
@@ -291,17 +291,31 @@ class _Search:
             for i in c:
                 self.alone[i] = s
         chosen: frozenset[int] = frozenset()
-        best = (int8_score, chosen)
-        for s, c in alone:
+        below = []  # the greedy tables below the target, in order
+        for _, c in alone:
             if not self.budget_left():
                 break
             chosen = chosen | c
-            s = self.score(chosen)
-            best = max(best, (s, chosen), key=lambda b: b[0])
-            self.say(f"+ tensors {self._span(c)}: cos {s:.6f}")
-            if s >= target:
+            if self.passes(chosen, alone[0][1]):
+                self.say(f"+ tensors {self._span(c)}: cos {self.scores[chosen]:.6f}")
                 return self._prune(chosen, [c for _, c in reversed(alone) if c <= chosen])
+            below.append(chosen)
+            self.say(f"+ tensors {self._span(c)}: below {target}")
+        # not reached: the best of them, each now scored on every sample (the greedy steps stopped at the
+        # first sample below the target)
+        best = (int8_score, frozenset())
+        for table in below:
+            best = max(best, (self.full_score(table), table), key=lambda b: b[0])
         return best[1]
+
+    def full_score(self, chosen: frozenset[int]) -> float:
+        """score(chosen) for a table passes() found below the target: its lowering again (not counted:
+        the same table) and every sample (the memo has those scored already)."""
+        if chosen not in self.scores:
+            self.per_sample[chosen] = self.ev.score(self.table(chosen), counted=False)
+            self.scores[chosen] = min(self.per_sample[chosen].values())
+            self.failed.discard(chosen)
+        return self.scores[chosen]
 
     def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
         """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
