@@ -151,8 +151,11 @@ def test_quantize_table_content_reruns_lowering(zoo):
     zoo.manifest("bm1684x-F32", "bm1684x-INT8", extra="quantize_table: qtable.txt\n")
     zoo.compile()
     assert zoo.compile() == set()
+    f32 = (zoo.build / "m" / "bm1684x-F32" / "tpu.mlir").read_bytes()
     (zoo.models / "qtable.txt").write_text("logits F16\n")
-    assert zoo.compile() == {"compile:m"} | target_tasks("bm1684x-F32", "bm1684x-INT8")
+    # the F32 target re-lowers, gets the same bytes (an entry never lowers precision) and stops there
+    assert zoo.compile() == {"compile:m", "lower:m/bm1684x-F32"} | target_tasks("bm1684x-INT8")
+    assert (zoo.build / "m" / "bm1684x-F32" / "tpu.mlir").read_bytes() == f32
     text = (zoo.build / "m" / "bm1684x-INT8" / "tpu.mlir").read_text()
     assert '"tpu.MatMul"' in text and "xf16> loc(\"logits\")" in text
 
