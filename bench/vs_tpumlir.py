@@ -355,11 +355,8 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
     others = [t for t in m.targets if t is not target]
     if not matrix:
         return ours, theirs, [target.id]
-    matrix_build = work / "ours-matrix"
-    ours.matrix, ok = doit([f"compile:{m.name}"], manifest, matrix_build, log)
-    if not ok:
-        built = ModelPaths.of(matrix_build, m.name)
-        ours.failed += [t.id for t in m.targets if not built.target(t.id).verify.is_file()]
+    ours.matrix, failed = _our_matrix(m, manifest, work, log)
+    ours.failed += failed
     theirs.matrix = theirs.flow
     for t in others:
         spent, ok = tm.deploy(t.chip, t.mode, t.asymmetric)
@@ -374,10 +371,19 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
     return ours, theirs, [t.id for t in m.targets]
 
 
+def _our_matrix(m, manifest: Path, work: Path, log: Path):
+    """One `doit compile:<model>` in a fresh folder: its time and the targets left without a verify.json."""
+    from tpubuild.build.paths import ModelPaths
+
+    build = work / "ours-matrix"
+    spent, ok = doit([f"compile:{m.name}"], manifest, build, log)
+    built = ModelPaths.of(build, m.name)
+    return spent, [] if ok else [t.id for t in m.targets if not built.target(t.id).verify.is_file()]
+
+
 def _ours_against(theirs: Side, m, paths, target, ours: Side, manifest: Path, work: Path, log: Path,
                   matrix: bool) -> tuple[Side, Side, list[str]]:
     """The rest of bench_model with TPU-MLIR's figures taken from an earlier run."""
-    from tpubuild.build.paths import ModelPaths
     from tpubuild.build.tasks import source_file
 
     print(f"  TPU-MLIR  INT8 flow (an earlier run: {', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})"
@@ -391,11 +397,8 @@ def _ours_against(theirs: Side, m, paths, target, ours: Side, manifest: Path, wo
         if matrix:
             print("  matrix: the earlier run of TPU-MLIR has none (it was run with --no-matrix)", flush=True)
         return ours, theirs, [target.id]
-    matrix_build = work / "ours-matrix"
-    ours.matrix, ok = doit([f"compile:{m.name}"], manifest, matrix_build, log)
-    if not ok:
-        built = ModelPaths.of(matrix_build, m.name)
-        ours.failed += [t.id for t in m.targets if not built.target(t.id).verify.is_file()]
+    ours.matrix, failed = _our_matrix(m, manifest, work, log)
+    ours.failed += failed
     print(f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
           f"   TPU-MLIR (earlier run) {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
           f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
