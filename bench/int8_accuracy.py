@@ -3,7 +3,8 @@
     python bench/int8_accuracy.py [--models REGEX] [--methods max,percentile,kl,mse,auto] [--samples 16]
                                   [--eval 4] [--asym] [--search-method M] [--no-search] [--no-ort]
 
-For each manifest in configs/models with an INT8 target (or those whose name
+For each manifest in configs/models (and configs/models/torch when torch is
+installed) with an INT8 target (or those whose name
 matches --models), on the same data:
 
 - calibration: the first --samples samples of the manifest's calibration set
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import importlib.util
 import math
 import re
 import sys
@@ -192,7 +194,7 @@ def ort_outputs(model: Model, method: str, workdir: Path) -> list[list[np.ndarra
 
     pre = workdir / f"{model.m.name}_pre.onnx"
     out = workdir / f"{model.m.name}_{method}.onnx"
-    feeds = [{k: np.asarray(v, np.float32) for k, v in s.items()} for s in model.cal]
+    feeds = _typed(model.onnx, model.cal)
     logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" warnings
     with contextlib.redirect_stdout(io.StringIO()):  # the entropy calibrator prints its progress
         if not pre.exists():
@@ -204,7 +206,17 @@ def ort_outputs(model: Model, method: str, workdir: Path) -> list[list[np.ndarra
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return [sess.run(names, {k: np.asarray(v, np.float32) for k, v in s.items()}) for s in model.eval]
+    return [sess.run(names, feed) for feed in _typed(model.onnx, model.eval)]
+
+
+def _typed(onnx_file: Path, samples) -> list[dict[str, np.ndarray]]:
+    """The samples as the model's inputs' element types (MiniLM reads int64 token ids)."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    dtypes = {i.name: tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in graph.input}
+    return [{k: np.asarray(v, dtypes.get(k, np.float32)) for k, v in s.items()} for s in samples]
 
 
 def _pre_process(quant_pre_process, src: Path, dst: Path) -> None:
@@ -344,7 +356,10 @@ def main() -> int:
     from tpubuild.build.manifest import load_manifest
 
     manifests = []
-    for path in sorted((REPO / "configs" / "models").glob("*.yaml")):
+    folders = [REPO / "configs" / "models"]
+    if importlib.util.find_spec("torch") is not None:  # the torch-optional manifests export with torch
+        folders.append(REPO / "configs" / "models" / "torch")
+    for path in sorted(p for folder in folders for p in folder.glob("*.yaml")):
         m = load_manifest(path)
         if any(t.mode == "INT8" for t in m.targets) and m.calibration and re.search(args.models, m.name):
             manifests.append(path)
