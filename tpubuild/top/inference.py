@@ -72,19 +72,11 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
             result = _feed(op, inputs)
         else:
             args = [values[id(v)] for v in operands[i]]
-            try:
-                result = _kernel(type(op))(params, *args)
-            except (KernelError, ValueError, FloatingPointError) as e:
-                raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+            result = _call(op, params, args)
         results = result if isinstance(result, tuple) else (result,)
         arrays = []
         for value, array, name, (expect, dtype) in zip(op.results, results, names, result_types):
-            array = np.asarray(array)
-            if array.shape != expect:
-                raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}",
-                                    loc=name)
-            # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
-            array = halfcast.astype(array, dtype, order="C")
+            array = _checked(op, np.asarray(array), name, expect, dtype)
             values[id(value)] = array
             arrays.append(array)
             if all_tensors:
@@ -198,10 +190,7 @@ class Memo:
         if role is InputOp:
             result = _feed(op, self.inputs[index])
         else:
-            try:
-                result = _kernel(type(op))(params, *args)
-            except (KernelError, ValueError, FloatingPointError) as e:
-                raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+            result = _call(op, params, args)
         results = tuple(_checked(op, np.asarray(a), name, expect, dtype) for a, name, (expect, dtype)
                         in zip(result if isinstance(result, tuple) else (result,), names, result_types))
         self.computed += 1
@@ -212,6 +201,13 @@ class Memo:
             _, (_, dropped) = self._results.popitem(last=False)
             self._bytes -= dropped
         return results
+
+
+def _call(op: TensorOp, params, args: list) -> np.ndarray | tuple:
+    try:
+        return _kernel(type(op))(params, *args)
+    except (KernelError, ValueError, FloatingPointError) as e:
+        raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
 
 
 def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
