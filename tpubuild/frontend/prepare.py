@@ -195,15 +195,24 @@ class _Stepper:
         self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.options.intra_op_num_threads = 1
         self.options.log_severity_level = 3
+        # the node's session for the last input types and shapes: every sample of a node reuses it (parameters
+        # are fed as inputs, so refitting them does not change the session)
+        self._last: tuple[onnx.NodeProto, tuple, object] | None = None
 
     def run(self, node: onnx.NodeProto, args: list[np.ndarray | None]) -> list[np.ndarray]:
-        inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                  for name, a in zip(node.input, args) if name and a is not None]
-        graph = onnx.helper.make_graph([node], "step", inputs, [onnx.ValueInfoProto(name=o) for o in node.output if o])
-        model = onnx.helper.make_model(graph, opset_imports=self.opsets)
-        session = self.ort.InferenceSession(model.SerializeToString(), self.options,
-                                            providers=["CPUExecutionProvider"])
         feeds = {name: a for name, a in zip(node.input, args) if name and a is not None}
+        signature = tuple((name, a.dtype.str, a.shape) for name, a in feeds.items())
+        if self._last is not None and self._last[0] is node and self._last[1] == signature:
+            session = self._last[2]
+        else:
+            inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                      for name, a in feeds.items()]
+            graph = onnx.helper.make_graph([node], "step", inputs,
+                                           [onnx.ValueInfoProto(name=o) for o in node.output if o])
+            model = onnx.helper.make_model(graph, opset_imports=self.opsets)
+            session = self.ort.InferenceSession(model.SerializeToString(), self.options,
+                                                providers=["CPUExecutionProvider"])
+            self._last = (node, signature, session)
         return session.run([o for o in node.output if o], feeds)
 
 
@@ -309,8 +318,7 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
     for i, node in enumerate(graph.node):
         names = steps.get(i, [])
         if names and node.op_type in _STATS:
-            x = [np.asarray(s[node.input[0]], np.float64) for s in values]
-            flat = np.concatenate([np.moveaxis(a, 1, 0).reshape(a.shape[1], -1) for a in x], axis=1)
+            flat = _per_channel([s[node.input[0]] for s in values])
             var = flat.var(axis=1)
             for name, stat in zip(names, (flat.mean(axis=1), np.maximum(var, _VAR_FLOOR * np.median(var)))):
                 consts[name] = changed[name] = _round_significant(stat).astype(consts[name].dtype)
