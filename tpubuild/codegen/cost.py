@@ -157,8 +157,7 @@ def _requant(s: OpShape, positions: int, passes: int) -> float:
 
 @work("Deconv")
 def _deconv(s: OpShape) -> Work:
-    w = s.ins[1]
-    x = s.ins[0]
+    x, w = s.ins[0], s.ins[1]
     group = getattr(s.params, "group", 1)
     k = int(np.prod(w[2:], dtype=np.int64))
     # a conv over the input with stride - 1 zeros inserted: the cube sweeps the whole kernel at every output
@@ -188,11 +187,10 @@ def _pool(s: OpShape) -> Work:
 
 @work("AvgPool")
 def _avgpool(s: OpShape) -> Work:
-    k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
-    if s.integer:
-        # summed in int32 and rescaled: TPU-MLIR's cost model takes one input element per lane per cycle
-        return Work(serial=s.per_lane(s.outs[0]) * k)
-    return Work(vector=s.per_lane(s.outs[0]) * k)
+    if not s.integer:
+        return _pool(s)
+    # summed in int32 and rescaled: TPU-MLIR's cost model takes one input element per lane per cycle
+    return Work(serial=s.per_lane(s.outs[0]) * int(np.prod(s.params.kernel_shape, dtype=np.int64)))
 
 
 @work("Lut")
