@@ -1,7 +1,7 @@
 """tpubuild vs TPU-MLIR (tpu-mlir==1.30.2): compile time of the INT8 flow and of the whole target matrix, INT8 accuracy.
 
     python bench/vs_tpumlir.py [--models demo_cnn,ppocr_mobile_v2_cls,ppocrv4_rec,mini_yolo] [--no-matrix]
-                               [--venv .anchors/tpumlir-venv] [--work DIR] [--keep]
+                               [--venv .anchors/tpumlir-venv] [--jobs N] [--work DIR] [--keep]
                                [--save-theirs FIGURES.json | --theirs-from FIGURES.json]
 
 TPU-MLIR runs from its own venv (../shared/anchors/tpumlir-setup.sh installs it
@@ -14,7 +14,8 @@ model, on the same ONNX file, test input and calibration samples:
   --test_input/--test_reference: TPU inference vs TOP on the graph outputs, layer
   group, codegen to a .bmodel, model_runner on the bm1684x cmodel, bmodel vs TPU);
   each a process, in a fresh folder;
-- tpubuild: one ``doit report:<model>/bm1684x-INT8`` in a fresh build folder with
+- tpubuild: one ``doit -n N report:<model>/bm1684x-INT8`` (N: --jobs, default
+  the machine's cores, as TPU-MLIR's tools use them) in a fresh build folder with
   the artifact cache off (TPUBUILD_ARTIFACT_CACHE=off): fetch, transform,
   onnxruntime reference, canonicalize, TOP verification (origin and canonical vs
   onnxruntime, every tensor), calibration (the manifest's method), the
@@ -51,7 +52,7 @@ Prints per model:
    over the graph outputs, paired by position (goal: ours >= theirs);
 3. the whole chip x mode matrix of the manifest: theirs one transform, one
    calibration (when an INT8 target exists) and one model_deploy per target;
-   ours ``doit compile:<model>`` (every target, the shared stages built once).
+   ours ``doit -n N compile:<model>`` (every target, the shared stages built once).
    Theirs continues from the INT8 flow of (1) (its transform, calibration and
    deploy are matrix work as they are) with a deploy per other target; ours is
    one more doit run, in another fresh build folder (artifact cache still off).
@@ -142,8 +143,11 @@ def ours_env(manifest: Path, build_dir: Path) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
+JOBS = os.cpu_count() or 1  # doit's -n for our builds; --jobs
+
+
 def doit(tasks: list[str], manifest: Path, build_dir: Path, log: Path) -> tuple[Timing, bool]:
-    cmd = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *tasks]
+    cmd = [sys.executable, "-m", "doit", "-n", str(JOBS), "-f", str(REPO / "dodo.py"), *tasks]
     return run(cmd, REPO, ours_env(manifest, build_dir), log)
 
 
@@ -460,6 +464,8 @@ def main() -> int:
     parser.add_argument("--venv", default=os.environ.get("TPUMLIR_VENV", str(REPO / ".anchors" / "tpumlir-venv")),
                         help="TPU-MLIR's venv (default .anchors/tpumlir-venv, or $TPUMLIR_VENV)")
     parser.add_argument("--no-matrix", action="store_true", help="only the bm1684x INT8 flow")
+    parser.add_argument("--jobs", type=int, default=JOBS,
+                        help=f"doit -n for our builds (default {JOBS}, the cores: TPU-MLIR's tools thread too)")
     parser.add_argument("--work", help="folder for both sides' builds (default: a temporary one, removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     figures = parser.add_mutually_exclusive_group()
@@ -468,6 +474,8 @@ def main() -> int:
                          help="take TPU-MLIR's figures from JSON (written by --save-theirs) instead of running it: "
                               "the ratios are then against that earlier run")
     args = parser.parse_args()
+    global JOBS
+    JOBS = args.jobs
     earlier = json.loads(Path(args.theirs_from).read_text()) if args.theirs_from else {}
     if args.theirs_from:
         print(f"TPU-MLIR's figures: the run of {earlier.get('measured', '?')} kept in {args.theirs_from} "
