@@ -458,6 +458,7 @@ def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> 
 
 
 def main() -> int:
+    global JOBS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated manifests (default {DEFAULT_MODELS}; "
                         "ppocrv4_det works too, slowly)")
@@ -474,7 +475,6 @@ def main() -> int:
                          help="take TPU-MLIR's figures from JSON (written by --save-theirs) instead of running it: "
                               "the ratios are then against that earlier run")
     args = parser.parse_args()
-    global JOBS
     JOBS = args.jobs
     earlier = json.loads(Path(args.theirs_from).read_text()) if args.theirs_from else {}
     if args.theirs_from:
