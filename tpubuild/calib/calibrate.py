@@ -104,7 +104,7 @@ def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
 def collect_stats(module: ModuleOp, weights: WeightStore,
                   samples: Iterable[Mapping[str, np.ndarray]]) -> tuple[dict[str, TensorStats], int]:
     """Streaming statistics of every float activation tensor, and the number of samples seen."""
-    from tpubuild.top.inference import run
+    from tpubuild.top.inference import Plan
 
     stats = {name: TensorStats() for name in activation_values(module)}
 
@@ -118,8 +118,9 @@ def collect_stats(module: ModuleOp, weights: WeightStore,
                                         hint="check the calibration data and its preprocess") from None
 
     n = 0
+    plan = Plan(module, weights)
     for sample in samples:
-        run(module, weights, sample, all_tensors=False, observer=observe)
+        plan.run(sample, all_tensors=False, observer=observe)
         n += 1
     return stats, n
 

@@ -25,7 +25,7 @@ from tpubuild.ir.base import TensorOp
 from tpubuild.ir.mlir import body_ops, return_op
 from tpubuild.ir.weights import WeightStore
 from tpubuild.kernels import get_kernel
-from tpubuild.top.inference import run
+from tpubuild.top.inference import Plan
 
 TUNE_SAMPLES = 8
 
@@ -82,8 +82,9 @@ def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, 
                 acc[c] += sum(_sq(np.asarray(y, np.float64) - np.asarray(o, np.float64))
                               for y, o in zip(results, outs))
 
+    plan = Plan(module, weights)
     for sample in samples:
-        run(module, weights, sample, all_tensors=False, observer=observe)
+        plan.run(sample, all_tensors=False, observer=observe)
     chosen = {}
     for name, cands in candidates.items():
         score = np.zeros(len(cands))

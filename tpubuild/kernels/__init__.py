@@ -1,6 +1,6 @@
 """numpy reference kernels, registered per op class; shared by inference and the simulator."""
 
-from tpubuild.kernels.registry import KernelError, get_kernel, kernel  # noqa: F401
+from tpubuild.kernels.registry import KernelError, Operand, get_kernel, kernel, prepare, prepared  # noqa: F401
 
 
 def load_all() -> None:

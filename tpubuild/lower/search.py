@@ -53,7 +53,7 @@ from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
-from tpubuild.top.inference import Memo, run
+from tpubuild.top.inference import Memo, Plan
 from tpubuild.verify.similarity import cosine
 
 
@@ -120,7 +120,8 @@ class Evaluator:
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
         self.samples = list(samples)
         top_outputs = mlir.output_names(module)
-        self.refs = [[run(module, weights, s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
+        plan = Plan(module, weights)
+        self.refs = [[plan.run(s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
         self.lowerings = 0
         self.memo = Memo(self.samples)
 

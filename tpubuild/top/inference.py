@@ -13,9 +13,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
 
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -23,7 +24,7 @@ from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, NoneOp, WeightOp
 from tpubuild.ir.types import dtype_of, shape_of
 from tpubuild.ir.weights import WeightStore
-from tpubuild.kernels import KernelError, get_kernel, halfcast
+from tpubuild.kernels import KernelError, Operand, get_kernel, halfcast, prepare
 
 
 def output_names(module: ModuleOp) -> list[str]:
@@ -45,52 +46,107 @@ def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray]
     With ``all_tensors=False`` a tensor is dropped after its last use, so memory
     holds only the live tensors; an ``observer`` still sees every op's operands
     and results as they are computed (calibration streams its statistics so).
+    To run one module on many inputs, make its ``Plan`` once and run that.
     """
-    ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
-    # values are keyed by id(): an SSAValue's own __hash__ is a Python call, and a small
-    # model's run is mostly such bookkeeping
-    operands = [tuple(op.operands) for op in ops]
-    outputs = {id(v) for v in mlir.return_op(module).operands}
-    last_use: dict[int, int] = {}
-    if not all_tensors:
-        for i, used in enumerate(operands):
-            for v in used:
-                last_use[id(v)] = i
-    values: dict[int, np.ndarray | None] = {}
-    named: dict[str, np.ndarray] = {}
-    for i, op in enumerate(ops):
-        role = _role(type(op))
-        if role is NoneOp:
-            values[id(op.results[0])] = None
-            continue
-        if role is WeightOp:
-            values[id(op.results[0])] = weights[op.loc_name]
-            continue
-        params, result_types, names = _decoded(op, role)
-        args: list[np.ndarray | None] = []
-        if role is InputOp:
-            result = _feed(op, inputs)
-        else:
-            args = [values[id(v)] for v in operands[i]]
-            result = _call(op, params, args)
-        results = result if isinstance(result, tuple) else (result,)
-        arrays = []
-        for value, array, name, (expect, dtype) in zip(op.results, results, names, result_types):
-            array = _checked(op, np.asarray(array), name, expect, dtype)
-            values[id(value)] = array
-            arrays.append(array)
+    return Plan(module, weights).run(inputs, all_tensors=all_tensors, observer=observer)
+
+
+class _Step(NamedTuple):
+    op: TensorOp
+    fn: Callable | None  # None: a graph input
+    args: tuple[int, ...]  # operand slots
+    outs: tuple[int, ...]  # result slots
+    names: list[str]
+    result_types: list[tuple[tuple[int, ...], np.dtype]]
+    frees: tuple[int, ...]  # slots last used here (a live-tensors run drops them)
+
+
+class Plan:
+    """``@main`` resolved once for many inputs: each op's kernel bound to its parameters, every value a list slot.
+
+    Calibration, the search's references and the benches run one module on many inputs; a small
+    model's run was mostly finding kernels, decoding parameters and looking values up, not the
+    kernels' work. Kernels registered as ``prepared`` are also made once for their operands' shapes
+    and weights (the weights reshaped, the windows' index work done). A plan holds the module as it
+    was when planned: plan a rewritten module again.
+    """
+
+    def __init__(self, module: ModuleOp, weights: WeightStore):
+        slots: dict[int, int] = {}  # id(value) -> slot; an SSAValue's own __hash__ is a Python call
+        self.constants: list = []  # slot -> a weight (None: absent, or computed by a step)
+        operands: list[list[Operand]] = []
+        ops = []
+        for op in mlir.body_ops(module):
+            if not isinstance(op, TensorOp):
+                continue
+            role = _role(type(op))
+            if role is NoneOp or role is WeightOp:
+                slots[id(op.results[0])] = len(self.constants)
+                self.constants.append(weights[op.loc_name] if role is WeightOp else None)
+                continue
+            ops.append((op, role))
+            operands.append([_operand(v, self.constants[slots[id(v)]]) for v in _used(op, role)])
+            for value in op.results:
+                slots[id(value)] = len(self.constants)
+                self.constants.append(None)
+        self.outputs = [(mlir.value_name(v), slots[id(v)]) for v in mlir.return_op(module).operands]
+        last_use = {}
+        for i, (op, role) in enumerate(ops):
+            for v in (*_used(op, role), *op.results):
+                last_use[slots[id(v)]] = i
+        keep = {slot for _, slot in self.outputs} | {s for s, c in enumerate(self.constants) if c is not None}
+        self.steps = []
+        for i, ((op, role), spec) in enumerate(zip(ops, operands)):
+            params, result_types, names = _decoded(op, role)
+            fn = None if role is InputOp else prepare(type(op), params, spec)
+            frees = tuple(slots[id(v)] for v in (*_used(op, role), *op.results)
+                          if last_use[slots[id(v)]] == i and slots[id(v)] not in keep)
+            self.steps.append(_Step(op, fn, tuple(slots[id(v)] for v in _used(op, role)),
+                                    tuple(slots[id(v)] for v in op.results), names, result_types, frees))
+
+    def run(self, inputs: Mapping[str, np.ndarray], *, all_tensors: bool = True,
+            observer: Observer | None = None) -> dict[str, np.ndarray]:
+        """As ``run()`` of the planned module."""
+        values = list(self.constants)
+        named: dict[str, np.ndarray] = {}
+        for step in self.steps:
+            op = step.op
+            if step.fn is None:
+                args: list = []
+                results = (_feed(op, inputs),)
+            else:
+                args = [values[i] for i in step.args]
+                try:
+                    result = step.fn(*args)
+                except (KernelError, ValueError, FloatingPointError) as e:
+                    raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+                results = result if isinstance(result, tuple) else (result,)
+            arrays = tuple(_checked(op, np.asarray(a), name, expect, dtype)
+                           for a, name, (expect, dtype) in zip(results, step.names, step.result_types))
+            for slot, array in zip(step.outs, arrays):
+                values[slot] = array
             if all_tensors:
-                named[name] = array
-        if observer is not None:
-            observer(op, args, tuple(arrays))
-        if not all_tensors:
-            for v in (*operands[i], *op.results):
-                key = id(v)
-                if last_use.get(key, i) == i and key not in outputs:
-                    values.pop(key, None)  # last use, or (a result) no use at all
-    outs = {mlir.value_name(v): values[id(v)] for v in mlir.return_op(module).operands}
-    named.update(outs)
-    return named
+                named.update(zip(step.names, arrays))
+            if observer is not None:
+                observer(op, args, arrays)
+            if not all_tensors:
+                for slot in step.frees:
+                    values[slot] = None
+        named.update((name, values[slot]) for name, slot in self.outputs)
+        return named
+
+
+def _used(op: TensorOp, role: type | None) -> Sequence:
+    """The values an op reads: a graph input reads its data by name, not its operand (the function's argument)."""
+    return () if role is InputOp else op.operands
+
+
+def _operand(value, const) -> Operand:
+    """What a prepared kernel knows of an operand before any run: its type, and its array when a weight."""
+    t = value.type
+    if not isinstance(t, TensorType):
+        return Operand(None, None, None)
+    return Operand(shape_of(t), dtype_of(t), const)
 
 
 class Memo:
@@ -213,6 +269,8 @@ def _call(op: TensorOp, params, args: list) -> np.ndarray | tuple:
 def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if array.shape != expect:
         raise TpuBuildError(f"{op.name} produced shape {array.shape}, its type says {expect}", loc=name)
+    if array.dtype == dtype and array.flags.c_contiguous:
+        return array  # most results: what halfcast.astype would return, without its checks
     # C order, as the chip's tiles are: numpy's BLAS rounds differently on a transposed view
     return halfcast.astype(array, dtype, order="C")
 
