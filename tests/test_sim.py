@@ -283,3 +283,41 @@ def test_conv_cycles_scale_with_channel_rounds_over_lanes():
     assert bdc_cycles(CHIP.to_chip(), conv, p) == 10 + 4 * 8 * 16 * 9 * 16 // 64 + 4 * 8 * 16 * 3 // 4
     wide = dataclasses.replace(CHIP, lanes=16).to_chip()  # one round when every channel has its lane
     assert bdc_cycles(wide, conv, p) == 10 + 8 * 16 * 9 * 16 // 64 + 8 * 16 * 3 // 4
+
+
+# ---- a prepared program, run several times ---------------------------------------------------
+
+def test_a_program_runs_again_from_a_fresh_chip():
+    """Each run starts from zeros and the weights: a run that reads a buffer before writing it, or
+    that overwrites the weights, gives the next run the same result, as a fresh simulate does."""
+    from tpubuild.sim.chip import Program
+
+    asm = Assembler(CHIP, model="reruns")
+    shape = (1, 6, 2, 3)  # 6 channels on 4 lanes from lane 3: three runs of channels
+    w = np.arange(36, dtype=np.float32).reshape(shape) - 10
+    w_addr = asm.weight(w)
+    xin = asm.input("x", shape, "float32")
+    stale, fresh = asm.output("stale", shape, "float32"), asm.output("weights", shape, "float32")
+    strides = cmd.contiguous_strides(shape)
+    buf, w_loc, out_a, out_b = (asm.local(shape, "float32", lane_start=3) for _ in range(4))
+    asm.load(w_addr, strides, w_loc, shape, "float32", lane_start=3)
+    relu = tpu.ReluOp.PARAMS()
+    # BDC 1 reads buf before anything wrote it in this run (zeros on a fresh chip)
+    asm.compute(tpu.ReluOp, relu, [Tensor.local(buf, 3, shape, "float32")], [Tensor.local(out_a, 3, shape, "float32")])
+    b2 = asm.compute(tpu.ReluOp, relu, [Tensor.local(w_loc, 3, shape, "float32")],
+                     [Tensor.local(out_b, 3, shape, "float32")], wait_gdma=1)
+    asm.load(xin.ddr_addr, strides, buf, shape, "float32", lane_start=3, wait_bdc=b2)
+    asm.store(buf, w_addr, strides, shape, "float32", lane_start=3)  # x over the weights in DDR
+    asm.store(out_a, stale.ddr_addr, strides, shape, "float32", lane_start=3)
+    asm.store(out_b, fresh.ddr_addr, strides, shape, "float32", lane_start=3)
+    model = decode_model(encode_model(asm.build()))
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(shape).astype(np.float32) + 1 for _ in range(3)]
+    program = Program(model)
+    for x in xs:
+        run, once = program.run({"x": x}), simulate(model, {"x": x})
+        np.testing.assert_array_equal(run.outputs["stale"], np.zeros(shape, np.float32))
+        np.testing.assert_array_equal(run.outputs["weights"], np.maximum(w, 0))
+        assert run.profile == once.profile
+    run.profile["total_cycles"] = -1  # a caller's edit of one run's profile is not the next run's
+    assert program.run({"x": xs[0]}).profile == once.profile
