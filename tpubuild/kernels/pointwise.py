@@ -22,20 +22,52 @@ def erf(x: np.ndarray) -> np.ndarray:
     Near 0 a Taylor series (erfc-based forms lose the relative accuracy there), elsewhere
     1 - erfc from Numerical Recipes' Chebyshev fit (fractional error < 1.2e-7).
     """
-    z = np.abs(x.astype(np.float64))
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
-    far = 1.0 - t * np.exp(-z * z + poly)
+    z = np.abs(x.astype(np.float64, copy=False))
+    near = z < 0.5
+    # each form only on its own elements (the same operations per element as on all of them)
+    y = np.empty_like(z)
+    y[near] = _erf_series(z[near])
+    far = ~near
+    y[far] = _erf_far(z[far])
+    return np.copysign(y, x)
+
+
+# Numerical Recipes' Chebyshev coefficients for erfc, innermost first
+_ERFC_COEFFS = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+                0.37409196, 1.00002368, -1.26551223)
+
+
+def _erf_far(z: np.ndarray) -> np.ndarray:
+    """1 - t exp(-z^2 + poly(t)), t = 1 / (1 + z/2), in place: poly as c0 + t (c1 + t (c2 + ...))."""
+    t = np.multiply(z, 0.5)
+    t += 1.0
+    np.divide(1.0, t, out=t)
+    poly = t * _ERFC_COEFFS[0]
+    for c in _ERFC_COEFFS[1:-1]:
+        poly += c
+        poly *= t
+    poly += _ERFC_COEFFS[-1]
+    q = np.negative(z)
+    q *= z
+    q += poly
+    np.exp(q, out=q)
+    q *= t
+    return np.subtract(1.0, q, out=q)
+
+
+def _erf_series(z: np.ndarray) -> np.ndarray:
+    """2/sqrt(pi) * sum (-1)^n z^(2n+1) / (n! (2n+1)); at |z| < 0.5 the 8th term is below 1e-12."""
     z2 = z * z
-    # 2/sqrt(pi) * sum (-1)^n z^(2n+1) / (n! (2n+1)); at |z| < 0.5 the 8th term is below 1e-12
     series = np.zeros_like(z)
     term = z.copy()
+    part = np.empty_like(z)
     for n in range(8):
-        series += term / (2 * n + 1)
-        term = -term * z2 / (n + 1)
-    near = series * (2.0 / math.sqrt(math.pi))
-    return np.copysign(np.where(z < 0.5, near, far), x)
+        series += np.divide(term, 2 * n + 1, out=part)
+        np.negative(term, out=term)
+        term *= z2
+        term /= n + 1
+    series *= 2.0 / math.sqrt(math.pi)
+    return series
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -60,7 +92,6 @@ _UNARY = {
     top.ErfOp: erf,
     top.SoftplusOp: softplus,
     top.MishOp: lambda x: x * np.tanh(softplus(x)),
-    top.HardSwishOp: lambda x: x * np.clip(x / np.asarray(6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1),
     top.SinOp: np.sin,
     top.CosOp: np.cos,
     top.SignOp: np.sign,
@@ -126,7 +157,9 @@ def _(p: top.ModParams, a, b):
 
 @kernel(top.HardSigmoidOp)
 def _(p: top.HardSigmoidParams, x):
-    return np.clip(x * np.asarray(p.alpha, x.dtype) + np.asarray(p.beta, x.dtype), 0, 1).astype(x.dtype)
+    y = np.multiply(x, np.asarray(p.alpha, x.dtype))
+    y += np.asarray(p.beta, x.dtype)
+    return np.clip(y, 0, 1, out=y).astype(x.dtype, copy=False)
 
 
 @kernel(top.GELUOp)
@@ -136,7 +169,19 @@ def _(p: top.GeluParams, x):
         inner = np.tanh(_SQRT_2_OVER_PI * (x64 + 0.044715 * x64 ** 3))
     else:
         inner = erf(x64 / math.sqrt(2.0))
-    return (0.5 * x64 * (1.0 + inner)).astype(x.dtype)
+    inner += 1.0
+    half = np.multiply(x64, 0.5, out=x64)
+    return np.multiply(half, inner, out=inner).astype(x.dtype)
+
+
+@kernel(top.HardSwishOp)
+def _(p, x):
+    # x * clip(x / 6 + 1/2, 0, 1), in place after the first array
+    with np.errstate(all="ignore"):
+        t = np.divide(x, np.asarray(6, x.dtype))
+        t += np.asarray(0.5, x.dtype)
+        np.clip(t, 0, 1, out=t)
+        return np.multiply(x, t, out=t).astype(x.dtype, copy=False)
 
 
 @kernel(top.PReluOp)
