@@ -15,6 +15,7 @@ the kernels.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import os
 import threading
@@ -30,7 +31,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.kernels import get_kernel, halfcast
 from tpubuild.sim import cycles
-from tpubuild.sim.memory import Memories, Where, channel_view, ddr_extent, gather, scatter
+from tpubuild.sim.memory import Memories, Where, channel_view, gather, scatter
 from tpubuild.sim.sync import check_races
 
 
@@ -82,36 +83,30 @@ class Program:
         schedule = cycles.replay(model, params)
         self.profile = cycles.profile(model, params, schedule)
         self.mem = mem = Memories(header.chip, header.ddr_size)
-        self.weights = np.frombuffer(model.weights, np.uint8)
-        if header.weight_base + self.weights.size > mem.ddr.size:
-            raise Where("weights", 0).error(f"[{header.weight_base}, {header.weight_base + self.weights.size}) "
+        weights = np.frombuffer(model.weights, np.uint8)
+        if header.weight_base + weights.size > mem.ddr.size:
+            raise Where("weights", 0).error(f"[{header.weight_base}, {header.weight_base + weights.size}) "
                                             f"is outside DDR [0, {mem.ddr.size})")
-        self.weight_base = header.weight_base
-        mem.ddr[self.weight_base:self.weight_base + self.weights.size] = self.weights
-        self.written = _Written()
-        self.inputs = [(t, self._io_view(t, "input", write=True)) for t in header.inputs]
-        self.steps = [_gdma_step(mem, i, model.gdma[i], self.written) if engine == "gdma"
-                      else _BdcStep(mem, i, model.bdc[i], params[i], self.written)
+        mem.ddr[header.weight_base:header.weight_base + weights.size] = weights
+        self.inputs = [(t, _io_view(mem, t, "input", write=True)) for t in header.inputs]
+        self.steps = [_gdma_step(mem, i, model.gdma[i]) if engine == "gdma" else _BdcStep(mem, i, model.bdc[i], params[i])
                       for engine, i in schedule.order()]
-        self.outputs = [(t, self._io_view(t, "output")) for t in header.outputs]
-        self.ddr_reset, self.local_reset = self.written.ddr.merged(), self.written.local.merged()
+        self.outputs = [(t, _io_view(mem, t, "output")) for t in header.outputs]
+        accesses = [(True, view) for _, view in self.inputs] + [a for step in self.steps for a in step.accesses] \
+            + [(False, view) for _, view in self.outputs]
+        self.ddr_stale, self.ddr_initial = _stale_bytes(mem.ddr, accesses)
+        self.local_stale, _ = _stale_bytes(mem.local, accesses)
         self.fresh = True  # the memories hold zeros and the weights only
         self.lock = threading.Lock()
-
-    def _io_view(self, t, what: str, write: bool = False) -> np.ndarray:
-        block = (1, 1, 1, int(np.prod(t.shape, dtype=np.int64)))
-        where = Where("header", 0, f"{what} {t.name!r}")
-        view = self.mem.ddr_view(t.ddr_addr, block, cmd.contiguous_strides(block), t.dtype, where, write=write)
-        if write:
-            self.written.ddr.add(*ddr_extent(t.ddr_addr, block, cmd.contiguous_strides(block), t.dtype))
-        return view
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> RunResult:
         """Run the command streams on ``inputs`` (by graph input name); outputs in their stored types."""
         data = [_input(t, inputs) for t, _ in self.inputs]
         with self.lock:
             if not self.fresh:
-                self._reset()
+                # what an earlier run left where this one reads before writing: back to a fresh chip's
+                self.mem.ddr[self.ddr_stale] = self.ddr_initial
+                self.mem.local.reshape(-1)[self.local_stale] = 0
             self.fresh = False
             for (t, view), array in zip(self.inputs, data):
                 if view.size:
@@ -121,47 +116,62 @@ class Program:
             outputs = {t.name: view.copy().reshape(t.shape) for t, view in self.outputs}
         return RunResult(outputs, copy.deepcopy(self.profile))
 
-    def _reset(self) -> None:
-        """Back to zeros and the weights wherever an earlier run wrote: each run starts from the same
-        memories, as on a freshly loaded chip."""
-        ddr, lo_w, hi_w = self.mem.ddr, self.weight_base, self.weight_base + self.weights.size
-        for lo, hi in self.ddr_reset:
-            ddr[lo:hi] = 0
-            if lo < hi_w and lo_w < hi:
-                ddr[max(lo, lo_w):min(hi, hi_w)] = self.weights[max(lo, lo_w) - lo_w:min(hi, hi_w) - lo_w]
-        for lo, hi in self.local_reset:
-            self.mem.local[:, lo:hi] = 0
+
+def _io_view(mem: Memories, t, what: str, write: bool = False) -> np.ndarray:
+    block = (1, 1, 1, int(np.prod(t.shape, dtype=np.int64)))
+    return mem.ddr_view(t.ddr_addr, block, cmd.contiguous_strides(block), t.dtype,
+                        Where("header", 0, f"{what} {t.name!r}"), write=write)
 
 
-class _Ranges:
-    """Byte ranges, merged on demand."""
+def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of ``memory`` a run reads before it writes them, among those a run writes (flat indices),
+    and their values on a fresh chip: all a run must restore for the next run to start as on a fresh chip.
 
-    def __init__(self):
-        self.spans: list[tuple[int, int]] = []
+    A shadow run over byte masks, the accesses in run order. A command stream that reads only what it
+    wrote has none; bytes never written keep their first values anyway.
+    """
+    base = memory.__array_interface__["data"][0]
+    ours = [(write, v) for write, v in accesses
+            if v.size and base <= v.__array_interface__["data"][0] < base + memory.nbytes]
+    written, stale = np.zeros(memory.size, np.bool_), np.zeros(memory.size, np.bool_)
+    spans = _merged(_extent(v, base) for write, v in ours if write)
 
-    def add(self, lo: int, hi: int) -> None:
-        if lo < hi:
-            self.spans.append((lo, hi))
+    def mask(v: np.ndarray, of: np.ndarray) -> np.ndarray:
+        # the view's bytes in a mask: one bool per byte, a last axis of the element size
+        return np.ndarray(v.shape, np.dtype((np.bool_, (v.dtype.itemsize,))), buffer=of,
+                          offset=v.__array_interface__["data"][0] - base, strides=v.strides)
 
-    def merged(self) -> list[tuple[int, int]]:
-        out: list[list[int]] = []
-        for lo, hi in sorted(self.spans):
-            if out and lo <= out[-1][1]:
-                out[-1][1] = max(out[-1][1], hi)
-            else:
-                out.append([lo, hi])
-        return [(lo, hi) for lo, hi in out]
+    for write, v in ours:
+        if write:
+            mask(v, written)[...] = True
+        elif _meets(_extent(v, base), spans):  # (reads of the weights never do)
+            m = mask(v, stale)
+            np.logical_or(m, ~mask(v, written), out=m)
+    index = np.concatenate([np.zeros(0, np.intp)] + [lo + np.flatnonzero(stale[lo:hi] & written[lo:hi])
+                                                     for lo, hi in spans])
+    return index, memory.reshape(-1)[index]  # (prepared before any run: the fresh chip's bytes)
 
 
-class _Written:
-    """What the commands write: DDR byte ranges, and local byte ranges (in every lane, to keep it simple)."""
+def _extent(v: np.ndarray, base: int) -> tuple[int, int]:
+    lo = v.__array_interface__["data"][0] - base
+    return lo, lo + sum((d - 1) * s for d, s in zip(v.shape, v.strides)) + v.dtype.itemsize
 
-    def __init__(self):
-        self.ddr, self.local = _Ranges(), _Ranges()
 
-    def local_block(self, mem: Memories, addr: int, lane_start: int, shape, dtype: str, plane: int) -> None:
-        chip = mem.chip
-        self.local.add(addr, addr + cmd.local_bytes(shape, dtype, lane_start, chip.lanes, chip.eu_bytes, plane))
+def _merged(spans) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+def _meets(span: tuple[int, int], spans: list[tuple[int, int]]) -> bool:
+    """Whether ``span`` overlaps one of the sorted, disjoint ``spans``."""
+    lo, hi = span
+    i = bisect.bisect_left(spans, (hi,))  # the spans starting before hi: only the last can reach past lo
+    return i > 0 and spans[i - 1][1] > lo
 
 
 class _Copy:
@@ -169,80 +179,70 @@ class _Copy:
 
     def __init__(self, pairs: list[tuple[np.ndarray, np.ndarray]]):
         self.pairs = pairs
+        self.accesses = [(False, src) for _, src in pairs] + [(True, dst) for dst, _ in pairs]
 
     def run(self) -> None:
         for dst, src in self.pairs:
             dst[...] = src
 
 
-def _gdma_step(mem: Memories, i: int, g: Gdma, written: _Written) -> _Copy:
+def _gdma_step(mem: Memories, i: int, g: Gdma) -> _Copy:
     where = Where("gdma", i)
     if g.direction == Direction.DDR2DDR:
         src = mem.ddr_view(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, where)
         dst = mem.ddr_view(g.dst_addr, g.shape, g.dst_strides, g.dtype, where, write=True)
-        lo, hi = ddr_extent(g.dst_addr, g.shape, g.dst_strides, g.dtype)
-        written.ddr.add(lo, hi)
-        if 0 in g.shape:
-            return _Copy([])
         # numpy copies overlapping blocks as if through a buffer, as the chip's read-then-write does
-        return _Copy([(dst, src)])
+        return _Copy([] if 0 in g.shape else [(dst, src)])
     load = g.direction == Direction.LOAD
     ddr = mem.ddr_view(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, where, write=not load)
     pieces = mem.local_pieces(g.local_addr, g.lane_start, g.shape, g.dtype, where, g.local_plane)
     if load:
-        written.local_block(mem, g.local_addr, g.lane_start, g.shape, g.dtype, g.local_plane)
         return _Copy([(view, channel_view(ddr, c0, c1, view)) for c0, c1, view in pieces])
-    written.ddr.add(*ddr_extent(g.ddr_addr, g.shape, g.ddr_strides, g.dtype))
     return _Copy([(channel_view(ddr, c0, c1, view), view) for c0, c1, view in pieces])
 
 
 class _Block:
-    """A BDC operand or result: where it lives (a DDR view or local pieces) and the shape the kernel sees."""
+    """A BDC operand or result: its views into DDR or local memory, and the shape the kernel sees."""
 
-    def __init__(self, mem: Memories, t: cmd.Tensor, where: Where, write: bool, written: _Written):
+    def __init__(self, mem: Memories, t: cmd.Tensor, where: Where, write: bool):
         self.shape, self.view, self.size = tuple(t.shape), tuple(t.view), t.size()
         self.dtype = dtype_from_name(t.dtype)
         if int(np.prod(self.view, dtype=np.int64)) != self.size:
             raise where.error(f"view {t.view} does not hold the {self.size} elements of block {t.shape}")
-        self.ddr = self.pieces = None
         if t.space == Space.DDR:
-            self.ddr = mem.ddr_view(t.addr, t.shape, t.strides, t.dtype, where, write=write)
-            if write:
-                written.ddr.add(*ddr_extent(t.addr, t.shape, t.strides, t.dtype))
+            ddr = mem.ddr_view(t.addr, t.shape, t.strides, t.dtype, where, write=write)
+            self.pieces = [(0, t.shape[1], ddr)] if self.size else []
         else:
             self.pieces = mem.local_pieces(t.addr, t.lane_start, t.shape, t.dtype, where, t.plane)
-            if write:
-                written.local_block(mem, t.addr, t.lane_start, t.shape, t.dtype, t.plane)
+        # one view (a DDR block, a local block within the lanes of one slot): no gather
+        self.whole = self.pieces[0][2] if len(self.pieces) == 1 else None
 
     def read(self) -> np.ndarray:
-        if self.ddr is not None:
-            block = self.ddr.copy()
-        elif self.pieces:
-            block = gather(self.pieces, self.shape, self.dtype)
-        else:
-            block = np.zeros(self.shape, self.dtype)
-        return block.reshape(self.view)
+        if self.whole is not None:
+            return self.whole.copy().reshape(self.view)
+        if not self.pieces:
+            return np.zeros(self.view, self.dtype)
+        return gather(self.pieces, self.shape, self.dtype).reshape(self.view)
 
     def write(self, values: np.ndarray) -> None:
-        if self.size == 0:
-            return
-        block = values.reshape(self.shape)
-        if self.ddr is not None:
-            self.ddr[...] = block
-        else:
-            scatter(self.pieces, block)
+        if self.whole is not None:
+            self.whole[...] = values.reshape(self.shape)
+        elif self.pieces:
+            scatter(self.pieces, values.reshape(self.shape))
 
 
 class _BdcStep:
     """A BDC command: its kernel and parameters, its operands' and results' blocks."""
 
-    def __init__(self, mem: Memories, i: int, b: Bdc, params, written: _Written):
+    def __init__(self, mem: Memories, i: int, b: Bdc, params):
         self.index, self.op, self.params = i, b.op, params
         self.kernel = get_kernel(tpu_op_class(b.op))
-        self.operands = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False, written)
+        self.operands = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False)
                          for j, t in enumerate(b.operands)]
-        self.results = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True, written)
+        self.results = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True)
                         for j, t in enumerate(b.results)]
+        self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + \
+            [(True, v) for r in self.results if r is not None for _, _, v in r.pieces]
 
     def run(self) -> None:
         args = [None if o is None else o.read() for o in self.operands]
@@ -261,7 +261,7 @@ class _BdcStep:
             if r.size != block.size:
                 raise Where("bdc", self.index).error(f"{self.op} result {j} has shape {r.shape}, its block "
                                                      f"{block.shape} holds {block.size} elements")
-            block.write(halfcast.astype(r, block.dtype))
+            block.write(r if r.dtype == block.dtype else halfcast.astype(r, block.dtype))
 
 
 def _input(t, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
