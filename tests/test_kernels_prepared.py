@@ -1,0 +1,98 @@
+"""Prepared kernels (made once per operand shapes and weights) give their kernel's bits."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpubuild.ir import top
+from tpubuild.kernels import Operand, get_kernel, prepare
+
+F32 = np.dtype(np.float32)
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(
+        b).tobytes()
+
+
+@st.composite
+def convs(draw):
+    nd = draw(st.sampled_from([1, 2]))
+    n, g = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    c, oc = g * draw(st.integers(1, 5)), g * draw(st.integers(1, 5))
+    k = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    p = top.ConvParams(kernel_shape=k, strides=tuple(draw(st.integers(1, 2)) for _ in range(nd)),
+                       pads=tuple(draw(st.integers(0, 2)) for _ in range(2 * nd)),
+                       dilations=tuple(draw(st.integers(1, 2)) for _ in range(nd)), group=g,
+                       do_relu=draw(st.booleans()), relu_limit=draw(st.sampled_from([-1.0, 0.5, 6.0])))
+    spatial = tuple(draw(st.integers(1, 9)) for _ in range(nd))
+    if any(s + p.pads[i] + p.pads[nd + i] < (k[i] - 1) * p.dilations[i] + 1 for i, s in enumerate(spatial)):
+        spatial = tuple(s + (k[i] - 1) * p.dilations[i] + 1 for i, s in enumerate(spatial))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    x = rng.normal(size=(n, c) + spatial).astype(np.float32)
+    w = rng.normal(size=(oc, c // g) + k).astype(np.float32)
+    b = rng.normal(size=oc).astype(np.float32) if draw(st.booleans()) else None
+    return p, x, w, b
+
+
+def conv_operands(x, w, b) -> list[Operand]:
+    bias = Operand(b.shape, F32, b) if b is not None else Operand(None, None, None)
+    return [Operand(x.shape, x.dtype, None), Operand(w.shape, w.dtype, w), bias]
+
+
+@settings(max_examples=300, deadline=None)
+@given(convs())
+def test_prepared_conv_is_the_kernel(case):
+    p, x, w, b = case
+    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
+    assert same_bits(run(x * 2, w, b), get_kernel(top.ConvOp)(p, x * 2, w, b))  # made once, run on any input
+
+
+@pytest.mark.parametrize("shape, oc, kernel, stride", [
+    ((1, 64, 24, 128), 8, (3, 3), (1, 1)),  # the columns go in several blocks of output rows
+    ((2, 24, 8, 8), 24, (3, 3), (1, 1)),
+    ((1, 32, 2, 96), 200, (1, 1), (1, 1)),  # 1x1: one GEMM
+    ((1, 16, 9, 9), 8, (1, 1), (2, 2)),
+    ((1, 8, 2, 20), 8, (5, 5), (1, 1)),  # rows of taps only see padding
+])
+def test_prepared_conv_paths(shape, oc, kernel, stride):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=shape).astype(np.float32)
+    w = rng.normal(size=(oc, shape[1]) + kernel).astype(np.float32)
+    b = rng.normal(size=oc).astype(np.float32)
+    p = top.ConvParams(kernel_shape=kernel, strides=stride, pads=tuple(k // 2 for k in kernel) * 2,
+                       dilations=(1, 1), do_relu=True)
+    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    assert not isinstance(run, functools.partial)  # the prepared path, not the kernel
+    assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
+
+
+@st.composite
+def pools(draw):
+    nd = draw(st.sampled_from([1, 2]))
+    k = tuple(draw(st.integers(1, 4)) for _ in range(nd))
+    strides = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    pads = tuple(draw(st.integers(0, k[i % nd] - 1)) for i in range(2 * nd))
+    p = top.PoolParams(kernel_shape=k, strides=strides, pads=pads, ceil_mode=draw(st.booleans()),
+                       count_include_pad=draw(st.booleans()), do_relu=draw(st.booleans()))
+    spatial = tuple(k[i] + draw(st.integers(0, 8)) for i in range(nd))
+    if draw(st.booleans()):  # a global pool
+        p = top.PoolParams(kernel_shape=spatial, strides=(1,) * nd, pads=(0,) * (2 * nd))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    return p, rng.normal(size=(draw(st.integers(1, 2)), draw(st.integers(1, 4))) + spatial).astype(np.float32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pools(), st.sampled_from([top.MaxPoolOp, top.AvgPoolOp]))
+def test_prepared_pool_is_the_kernel(case, cls):
+    p, x = case
+    run = prepare(cls, p, [Operand(x.shape, x.dtype, None)])
+    assert same_bits(run(x), get_kernel(cls)(p, x))
+    assert same_bits(run(-x), get_kernel(cls)(p, -x))

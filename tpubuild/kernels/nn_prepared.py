@@ -1,0 +1,199 @@
+"""Conv and pools prepared for fixed operand shapes and weights (reference inference's plans).
+
+Each maker does once what nn.py's kernel redoes per call (output size, live taps, pads,
+the weights reshaped and transposed, every tap's slice of the padded input, a pool's
+divisors) and returns a function computing the kernel's bits: the same float operations
+per element, the same GEMM operands (the BLAS call's shapes and layout set its sums'
+order). A small model's conv was two thirds such Python work. Shapes the makers do not
+cover get None (the kernel serves): the depthwise conv, whose time is its arithmetic,
+non-float32 operands, a pool over a windows view.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tpubuild.ir import top
+from tpubuild.kernels import nn
+from tpubuild.kernels.registry import Operand, prepared
+
+F32 = np.dtype(np.float32)
+
+
+class _Padder:
+    """x zero- (or ``fill``-) padded on its last dims into a fresh array, or x itself without pads."""
+
+    def __init__(self, shape: tuple[int, ...], begin, end, fill: float = 0.0):
+        nd = len(begin)
+        self.pads = any(begin) or any(end)
+        self.shape = shape[:-nd] + tuple(s + b + e for s, b, e in zip(shape[-nd:], begin, end))
+        self.inner = (Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, shape[-nd:]))
+        self.fill = fill
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if not self.pads:
+            return x
+        xp = np.full(self.shape, self.fill, x.dtype)
+        xp[self.inner] = x
+        return xp
+
+
+def _tap_slices(taps, strides, dilations, out_sp) -> list[tuple]:
+    """nn.tap_view's index of each tap, made once."""
+    return [(Ellipsis,) + tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                                for k, d, s, o in zip(tap, dilations, strides, out_sp)) for tap in taps]
+
+
+class _Epilogue:
+    """The conv kernel's end: + bias (float32, in place), then the fused ReLU / ReLU-n, in place."""
+
+    def __init__(self, p: top.ConvParams, b: np.ndarray | None, bias_shape: tuple[int, ...]):
+        self.bias = None if b is None else b.reshape(bias_shape)
+        self.relu, self.limit = p.do_relu, p.relu_limit
+
+    def __call__(self, y: np.ndarray) -> np.ndarray:
+        if self.bias is not None:
+            y += self.bias
+        if self.relu:
+            np.maximum(y, 0, out=y)
+            if self.limit >= 0:
+                np.minimum(y, self.limit, out=y)
+        return y
+
+
+@prepared(top.ConvOp)
+def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
+    x, w, b = operands
+    if (w.const is None or (b.shape is not None and b.const is None) or x.dtype != F32 or w.const.dtype != F32
+            or (b.const is not None and b.const.dtype != F32)):
+        return None
+    nd = len(p.kernel_shape)
+    n, c = x.shape[:2]
+    oc, g = w.shape[0], p.group
+    out_sp = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, lo, hi, k, d, s in
+                   zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides))
+    taps = nn._live_taps(p, x.shape[2:], out_sp)
+    if not taps or (g > 1 and c == g):
+        return None  # no live tap (zeros), depthwise: the kernel
+    wt = w.const.reshape(oc, c // g, -1)
+    if len(taps) < wt.shape[2]:
+        wt = wt[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
+    epilogue = _Epilogue(p, b.const, (1, oc) + (1,) * nd)
+    pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
+    if len(taps) == 1:
+        return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, _tap_slices(taps, p.strides, p.dilations, out_sp)[0], epilogue)
+    return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue)
+
+
+class _Conv1Tap:
+    """One live tap (1x1): the (strided) input pixels times the weights, as nn's kernel calls the GEMM."""
+
+    def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue):
+        self.cols_shape = (n, g, c // g, -1)
+        self.wt = wt.reshape(g, oc // g, c // g).swapaxes(1, 2)
+        self.out_shape = (n, oc) + out_sp
+        self.pad, self.tap, self.epilogue = pad, tap, epilogue
+
+    def __call__(self, x, w, b):
+        cols = self.pad(x)[self.tap].reshape(self.cols_shape)
+        y = np.matmul(cols.swapaxes(2, 3), self.wt).swapaxes(2, 3)
+        return self.epilogue(y.reshape(self.out_shape))
+
+
+class _Im2col:
+    """nn._im2col with its tap slices, block sizes and transposed weights made once."""
+
+    def __init__(self, p, x_shape, oc, g, taps, out_sp, wt, pad, epilogue):
+        n, c = x_shape[:2]
+        k, cg = len(taps), c // g
+        self.n, self.g, self.cg, self.k, self.ocg, self.oc = n, g, cg, k, oc // g, oc
+        self.wt = wt.reshape(g, oc // g, cg * k).swapaxes(1, 2)
+        self.rest = math.prod(out_sp[1:])
+        row_bytes = n * c * k * self.rest * F32.itemsize
+        self.rows = max(1, min(out_sp[0], nn._COLS_BLOCK // max(row_bytes, 1)))
+        self.out_sp = out_sp
+        self.blocks = []  # (first output row, rows, input rows' slice, each tap's slice of them)
+        for r0 in range(0, out_sp[0], self.rows):
+            r = min(self.rows, out_sp[0] - r0)
+            start = r0 * p.strides[0]
+            stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
+            self.blocks.append((r0, r, (slice(None), slice(None), slice(start, stop)),
+                                _tap_slices(taps, p.strides, p.dilations, (r,) + out_sp[1:])))
+        self.pad, self.epilogue = pad, epilogue
+
+    def __call__(self, x, w, b):
+        xp = self.pad(x)
+        n, g, cg, k, ocg, rest = self.n, self.g, self.cg, self.k, self.ocg, self.rest
+        y = np.empty((n, g, ocg, self.out_sp[0], rest), F32)
+        cols = np.empty((n, g, cg, k, self.rows) + self.out_sp[1:], F32)
+        for r0, r, rows, tap_slices in self.blocks:
+            xb = xp[rows]
+            part = cols[:, :, :, :, :r]
+            block = (n, g, cg, r) + self.out_sp[1:]
+            for t, tap in enumerate(tap_slices):
+                part[:, :, :, t] = xb[tap].reshape(block)
+            prod = np.matmul(part.reshape(n, g, cg * k, r * rest).swapaxes(2, 3), self.wt)  # [n, g, pixels, ocg]
+            y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
+        return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
+
+
+class _PoolTaps:
+    """A pool's static parts: pads (ceil_mode's grown), output size, each tap's slice of the padded input."""
+
+    def __init__(self, p: top.PoolParams, x_shape, fill: float):
+        nd = len(p.kernel_shape)
+        spatial = x_shape[-nd:]
+        self.begin, end = nn._pool_pads(p, spatial)
+        self.dil, self.out_sp = nn._pool_shape(p, spatial)
+        self.is_global = nn._global(p, spatial, self.begin, end)
+        self.few = nn._few_taps(p.kernel_shape, self.out_sp)
+        self.pad = _Padder(x_shape, self.begin, end, fill)
+        self.taps = _tap_slices(list(np.ndindex(*p.kernel_shape)), p.strides, self.dil, self.out_sp)
+        self.out_shape = x_shape[:-nd] + self.out_sp
+        self.flat = x_shape[:-nd] + (-1,)
+
+
+@prepared(top.MaxPoolOp)
+def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
+    (x,) = operands
+    if x.dtype is None or x.dtype.kind != "f":
+        return None
+    pool = _PoolTaps(p, x.shape, -np.inf)
+    if not pool.is_global and not pool.few:
+        return None  # a windows view: the kernel
+
+    def run(x):
+        if pool.is_global:
+            y = x.reshape(pool.flat).max(axis=-1).reshape(pool.out_shape)
+        else:
+            xp = pool.pad(x)
+            y = xp[pool.taps[0]].copy()
+            for tap in pool.taps[1:]:
+                np.maximum(y, xp[tap], out=y)
+        return nn.fused(y, p)
+    return run
+
+
+@prepared(top.AvgPoolOp)
+def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
+    (x,) = operands
+    if x.dtype is None or x.dtype.kind != "f":
+        return None
+    pool = _PoolTaps(p, x.shape, 0.0)
+    if not pool.is_global and not pool.few:
+        return None
+    counts = nn._pool_counts(p, x.shape[-len(p.kernel_shape):], pool.begin, pool.dil, pool.out_sp)
+
+    def run(x):
+        if pool.is_global:
+            total = x.reshape(pool.flat).sum(axis=-1, dtype=np.float64).reshape(pool.out_shape)
+        else:
+            xp = pool.pad(x)
+            total = np.zeros(pool.out_shape, np.float64)
+            for tap in pool.taps:
+                total += xp[tap]
+        return nn.fused((total / counts).astype(x.dtype), p)
+    return run
