@@ -1,8 +1,11 @@
 """numpy reference kernels, registered per op class; shared by inference and the simulator."""
 
+import functools
+
 from tpubuild.kernels.registry import KernelError, Operand, get_kernel, kernel, prepare, prepared  # noqa: F401
 
 
+@functools.cache  # once: get_kernel calls it on every lookup, TPU kernels look up their TOP kernel on every call
 def load_all() -> None:
     """Import every kernel module so their registrations run."""
     from tpubuild.kernels import elementwise, nn, tensor  # noqa: F401
