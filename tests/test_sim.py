@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -321,3 +322,36 @@ def test_a_program_runs_again_from_a_fresh_chip():
         assert run.profile == once.profile
     run.profile["total_cycles"] = -1  # a caller's edit of one run's profile is not the next run's
     assert program.run({"x": xs[0]}).profile == once.profile
+
+
+def test_a_weight_tile_is_read_once_and_a_tile_written_over_is_not():
+    """Operands made of bytes every run finds the same (weights as GDMA loads them) are read when the
+    program is prepared; a buffer the weights were loaded into and a command then wrote is read each run."""
+    from tpubuild.sim.chip import Program
+
+    asm = Assembler(CHIP, model="fixed")
+    shape = (1, 6, 2, 3)
+    w = np.arange(36, dtype=np.float32).reshape(shape) - 10
+    w_addr = asm.weight(w)
+    xin = asm.input("x", shape, "float32")
+    y_w, y_x = asm.output("relu_w", shape, "float32"), asm.output("relu_x", shape, "float32")
+    strides = cmd.contiguous_strides(shape)
+    w_loc, buf, x_loc, out_w, out_x = (asm.local(shape, "float32", lane_start=3) for _ in range(5))
+    local = functools.partial(Tensor.local, lane_start=3, shape=shape, dtype="float32")
+    asm.load(w_addr, strides, w_loc, shape, "float32", lane_start=3)
+    asm.load(w_addr, strides, buf, shape, "float32", lane_start=3)
+    g = asm.load(xin.ddr_addr, strides, x_loc, shape, "float32", lane_start=3)
+    relu = tpu.ReluOp.PARAMS()
+    asm.compute(tpu.ReluOp, relu, [local(w_loc)], [local(out_w)], wait_gdma=g)
+    asm.compute(tpu.ReluOp, relu, [local(x_loc)], [local(buf)])  # buf held the weights: now x
+    b = asm.compute(tpu.ReluOp, relu, [local(buf)], [local(out_x)])
+    asm.store(out_w, y_w.ddr_addr, strides, shape, "float32", lane_start=3, wait_bdc=b)
+    asm.store(out_x, y_x.ddr_addr, strides, shape, "float32", lane_start=3)
+    program = Program(decode_model(encode_model(asm.build())))
+    weight_read_once = [type(o).__name__ for o in program.steps[3].operands]
+    assert weight_read_once == ["_Value"] and type(program.steps[-3].operands[0]).__name__ == "_Block"
+    for seed in range(2):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        out = program.run({"x": x}).outputs
+        np.testing.assert_array_equal(out["relu_w"], np.maximum(w, 0))
+        np.testing.assert_array_equal(out["relu_x"], np.maximum(x, 0))

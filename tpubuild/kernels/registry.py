@@ -9,7 +9,9 @@ parameters and what is known of the operands before a run (shapes, dtypes,
 weight arrays), returns a function of the operand arrays computing the same
 bits as the kernel, with the work that depends only on those done once (weights
 reshaped, windows' offsets, divisors). Reference inference runs one module on
-many inputs through them; the simulator, whose tiles vary, calls the kernels.
+many inputs through them; the simulator prepares each command's kernel for its
+tiles (their shapes are the command's, weight tiles fixed). A TPU op whose float
+path is its TOP op's kernel serves float32 operands with that op's prepared kernel.
 """
 
 from __future__ import annotations

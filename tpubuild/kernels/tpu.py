@@ -22,7 +22,7 @@ import numpy as np
 from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.kernels import halfcast, nn
-from tpubuild.kernels.registry import _KERNELS, get_kernel, kernel
+from tpubuild.kernels.registry import _KERNELS, _PREPARED, get_kernel, kernel, prepared
 from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
                                         exact_int, is_float, requantize, rshift_round, saturate)
 
@@ -43,6 +43,16 @@ def _float_kernel(top_kernel):
     def run(p, *xs):
         return top_kernel(p, *[widen(x) for x in xs])
     return run
+
+
+def _float_prepared(top_cls: type):
+    """On float32 operands (widen leaves them as they are) a TPU op whose float path is its TOP op's
+    kernel computes what that kernel does: its TOP op's prepared kernel serves (None: the kernel)."""
+    def make(p, operands):
+        if any(o.dtype is not None and o.dtype != np.float32 for o in operands) or top_cls not in _PREPARED:
+            return None
+        return _PREPARED[top_cls](p, operands)
+    return make
 
 
 def _zp(p, i: int) -> int:
@@ -219,3 +229,9 @@ def register_mirrors() -> None:
     for top_cls, tpu_cls in tpu.MIRROR.items():
         if tpu_cls not in _KERNELS and top_cls in _KERNELS:
             kernel(tpu_cls)(_float_kernel(_KERNELS[top_cls]))
+            prepared(tpu_cls)(_float_prepared(top_cls))
+
+
+# Conv and the pools have kernels of their own whose float path is the TOP kernel on widened operands
+for _top_cls, _tpu_cls in ((top.ConvOp, tpu.ConvOp), (top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
+    prepared(_tpu_cls)(_float_prepared(_top_cls))

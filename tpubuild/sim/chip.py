@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -29,7 +30,8 @@ from tpubuild.codegen.commands import Bdc, Direction, Gdma, Space
 from tpubuild.codegen.model_file import ModelFile, ModelFileError, read_model, tpu_op_class
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir.types import dtype_from_name
-from tpubuild.kernels import get_kernel, halfcast
+from tpubuild.kernels import Operand, get_kernel, halfcast
+from tpubuild.kernels import prepare as prepare_kernel
 from tpubuild.sim import cycles
 from tpubuild.sim.memory import Memories, Where, channel_view, gather, scatter
 from tpubuild.sim.sync import check_races
@@ -96,6 +98,9 @@ class Program:
             + [(False, view) for _, view in self.outputs]
         self.ddr_stale, self.ddr_initial = _stale_bytes(mem.ddr, accesses)
         self.local_stale, _ = _stale_bytes(mem.local, accesses)
+        fixed = _Fixed(mem, accesses)
+        for step in self.steps:
+            step.prepare(fixed)
         self.fresh = True  # the memories hold zeros and the weights only
         self.lock = threading.Lock()
 
@@ -136,17 +141,12 @@ def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) ->
     written, stale = np.zeros(memory.size, np.bool_), np.zeros(memory.size, np.bool_)
     spans = _merged(_extent(v, base) for write, v in ours if write)
 
-    def mask(v: np.ndarray, of: np.ndarray) -> np.ndarray:
-        # the view's bytes in a mask: one bool per byte, a last axis of the element size
-        return np.ndarray(v.shape, np.dtype((np.bool_, (v.dtype.itemsize,))), buffer=of,
-                          offset=v.__array_interface__["data"][0] - base, strides=v.strides)
-
     for write, v in ours:
         if write:
-            mask(v, written)[...] = True
+            _mask(v, base, written)[...] = True
         elif _meets(_extent(v, base), spans):  # (reads of the weights never do)
-            m = mask(v, stale)
-            np.logical_or(m, ~mask(v, written), out=m)
+            m = _mask(v, base, stale)
+            np.logical_or(m, ~_mask(v, base, written), out=m)
     index = np.concatenate([np.zeros(0, np.intp)] + [lo + np.flatnonzero(stale[lo:hi] & written[lo:hi])
                                                      for lo, hi in spans])
     return index, memory.reshape(-1)[index]  # (prepared before any run: the fresh chip's bytes)
@@ -174,12 +174,72 @@ def _meets(span: tuple[int, int], spans: list[tuple[int, int]]) -> bool:
     return i > 0 and spans[i - 1][1] > lo
 
 
+def _address(v: np.ndarray) -> int:
+    return v.__array_interface__["data"][0]
+
+
+def _mask(v: np.ndarray, base: int, of: np.ndarray) -> np.ndarray:
+    """The bytes of the view ``v`` (into a memory at address ``base``) in ``of``, an array of the memory's
+    size: the view's shape and strides, with a last axis of the element size (one entry per byte)."""
+    return np.ndarray(v.shape, np.dtype((of.dtype, (v.dtype.itemsize,))), buffer=of, offset=_address(v) - base,
+                      strides=v.strides)
+
+
+class _Fixed:
+    """Which bytes hold the same values at a point of every run, in run order: DDR bytes no command
+    writes (the weights), and local bytes last written by a GDMA load of such bytes. A shadow run
+    keeps those local bytes' values in an image of local memory, so an operand made of them (a
+    weight tile) is read once, when the model is prepared."""
+
+    def __init__(self, mem: Memories, accesses: list[tuple[bool, np.ndarray]]):
+        self.ddr_base, self.local_base = _address(mem.ddr), _address(mem.local)
+        self.local_end = self.local_base + mem.local.nbytes
+        self.ddr_written = np.zeros(mem.ddr.size, np.bool_)  # (zeros: only the pages of written bytes are touched)
+        for write, v in accesses:
+            if write and v.size and not self.is_local(v):
+                _mask(v, self.ddr_base, self.ddr_written)[...] = True
+        self.local = np.zeros(mem.local.shape, np.bool_)
+        self.image = np.zeros_like(mem.local)
+
+    def is_local(self, v: np.ndarray) -> bool:
+        return self.local_base <= _address(v) < self.local_end
+
+    def holds(self, v: np.ndarray) -> bool:
+        """Whether every byte of ``v`` is fixed here."""
+        if self.is_local(v):
+            return bool(_mask(v, self.local_base, self.local).all())
+        return not _mask(v, self.ddr_base, self.ddr_written).any()
+
+    def value(self, v: np.ndarray) -> np.ndarray:
+        """``v``'s fixed elements (a view into the image for local memory, DDR itself for DDR)."""
+        if not self.is_local(v):
+            return v
+        return np.ndarray(v.shape, v.dtype, buffer=self.image, offset=_address(v) - self.local_base, strides=v.strides)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """A GDMA copy: its local destination is fixed if its source is, with the source's values."""
+        if not self.is_local(dst):
+            return  # a DDR destination is written by the run: never fixed
+        fixed = self.holds(src)
+        _mask(dst, self.local_base, self.local)[...] = fixed
+        if fixed:
+            self.value(dst)[...] = self.value(src)
+
+    def written(self, v: np.ndarray) -> None:
+        if self.is_local(v):
+            _mask(v, self.local_base, self.local)[...] = False
+
+
 class _Copy:
     """A GDMA command: copies between views (one pair per run of channels of its local side)."""
 
     def __init__(self, pairs: list[tuple[np.ndarray, np.ndarray]]):
         self.pairs = pairs
         self.accesses = [(False, src) for _, src in pairs] + [(True, dst) for dst, _ in pairs]
+
+    def prepare(self, fixed: _Fixed) -> None:
+        for dst, src in self.pairs:
+            fixed.copy(dst, src)
 
     def run(self) -> None:
         for dst, src in self.pairs:
@@ -224,6 +284,15 @@ class _Block:
             return np.zeros(self.view, self.dtype)
         return gather(self.pieces, self.shape, self.dtype).reshape(self.view)
 
+    def fixed_value(self, fixed: _Fixed) -> np.ndarray | None:
+        """The block's elements if every run finds the same ones here (read-only), else None."""
+        if not self.pieces or not all(fixed.holds(v) for _, _, v in self.pieces):
+            return None
+        pieces = [(c0, c1, fixed.value(v)) for c0, c1, v in self.pieces]
+        value = (pieces[0][2].copy() if len(pieces) == 1 else gather(pieces, self.shape, self.dtype)).reshape(self.view)
+        value.flags.writeable = False  # shared by every run: kernels read their operands, never write them
+        return value
+
     def write(self, values: np.ndarray) -> None:
         if self.whole is not None:
             self.whole[...] = values.reshape(self.shape)
@@ -231,12 +300,24 @@ class _Block:
             scatter(self.pieces, values.reshape(self.shape))
 
 
+class _Value:
+    """An operand every run finds the same: read when the model is prepared."""
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+    def read(self) -> np.ndarray:
+        return self.value
+
+
 class _BdcStep:
-    """A BDC command: its kernel and parameters, its operands' and results' blocks."""
+    """A BDC command: its kernel (prepared for its operands' shapes and fixed values), its operands'
+    and results' blocks."""
 
     def __init__(self, mem: Memories, i: int, b: Bdc, params):
         self.index, self.op, self.params = i, b.op, params
-        self.kernel = get_kernel(tpu_op_class(b.op))
+        self.op_class = tpu_op_class(b.op)
+        self.kernel = functools.partial(get_kernel(self.op_class), params)
         self.operands = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False)
                          for j, t in enumerate(b.operands)]
         self.results = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True)
@@ -244,10 +325,24 @@ class _BdcStep:
         self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + \
             [(True, v) for r in self.results if r is not None for _, _, v in r.pieces]
 
+    def prepare(self, fixed: _Fixed) -> None:
+        values = [None if o is None else o.fixed_value(fixed) for o in self.operands]
+        for r in self.results:
+            for _, _, v in r.pieces if r is not None else ():
+                fixed.written(v)
+        try:
+            self.kernel = prepare_kernel(self.op_class, self.params, [
+                Operand(None, None, None) if o is None else Operand(o.view, o.dtype, value)
+                for o, value in zip(self.operands, values)])
+        except Exception as e:  # noqa: BLE001 - as a kernel's: the parameters and shapes come from the file
+            raise Where("bdc", self.index).error(f"{self.op} cannot be prepared for its tiles: "
+                                                 f"{type(e).__name__}: {e}") from None
+        self.operands = [o if value is None else _Value(value) for o, value in zip(self.operands, values)]
+
     def run(self) -> None:
         args = [None if o is None else o.read() for o in self.operands]
         try:
-            result = self.kernel(self.params, *args)
+            result = self.kernel(*args)
         except Exception as e:  # noqa: BLE001 - parameters and tiles come from the file: any kernel failure is the file's
             raise Where("bdc", self.index).error(f"{self.op} failed on its tiles: {type(e).__name__}: {e}") from None
         results = result if isinstance(result, tuple) else (result,)
