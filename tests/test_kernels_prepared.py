@@ -55,20 +55,49 @@ def test_prepared_conv_is_the_kernel(case):
     assert same_bits(run(x * 2, w, b), get_kernel(top.ConvOp)(p, x * 2, w, b))  # made once, run on any input
 
 
+@st.composite
+def depthwise_convs(draw):
+    c = draw(st.integers(2, 12))
+    k = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    p = top.ConvParams(kernel_shape=k, strides=(draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+                       pads=tuple(draw(st.integers(0, 2)) for _ in range(4)),
+                       dilations=(draw(st.integers(1, 2)), draw(st.integers(1, 2))), group=c,
+                       do_relu=draw(st.booleans()), relu_limit=draw(st.sampled_from([-1.0, 6.0])))
+    spatial = tuple(draw(st.integers(1, 10)) + (k[i] - 1) * p.dilations[i] for i in range(2))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    x = rng.normal(size=(draw(st.integers(1, 2)), c) + spatial).astype(np.float32)
+    w = rng.normal(size=(c, 1) + k).astype(np.float32)
+    b = rng.normal(size=c).astype(np.float32) if draw(st.booleans()) else None
+    return p, x, w, b
+
+
+@settings(max_examples=300, deadline=None)
+@given(depthwise_convs())
+def test_prepared_depthwise_conv_is_the_kernel(case):
+    p, x, w, b = case
+    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
+    assert same_bits(run(x * 3, w, b), get_kernel(top.ConvOp)(p, x * 3, w, b))
+
+
 @pytest.mark.parametrize("shape, oc, kernel, stride", [
     ((1, 64, 24, 128), 8, (3, 3), (1, 1)),  # the columns go in several blocks of output rows
     ((2, 24, 8, 8), 24, (3, 3), (1, 1)),
     ((1, 32, 2, 96), 200, (1, 1), (1, 1)),  # 1x1: one GEMM
     ((1, 16, 9, 9), 8, (1, 1), (2, 2)),
     ((1, 8, 2, 20), 8, (5, 5), (1, 1)),  # rows of taps only see padding
+    ((1, 200, 2, 96), 1, (5, 5), (1, 1)),  # depthwise (PP-OCR's)
+    ((2, 72, 24, 24), 1, (3, 3), (2, 2)),
 ])
 def test_prepared_conv_paths(shape, oc, kernel, stride):
     rng = np.random.default_rng(0)
+    group = shape[1] if oc == 1 else 1  # oc 1: depthwise
+    oc = shape[1] if oc == 1 else oc
     x = rng.normal(size=shape).astype(np.float32)
-    w = rng.normal(size=(oc, shape[1]) + kernel).astype(np.float32)
+    w = rng.normal(size=(oc, shape[1] // group) + kernel).astype(np.float32)
     b = rng.normal(size=oc).astype(np.float32)
     p = top.ConvParams(kernel_shape=kernel, strides=stride, pads=tuple(k // 2 for k in kernel) * 2,
-                       dilations=(1, 1), do_relu=True)
+                       dilations=(1, 1), group=group, do_relu=True)
     run = prepare(top.ConvOp, p, conv_operands(x, w, b))
     assert not isinstance(run, functools.partial)  # the prepared path, not the kernel
     assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))

@@ -4,9 +4,9 @@ Each maker does once what nn.py's kernel redoes per call (output size, live taps
 the weights reshaped and transposed, every tap's slice of the padded input, a pool's
 divisors) and returns a function computing the kernel's bits: the same float operations
 per element, the same GEMM operands (the BLAS call's shapes and layout set its sums'
-order). A small model's conv was two thirds such Python work. Shapes the makers do not
-cover get None (the kernel serves): the depthwise conv, whose time is its arithmetic,
-non-float32 operands, a pool over a windows view.
+order). A small model's conv was two thirds such Python work. The depthwise conv runs
+channels last (see _DepthwiseNHWC). Shapes the makers do not cover get None (the kernel
+serves): a channel multiplier, non-float32 operands, a pool over a windows view.
 """
 
 from __future__ import annotations
@@ -76,12 +76,14 @@ def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
     out_sp = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, lo, hi, k, d, s in
                    zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides))
     taps = nn._live_taps(p, x.shape[2:], out_sp)
-    if not taps or (g > 1 and c == g):
-        return None  # no live tap (zeros), depthwise: the kernel
+    if not taps or (g > 1 and c == g and (oc != c or nd != 2)):
+        return None  # no live tap (zeros), a channel multiplier or not 2-D: the kernel
     wt = w.const.reshape(oc, c // g, -1)
     if len(taps) < wt.shape[2]:
         wt = wt[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     epilogue = _Epilogue(p, b.const, (1, oc) + (1,) * nd)
+    if g > 1 and c == g:
+        return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, _tap_slices(taps, p.strides, p.dilations, out_sp)[0], epilogue)
@@ -138,6 +140,42 @@ class _Im2col:
             prod = np.matmul(part.reshape(n, g, cg * k, r * rest).swapaxes(2, 3), self.wt)  # [n, g, pixels, ocg]
             y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
+
+
+class _DepthwiseNHWC:
+    """nn's depthwise conv (each tap's shifted input times its channel's weight, summed tap by tap) on a
+    channels-last copy of the padded input.
+
+    The kernel's rows are a channel's output row or plane: PP-OCR's recognisers' planes are two or three
+    pixels high, so each of its multiplies and adds walked hundreds of short strided rows. Channels last,
+    a tap's input for one output row is one contiguous run of width x channels elements (at a column
+    stride of one), and its weights are that run's channel pattern, repeated, made once: the same
+    products and sums per element, in passes over long rows.
+    """
+
+    def __init__(self, p, x_shape, taps, out_sp, wt, epilogue):
+        n, c, h, w = x_shape
+        (ph, pw), (sh, sw), (dh, dw) = p.pads[:2], p.strides, p.dilations
+        self.padded = (n, h + ph + p.pads[2], w + pw + p.pads[3], c)
+        self.inner = (slice(None), slice(ph, ph + h), slice(pw, pw + w))
+        ho, wo = out_sp
+        self.taps = [(slice(None), slice(kh * dh, kh * dh + (ho - 1) * sh + 1, sh),
+                      slice(kw * dw, kw * dw + (wo - 1) * sw + 1, sw)) for kh, kw in taps]
+        # tap t's weight for each (column, channel) of an output row, channels fastest
+        self.weights = [np.ascontiguousarray(np.broadcast_to(wt[:, 0, t], (wo, c))) for t in range(len(taps))]
+        self.out = (n, ho, wo, c)
+        self.epilogue = epilogue
+
+    def __call__(self, x, w, b):
+        xp = np.zeros(self.padded, F32)
+        xp[self.inner] = x.transpose(0, 2, 3, 1)
+        y = np.empty(self.out, F32)
+        part = np.empty(self.out, F32)
+        np.multiply(xp[self.taps[0]], self.weights[0], out=y)
+        for tap, weights in zip(self.taps[1:], self.weights[1:]):
+            np.multiply(xp[tap], weights, out=part)
+            y += part
+        return self.epilogue(np.ascontiguousarray(y.transpose(0, 3, 1, 2)))
 
 
 class _PoolTaps:
