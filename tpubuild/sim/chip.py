@@ -16,7 +16,6 @@ the kernels.
 from __future__ import annotations
 
 import bisect
-import copy
 import functools
 import os
 import threading
@@ -119,7 +118,7 @@ class Program:
             for step in self.steps:
                 step.run()
             outputs = {t.name: view.copy().reshape(t.shape) for t, view in self.outputs}
-        return RunResult(outputs, copy.deepcopy(self.profile))
+        return RunResult(outputs, cycles.copy_profile(self.profile))
 
 
 def _io_view(mem: Memories, t, what: str, write: bool = False) -> np.ndarray:
