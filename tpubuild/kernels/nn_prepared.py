@@ -235,3 +235,75 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
                 total += xp[tap]
         return nn.fused((total / counts).astype(x.dtype), p)
     return run
+
+
+def _mean(x: np.ndarray, axes: tuple[int, ...], count: np.intp) -> np.ndarray:
+    """``x.mean(axis=axes, keepdims=True)`` of a float32/64 array: numpy's own steps (the sum, then a
+    division by the count as an intp, cast back) without its Python wrapper."""
+    total = np.add.reduce(x, axis=axes, keepdims=True)
+    return np.true_divide(total, count, out=total, casting="unsafe")
+
+
+@prepared(top.LayerNormOp)
+def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
+    x, scale, bias = operands
+    if x.dtype != F32 or p.stats or any(o.shape is not None and (o.dtype != F32 or np.broadcast_shapes(
+            x.shape, o.shape) != x.shape) for o in (scale, bias)):
+        return None
+    axes = tuple(range(p.axis % len(x.shape), len(x.shape)))
+    count = np.intp(math.prod(x.shape[a] for a in axes))
+    eps = np.asarray(p.eps, F32)
+
+    def run(x, scale, bias):
+        # nn's kernel's operations in its order, each result written over a temporary of the run
+        mean = _mean(x, axes, count)
+        d = np.subtract(x, mean)
+        var = _mean(np.multiply(d, d), axes, count)
+        var += eps
+        rstd = np.divide(1, np.sqrt(var, out=var))
+        y = np.multiply(d, rstd, out=d)
+        if scale is not None:
+            y *= scale
+        if bias is not None:
+            y += bias
+        return y
+    return run
+
+
+@prepared(top.SoftmaxOp)
+def _(p: top.SoftmaxParams, operands: list[Operand]) -> Callable | None:
+    (x,) = operands
+    if x.dtype != F32 or p.log:
+        return None
+    beta = np.asarray(p.beta, F32)
+
+    def run(x):
+        if p.beta != 1.0:
+            x = x * beta
+        shifted = np.subtract(x, np.maximum.reduce(x, axis=p.axis, keepdims=True))  # x.max's own reduction
+        e = np.exp(shifted, out=shifted)
+        return np.divide(e, np.add.reduce(e, axis=p.axis, keepdims=True), out=e)
+    return run
+
+
+@prepared(top.MatMulOp)
+def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
+    a, b, bias = operands
+    if a.dtype != F32 or b.dtype != F32 or a.shape is None or b.shape is None:
+        return None
+    out = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]) if len(a.shape) > 1 and len(
+        b.shape) > 1 else None
+    if out is None or (bias.shape is not None and (bias.dtype != F32 or np.broadcast_shapes(out, bias.shape) != out)):
+        return None
+    limit = p.relu_limit
+
+    def run(a, b, bias):
+        y = np.matmul(a, b)
+        if bias is not None:
+            y += bias  # y + bias, in the product's array
+        if p.do_relu:
+            np.maximum(y, 0, out=y)
+            if limit >= 0:
+                np.minimum(y, limit, out=y)
+        return y
+    return run

@@ -77,7 +77,12 @@ def _taps(frac: np.ndarray, p: top.InterpParams, scale: float) -> tuple[np.ndarr
 
 
 def _resample_axis(x: np.ndarray, axis: int, out_len: int, p: top.InterpParams) -> np.ndarray:
-    in_len = x.shape[axis]
+    idx, weights, outside = axis_taps(x.shape[axis], axis, out_len, p)
+    return _apply_taps(x, axis, idx, weights, outside, p)
+
+
+def axis_taps(in_len: int, axis: int, out_len: int, p: top.InterpParams):
+    """(source indices [out, taps] clamped to the input, their weights, the outputs outside the roi or None)."""
     scale = p.scales[axis]
     outside = None
     if p.coord_mode == "tf_crop_and_resize":
@@ -99,7 +104,12 @@ def _resample_axis(x: np.ndarray, axis: int, out_len: int, p: top.InterpParams) 
         weights = np.where((idx < 0) | (idx >= in_len), 0.0, weights)
         total = weights.sum(axis=-1, keepdims=True)
         weights = weights / np.where(total == 0, 1.0, total)
-    gathered = np.take(x, np.clip(idx, 0, in_len - 1), axis=axis)  # [..., out, taps, ...]
+    return np.clip(idx, 0, in_len - 1), weights, outside
+
+
+def _apply_taps(x: np.ndarray, axis: int, idx: np.ndarray, weights: np.ndarray, outside, p: top.InterpParams):
+    out_len = idx.shape[0]
+    gathered = np.take(x, idx, axis=axis)  # [..., out, taps, ...]
     shape = (1,) * axis + weights.shape + (1,) * (x.ndim - axis - 1)
     y = (gathered * weights.reshape(shape)).sum(axis=axis + 1)
     if outside is not None and outside.any():
@@ -108,16 +118,24 @@ def _resample_axis(x: np.ndarray, axis: int, out_len: int, p: top.InterpParams) 
     return y
 
 
-@kernel(top.InterpOp)
-def _(p: top.InterpParams, x):
-    y = x.astype(np.float64)
+def resampled(p: top.InterpParams, shape: tuple[int, ...]) -> list[int]:
+    """The axes the resize changes (in order; the others are copied as they are)."""
+    axes = []
     for axis, out_len in enumerate(p.shape):
-        identity = math.isclose(p.scales[axis], 1.0) and out_len == y.shape[axis]
+        identity = math.isclose(p.scales[axis], 1.0) and out_len == shape[axis]
         if p.roi:
             rank = len(p.scales)
             identity = identity and p.roi[axis] == 0.0 and p.roi[rank + axis] == 1.0
         if not identity:
-            y = _resample_axis(y, axis, out_len, p)
+            axes.append(axis)
+    return axes
+
+
+@kernel(top.InterpOp)
+def _(p: top.InterpParams, x):
+    y = x.astype(np.float64)
+    for axis in resampled(p, x.shape):
+        y = _resample_axis(y, axis, p.shape[axis], p)
     if x.dtype.kind in "iu":
         y = np.rint(y)
     return y.astype(x.dtype)
