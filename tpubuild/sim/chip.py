@@ -70,13 +70,18 @@ def decoded_params(model: ModelFile) -> list:
 
 def simulate(model: ModelFile, inputs: Mapping[str, np.ndarray], *, races: bool = True) -> RunResult:
     """Run the command streams on ``inputs`` (by graph input name); outputs in their stored types."""
-    return Program(model, races=races).run(inputs)
+    return Program(model, races=races, reuse=False).run(inputs)
 
 
 class Program:
-    """A model file ready to run, any number of times, one run at a time (the memories are its own)."""
+    """A model file ready to run, any number of times, one run at a time (the memories are its own).
 
-    def __init__(self, model: ModelFile, *, races: bool = True):
+    ``reuse``: prepare for many runs -- weight tiles read once, kernels prepared for their tiles,
+    a result handed to the commands reading it (and not written when nothing else reads it): two
+    shadow runs that cost about one run. False for a single run (``simulate``).
+    """
+
+    def __init__(self, model: ModelFile, *, races: bool = True, reuse: bool = True):
         header = model.header
         params = decoded_params(model)
         if races:
@@ -89,17 +94,24 @@ class Program:
             raise Where("weights", 0).error(f"[{header.weight_base}, {header.weight_base + weights.size}) "
                                             f"is outside DDR [0, {mem.ddr.size})")
         mem.ddr[header.weight_base:header.weight_base + weights.size] = weights
+        self.weights, self.weight_base = weights, header.weight_base
         self.inputs = [(t, _io_view(mem, t, "input", write=True)) for t in header.inputs]
         self.steps = [_gdma_step(mem, i, model.gdma[i]) if engine == "gdma" else _BdcStep(mem, i, model.bdc[i], params[i])
                       for engine, i in schedule.order()]
         self.outputs = [(t, _io_view(mem, t, "output")) for t in header.outputs]
         accesses = [(True, view) for _, view in self.inputs] + [a for step in self.steps for a in step.accesses] \
             + [(False, view) for _, view in self.outputs]
-        self.ddr_stale, self.ddr_initial = _stale_bytes(mem.ddr, accesses)
-        self.local_stale, _ = _stale_bytes(mem.local, accesses)
-        fixed = _Fixed(mem, accesses)
-        for step in self.steps:
-            step.prepare(fixed)
+        self.accesses = accesses  # for the bytes to restore before a second run (a single run needs none)
+        self.stale: tuple | None = None
+        if reuse:
+            fixed = _Fixed(mem, accesses)
+            for step in self.steps:
+                step.prepare(fixed)
+            tiles = _Tiles(mem)
+            for step in self.steps:
+                step.forward(tiles)
+            for step in self.steps:
+                step.finish()  # (a tile is stored once a later command reads it: known at the end)
         self.fresh = True  # the memories hold zeros and the weights only
         self.lock = threading.Lock()
 
@@ -109,8 +121,11 @@ class Program:
         with self.lock:
             if not self.fresh:
                 # what an earlier run left where this one reads before writing: back to a fresh chip's
-                self.mem.ddr[self.ddr_stale] = self.ddr_initial
-                self.mem.local.reshape(-1)[self.local_stale] = 0
+                if self.stale is None:
+                    self.stale = self._stale()
+                ddr_stale, ddr_initial, local_stale = self.stale
+                self.mem.ddr[ddr_stale] = ddr_initial
+                self.mem.local.reshape(-1)[local_stale] = 0
             self.fresh = False
             for (t, view), array in zip(self.inputs, data):
                 if view.size:
@@ -120,6 +135,15 @@ class Program:
             outputs = {t.name: view.copy().reshape(t.shape) for t, view in self.outputs}
         return RunResult(outputs, cycles.copy_profile(self.profile))
 
+    def _stale(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The DDR bytes to restore before a run and their values on a fresh chip (zero, or the weights'),
+        the local bytes to zero."""
+        ddr = _stale_bytes(self.mem.ddr, self.accesses)
+        initial = np.zeros(ddr.size, np.uint8)
+        in_weights = (ddr >= self.weight_base) & (ddr < self.weight_base + self.weights.size)
+        initial[in_weights] = self.weights[ddr[in_weights] - self.weight_base]
+        return ddr, initial, _stale_bytes(self.mem.local, self.accesses)
+
 
 def _io_view(mem: Memories, t, what: str, write: bool = False) -> np.ndarray:
     block = (1, 1, 1, int(np.prod(t.shape, dtype=np.int64)))
@@ -127,9 +151,9 @@ def _io_view(mem: Memories, t, what: str, write: bool = False) -> np.ndarray:
                         Where("header", 0, f"{what} {t.name!r}"), write=write)
 
 
-def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes of ``memory`` a run reads before it writes them, among those a run writes (flat indices),
-    and their values on a fresh chip: all a run must restore for the next run to start as on a fresh chip.
+def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) -> np.ndarray:
+    """The bytes of ``memory`` a run reads before it writes them, among those a run writes (flat indices):
+    all a run must restore for the next run to start as on a fresh chip.
 
     A shadow run over byte masks, the accesses in run order. A command stream that reads only what it
     wrote has none; bytes never written keep their first values anyway.
@@ -148,7 +172,7 @@ def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) ->
             np.logical_or(m, ~_mask(v, base, written), out=m)
     index = np.concatenate([np.zeros(0, np.intp)] + [lo + np.flatnonzero(stale[lo:hi] & written[lo:hi])
                                                      for lo, hi in spans])
-    return index, memory.reshape(-1)[index]  # (prepared before any run: the fresh chip's bytes)
+    return index
 
 
 def _extent(v: np.ndarray, base: int) -> tuple[int, int]:
@@ -178,10 +202,11 @@ def _address(v: np.ndarray) -> int:
 
 
 def _mask(v: np.ndarray, base: int, of: np.ndarray) -> np.ndarray:
-    """The bytes of the view ``v`` (into a memory at address ``base``) in ``of``, an array of the memory's
-    size: the view's shape and strides, with a last axis of the element size (one entry per byte)."""
-    return np.ndarray(v.shape, np.dtype((of.dtype, (v.dtype.itemsize,))), buffer=of, offset=_address(v) - base,
-                      strides=v.strides)
+    """The bytes of the view ``v`` (into a memory at address ``base``) in ``of``, an array with one entry
+    per byte of the memory: the view's shape and strides, with a last axis of the element size."""
+    scale = of.itemsize
+    return np.ndarray(v.shape, np.dtype((of.dtype, (v.dtype.itemsize,))), buffer=of,
+                      offset=(_address(v) - base) * scale, strides=tuple(s * scale for s in v.strides))
 
 
 class _Fixed:
@@ -229,6 +254,65 @@ class _Fixed:
             _mask(v, self.local_base, self.local)[...] = False
 
 
+class _Tile:
+    """A local block a command writes: whether memory must hold it (a command reads its bytes there),
+    and for a BDC result, how many BDC operands take the result itself (``array``) instead."""
+
+    def __init__(self, index: int, geometry: tuple | None):
+        self.index, self.geometry = index, geometry  # geometry: a BDC result's dtype, shape and views
+        self.stored, self.readers, self.array = False, 0, None
+
+
+class _Tiles:
+    """A shadow run over local memory that knows, per byte, the tile last written there. A BDC operand
+    that is exactly a BDC result still in place (same element type, shape and views, no byte written
+    since) takes that result's array (C order, read-only: what reading it back gives); a tile no
+    command reads in memory is not written there. Stale bytes are restored before each run anyway,
+    so a tile left unwritten is never read: any read in memory of its bytes would have stored it."""
+
+    def __init__(self, mem: Memories):
+        self.base, self.end = _address(mem.local), _address(mem.local) + mem.local.nbytes
+        self.owner = np.zeros(mem.local.size, np.int32)  # per byte: 1 + the tile last written there, 0: none
+        self.tiles: list[_Tile] = []
+
+    def is_local(self, v: np.ndarray) -> bool:
+        return self.base <= _address(v) < self.end
+
+    def owners(self, views) -> set[int]:
+        """The tiles (-1: none) owning the bytes of ``views``."""
+        out: set[int] = set()
+        for v in views:
+            m = _mask(v, self.base, self.owner)
+            lo, hi = int(m.min()), int(m.max())
+            # (bincount: a tile index is small, sorting a big tile's bytes for np.unique is not)
+            out.update([lo - 1] if lo == hi else (np.flatnonzero(np.bincount(m.ravel())) - 1).tolist())
+        return out
+
+    def read(self, views) -> None:
+        for i in self.owners([v for v in views if v.size and self.is_local(v)]):
+            if i >= 0:
+                self.tiles[i].stored = True
+
+    def write(self, views, geometry: tuple | None = None) -> _Tile | None:
+        views = [v for v in views if v.size and self.is_local(v)]
+        if not views:
+            return None
+        tile = _Tile(len(self.tiles), geometry)
+        self.tiles.append(tile)
+        for v in views:
+            _mask(v, self.base, self.owner)[...] = tile.index + 1
+        return tile
+
+    def result(self, geometry: tuple, views) -> _Tile | None:
+        """The BDC result all of ``views`` hold, with this geometry, or None."""
+        if not views or not all(v.size and self.is_local(v) for v in views):
+            return None
+        owners = self.owners(views)
+        first = min(owners)
+        tile = self.tiles[first] if len(owners) == 1 and first >= 0 else None
+        return tile if tile is not None and tile.geometry == geometry else None
+
+
 class _Copy:
     """A GDMA command: copies between views (one pair per run of channels of its local side)."""
 
@@ -239,6 +323,17 @@ class _Copy:
     def prepare(self, fixed: _Fixed) -> None:
         for dst, src in self.pairs:
             fixed.copy(dst, src)
+
+    def forward(self, tiles: _Tiles) -> None:
+        """Leave out the loads of local tiles nothing reads in memory (weights the BDC steps hold)."""
+        self.kept = []
+        for dst, src in self.pairs:
+            tiles.read([src])
+            self.kept.append((dst, src, tiles.write([dst])))  # (None: a DDR destination)
+
+    def finish(self) -> None:
+        self.pairs = [(dst, src) for dst, src, tile in self.kept if tile is None or tile.stored]
+        del self.kept
 
     def run(self) -> None:
         for dst, src in self.pairs:
@@ -275,6 +370,11 @@ class _Block:
             self.pieces = mem.local_pieces(t.addr, t.lane_start, t.shape, t.dtype, where, t.plane)
         # one view (a DDR block, a local block within the lanes of one slot): no gather
         self.whole = self.pieces[0][2] if len(self.pieces) == 1 else None
+        self.geometry = (self.dtype, self.shape,
+                         tuple((c0, c1, _address(v), v.shape, v.strides) for c0, c1, v in self.pieces))
+
+    def views(self) -> list[np.ndarray]:
+        return [v for _, _, v in self.pieces]
 
     def read(self) -> np.ndarray:
         if self.whole is not None:
@@ -309,6 +409,16 @@ class _Value:
         return self.value
 
 
+class _Forwarded:
+    """An operand that is a BDC result still in place: that result's array."""
+
+    def __init__(self, tile: _Tile, view: tuple):
+        self.tile, self.view = tile, view
+
+    def read(self) -> np.ndarray:
+        return self.tile.array.reshape(self.view)
+
+
 class _BdcStep:
     """A BDC command: its kernel (prepared for its operands' shapes and fixed values), its operands'
     and results' blocks."""
@@ -323,6 +433,7 @@ class _BdcStep:
                         for j, t in enumerate(b.results)]
         self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + \
             [(True, v) for r in self.results if r is not None for _, _, v in r.pieces]
+        self.tiles: list[_Tile | None] = [None] * len(self.results)  # (forward() may hand results on)
 
     def prepare(self, fixed: _Fixed) -> None:
         values = [None if o is None else o.fixed_value(fixed) for o in self.operands]
@@ -337,6 +448,21 @@ class _BdcStep:
             raise Where("bdc", self.index).error(f"{self.op} cannot be prepared for its tiles: "
                                                  f"{type(e).__name__}: {e}") from None
         self.operands = [o if value is None else _Value(value) for o, value in zip(self.operands, values)]
+
+    def forward(self, tiles: _Tiles) -> None:
+        """Operands that are results still in place take them; results nothing reads in memory stay out of it."""
+        for j, o in enumerate(self.operands):
+            if isinstance(o, _Block):
+                tile = tiles.result(o.geometry, o.views())
+                if tile is None:
+                    tiles.read(o.views())
+                else:
+                    tile.readers += 1
+                    self.operands[j] = _Forwarded(tile, o.view)
+        self.tiles = [None if r is None else tiles.write(r.views(), r.geometry) for r in self.results]
+
+    def finish(self) -> None:
+        pass
 
     def run(self) -> None:
         args = [None if o is None else o.read() for o in self.operands]
@@ -355,7 +481,13 @@ class _BdcStep:
             if r.size != block.size:
                 raise Where("bdc", self.index).error(f"{self.op} result {j} has shape {r.shape}, its block "
                                                      f"{block.shape} holds {block.size} elements")
-            block.write(r if r.dtype == block.dtype else halfcast.astype(r, block.dtype))
+            values = r if r.dtype == block.dtype else halfcast.astype(r, block.dtype)
+            tile = self.tiles[j]
+            if tile is not None and tile.readers:
+                tile.array = np.ascontiguousarray(values.reshape(block.shape)).view()
+                tile.array.flags.writeable = False  # read by other kernels, as their operands
+            if tile is None or tile.stored:
+                block.write(values)
 
 
 def _input(t, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
