@@ -53,6 +53,8 @@ def test_prepared_conv_is_the_kernel(case):
     run = prepare(top.ConvOp, p, conv_operands(x, w, b))
     assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
     assert same_bits(run(x * 2, w, b), get_kernel(top.ConvOp)(p, x * 2, w, b))  # made once, run on any input
+    fortran = np.asfortranarray(x)  # not C-contiguous (a simulator tile may not be)
+    assert same_bits(run(fortran, w, b), get_kernel(top.ConvOp)(p, fortran, w, b))
 
 
 @st.composite

@@ -36,7 +36,7 @@ class _Padder:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if not self.pads:
             return x
-        xp = np.full(self.shape, self.fill, x.dtype)
+        xp = np.zeros(self.shape, x.dtype) if self.fill == 0 else np.full(self.shape, self.fill, x.dtype)
         xp[self.inner] = x
         return xp
 
@@ -125,6 +125,15 @@ class _Im2col:
             self.blocks.append((r0, r, (slice(None), slice(None), slice(start, stop)),
                                 _tap_slices(taps, p.strides, p.dilations, (r,) + out_sp[1:])))
         self.pad, self.epilogue = pad, epilogue
+        # one block with every tap live: the columns are one strided view of the padded input, copied in
+        # one call (the taps' copies were a numpy call each); (shape, byte strides) of that view
+        self.window = None
+        if len(self.blocks) == 1 and k == math.prod(p.kernel_shape):
+            step = [F32.itemsize * math.prod(pad.shape[i + 1:]) for i in range(len(pad.shape))]
+            dims = range(2, len(pad.shape))
+            self.window = ((n, g, cg) + tuple(p.kernel_shape) + out_sp,
+                           (step[0], cg * step[1], step[1]) + tuple(d * step[i] for d, i in zip(p.dilations, dims))
+                           + tuple(s * step[i] for s, i in zip(p.strides, dims)))
 
     def __call__(self, x, w, b):
         xp = self.pad(x)
@@ -132,13 +141,17 @@ class _Im2col:
         y = np.empty((n, g, ocg, self.out_sp[0], rest), F32)
         cols = np.empty((n, g, cg, k, self.rows) + self.out_sp[1:], F32)
         for r0, r, rows, tap_slices in self.blocks:
-            xb = xp[rows]
             part = cols[:, :, :, :, :r]
-            block = (n, g, cg, r) + self.out_sp[1:]
-            for t, tap in enumerate(tap_slices):
-                part[:, :, :, t] = xb[tap].reshape(block)
+            if self.window is not None and xp.dtype == F32 and xp.flags.c_contiguous:
+                shape, strides = self.window
+                np.copyto(cols.reshape(shape), np.ndarray(shape, F32, buffer=xp, strides=strides))
+            else:
+                xb = xp[rows]
+                block = (n, g, cg, r) + self.out_sp[1:]
+                for t, tap in enumerate(tap_slices):
+                    part[:, :, :, t] = xb[tap].reshape(block)
             prod = np.matmul(part.reshape(n, g, cg * k, r * rest).swapaxes(2, 3), self.wt)  # [n, g, pixels, ocg]
-            y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
+            y[:, :, :, r0:r0 + r] = prod.reshape(n, g, r, rest, ocg).transpose(0, 1, 4, 2, 3)  # np.moveaxis(.., 4, 2)
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
 
 
