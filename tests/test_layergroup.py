@@ -15,7 +15,7 @@ from tpubuild.codegen.assign import assign, ddr_lifetimes, memory_assign
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import build_graph
 from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, logical_shape, read_groups
-from tpubuild.codegen.slicing import Window, local_rule
+from tpubuild.codegen.slicing import Window, exact_f32, local_rule
 from tpubuild.codegen.synthetic import residual_net
 from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.top import InputOp
@@ -77,6 +77,62 @@ def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
         first, end, top, bottom = win.need(lo, hi, h)
         tile = kernel(dataclasses.replace(p, pads=(top, pad, bottom, pad)), x[:, :, first:end], w, None)
         np.testing.assert_allclose(tile, full[:, :, lo:hi], rtol=1e-5, atol=1e-5)
+
+
+def _one_op_graph(op_cls, params, x_shape, w_shape):
+    b = mlir.GraphBuilder([tensor_type(x_shape)])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    w = b.weight("w", tensor_type(w_shape))
+    bias = b.weight("b", tensor_type((w_shape[0],)))
+    y = b.add(op_cls.make([x, w, bias], params, name="y")).results[0]
+    graph = build_graph(b.finish([y], name="one", weight_file="w.npz", state="TPU_LOWERED"))
+    return graph, next(n for n in graph.ops if n.name == "y")
+
+
+# long sums over small pixel counts: the shapes where BLAS's small-matrix kernel summed otherwise
+@pytest.mark.parametrize("ic,oc,k,s,h,pieces", [(32, 8, 5, 1, 20, 3), (64, 8, 3, 1, 20, 2), (64, 8, 3, 2, 40, 3),
+                                                (32, 96, 5, 2, 8, 2), (64, 16, 3, 1, 40, 5)])
+def test_f32_conv_slices_as_exact_f32_allows_give_the_whole_tensors_bits(ic, oc, k, s, h, pieces):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, ic, h, h)).astype(np.float32)
+    w = rng.standard_normal((oc, ic, k, k)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    pad = k // 2
+    p = tpu.ConvOp.PARAMS(kernel_shape=(k, k), strides=(s, s), pads=(pad,) * 4, dilations=(1, 1))
+    graph, node = _one_op_graph(tpu.ConvOp, p, x.shape, w.shape)
+    rule = exact_f32(graph, node, local_rule(graph, node))
+    kernel = get_kernel(tpu.ConvOp)
+    full = kernel(p, x, w, bias)
+    out_h = full.shape[2]
+    for i in range(pieces):
+        lo, hi = i * out_h // pieces, (i + 1) * out_h // pieces
+        assert hi - lo >= rule.min_rows
+        first, end, top_pad, bottom = rule.window.need(lo, hi, h)
+        tile = kernel(dataclasses.replace(p, pads=(top_pad, pad, bottom, pad)), x[:, :, first:end], w, bias)
+        np.testing.assert_array_equal(tile, full[:, :, lo:hi], err_msg=f"rows {lo}..{hi}")
+
+
+def test_f32_conv_slices_keep_every_tap_live():
+    """A top slice of one row under a 5x5 window with pads 2 would leave the first two kernel rows in the
+    padding (the kernel drops such taps, which changes the GEMM's sums): F32 slices keep three rows."""
+    p = tpu.ConvOp.PARAMS(kernel_shape=(5, 5), strides=(1, 1), pads=(2,) * 4, dilations=(1, 1))
+    graph, node = _one_op_graph(tpu.ConvOp, p, (1, 8, 16, 16), (8, 8, 5, 5))
+    assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 3
+    stride2 = dataclasses.replace(p, strides=(2, 2))
+    graph, node = _one_op_graph(tpu.ConvOp, stride2, (1, 8, 16, 16), (8, 8, 5, 5))
+    assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 2
+
+
+def test_f32_deconv_slices_give_the_whole_tensors_bits():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 256, 10, 12)).astype(np.float32)
+    w = rng.standard_normal((256, 16, 2, 2)).astype(np.float32)
+    deconv = tpu.MIRROR[top.DeconvOp]
+    p = deconv.PARAMS(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0), dilations=(1, 1))
+    kernel = get_kernel(deconv)
+    full = kernel(p, x, w, None)
+    for lo, hi in [(0, 3), (3, 4), (4, 10)]:  # input rows r make output rows 2r, 2r + 1
+        np.testing.assert_array_equal(kernel(p, x[:1, :, lo:hi], w, None), full[:1, :, 2 * lo:2 * hi])
 
 
 # ---- executing a plan tile by tile ----------------------------------------------------------------

@@ -46,7 +46,7 @@ from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc, cost
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.slicing import WHOLE, Rule, align, blas_f32, local_rule, spread_shape, weight_lane_bytes
+from tpubuild.codegen.slicing import Rule, align, exact_f32, local_rule, spread_shape, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
 
@@ -419,8 +419,8 @@ class Planner:
     def _facts(self, node) -> OpFacts:
         g, chip = self.g, self.chip
         rule = local_rule(g, node)
-        if rule is not None and self.exact_f32 and blas_f32(g, node):
-            rule = WHOLE
+        if rule is not None and self.exact_f32:
+            rule = exact_f32(g, node, rule)
         # a Permute is always a copy; Slice and Gather only instead of running as global ops
         copy = as_copy(g, node) if isinstance(node.op, tpu.PermuteOp) or rule is None else None
         kind = (ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None
@@ -508,7 +508,10 @@ class Planner:
                 n_max = 1
             if not rule.h_split:
                 h_max = 1
-        return n_max, h_max
+            elif rule.min_rows > 1:
+                # a slice of the op's result holds about its rows / slices (one fewer through an upsample)
+                h_max = min(h_max, self.t[self.ops[p].name].shape4[2] // (rule.min_rows + 1))
+        return n_max, max(h_max, 1)
 
     def sequence(self, i: int, j: int) -> list[tuple[int, int]]:
         """Slicings in the order they are tried: N first (each distinct slice size once), then H."""
@@ -822,6 +825,9 @@ class Planner:
             for hi in range(hs):
                 needs.append(self.ranges(i, j, ns, hs, ni, hi))
                 owns.append({o: self.own_range(o, ns, hs, ni, hi) for o in outputs})
+        if hs > 1 and any(need[self.ops[p].name][3] - need[self.ops[p].name][2] < self.ops[p].rule.min_rows
+                          for p in range(i, j) for need in needs):
+            return None  # (``limits`` keeps H slices this tall; a guard for the exact F32 bits)
         sizes = self.sizes_of(i, j, needs)
         copies = 2 if ns * hs > 1 else 1
         bufs, avoid = self.buffers(i, j, sizes, copies)

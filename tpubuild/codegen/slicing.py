@@ -93,6 +93,8 @@ class Rule:
     # broadcasting but of single values, no per-channel weights): any row-major reshape of its
     # operands and result computes the same elements, so it may run in the lane-spread layout
     layout_free: bool = False
+    # the fewest output rows an H slice of the op may compute (``exact_f32``)
+    min_rows: int = 1
 
     def computed(self, lo: int, hi: int, out_h: int) -> tuple[int, int]:
         """The output rows the op computes when [lo, hi) are needed."""
@@ -216,21 +218,28 @@ def _spatial_rule(p, nd: int) -> Rule:
     return Rule(window=window)
 
 
-def blas_f32(graph: Graph, node: Node) -> bool:
-    """Does the op's kernel sum F32 products through a BLAS GEMM (a conv that is not depthwise, a
-    MatMul, a Deconv)?
+def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
+    """``rule`` limited so that the op's F32 slices give the whole tensor's bits.
 
-    BLAS orders a GEMM's sums by the matrix sizes (small ones take other kernels), so an F32
-    GEMM on a slice can differ from the whole tensor's in the last bits, and those bits grow
-    through a deep net past F32's CLOSE. Layer group runs such ops on whole tensors unless told
-    otherwise; integer GEMMs are exact and the half modes round far coarser than the difference.
+    An F32 conv (not depthwise: that one sums tap by tap) or Deconv sums through a BLAS GEMM,
+    pixel-major, whose bits per output depend only on K (channels x live taps) and N
+    (``kernels.nn.pixel_gemm``): a conv slice matches the whole tensor as long as it keeps every
+    tap live, i.e. each H slice has rows past the pads (``Rule.min_rows``); a Deconv's slices (whole
+    runs of one tap's rows) always do. A MatMul's GEMM runs on whole tensors. Integer GEMMs are exact
+    and the half modes keep their rule too.
     """
     if graph.tensors[node.name].dtype != np.float32:
-        return False
+        return rule
     if isinstance(node.op, tpu.ConvOp):
         group, channels = node.op.params.group, graph.tensors[node.inputs[0]].shape[1]
-        return not (group > 1 and group == channels)  # depthwise sums tap by tap, not by BLAS
-    return isinstance(node.op, (tpu.MatMulOp, tpu.MIRROR[top.DeconvOp]))
+        if (group > 1 and group == channels) or rule.window is None:
+            return rule
+        w = rule.window
+        # a slice of R rows at the top sees an input row through its first tap iff (R - 1) * stride >= pad
+        return dataclasses.replace(rule, min_rows=-(-max(w.pad_begin, w.pad_end) // w.stride) + 1)
+    if isinstance(node.op, tpu.MatMulOp):
+        return WHOLE
+    return rule
 
 
 @rule_for(tpu.ConvOp)

@@ -8,6 +8,7 @@ import numpy as np
 
 from tpubuild.ir import top
 from tpubuild.kernels.activation import fused
+from tpubuild.kernels.nn import pixel_gemm
 from tpubuild.kernels.registry import kernel
 
 
@@ -25,7 +26,9 @@ def _(p: top.DeconvParams, x, w, b):
     dtype = np.result_type(x.dtype, w.dtype)
     xg = x.reshape(n, g, cin, math.prod(spatial)).astype(dtype, copy=False)
     wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(dtype, copy=False)
-    taps = np.matmul(np.swapaxes(wg, 1, 2)[None], xg).reshape(n, g, cout, *kernel_shape, *spatial)
+    # pixel-major (see pixel_gemm): an input row's contributions do not depend on how many rows share the
+    # call, so an H or N slice, as the chip computes it, matches the whole tensor's bits
+    taps = pixel_gemm(xg, wg).swapaxes(2, 3).reshape(n, g, cout, *kernel_shape, *spatial)
     full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
             for i in range(nd)]
     y = np.zeros((n, g, cout, *full), dtype)

@@ -50,6 +50,29 @@ def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
 # stays in cache between being written and the GEMM reading it
 _COLS_BLOCK = 1 << 21
 
+# OpenBLAS runs a GEMM of at most 100^3 multiply-adds through its small-matrix kernel, which sums
+# each output in another order than the blocked kernel (and a different one per size); every
+# larger GEMM sums each output in an order set by K and N alone (measured on numpy's OpenBLAS
+# 0.3.31, Haswell kernels: any pixel count and offset above the bound gives the same bits)
+_SMALL_GEMM = 100 ** 3
+
+
+def pixel_gemm(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
+    """cols [..., K, pixels] (the columns as built) times wt [..., K, N] -> [..., pixels, N], pixel-major.
+
+    A product small enough for the small-matrix kernel gets zero pixels appended up to the
+    blocked one: so each output's bits depend on K, N and its own column, never on how many
+    pixels share the call, and an H slice of a conv, as the chip computes it, matches the
+    whole tensor's bits (layer group slices F32 convs on that).
+    """
+    k, m = cols.shape[-2:]
+    n = wt.shape[-1]
+    if m * k * n > _SMALL_GEMM:
+        return np.matmul(cols.swapaxes(-1, -2), wt)
+    wide = np.zeros(cols.shape[:-1] + (_SMALL_GEMM // (k * n) + 1,), cols.dtype)
+    wide[..., :m] = cols
+    return np.matmul(wide.swapaxes(-1, -2), wt)[..., :m, :]
+
 
 @kernel(top.ConvOp)
 def _(p: top.ConvParams, x, w, b):
@@ -73,7 +96,7 @@ def _(p: top.ConvParams, x, w, b):
         # one tap (1x1): a plain matmul of the (strided) input pixels, pixel-major (see _im2col)
         xp = padded(x, p.pads[:nd], p.pads[nd:])
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
-        y = np.matmul(cols.swapaxes(2, 3), w.reshape(g, oc // g, c // g).swapaxes(1, 2)).swapaxes(2, 3)
+        y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2)).swapaxes(2, 3)
     else:
         y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype)
     y = y.reshape(n, oc, *out_sp)
@@ -218,7 +241,7 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
         for t, tap in enumerate(taps):
             part[:, :, :, t] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
                 (n, g, cg) + block_sp)
-        prod = np.matmul(part.reshape(n, g, cg * k, r * rest).swapaxes(2, 3), wt)  # [n, g, pixels, ocg]
+        prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt)  # [n, g, pixels, ocg]
         y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
     return y
 
