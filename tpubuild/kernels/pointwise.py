@@ -23,13 +23,15 @@ def erf(x: np.ndarray) -> np.ndarray:
     1 - erfc from Numerical Recipes' Chebyshev fit (fractional error < 1.2e-7).
     """
     z = np.abs(x.astype(np.float64, copy=False))
-    near = z < 0.5
-    # each form only on its own elements (the same operations per element as on all of them)
-    y = np.empty_like(z)
-    y[near] = _erf_series(z[near])
-    far = ~near
-    y[far] = _erf_far(z[far])
-    return np.copysign(y, x)
+    flat = z.reshape(-1)
+    near = flat < 0.5
+    # each form only on its own elements (the same operations per element as on all of them), picked by
+    # index: take and put are twice as fast as boolean-mask indexing
+    inside, outside = np.flatnonzero(near), np.flatnonzero(~near)
+    y = np.empty_like(flat)
+    y.put(inside, _erf_series(flat.take(inside)))
+    y.put(outside, _erf_far(flat.take(outside)))
+    return np.copysign(y.reshape(z.shape), x)
 
 
 # Numerical Recipes' Chebyshev coefficients for erfc, innermost first
