@@ -484,8 +484,10 @@ class _BdcStep:
             values = r if r.dtype == block.dtype else halfcast.astype(r, block.dtype)
             tile = self.tiles[j]
             if tile is not None and tile.readers:
-                tile.array = np.ascontiguousarray(values.reshape(block.shape)).view()
-                tile.array.flags.writeable = False  # read by other kernels, as their operands
+                # as TPU inference hands a result on: in the kernel's own layout (a channels-last conv
+                # output stays so for the next conv), read-only (other kernels' operand)
+                tile.array = values.reshape(block.shape).view()
+                tile.array.flags.writeable = False
             if tile is None or tile.stored:
                 block.write(values)
 
