@@ -121,8 +121,16 @@ class Plan:
                 except (KernelError, ValueError, FloatingPointError) as e:
                     raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
                 results = result if isinstance(result, tuple) else (result,)
-            arrays = tuple(_checked(op, np.asarray(a), name, expect, dtype)
-                           for a, name, (expect, dtype) in zip(results, step.names, step.result_types))
+            if len(results) == 1 and len(step.outs) == 1:
+                array = results[0]
+                expect, dtype = step.result_types[0]
+                if not (type(array) is np.ndarray and array.shape == expect and array.dtype == dtype
+                        and array.flags.c_contiguous):
+                    array = _checked(op, np.asarray(array), step.names[0], expect, dtype)
+                arrays = (array,)
+            else:
+                arrays = tuple(_checked(op, np.asarray(a), name, expect, dtype)
+                               for a, name, (expect, dtype) in zip(results, step.names, step.result_types))
             for slot, array in zip(step.outs, arrays):
                 values[slot] = array
             if all_tensors:
