@@ -18,7 +18,7 @@ from tpubuild.codegen.model_file import (FILE_HEAD, FORMAT_VERSION, MAGIC, SECTI
                                          decode_model, encode_model, read_model, write_model)
 from tpubuild.ir import tpu
 from tpubuild.ir.types import dtype_from_name
-from tpubuild.sim.chip import simulate
+from tpubuild.sim.chip import Program, simulate
 
 CHIP = ChipParams(name="toy", lanes=4, lane_bytes=4096, banks=2, eu_bytes=16, ddr_bandwidth=8e9, clock_hz=1e9,
                   macs_per_lane_per_cycle={"F32": 4, "INT8": 32}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
@@ -190,13 +190,17 @@ def _inputs_for(model) -> dict[str, np.ndarray]:
 
 
 def _read_and_run(data: bytes) -> None:
-    """The property: decoding and simulating either work or raise ModelFileError, nothing else."""
+    """The property: decoding and simulating (once, and twice with a program prepared for reuse: its
+    shadow runs) either work or raise ModelFileError, nothing else."""
     try:
         model = decode_model(data, file="fuzz.model")
     except ModelFileError:
         return
     try:
         simulate(model, _inputs_for(model))
+        program = Program(model)
+        program.run(_inputs_for(model))
+        program.run(_inputs_for(model))
     except ModelFileError:
         return
 
