@@ -14,7 +14,7 @@ from tpubuild.codegen import alloc
 from tpubuild.codegen.assign import assign, ddr_lifetimes, memory_assign
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import build_graph
-from tpubuild.codegen.layergroup import LOCAL, Planner, layer_group, logical_shape, read_groups
+from tpubuild.codegen.layergroup import FOLD, LOCAL, Planner, layer_group, logical_shape, read_groups
 from tpubuild.codegen.slicing import Window, exact_f32, local_rule
 from tpubuild.codegen.synthetic import residual_net
 from tpubuild.ir import mlir, top, tpu
@@ -156,10 +156,13 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
             continue
         planner = channel.layout(group)
         stored = {o: np.full(graph.tensors[o].shape, np.nan).astype(graph.tensors[o].dtype) for o in group.outputs}
+        sources = {t: _folded(planner.folded[t], ddr[t], planner.t[t].shape4) if t in planner.folded else ddr[t]
+                   for t in group.inputs}
+        folded_weights = {f.weight: f.weight_data(arrays[f.weight]) for f in planner.folded.values()}
         for s in range(group.slices):
             tiles = {}
             for t in group.inputs:
-                tiles[t] = (group.ranges[t][s], _tile(ddr[t], group.ranges[t][s], planner.t[t].shape4))
+                tiles[t] = (group.ranges[t][s], _tile(sources[t], group.ranges[t][s], planner.t[t].shape4))
             for p in group.ops:
                 node = graph.ops[p]
                 out_r = group.ranges[node.name][s]
@@ -169,7 +172,7 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
                     if operand is None:
                         args.append(None)
                     elif operand[1] is None:
-                        args.append(arrays[operand[0]])
+                        args.append(folded_weights.get(operand[0], arrays[operand[0]]))
                     else:
                         t, (n_lo, n_hi, h_lo, h_hi) = operand
                         have, tile = tiles[t]
@@ -187,6 +190,18 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
                                                              own[2] - have[2]:own[3] - have[2]]
         ddr.update(stored)
     return ddr
+
+
+def _folded(fold, x, shape4):
+    """A fold group's input X' (``layergroup.Fold``) made from X: the rows its pieces name, the zero point
+    where they fall in the padding."""
+    x = np.asarray(x)
+    folded = np.full(shape4, fold.zp, x.dtype)
+    for dy, first, rows, source in fold.pieces(0, shape4[2]):
+        if source is not None:
+            folded[:, dy * fold.ic:(dy + 1) * fold.ic, first:first + rows] = \
+                x[:, :, source:source + (rows - 1) * fold.sh + 1:fold.sh]
+    return folded
 
 
 def _tile(array, r, shape4):
@@ -229,6 +244,8 @@ def test_group_slices_reproduce_whole_tensor_inference(lmem, lanes):
     lg, groups = layer_group(module, chip, exact_f32=False)  # slice the F32 convs too: the halo math
     lg = mlir.parse_module(mlir.print_module(lg))
     got = execute(lg, weights, inputs, chip)
+    if lanes == 64:  # the 4-channel 3x3 conv on the input folds its kernel rows into 12 channels
+        assert [g.layout for g in groups if g.kind == LOCAL][0] == FOLD
     for name in ("pool", "c4"):
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-4, err_msg=name)
     if lmem <= 6 * 1024:

@@ -313,20 +313,25 @@ class Fold:
 
 
 def find_folds(graph: Graph, chip: Chip) -> list[Fold]:
-    """The convs worth folding: 2-D, one group, integer input (its sums are exact in any order, so the
-    chip stays bit-exact), kh * ic within the lanes and fewer EU chunks of input channels that way; the
-    input and the filter read by this conv alone (their layout changes with the fold)."""
+    """The convs worth folding: 2-D, one group, kh * ic within the lanes and fewer EU chunks of input
+    channels that way; the input and the filter read by this conv alone (their layout changes with the
+    fold). The chip stays bit-exact: integer sums are exact in any order, and a float conv's GEMM sums
+    over (kernel row, channel, kernel column) folded or not (``kernels.nn.gemm_order``) as long as every
+    kernel row meets the input somewhere (else the kernel drops it and the unfolded sum is shorter)."""
     folds = []
     for node in graph.ops:
         if not isinstance(node.op, tpu.ConvOp) or node.inputs[0] is None or node.inputs[1] is None:
             continue
         p = node.op.params
         x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
-        if (len(p.kernel_shape) != 2 or p.group != 1 or x.dtype.kind not in "iu" or x.weight or not w.weight
+        if (len(p.kernel_shape) != 2 or p.group != 1 or x.weight or not w.weight
                 or len(x.shape) != 4 or len(x.users) != 1 or len(w.users) != 1 or x.graph_output):
             continue
         n, ic, h, width = x.shape
         kh = p.kernel_shape[0]
+        out_h = graph.tensors[node.name].shape[2]
+        if x.dtype.kind not in "iu" and out_h < -(-max(p.pads[0], p.pads[2]) // p.strides[0]) + 1:
+            continue
         eu = max(chip.eu_bytes // x.dtype.itemsize, 1)
         if kh < 2 or ic * kh > chip.lanes or -(-ic * kh // eu) >= kh * -(-ic // eu):
             continue

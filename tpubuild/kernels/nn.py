@@ -212,24 +212,39 @@ def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
     return full.reshape((n, oc, out_sp[0]) + grid[1:])[keep]
 
 
+def gemm_order(taps: list[tuple[int, ...]]) -> tuple[int, int]:
+    """(rows, rest): the live taps as a grid of their distinct first (H) indices by the rest. The GEMM's sum
+    runs over (tap row, input channel, rest of the tap), so a conv whose kernel rows are folded into its
+    input's channels (``layergroup.Fold``: channel dy * ic + c, a 1 x kw kernel) sums its products in the
+    same order and gets the same bits."""
+    rows = len({t[0] for t in taps})
+    return rows, len(taps) // rows
+
+
+def gemm_weights(w: np.ndarray, g: int, rows: int) -> np.ndarray:
+    """w [oc, C/g, taps] (its live taps) as the GEMM's right side [g, K, oc/g], K in ``gemm_order``."""
+    oc, cg, k = w.shape
+    return w.reshape(g, oc // g, cg, rows, k // rows).swapaxes(2, 3).reshape(g, oc // g, cg * k).swapaxes(1, 2)
+
+
 def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
-    """Columns [n, g, C/g * taps, pixels] copied tap by tap from strided views, then one GEMM per group.
+    """Columns [n, g, K, pixels] (K in ``gemm_order``) copied tap by tap from strided views, then one GEMM
+    per group.
 
     The columns are built in blocks of output rows, so a block is still in cache when
-    the GEMM reads it. The GEMM runs pixel-major (pixels x taps times taps x channels,
-    the columns passed transposed): BLAS then sums each output in an order that does
-    not depend on the number of pixels (except for tiny counts with long sums), so an
-    H slice of the output, as the chip computes it, matches the whole tensor's bits.
+    the GEMM reads it. The GEMM runs pixel-major (``pixel_gemm``), so an H slice of the
+    output, as the chip computes it, matches the whole tensor's bits.
     """
     n, c = xp.shape[:2]
     oc, k = w.shape[0], len(taps)
     cg, ocg = c // g, oc // g
-    wt = w.reshape(g, ocg, cg * k).swapaxes(1, 2)
+    tap_rows, rest_taps = gemm_order(taps)
+    wt = gemm_weights(w, g, tap_rows)
     rest = math.prod(out_sp[1:])
     row_bytes = n * c * k * rest * np.dtype(dtype).itemsize
     rows = max(1, min(out_sp[0], _COLS_BLOCK // max(row_bytes, 1)))
     y = np.empty((n, g, ocg, out_sp[0], rest), dtype)
-    cols = np.empty((n, g, cg, k, rows) + out_sp[1:], dtype)
+    cols = np.empty((n, g, tap_rows, cg, rest_taps, rows) + out_sp[1:], dtype)
     for r0 in range(0, out_sp[0], rows):
         r = min(rows, out_sp[0] - r0)
         block_sp = (r,) + out_sp[1:]
@@ -237,9 +252,9 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
         start = r0 * p.strides[0]
         stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
         xb = xp[:, :, start:stop]
-        part = cols[:, :, :, :, :r]
+        part = cols[:, :, :, :, :, :r]
         for t, tap in enumerate(taps):
-            part[:, :, :, t] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
+            part[:, :, t // rest_taps, :, t % rest_taps] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
                 (n, g, cg) + block_sp)
         prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt)  # [n, g, pixels, ocg]
         y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)

@@ -112,7 +112,8 @@ class _Im2col:
         n, c = x_shape[:2]
         k, cg = len(taps), c // g
         self.n, self.g, self.cg, self.k, self.ocg, self.oc = n, g, cg, k, oc // g, oc
-        self.wt = wt.reshape(g, oc // g, cg * k).swapaxes(1, 2)
+        self.tap_rows, self.rest_taps = nn.gemm_order(taps)
+        self.wt = nn.gemm_weights(wt, g, self.tap_rows)
         self.rest = math.prod(out_sp[1:])
         row_bytes = n * c * k * self.rest * F32.itemsize
         self.rows = max(1, min(out_sp[0], nn._COLS_BLOCK // max(row_bytes, 1)))
@@ -131,17 +132,18 @@ class _Im2col:
         if len(self.blocks) == 1 and k == math.prod(p.kernel_shape):
             step = [F32.itemsize * math.prod(pad.shape[i + 1:]) for i in range(len(pad.shape))]
             dims = range(2, len(pad.shape))
-            self.window = ((n, g, cg) + tuple(p.kernel_shape) + out_sp,
-                           (step[0], cg * step[1], step[1]) + tuple(d * step[i] for d, i in zip(p.dilations, dims))
+            taps = tuple(d * step[i] for d, i in zip(p.dilations, dims))
+            self.window = ((n, g, p.kernel_shape[0], cg) + tuple(p.kernel_shape[1:]) + out_sp,
+                           (step[0], cg * step[1], taps[0], step[1]) + taps[1:]
                            + tuple(s * step[i] for s, i in zip(p.strides, dims)))
 
     def __call__(self, x, w, b):
         xp = self.pad(x)
         n, g, cg, k, ocg, rest = self.n, self.g, self.cg, self.k, self.ocg, self.rest
         y = np.empty((n, g, ocg, self.out_sp[0], rest), F32)
-        cols = np.empty((n, g, cg, k, self.rows) + self.out_sp[1:], F32)
+        cols = np.empty((n, g, self.tap_rows, cg, self.rest_taps, self.rows) + self.out_sp[1:], F32)
         for r0, r, rows, tap_slices in self.blocks:
-            part = cols[:, :, :, :, :r]
+            part = cols[:, :, :, :, :, :r]
             if self.window is not None and xp.dtype == F32 and xp.flags.c_contiguous:
                 shape, strides = self.window
                 np.copyto(cols.reshape(shape), np.ndarray(shape, F32, buffer=xp, strides=strides))
@@ -149,7 +151,7 @@ class _Im2col:
                 xb = xp[rows]
                 block = (n, g, cg, r) + self.out_sp[1:]
                 for t, tap in enumerate(tap_slices):
-                    part[:, :, :, t] = xb[tap].reshape(block)
+                    part[:, :, t // self.rest_taps, :, t % self.rest_taps] = xb[tap].reshape(block)
             prod = nn.pixel_gemm(part.reshape(n, g, cg * k, r * rest), self.wt)  # [n, g, pixels, ocg]
             y[:, :, :, r0:r0 + r] = prod.reshape(n, g, r, rest, ocg).transpose(0, 1, 4, 2, 3)  # np.moveaxis(.., 4, 2)
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
