@@ -112,6 +112,21 @@ def test_f32_conv_slices_as_exact_f32_allows_give_the_whole_tensors_bits(ic, oc,
         np.testing.assert_array_equal(tile, full[:, :, lo:hi], err_msg=f"rows {lo}..{hi}")
 
 
+def test_f32_pointwise_conv_slices_keep_two_rows_and_the_whole_tensors_bits():
+    """A one-row output's GEMM runs unpadded (kernels.nn.pixel_gemm: no slice can split it), so a slice of
+    a taller conv keeps two rows at least, whose GEMM is padded as the whole one's is."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 96, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((24, 96, 1, 1)).astype(np.float32)
+    p = tpu.ConvOp.PARAMS(kernel_shape=(1, 1), strides=(1, 1), pads=(0,) * 4, dilations=(1, 1))
+    graph, node = _one_op_graph(tpu.ConvOp, p, x.shape, w.shape)
+    assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 2
+    kernel = get_kernel(tpu.ConvOp)
+    full = kernel(p, x, w, None)
+    for lo in range(0, 6, 2):
+        np.testing.assert_array_equal(kernel(p, x[:, :, lo:lo + 2], w, None), full[:, :, lo:lo + 2])
+
+
 def test_f32_conv_slices_keep_every_tap_live():
     """A top slice of one row under a 5x5 window with pads 2 would leave the first two kernel rows in the
     padding (the kernel drops such taps, which changes the GEMM's sums): F32 slices keep three rows."""

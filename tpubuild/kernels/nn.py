@@ -57,17 +57,21 @@ _COLS_BLOCK = 1 << 21
 _SMALL_GEMM = 100 ** 3
 
 
-def pixel_gemm(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
+def pixel_gemm(cols: np.ndarray, wt: np.ndarray, sliced_rows: bool = True) -> np.ndarray:
     """cols [..., K, pixels] (the columns as built) times wt [..., K, N] -> [..., pixels, N], pixel-major.
 
     A product small enough for the small-matrix kernel gets zero pixels appended up to the
     blocked one: so each output's bits depend on K, N and its own column, never on how many
     pixels share the call, and an H slice of a conv, as the chip computes it, matches the
-    whole tensor's bits (layer group slices F32 convs on that).
+    whole tensor's bits (layer group slices F32 convs on that). ``sliced_rows`` False: the
+    output has one row, which no slice splits (layer group slices N, whose samples are
+    separate GEMMs here, and H, keeping two rows per F32 conv slice: slicing.exact_f32), so
+    the product runs as it is: padding a squeeze-excite conv's single pixel to the blocked
+    kernel's size cost 60,000 times its work.
     """
     k, m = cols.shape[-2:]
     n = wt.shape[-1]
-    if m * k * n > _SMALL_GEMM:
+    if not sliced_rows or m * k * n > _SMALL_GEMM:
         return np.matmul(cols.swapaxes(-1, -2), wt)
     wide = np.zeros(cols.shape[:-1] + (_SMALL_GEMM // (k * n) + 1,), cols.dtype)
     wide[..., :m] = cols
@@ -96,7 +100,7 @@ def _(p: top.ConvParams, x, w, b):
         # one tap (1x1): a plain matmul of the (strided) input pixels, pixel-major (see _im2col)
         xp = padded(x, p.pads[:nd], p.pads[nd:])
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
-        y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2)).swapaxes(2, 3)
+        y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
     else:
         y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype)
     y = y.reshape(n, oc, *out_sp)
@@ -256,7 +260,7 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
         for t, tap in enumerate(taps):
             part[:, :, t // rest_taps, :, t % rest_taps] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
                 (n, g, cg) + block_sp)
-        prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt)  # [n, g, pixels, ocg]
+        prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt, out_sp[0] > 1)  # [n, g, pixels, ocg]
         y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
     return y
 

@@ -101,7 +101,7 @@ class _Conv1Tap:
 
     def __call__(self, x, w, b):
         cols = self.pad(x)[self.tap].reshape(self.cols_shape)
-        y = nn.pixel_gemm(cols, self.wt).swapaxes(2, 3)
+        y = nn.pixel_gemm(cols, self.wt, self.out_shape[2] > 1).swapaxes(2, 3)
         return self.epilogue(y.reshape(self.out_shape))
 
 
@@ -152,7 +152,7 @@ class _Im2col:
                 block = (n, g, cg, r) + self.out_sp[1:]
                 for t, tap in enumerate(tap_slices):
                     part[:, :, t // self.rest_taps, :, t % self.rest_taps] = xb[tap].reshape(block)
-            prod = nn.pixel_gemm(part.reshape(n, g, cg * k, r * rest), self.wt)  # [n, g, pixels, ocg]
+            prod = nn.pixel_gemm(part.reshape(n, g, cg * k, r * rest), self.wt, self.out_sp[0] > 1)  # [n,g,pix,ocg]
             y[:, :, :, r0:r0 + r] = prod.reshape(n, g, r, rest, ocg).transpose(0, 1, 4, 2, 3)  # np.moveaxis(.., 4, 2)
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
 
