@@ -7,6 +7,7 @@ stage's dump can be compared with every other's and with onnxruntime's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import weakref
@@ -113,24 +114,19 @@ class Plan:
             op = step.op
             if step.fn is None:
                 args: list = []
-                results = (_feed(op, inputs),)
+                result = _feed(op, inputs)
             else:
                 args = [values[i] for i in step.args]
-                try:
-                    result = step.fn(*args)
-                except (KernelError, ValueError, FloatingPointError) as e:
-                    raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
-                results = result if isinstance(result, tuple) else (result,)
-            if len(results) == 1 and len(step.outs) == 1:
-                array = results[0]
+                result = _call(op, step.fn, args)
+            if len(step.outs) == 1 and not isinstance(result, tuple):
+                # most ops: the result's check inline, ``_checked`` only when it fails
                 expect, dtype = step.result_types[0]
-                if not (type(array) is np.ndarray and array.shape == expect and array.dtype == dtype
-                        and array.flags.c_contiguous):
-                    array = _checked(op, np.asarray(array), step.names[0], expect, dtype)
-                arrays = (array,)
+                if not (type(result) is np.ndarray and result.shape == expect and result.dtype == dtype
+                        and result.flags.c_contiguous):
+                    result = _checked(op, np.asarray(result), step.names[0], expect, dtype)
+                arrays = (result,)
             else:
-                arrays = tuple(_checked(op, np.asarray(a), name, expect, dtype)
-                               for a, name, (expect, dtype) in zip(results, step.names, step.result_types))
+                arrays = _all_checked(op, result, step.names, step.result_types)
             for slot, array in zip(step.outs, arrays):
                 values[slot] = array
             if all_tensors:
@@ -254,9 +250,8 @@ class Memo:
         if role is InputOp:
             result = _feed(op, self.inputs[index])
         else:
-            result = _call(op, params, args)
-        results = tuple(_checked(op, np.asarray(a), name, expect, dtype) for a, name, (expect, dtype)
-                        in zip(result if isinstance(result, tuple) else (result,), names, result_types))
+            result = _call(op, functools.partial(_kernel(type(op)), params), args)
+        results = _all_checked(op, result, names, result_types)
         self.computed += 1
         size = sum(a.nbytes for a in results)
         self._results[(key, index)] = (results, size)
@@ -267,11 +262,19 @@ class Memo:
         return results
 
 
-def _call(op: TensorOp, params, args: list) -> np.ndarray | tuple:
+def _call(op: TensorOp, fn: Callable, args: list) -> np.ndarray | tuple:
+    """``fn`` (the op's kernel, bound to its parameters) on ``args``; a kernel's failure is the op's error."""
     try:
-        return _kernel(type(op))(params, *args)
+        return fn(*args)
     except (KernelError, ValueError, FloatingPointError) as e:
         raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
+
+
+def _all_checked(op: TensorOp, result: np.ndarray | tuple, names: list[str],
+                 result_types: list[tuple[tuple[int, ...], np.dtype]]) -> tuple:
+    """Each of a kernel's results ``_checked`` against its result type."""
+    return tuple(_checked(op, np.asarray(a), name, expect, dtype) for a, name, (expect, dtype)
+                 in zip(result if isinstance(result, tuple) else (result,), names, result_types))
 
 
 def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
