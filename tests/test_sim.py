@@ -13,7 +13,7 @@ from tpubuild.codegen import commands as cmd
 from tpubuild.codegen.asm import Assembler
 from tpubuild.codegen.commands import Tensor
 from tpubuild.codegen.model_file import ChipParams, ModelFileError, decode_model, encode_model
-from tpubuild.ir import top, tpu
+from tpubuild.ir import tpu
 from tpubuild.kernels import get_kernel
 from tpubuild.sim.chip import simulate
 
@@ -221,18 +221,19 @@ def test_ddr_to_ddr_strided_copy_transposes():
 
 
 def test_local_layout_puts_channel_c_in_lane_lane_start_plus_c():
-    from tpubuild.sim.memory import Memories, Where
+    from tpubuild.sim.memory import Memories, Where, gather, scatter
 
     mem = Memories(CHIP, 1024)
     data = np.arange(1 * 6 * 2 * 3, dtype=np.float32).reshape(1, 6, 2, 3)
-    mem.write_local(32, 3, data.shape, "float32", data, Where("gdma", 0))
+    scatter(mem.local_pieces(32, 3, data.shape, "float32", Where("gdma", 0)), data)
     lanes = mem.local.view(np.uint8)
     # channel 0 -> lane 3 slot 0; channel 1 -> lane 0 slot 1; plane = align_up(6 * 4, 16) = 32 bytes
     first = lanes[3, 32:32 + 24].view(np.float32)
     np.testing.assert_array_equal(first, data[0, 0].ravel())
     second = lanes[0, 32 + 32:32 + 32 + 24].view(np.float32)
     np.testing.assert_array_equal(second, data[0, 1].ravel())
-    np.testing.assert_array_equal(mem.read_local(32, 3, data.shape, "float32", Where("bdc", 0)), data)
+    np.testing.assert_array_equal(gather(mem.local_pieces(32, 3, data.shape, "float32", Where("bdc", 0)), data.shape,
+                                         data.dtype), data)
 
 
 def test_a_command_outside_local_memory_stops_with_its_index_and_range():

@@ -97,14 +97,6 @@ class Memories:
         return np.ndarray(tuple(shape), dt, buffer=self.ddr, offset=addr,
                           strides=tuple(s * dt.itemsize if d > 1 else 0 for d, s in zip(shape, strides)))
 
-    def read_ddr(self, addr: int, shape, strides, dtype: str, where: Where) -> np.ndarray:
-        return self.ddr_view(addr, shape, strides, dtype, where).copy()
-
-    def write_ddr(self, addr: int, shape, strides, dtype: str, values: np.ndarray, where: Where) -> None:
-        view = self.ddr_view(addr, shape, strides, dtype, where, write=True)
-        if 0 not in shape:
-            view[...] = values
-
     # ---- local memory ----
 
     def local_pieces(self, addr: int, lane_start: int, shape, dtype: str, where: Where, plane: int = 0) -> Pieces:
@@ -141,12 +133,3 @@ class Memories:
         if rest:
             pieces.append((c - rest, c, view(0, 1 + full, (n, rest, h, w), (n_step, row, *hw))))
         return pieces
-
-    def read_local(self, addr: int, lane_start: int, shape, dtype: str, where: Where, plane: int = 0) -> np.ndarray:
-        pieces = self.local_pieces(addr, lane_start, shape, dtype, where, plane)
-        return gather(pieces, tuple(shape), dtype_from_name(dtype)) if pieces else np.zeros(shape, dtype_from_name(dtype))
-
-    def write_local(self, addr: int, lane_start: int, shape, dtype: str, values: np.ndarray, where: Where,
-                    plane: int = 0) -> None:
-        pieces = self.local_pieces(addr, lane_start, shape, dtype, where, plane)
-        scatter(pieces, np.asarray(values, dtype_from_name(dtype)).reshape(shape))
