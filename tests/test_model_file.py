@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tpubuild.codegen import commands as cmd
 from tpubuild.codegen.asm import Assembler
 from tpubuild.codegen.commands import Direction, Gdma, Tensor
-from tpubuild.codegen.model_file import (FILE_HEAD, FORMAT_VERSION, MAGIC, SECTION_ENTRY, ChipParams, ModelFileError,
+from tpubuild.codegen.model_file import (FILE_HEAD, FORMAT_VERSION, SECTION_ENTRY, ChipParams, ModelFileError,
                                          decode_model, encode_model, read_model, write_model)
 from tpubuild.ir import tpu
 from tpubuild.ir.types import dtype_from_name
