@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpubuild.ir import top
+from tpubuild.ir import top, tpu
 from tpubuild.kernels import Operand, get_kernel, prepare
 
 F32 = np.dtype(np.float32)
@@ -46,15 +47,21 @@ def conv_operands(x, w, b) -> list[Operand]:
     return [Operand(x.shape, x.dtype, None), Operand(w.shape, w.dtype, w), bias]
 
 
+def as_op(cls, p: top.ConvParams):
+    """p as ``cls``'s parameters: a TOP conv, or a TPU F32 conv (the chip slices it: its GEMMs differ)."""
+    return p if cls is top.ConvOp else cls.PARAMS(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+
+
 @settings(max_examples=300, deadline=None)
-@given(convs())
-def test_prepared_conv_is_the_kernel(case):
+@given(convs(), st.sampled_from([top.ConvOp, tpu.ConvOp]))
+def test_prepared_conv_is_the_kernel(case, cls):
     p, x, w, b = case
-    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
-    assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
-    assert same_bits(run(x * 2, w, b), get_kernel(top.ConvOp)(p, x * 2, w, b))  # made once, run on any input
+    p, kernel = as_op(cls, p), get_kernel(cls)
+    run = prepare(cls, p, conv_operands(x, w, b))
+    assert same_bits(run(x, w, b), kernel(p, x, w, b))
+    assert same_bits(run(x * 2, w, b), kernel(p, x * 2, w, b))  # made once, run on any input
     fortran = np.asfortranarray(x)  # not C-contiguous (a simulator tile may not be)
-    assert same_bits(run(fortran, w, b), get_kernel(top.ConvOp)(p, fortran, w, b))
+    assert same_bits(run(fortran, w, b), kernel(p, fortran, w, b))
 
 
 @st.composite
@@ -91,18 +98,19 @@ def test_prepared_depthwise_conv_is_the_kernel(case):
     ((1, 200, 2, 96), 1, (5, 5), (1, 1)),  # depthwise (PP-OCR's)
     ((2, 72, 24, 24), 1, (3, 3), (2, 2)),
 ])
-def test_prepared_conv_paths(shape, oc, kernel, stride):
+@pytest.mark.parametrize("cls", [top.ConvOp, tpu.ConvOp])
+def test_prepared_conv_paths(shape, oc, kernel, stride, cls):
     rng = np.random.default_rng(0)
     group = shape[1] if oc == 1 else 1  # oc 1: depthwise
     oc = shape[1] if oc == 1 else oc
     x = rng.normal(size=shape).astype(np.float32)
     w = rng.normal(size=(oc, shape[1] // group) + kernel).astype(np.float32)
     b = rng.normal(size=oc).astype(np.float32)
-    p = top.ConvParams(kernel_shape=kernel, strides=stride, pads=tuple(k // 2 for k in kernel) * 2,
-                       dilations=(1, 1), group=group, do_relu=True)
-    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    p = as_op(cls, top.ConvParams(kernel_shape=kernel, strides=stride, pads=tuple(k // 2 for k in kernel) * 2,
+                                  dilations=(1, 1), group=group, do_relu=True))
+    run = prepare(cls, p, conv_operands(x, w, b))
     assert not isinstance(run, functools.partial)  # the prepared path, not the kernel
-    assert same_bits(run(x, w, b), get_kernel(top.ConvOp)(p, x, w, b))
+    assert same_bits(run(x, w, b), get_kernel(cls)(p, x, w, b))
 
 
 @st.composite

@@ -14,6 +14,13 @@ from tpubuild.kernels.registry import kernel
 
 @kernel(top.DeconvOp)
 def _(p: top.DeconvParams, x, w, b):
+    return deconv(p, x, w, b, sliced=False)
+
+
+def deconv(p: top.DeconvParams, x, w, b, *, sliced: bool) -> np.ndarray:
+    """The Deconv; ``sliced``: the chip computes it in H or N slices (a TPU F32 Deconv), whose bits must
+    equal the whole tensor's: its GEMM padded as ``pixel_gemm`` pads a small one. A TOP Deconv is never
+    sliced."""
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     g = p.group
@@ -28,7 +35,8 @@ def _(p: top.DeconvParams, x, w, b):
     wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(dtype, copy=False)
     # pixel-major (see pixel_gemm): an input row's contributions do not depend on how many rows share the
     # call, so an H or N slice, as the chip computes it, matches the whole tensor's bits
-    taps = pixel_gemm(xg, wg).swapaxes(2, 3).reshape(n, g, cout, *kernel_shape, *spatial)
+    prod = pixel_gemm(xg, wg) if sliced else np.matmul(xg.swapaxes(2, 3), wg)
+    taps = prod.swapaxes(2, 3).reshape(n, g, cout, *kernel_shape, *spatial)
     full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
             for i in range(nd)]
     y = np.zeros((n, g, cout, *full), dtype)

@@ -80,6 +80,14 @@ def pixel_gemm(cols: np.ndarray, wt: np.ndarray, sliced_rows: bool = True) -> np
 
 @kernel(top.ConvOp)
 def _(p: top.ConvParams, x, w, b):
+    return conv(p, x, w, b, sliced=False)
+
+
+def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
+    """The conv; ``sliced``: the chip computes it in H slices whose bits must equal the whole tensor's (a TPU
+    F32 conv): its GEMMs run pixel-major and padded (``pixel_gemm``). A TOP conv is never sliced: its GEMMs
+    are the weights times the columns, output-channel-major as the result is laid out, unpadded.
+    """
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
@@ -97,12 +105,15 @@ def _(p: top.ConvParams, x, w, b):
     elif g > 1 and c == g:
         y = _depthwise(padded(x, p.pads[:nd], p.pads[nd:]), w, taps, p, out_sp, dtype)
     elif len(taps) == 1:
-        # one tap (1x1): a plain matmul of the (strided) input pixels, pixel-major (see _im2col)
+        # one tap (1x1): a plain matmul of the (strided) input pixels (see _im2col)
         xp = padded(x, p.pads[:nd], p.pads[nd:])
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
-        y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
+        if sliced:
+            y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
+        else:
+            y = np.matmul(w.reshape(g, oc // g, c // g), cols)
     else:
-        y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype)
+        y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype, sliced)
     y = y.reshape(n, oc, *out_sp)
     if b is not None:
         bias = b.reshape((1, oc) + (1,) * nd)
@@ -231,13 +242,13 @@ def gemm_weights(w: np.ndarray, g: int, rows: int) -> np.ndarray:
     return w.reshape(g, oc // g, cg, rows, k // rows).swapaxes(2, 3).reshape(g, oc // g, cg * k).swapaxes(1, 2)
 
 
-def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
+def _im2col(xp, w, g, taps, p, out_sp, dtype, sliced: bool) -> np.ndarray:
     """Columns [n, g, K, pixels] (K in ``gemm_order``) copied tap by tap from strided views, then one GEMM
     per group.
 
     The columns are built in blocks of output rows, so a block is still in cache when
-    the GEMM reads it. The GEMM runs pixel-major (``pixel_gemm``), so an H slice of the
-    output, as the chip computes it, matches the whole tensor's bits.
+    the GEMM reads it. ``sliced``: the GEMM runs pixel-major (``pixel_gemm``), so an H slice of the
+    output, as the chip computes it, matches the whole tensor's bits; else the weights times the columns.
     """
     n, c = xp.shape[:2]
     oc, k = w.shape[0], len(taps)
@@ -260,8 +271,12 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype) -> np.ndarray:
         for t, tap in enumerate(taps):
             part[:, :, t // rest_taps, :, t % rest_taps] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
                 (n, g, cg) + block_sp)
-        prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt, out_sp[0] > 1)  # [n, g, pixels, ocg]
-        y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
+        if sliced:
+            prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt, out_sp[0] > 1)  # [n, g, pixels, ocg]
+            y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
+        else:
+            y[:, :, :, r0:r0 + r] = np.matmul(wt.swapaxes(1, 2), part.reshape(n, g, cg * k, r * rest)).reshape(
+                n, g, ocg, r, rest)
     return y
 
 

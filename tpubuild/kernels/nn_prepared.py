@@ -66,6 +66,11 @@ class _Epilogue:
 
 @prepared(top.ConvOp)
 def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
+    return conv(p, operands, sliced=False)
+
+
+def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callable | None:
+    """nn.conv prepared (``sliced``: a TPU F32 conv the chip slices, its GEMMs pixel-major and padded)."""
     x, w, b = operands
     if (w.const is None or (b.shape is not None and b.const is None) or x.dtype != F32 or w.const.dtype != F32
             or (b.const is not None and b.const.dtype != F32)):
@@ -86,34 +91,40 @@ def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
-        return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, _tap_slices(taps, p.strides, p.dilations, out_sp)[0], epilogue)
-    return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue)
+        tap = _tap_slices(taps, p.strides, p.dilations, out_sp)[0]
+        return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
+    return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
 class _Conv1Tap:
     """One live tap (1x1): the (strided) input pixels times the weights, as nn's kernel calls the GEMM."""
 
-    def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue):
+    def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced):
         self.cols_shape = (n, g, c // g, -1)
-        self.wt = wt.reshape(g, oc // g, c // g).swapaxes(1, 2)
+        self.wt = wt.reshape(g, oc // g, c // g)
         self.out_shape = (n, oc) + out_sp
         self.pad, self.tap, self.epilogue = pad, tap, epilogue
+        self.sliced = sliced
 
     def __call__(self, x, w, b):
         cols = self.pad(x)[self.tap].reshape(self.cols_shape)
-        y = nn.pixel_gemm(cols, self.wt, self.out_shape[2] > 1).swapaxes(2, 3)
+        if self.sliced:
+            y = nn.pixel_gemm(cols, self.wt.swapaxes(1, 2), self.out_shape[2] > 1).swapaxes(2, 3)
+        else:
+            y = np.matmul(self.wt, cols)
         return self.epilogue(y.reshape(self.out_shape))
 
 
 class _Im2col:
     """nn._im2col with its tap slices, block sizes and transposed weights made once."""
 
-    def __init__(self, p, x_shape, oc, g, taps, out_sp, wt, pad, epilogue):
+    def __init__(self, p, x_shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced):
         n, c = x_shape[:2]
         k, cg = len(taps), c // g
         self.n, self.g, self.cg, self.k, self.ocg, self.oc = n, g, cg, k, oc // g, oc
         self.tap_rows, self.rest_taps = nn.gemm_order(taps)
-        self.wt = nn.gemm_weights(wt, g, self.tap_rows)
+        self.wt = nn.gemm_weights(wt, g, self.tap_rows)  # [g, K, ocg]; its transpose is C order
+        self.sliced = sliced
         self.rest = math.prod(out_sp[1:])
         row_bytes = n * c * k * self.rest * F32.itemsize
         self.rows = max(1, min(out_sp[0], nn._COLS_BLOCK // max(row_bytes, 1)))
@@ -140,7 +151,7 @@ class _Im2col:
     def __call__(self, x, w, b):
         xp = self.pad(x)
         n, g, cg, k, ocg, rest = self.n, self.g, self.cg, self.k, self.ocg, self.rest
-        y = np.empty((n, g, ocg, self.out_sp[0], rest), F32)
+        y = np.empty((n, g, ocg, self.out_sp[0] * rest), F32)
         cols = np.empty((n, g, self.tap_rows, cg, self.rest_taps, self.rows) + self.out_sp[1:], F32)
         for r0, r, rows, tap_slices in self.blocks:
             part = cols[:, :, :, :, :, :r]
@@ -152,8 +163,12 @@ class _Im2col:
                 block = (n, g, cg, r) + self.out_sp[1:]
                 for t, tap in enumerate(tap_slices):
                     part[:, :, t // self.rest_taps, :, t % self.rest_taps] = xb[tap].reshape(block)
-            prod = nn.pixel_gemm(part.reshape(n, g, cg * k, r * rest), self.wt, self.out_sp[0] > 1)  # [n,g,pix,ocg]
-            y[:, :, :, r0:r0 + r] = prod.reshape(n, g, r, rest, ocg).transpose(0, 1, 4, 2, 3)  # np.moveaxis(.., 4, 2)
+            pixels = part.reshape(n, g, cg * k, r * rest)
+            if self.sliced:
+                prod = nn.pixel_gemm(pixels, self.wt, self.out_sp[0] > 1)  # [n, g, pixels, ocg]
+                y[:, :, :, r0 * rest:(r0 + r) * rest] = prod.transpose(0, 1, 3, 2)  # np.moveaxis(.., 4, 2)
+            else:
+                np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest:(r0 + r) * rest])
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
 
 

@@ -14,6 +14,7 @@ the stored integers directly, which is exact.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import ml_dtypes
@@ -21,7 +22,7 @@ import numpy as np
 
 from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
-from tpubuild.kernels import halfcast, nn
+from tpubuild.kernels import deconv, halfcast, nn, nn_prepared
 from tpubuild.kernels.registry import _KERNELS, _PREPARED, get_kernel, kernel, prepared
 from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
                                         exact_int, is_float, requantize, rshift_round, saturate)
@@ -45,13 +46,16 @@ def _float_kernel(top_kernel):
     return run
 
 
-def _float_prepared(top_cls: type):
+def _float_prepared(top_cls: type, maker=None):
     """On float32 operands (widen leaves them as they are) a TPU op whose float path is its TOP op's
-    kernel computes what that kernel does: its TOP op's prepared kernel serves (None: the kernel)."""
+    kernel computes what that kernel does: its TOP op's prepared kernel serves (None: the kernel), or
+    ``maker``, the float path's own."""
     def make(p, operands):
-        if any(o.dtype is not None and o.dtype != np.float32 for o in operands) or top_cls not in _PREPARED:
+        if any(o.dtype is not None and o.dtype != np.float32 for o in operands):
             return None
-        return _PREPARED[top_cls](p, operands)
+        if maker is not None:
+            return maker(p, operands)
+        return _PREPARED[top_cls](p, operands) if top_cls in _PREPARED else None
     return make
 
 
@@ -77,12 +81,13 @@ F32_EXACT = 1 << 24
 @kernel(tpu.ConvOp)
 def _(p, x, w, b):
     if not is_quant(x):
-        return get_kernel(top.ConvOp)(p, widen(x), widen(w), widen(b))
+        # the chip slices it: the GEMMs whose sums must not depend on a slice's size (nn.conv)
+        return nn.conv(p, widen(x), widen(w), widen(b), sliced=True)
     # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units, added
-    # in float64 (exact) after the sums
+    # in float64 (exact) after the sums; exact sums are the same in any order: the slices need nothing more
     zp = _zp(p, 0)
     dtype = np.float32 if _partial_sum_bound(x.dtype, zp, w) <= F32_EXACT else np.float64
-    acc = get_kernel(top.ConvOp)(_no_relu(p), x.astype(dtype) - dtype(zp), w.astype(dtype), None)
+    acc = nn.conv(_no_relu(p), x.astype(dtype) - dtype(zp), w.astype(dtype), None, sliced=False)
     acc = acc.astype(np.float64)
     if b is not None:
         acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
@@ -232,6 +237,11 @@ def register_mirrors() -> None:
             prepared(tpu_cls)(_float_prepared(top_cls))
 
 
-# Conv and the pools have kernels of their own whose float path is the TOP kernel on widened operands
-for _top_cls, _tpu_cls in ((top.ConvOp, tpu.ConvOp), (top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
+# a Deconv as the chip slices it (TOP's is never sliced)
+kernel(tpu.MIRROR[top.DeconvOp])(_float_kernel(functools.partial(deconv.deconv, sliced=True)))
+
+# Conv and the pools have kernels of their own whose float path is the TOP kernel on widened operands (the
+# conv's sliced, as the chip computes it)
+prepared(tpu.ConvOp)(_float_prepared(top.ConvOp, functools.partial(nn_prepared.conv, sliced=True)))
+for _top_cls, _tpu_cls in ((top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
     prepared(_tpu_cls)(_float_prepared(_top_cls))
