@@ -4,6 +4,11 @@ Determinism: matplotlib's own defaults (not the user's matplotlibrc), the Agg
 backend, text kept as SVG text (no font files read for glyph paths), no date or
 creator in the metadata, and a per-figure ``svg.hashsalt`` so the ids matplotlib
 generates are fixed and distinct between the figures of one page.
+
+Layout: ``_fit`` measures each chart's labels once and sizes the figure around
+them. matplotlib's constrained layout measures them several times and
+``bbox_inches="tight"`` draws the whole figure an extra time to crop it: together
+about two thirds of a chart's time, for pages drawn by every target of the zoo.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ def _rc(salt: str) -> dict:
 
 
 def to_svg(fig) -> str:
-    """The figure as an <svg> element for inlining (no XML prolog). Call inside ``_rc``'s context."""
+    """The figure, laid out by ``_fit``, as an <svg> element for inlining (no XML prolog). Call inside ``_rc``'s
+    context."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
-                bbox_inches="tight", pad_inches=0.05)
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     text = buf.getvalue()
     return _drop_unused_ids(text[text.index("<svg"):])
 
@@ -63,9 +68,48 @@ def _drop_unused_ids(svg: str) -> str:
 
 
 def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), layout="constrained")
+    """A figure of about this size: ``_fit`` gives its axes what the labels leave."""
+    fig = Figure(figsize=(width, height))
     FigureCanvasSVG(fig)
     return fig
+
+
+PAD, GAP = 0.05, 0.1  # inches: around the figure's content (as pad_inches was), between stacked axes
+
+
+def _fit(fig: Figure, column: Sequence, legend=None) -> None:
+    """Lay out ``column`` (axes stacked top to bottom, of equal height) in the figure's size: each side's margin
+    is what its labels need (tick labels, axis labels, titles, axes legends), measured once at the first
+    positions; the figure legend ``legend`` goes above the top axes, right-aligned. The figure's width stays;
+    its height becomes the axes' heights the size asked for, plus the room above and below them."""
+    renderer = fig._get_renderer()  # the SVG renderer the page is printed with: its text metrics
+    dpi = fig.dpi
+    width, height = fig.get_size_inches()
+    over = []  # per axes: how far its labels reach past it (left, bottom, right, top), inches
+    for ax in column:
+        box, tight = ax.get_window_extent(renderer), ax.get_tightbbox(renderer)
+        over.append((max(box.x0 - tight.x0, 0) / dpi, max(box.y0 - tight.y0, 0) / dpi,
+                     max(tight.x1 - box.x1, 0) / dpi, max(tight.y1 - box.y1, 0) / dpi))
+    left = max(o[0] for o in over) + PAD
+    right = max(o[2] for o in over) + PAD
+    top = over[0][3] + PAD
+    if legend is not None:
+        top += legend.get_window_extent(renderer).height / dpi
+    bottom = over[-1][1] + PAD
+    gaps = [over[i][1] + over[i + 1][3] + GAP for i in range(len(column) - 1)]
+    # the height the chart asked for is the axes' own (as constrained layout kept the figure and shrank them)
+    inner = max(height - top - bottom - sum(gaps), 0.6 * len(column))
+    each = inner / len(column)
+    total = top + inner + sum(gaps) + bottom
+    fig.set_size_inches(width, total)
+    y = total - top
+    for i, ax in enumerate(column):
+        y -= each
+        ax.set_position([left / width, y / total, (width - left - right) / width, each / total])
+        if i < len(gaps):
+            y -= gaps[i]
+    if legend is not None:
+        legend.set_bbox_to_anchor((1 - PAD / width, 1 - PAD / total), transform=fig.transFigure)
 
 
 @dataclass(frozen=True)
@@ -88,6 +132,10 @@ def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, hi
     with matplotlib.rc_context(_rc(salt)):
         fig = _figure(width, 4.6 if n <= MAX_LABELS else 4.0)
         axes = fig.subplots(3, 1, sharex=True)
+        # the tensor names label the bottom axes only: ticks on the two above would cost as much again (a tick is
+        # a dozen artists) for marks without labels
+        for ax in axes[:-1]:
+            ax.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
         x = list(range(n))
         metrics = [("cosine", [p.cos for p in points], cos_tol), ("euclidean", [p.euc for p in points], euc_tol),
                    ("SQNR (dB)", [p.sqnr for p in points], None)]
@@ -105,7 +153,8 @@ def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, hi
         axes[-1].set_xlabel(f"tensor in graph order ({n})" + (f", 1 in {step} named" if step > 1 else ""))
         handles = [Patch(color=EXACT_COLOR, label="EQUAL / CLOSE"), Patch(color=PASS_COLOR, label="within tolerance"),
                    Patch(color=FAIL_COLOR, label="below tolerance")]
-        fig.legend(handles=handles, loc="outside upper right", fontsize=7, ncols=3, frameon=False)
+        legend = fig.legend(handles=handles, loc="upper right", fontsize=7, ncols=3, frameon=False, borderaxespad=0)
+        _fit(fig, axes, legend)
         return to_svg(fig)
 
 
@@ -181,6 +230,7 @@ def timeline_chart(spans: Sequence[Span], total: int, clock_hz: float, salt: str
         ax.legend(handles=[Patch(color=colors[k], label=k) for k in used], loc="upper left",
                   bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
         ax.grid(axis="x", color="#eeeeee", lw=0.6)
+        _fit(fig, [ax])
         return to_svg(fig)
 
 
@@ -197,4 +247,5 @@ def ops_chart(ops: dict[str, dict], salt: str) -> str:
             ax.annotate(f"{c:,}", xy=(c, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
         ax.set_xlabel("BDC cycles")
         ax.set_xlim(0, max(cycles + [1]) * 1.15)
+        _fit(fig, [ax])
         return to_svg(fig)
