@@ -294,6 +294,38 @@ def test_channel_shuffle_is_stored_shuffled(c, groups):
     np.testing.assert_array_equal(simulate(decode_model(encode_model(model)), inputs).outputs["out"], ref["out"])
 
 
+def test_a_sliced_group_stores_its_channel_shuffle_shuffled():
+    """The group before a channel shuffle runs in H slices, so its loads and stores interleave: memory
+    assign keeps the shuffled tensor's bytes apart from the group's input (it lives from the group's
+    step, when the stores write it), the group stores it shuffled and no DDR-to-DDR copy runs."""
+    from tpubuild.codegen.commands import Direction
+    from tpubuild.ir import top, tpu
+    from tpubuild.ir.top import InputOp
+    from tpubuild.ir.types import tensor_type
+
+    rng = np.random.default_rng(5)
+    shape, groups = (1, 8, 32, 16), 2
+    b = mlir.GraphBuilder([tensor_type(shape)])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    y = b.add(tpu.ReluOp.make([x], name="relu")).results[0]
+    reshape = tpu.MIRROR[top.ReshapeOp]
+    y = b.add(reshape.make([y], reshape.PARAMS(shape=(1, groups, 8 // groups, 32, 16)), name="split")).results[0]
+    permute = tpu.MIRROR[top.PermuteOp]
+    y = b.add(permute.make([y], permute.PARAMS(order=(0, 2, 1, 3, 4)), name="shuffle")).results[0]
+    y = b.add(reshape.make([y], reshape.PARAMS(shape=shape), name="join")).results[0]
+    y = b.add(tpu.MIRROR[top.SigmoidOp].make([y], name="out")).results[0]
+    module = b.finish([y], name="shuffle", weight_file="w.npz", state="TPU_LOWERED")
+    inputs = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ref = run(module, WeightStore(), inputs)
+    chip = dataclasses.replace(small(6 * 1024, 4), gdma_latency=0)  # slices cost no more than one global op
+    lg, planned = layer_group(mlir.parse_module(mlir.print_module(module)), chip)
+    assert planned[0].kind == LOCAL and planned[0].slices > 1
+    addr, _ = memory_assign(mlir.parse_module(mlir.print_module(lg)), chip)
+    model = codegen(mlir.parse_module(mlir.print_module(addr)), WeightStore(), chip)
+    assert not any(g.direction == Direction.DDR2DDR for g in model.gdma)
+    np.testing.assert_array_equal(simulate(decode_model(encode_model(model)), inputs).outputs["out"], ref["out"])
+
+
 def test_slice_and_constant_gather_of_rank_5_run_as_copies():
     """A rank-5 Slice and a Gather of a constant (negative) index, which would run as global ops, are one
     strided DDR-to-DDR copy each from the right offset; the chip reproduces inference bit for bit."""

@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, i64
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, read_groups
+from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, channel_redirects, read_groups
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
@@ -59,7 +59,9 @@ class Assignment:
 
 
 def ddr_lifetimes(graph: Graph, groups: list[Group]) -> dict[str, tuple[int, int]]:
-    """Tensor -> (first, last) group step for every activation that lives in DDR."""
+    """Tensor -> (first, last) group step for every activation that lives in DDR. A channel shuffle's
+    or Split's results that the producing group's stores write (``layergroup.channel_redirects``) live
+    from that group's step: their bytes stay apart from the group's inputs."""
     span: dict[str, list[int]] = {}
     end = len(groups)
 
@@ -67,6 +69,7 @@ def ddr_lifetimes(graph: Graph, groups: list[Group]) -> dict[str, tuple[int, int
         s = span.setdefault(tensor, [step, step])
         s[0], s[1] = min(s[0], step), max(s[1], step)
 
+    redirected = channel_redirects(graph, groups)
     for name in graph.inputs:
         touch(name, 0)
     for step, group in enumerate(groups):
@@ -74,6 +77,8 @@ def ddr_lifetimes(graph: Graph, groups: list[Group]) -> dict[str, tuple[int, int
             touch(t, step)
         for t in group.outputs:
             touch(t, step)
+            for piece in redirected.get(t, (0, ()))[1]:
+                touch(piece.dest, step)
     for name in graph.outputs:
         touch(name, end)
     return {t: (s[0], s[1]) for t, s in span.items()}

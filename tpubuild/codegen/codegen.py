@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -38,11 +37,11 @@ from tpubuild.codegen.assign import read_assignment, read_fills
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import (ALIAS, COPY, FOLD, GLOBAL, LOCAL, SPREAD, START, Group, Planner, Range,
-                                         logical_shape, read_groups, as_copy, schedule)
+from tpubuild.codegen.layergroup import (ALIAS, COPY, FOLD, GLOBAL, LOCAL, START, Group, Piece, Planner, Range,
+                                         as_copy, channel_redirects, logical_shape, read_groups, schedule)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
-from tpubuild.ir import mlir, top, tpu
+from tpubuild.ir import mlir
 from tpubuild.ir.quant import UniformType
 from tpubuild.ir.weights import WeightStore
 
@@ -53,46 +52,6 @@ def _dtype(graph: Graph, t: str) -> str:
 
 def _strides4(shape4) -> tuple[int, int, int, int]:
     return cmd.contiguous_strides(shape4)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Channels [first, first + count) of a tile stored to channels at, at + stride, ... of ``dest``."""
-
-    dest: str
-    first: int
-    count: int
-    stride: int = 1
-    at: int = 0
-
-
-def _shuffle_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list[Piece]] | None:
-    """o -> Reshape (n, g, C/g, h, w) -> Permute (0, 2, 1, 3, 4) (a copy): run j of C/g channels goes
-    to channels j, j + g, ... of the permute's result."""
-    t = g.tensors[o]
-    reshape = g.ops[t.users[0]]
-    r = g.tensors[reshape.name]
-    if kinds.get(reshape.index) != ALIAS or len(r.users) != 1 or r.graph_output or len(r.shape) != 5:
-        return None
-    permute = g.ops[r.users[0]]
-    if (kinds.get(permute.index) != COPY or not isinstance(permute.op, tpu.PermuteOp)
-            or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
-            or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)):
-        return None
-    groups, run = r.shape[1], r.shape[2]
-    return permute.index, [Piece(permute.name, j * run, run, groups, j) for j in range(groups)]
-
-
-def _split_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list[Piece]] | None:
-    """o -> Split along channels (a global op): result k takes its run of channels."""
-    node = g.ops[g.tensors[o].users[0]]
-    if kinds.get(node.index) != GLOBAL or not isinstance(node.op, tpu.MIRROR[top.SplitOp]):
-        return None
-    if node.op.params.axis % 4 != 1 or len(node.outputs) != len(node.op.params.split_size):
-        return None
-    firsts = np.cumsum((0, *node.op.params.split_size))
-    return node.index, [Piece(out, int(firsts[k]), int(n)) for k, (out, n)
-                        in enumerate(zip(node.outputs, node.op.params.split_size))]
 
 
 def _extent(r: Range) -> tuple[int, int]:
@@ -173,34 +132,21 @@ class Emitter:
     # ---- emission ----
 
     def _redirects(self) -> dict[str, tuple[int, list[Piece]]]:
-        """Local groups' outputs whose only reader is a channel shuffle (Reshape (n, C, h, w) ->
-        (n, g, C/g, h, w), Permute (0, 2, 1, 3, 4), a copy) or a channel Split (a global op): their
-        stores write the reader's results directly, runs of the tile's channels to their channels
-        there (``Piece``: one strided store each), and the reader is not emitted. Only where those
-        results' DDR bytes are apart from every input of the producing group (they are written earlier
-        than the reader would write them; memory assign may have given one a buffer an input of the
-        group leaves), or the group has one slice (its loads all precede its store in the queue).
-        -> output -> (the reader's op index, its pieces)."""
+        """``layergroup.channel_redirects`` whose results are in DDR: the group's stores write them
+        (memory assign kept their bytes apart from the group's inputs: they live from its step), or,
+        for an addr.mlir assigned otherwise, those whose bytes are apart anyway or whose group has one
+        slice (its loads all precede its store in the queue). -> output -> (reader, its pieces)."""
         g = self.g
-        kinds = {p: group.kind for group in self.groups for p in group.ops}
         found: dict[str, tuple[int, list[Piece]]] = {}
-        for group in self.groups:
-            if group.kind != LOCAL or group.layout == SPREAD:  # pieces are runs of channels
-                continue
-            for o in group.outputs:
-                t = g.tensors[o]
-                if t.graph_output or len(t.shape) != 4 or t.shape[0] != 1 or len(t.users) != 1:
-                    continue
-                hit = _shuffle_pieces(g, kinds, o) or _split_pieces(g, kinds, o)
-                if hit is None:
-                    continue
-                reader, pieces = hit
-                pieces = [piece for piece in pieces if piece.dest in self.a_addr]
-                if group.slices == 1 or all(
-                        self.a_addr[i] + g.tensors[i].nbytes <= self.a_addr[pc.dest]
-                        or self.a_addr[pc.dest] + g.tensors[pc.dest].nbytes <= self.a_addr[i]
-                        for i in group.inputs for pc in pieces):
-                    found[o] = (reader, pieces)
+        by_output = {o: group for group in self.groups for o in group.outputs}
+        for o, (reader, pieces) in channel_redirects(g, self.groups).items():
+            group = by_output[o]
+            pieces = [piece for piece in pieces if piece.dest in self.a_addr]
+            if group.slices == 1 or all(
+                    self.a_addr[i] + g.tensors[i].nbytes <= self.a_addr[pc.dest]
+                    or self.a_addr[pc.dest] + g.tensors[pc.dest].nbytes <= self.a_addr[i]
+                    for i in group.inputs for pc in pieces):
+                found[o] = (reader, pieces)
         return found
 
     def run(self) -> None:
