@@ -212,3 +212,46 @@ def test_prepared_interp_is_the_kernel(seed, mode, coord_mode, nearest_mode):
                          coord_mode=coord_mode, nearest_mode=nearest_mode)
     with np.errstate(invalid="ignore"):
         assert same_bits(prepare(top.InterpOp, p, _operands(x))(x), get_kernel(top.InterpOp)(p, x))
+
+
+def depthwise_f64(p: top.ConvParams, x, w, b):
+    """The depthwise conv in float64, tap by tap (a reference for any float32 summation order)."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    (pt, pl, pb, pr), (sh, sw), (dh, dw) = p.pads, p.strides, p.dilations
+    xp = np.pad(x64, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    kh, kw = p.kernel_shape
+    ho, wo = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1, (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    y = np.zeros(x.shape[:2] + (ho, wo))
+    for i in range(kh):
+        for j in range(kw):
+            y += xp[:, :, i * dh:i * dh + (ho - 1) * sh + 1:sh, j * dw:j * dw + (wo - 1) * sw + 1:sw] * w64[
+                None, :, 0, i, j, None, None]
+    y += b.astype(np.float64)[None, :, None, None]
+    return np.maximum(y, 0) if p.do_relu else y
+
+
+@pytest.mark.parametrize("shape, kernel, stride, dilation, pads", [
+    ((1, 88, 3, 96), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # PP-OCR's: one block per channel
+    ((2, 40, 3, 96), (5, 5), (2, 1), (1, 1), (2, 2, 2, 2)),  # two samples, a row of taps only in the padding
+    ((1, 16, 48, 48), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # three blocks of 21 rows: grown, cropped
+    ((1, 8, 50, 24), (3, 3), (1, 1), (1, 1), (1, 0, 0, 1)),  # two blocks of 44 rows, 49 of them output
+    ((1, 8, 50, 48), (3, 3), (2, 2), (1, 1), (1, 0, 0, 1)),  # one block
+    ((1, 3, 21, 300), (5, 5), (1, 1), (2, 1), (3, 2, 1, 4)),  # one output row per block, dilated
+])
+def test_top_depthwise_conv_by_products(shape, kernel, stride, dilation, pads):
+    """A TOP depthwise conv on planes big enough is one BLAS product per channel and block (nn.DepthwiseGemv):
+    close to float64, the prepared kernel's bits the kernel's, the TPU conv (sliced) still tap by tap."""
+    rng = np.random.default_rng(1)
+    c = shape[1]
+    x = rng.normal(size=shape).astype(np.float32)
+    w = rng.normal(size=(c, 1) + kernel).astype(np.float32)
+    b = rng.normal(size=c).astype(np.float32)
+    p = top.ConvParams(kernel_shape=kernel, strides=stride, pads=pads, dilations=dilation, group=c, do_relu=True)
+    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    assert type(run).__name__ == "_DepthwiseGemv"
+    got = run(x, w, b)
+    assert same_bits(got, get_kernel(top.ConvOp)(p, x, w, b))
+    assert same_bits(run(x, w, b), got)  # made once, run again
+    np.testing.assert_allclose(got, depthwise_f64(p, x, w, b), rtol=1e-5, atol=1e-5)
+    tpu_p = as_op(tpu.ConvOp, p)
+    assert type(prepare(tpu.ConvOp, tpu_p, conv_operands(x, w, b))).__name__ == "_DepthwiseNHWC"

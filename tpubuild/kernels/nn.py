@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -100,6 +101,8 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
         w = w[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     if not taps:
         y = np.zeros((n, oc) + out_sp, dtype)
+    elif not sliced and g > 1 and c == g == oc and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype):
+        y = DepthwiseGemv(p, x.shape, taps, out_sp)(x, w)
     elif g > 1 and c == g and all(st == 1 for st in p.strides):
         y = _depthwise_flat(x, w, taps, p, out_sp, dtype)
     elif g > 1 and c == g:
@@ -178,6 +181,124 @@ def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
                 np.multiply(view, wt[c0:c1, t].reshape(scale_shape), out=part)
                 out += part
     return y
+
+
+# OpenBLAS runs a GEMV of fewer than 2304 * 4 multiply-adds on one thread (its sums then do not depend on
+# the thread count)
+_ONE_THREAD_GEMV = 2304 * 4
+
+# the largest columns a TOP depthwise conv builds (bigger planes keep the tap passes)
+_DEPTHWISE_COLS = 1 << 22
+
+
+class _Scratch(threading.local):
+    """One buffer per thread, grown to the largest request, for temporaries that never leave a kernel call: a
+    fresh array of a few hundred KB is fresh pages from the system on every call (a page fault each 4 KB,
+    which cost a small depthwise model a third of its run)."""
+
+    def __init__(self):
+        self.buf = np.empty(0, np.uint8)
+
+    def array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialised array, valid until the next request."""
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if self.buf.nbytes < size:
+            self.buf = np.empty(size, np.uint8)
+        return self.buf[:size].view(dtype).reshape(shape)
+
+
+_COLUMNS = _Scratch()
+
+
+class DepthwiseGemv:
+    """TOP's depthwise conv (never sliced): per channel, its live taps' columns times its weights, one BLAS
+    product per block of output rows, which multiplies and adds each tap in one pass (a third of the tap by
+    tap passes of ``_depthwise``, whose order the chip's slices keep).
+
+    The zero-padded input is split into its stride phases (plane (a, b) holds the pixels at rows a mod sh,
+    columns b mod sw), in which every tap is a shift: its columns for a block of output rows are one run of
+    rows x Wq elements of a flattened phase plane (Wq its width; the columns past the output's width are
+    computed and dropped), so the column copies are a few long runs per channel, not one short run per
+    output row. A block of k taps by rows x Wq pixels stays under ``_ONE_THREAD_GEMV`` multiply-adds, so
+    the products are the same on any number of BLAS threads.
+    """
+
+    @staticmethod
+    def suits(p: top.ConvParams, x_shape, taps, out_sp, dtype) -> bool:
+        """2-D float32, planes big enough for a product per channel to beat the tap passes (ShuffleNet's 14x14
+        and 7x7 stay with them), taps a box (live taps always are), one output row's block under one thread's
+        GEMV."""
+        if len(out_sp) != 2 or np.dtype(dtype) != np.float32 or math.prod(out_sp) < 128:
+            return False
+        rows, cols = sorted({t[0] for t in taps}), sorted({t[1] for t in taps})
+        box = len(taps) == len(rows) * len(cols) and rows[-1] - rows[0] + 1 == len(rows) and \
+            cols[-1] - cols[0] + 1 == len(cols)
+        k, wq = len(taps), DepthwiseGemv._width(p, x_shape[3], out_sp[1], taps)
+        if math.prod(out_sp) * k < 2500 or k * wq > _ONE_THREAD_GEMV:
+            return False
+        rows = min(out_sp[0], _ONE_THREAD_GEMV // (k * wq))
+        return box and math.prod(x_shape[:2]) * k * -(-out_sp[0] // rows) * rows * wq * 4 <= _DEPTHWISE_COLS
+
+    @staticmethod
+    def _shifts(p: top.ConvParams, taps) -> list[tuple[int, int, int]]:
+        """Each tap's (phase plane, shift in it: rows, columns)."""
+        (sh, sw), (dh, dw) = p.strides, p.dilations
+        return [((kh * dh) % sh * sw + (kw * dw) % sw, (kh * dh) // sh, (kw * dw) // sw) for kh, kw in taps]
+
+    @staticmethod
+    def _width(p: top.ConvParams, w: int, wo: int, taps) -> int:
+        """Wq: a phase plane's columns, the padded input's and every tap's shifted output row."""
+        sw = p.strides[1]
+        return max(-(-(w + p.pads[1] + p.pads[3]) // sw), wo + max(v for _, _, v in DepthwiseGemv._shifts(p, taps)))
+
+    def __init__(self, p: top.ConvParams, x_shape, taps, out_sp):
+        n, c, h, w = x_shape
+        (ho, wo), (sh, sw), (dh, dw) = out_sp, p.strides, p.dilations
+        top_pad, left = p.pads[0], p.pads[1]
+        shifts = self._shifts(p, taps)
+        wq = self._width(p, w, wo, taps)
+        self.rows = min(ho, _ONE_THREAD_GEMV // (len(taps) * wq))
+        self.blocks = -(-ho // self.rows)
+        # rows of a phase plane: the input's, and the last block's with its lowest tap (+1: a shifted run's
+        # dropped columns reach into the next row)
+        hq = max(-(-(h + top_pad + p.pads[2]) // sh), self.blocks * self.rows + max(u for _, u, _ in shifts) + 1)
+        self.padded = (n, c, hq, sh, wq, sw)  # [.., row // sh, row % sh, column // sw, column % sw]
+        self.inner = (slice(None), slice(None), slice(top_pad, top_pad + h), slice(left, left + w))
+        self.phases = (n, c, sh * sw, hq * wq)
+        run = self.rows * wq
+        # each tap's columns [n, c, blocks, rows x wq] as (phase plane, first element, element strides)
+        self.taps = [(a, u * wq + v) for a, u, v in shifts]
+        self.run = run
+        self.cols = (n, c, self.blocks, len(taps), run)
+        self.out = (n, c, ho, wo)
+        # stride 1: the taps' runs are one strided view of the plane, (shape, strides, offset) in elements
+        self.box = None
+        if sh == sw == 1:
+            nkh, nkw = taps[-1][0] - taps[0][0] + 1, taps[-1][1] - taps[0][1] + 1
+            self.box = ((n, c, self.blocks, nkh, nkw, run),
+                        (c * hq * wq, hq * wq, run, dh * wq, dw, 1), self.taps[0][1])
+
+    def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The conv of x by w [c, 1, live taps] (no bias), C order."""
+        n, c, hq, sh, wq, sw = self.padded
+        buf = np.zeros(self.padded, np.float32)
+        buf.reshape(n, c, hq * sh, wq * sw)[self.inner] = x  # the padded input (C order: a view)
+        planes = buf.transpose(0, 1, 3, 5, 2, 4) if sh * sw > 1 else buf  # [n, c, sh, sw, hq, wq]
+        flat = np.ascontiguousarray(planes).reshape(self.phases)
+        cols = _COLUMNS.array(self.cols, np.float32)
+        item = flat.itemsize
+        if self.box is not None:
+            shape, strides, offset = self.box
+            np.copyto(cols.reshape(shape), np.ndarray(shape, np.float32, buffer=flat, offset=offset * item,
+                                                      strides=tuple(s * item for s in strides)))
+        else:
+            shape = self.cols[:3] + (self.run,)
+            strides = (flat.strides[0], flat.strides[1], self.run * item, item)
+            for t, (plane, first) in enumerate(self.taps):
+                np.copyto(cols[:, :, :, t], np.ndarray(shape, np.float32, buffer=flat, strides=strides,
+                                                       offset=(plane * hq * wq + first) * item))
+        y = np.matmul(w.reshape(c, 1, 1, -1), cols).reshape(n, c, -1, wq)
+        return np.ascontiguousarray(y[:, :, :self.out[2], :self.out[3]])
 
 
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:

@@ -88,6 +88,8 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
         wt = wt[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     epilogue = _Epilogue(p, b.const, (1, oc) + (1,) * nd)
     if g > 1 and c == g:
+        if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
+            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, epilogue)
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
@@ -152,7 +154,7 @@ class _Im2col:
         xp = self.pad(x)
         n, g, cg, k, ocg, rest = self.n, self.g, self.cg, self.k, self.ocg, self.rest
         y = np.empty((n, g, ocg, self.out_sp[0] * rest), F32)
-        cols = np.empty((n, g, self.tap_rows, cg, self.rest_taps, self.rows) + self.out_sp[1:], F32)
+        cols = nn._COLUMNS.array((n, g, self.tap_rows, cg, self.rest_taps, self.rows) + self.out_sp[1:], F32)
         for r0, r, rows, tap_slices in self.blocks:
             part = cols[:, :, :, :, :, :r]
             if self.window is not None and xp.dtype == F32 and xp.flags.c_contiguous:
@@ -170,6 +172,16 @@ class _Im2col:
             else:
                 np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest:(r0 + r) * rest])
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
+
+
+class _DepthwiseGemv:
+    """nn.DepthwiseGemv (a TOP depthwise conv) with its weights, then the kernel's epilogue."""
+
+    def __init__(self, conv: nn.DepthwiseGemv, wt: np.ndarray, epilogue: _Epilogue):
+        self.conv, self.wt, self.epilogue = conv, np.ascontiguousarray(wt), epilogue
+
+    def __call__(self, x, w, b):
+        return self.epilogue(self.conv(x, self.wt))
 
 
 class _DepthwiseNHWC:
