@@ -147,6 +147,19 @@ def test_report_names_the_layer_groups_of_lg_mlir(zoo):
             assert f"{g.n_secs * g.h_secs} ({g.n_secs} × {g.h_secs})" in table
 
 
+def test_groups_read_from_the_module_attribute_equal_those_of_the_parsed_module(zoo):
+    """The page reads lg.groups alone (and each op's type from its line), not the whole module: the same rows."""
+    for target in ("bm1684x-F32", "bm1684x-INT8"):
+        lg = zoo.target("cnn", target) / "lg.mlir"
+        assert report._module_attr(lg.read_text(), report._GROUPS_ATTR) is not None  # not the fallback
+        rows = report.read_groups(lg)
+        assert rows and rows == report._read_groups_parsed(lg)
+        assert all(kind.startswith("tpu.") for row in rows for _, kind in row.ops)
+    # brackets inside quoted names do not end the attribute
+    text = 'x\n}) {module.name = "m", lg.groups = [{ops = ["a]b", "c\\"[d"], id = 0 : i64}], z = 1 : i64} : () -> ()'
+    assert report._module_attr(text, report._GROUPS_ATTR) == '[{ops = ["a]b", "c\\"[d"], id = 0 : i64}]'
+
+
 def test_timeline_replays_the_profile(zoo):
     from tpubuild.codegen.model_file import read_model
 

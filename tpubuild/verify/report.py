@@ -65,15 +65,20 @@ def graph_info(path: str | Path, shown_as: str) -> GraphInfo:
     A text scan, not a parse: the page needs positions and line numbers only, and
     reading a large model's IR back through xDSL would cost more than the page.
     """
-    info = GraphInfo(shown_as)
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            op = _OP_LINE.search(line)
-            loc = _LOC.search(line)
-            if not op or not loc or op.group(1) in ("top.Weight", "top.None"):
-                continue
-            for name in _QUOTED.findall(loc.group(1)):
-                info.sites.setdefault(name, Site(len(info.sites), op.group(1), line_no))
+        return graph_info_text(f.read(), shown_as)
+
+
+def graph_info_text(text: str, shown_as: str = "") -> GraphInfo:
+    """graph_info of a .mlir file's text."""
+    info = GraphInfo(shown_as)
+    for line_no, line in enumerate(text.split("\n"), 1):
+        op = _OP_LINE.search(line)
+        loc = _LOC.search(line)
+        if not op or not loc or op.group(1) in ("top.Weight", "top.None"):
+            continue
+        for name in _QUOTED.findall(loc.group(1)):
+            info.sites.setdefault(name, Site(len(info.sites), op.group(1), line_no))
     return info
 
 
@@ -141,7 +146,74 @@ class PageData:
     failure: tuple[str, str] | None = None  # (stage, message) of a build that stopped
 
 
+_GROUPS_ATTR = "lg.groups = "
+
+
 def read_groups(lg_mlir: str | Path) -> list[GroupRow]:
+    """The layer groups lg.mlir records: its ``lg.groups`` module attribute, each op's type from its line.
+
+    The attribute alone goes through the MLIR parser, not the module: the page needs none of the ops'
+    attributes, and parsing a whole lg.mlir is most of a page's time (cls: 0.45 s of a warm page's 0.7).
+    A file without the attribute where it is printed is parsed whole, as layer group reads it.
+    """
+    path = Path(lg_mlir)
+    text = path.read_text(encoding="utf-8")
+    attr = _module_attr(text, _GROUPS_ATTR)
+    if attr is None:
+        return _read_groups_parsed(path)
+    from xdsl.parser import Parser
+
+    from tpubuild.ir.mlir import context
+
+    groups = _plain(Parser(context(), attr, str(path)).parse_attribute())
+    kinds = {name: site.op for name, site in graph_info_text(text).sites.items()}
+    return [GroupRow(g["id"], g["kind"], [(name, kinds.get(name, "?")) for name in g["ops"]], g["n_secs"],
+                     g["h_secs"], g.get("lmem_bytes", 0), g["cycles"], g["ddr_bytes"]) for g in groups]
+
+
+def _module_attr(text: str, key: str) -> str | None:
+    """The text of one attribute of the module's attribute dictionary (printed after its region, on the line
+    that closes it), up to its closing bracket outside quoted strings; None if it is not there."""
+    tail = text.rfind("\n})")
+    start = text.find(key, tail) if tail >= 0 else -1
+    if start < 0:
+        return None
+    start += len(key)
+    depth, i, quoted = 0, start, False
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            i += 2 if c == "\\" else 1
+            quoted = c != '"'
+            continue
+        if c == '"':
+            quoted = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i + 1]
+        i += 1
+    return None
+
+
+def _plain(attr):
+    """An attribute of integers, strings, arrays and dictionaries as Python values."""
+    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
+
+    if isinstance(attr, IntegerAttr):
+        return attr.value.data
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, ArrayAttr):
+        return [_plain(a) for a in attr.data]
+    if isinstance(attr, DictionaryAttr):
+        return {k: _plain(v) for k, v in attr.data.items()}
+    return attr
+
+
+def _read_groups_parsed(lg_mlir: Path) -> list[GroupRow]:
     from tpubuild.codegen.graph import build_graph
     from tpubuild.codegen.layergroup import read_groups as lg_groups
     from tpubuild.ir.mlir import load_module
