@@ -237,6 +237,7 @@ def depthwise_f64(p: top.ConvParams, x, w, b):
     ((1, 8, 50, 24), (3, 3), (1, 1), (1, 1), (1, 0, 0, 1)),  # two blocks of 44 rows, 49 of them output
     ((1, 8, 50, 48), (3, 3), (2, 2), (1, 1), (1, 0, 0, 1)),  # one block
     ((1, 3, 21, 300), (5, 5), (1, 1), (2, 1), (3, 2, 1, 4)),  # one output row per block, dilated
+    ((1, 4, 40, 36), (3, 5), (2, 3), (3, 2), (3, 4, 2, 4)),  # strided and dilated: taps in several phases
 ])
 def test_top_depthwise_conv_by_products(shape, kernel, stride, dilation, pads):
     """A TOP depthwise conv on planes big enough is one BLAS product per channel and block (nn.DepthwiseGemv):

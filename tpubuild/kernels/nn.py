@@ -102,7 +102,8 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     if not taps:
         y = np.zeros((n, oc) + out_sp, dtype)
     elif not sliced and g > 1 and c == g == oc and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype):
-        y = DepthwiseGemv(p, x.shape, taps, out_sp)(x, w)
+        conv = DepthwiseGemv(p, x.shape, taps, out_sp)
+        y = conv(x, conv.weights(w))
     elif g > 1 and c == g and all(st == 1 for st in p.strides):
         y = _depthwise_flat(x, w, taps, p, out_sp, dtype)
     elif g > 1 and c == g:
@@ -253,7 +254,7 @@ class DepthwiseGemv:
 
     def __init__(self, p: top.ConvParams, x_shape, taps, out_sp):
         n, c, h, w = x_shape
-        (ho, wo), (sh, sw), (dh, dw) = out_sp, p.strides, p.dilations
+        (ho, wo), (sh, sw) = out_sp, p.strides
         top_pad, left = p.pads[0], p.pads[1]
         shifts = self._shifts(p, taps)
         wq = self._width(p, w, wo, taps)
@@ -265,21 +266,34 @@ class DepthwiseGemv:
         self.padded = (n, c, hq, sh, wq, sw)  # [.., row // sh, row % sh, column // sw, column % sw]
         self.inner = (slice(None), slice(None), slice(top_pad, top_pad + h), slice(left, left + w))
         self.phases = (n, c, sh * sw, hq * wq)
-        run = self.rows * wq
-        # each tap's columns [n, c, blocks, rows x wq] as (phase plane, first element, element strides)
-        self.taps = [(a, u * wq + v) for a, u, v in shifts]
-        self.run = run
+        self.run = run = self.rows * wq
         self.cols = (n, c, self.blocks, len(taps), run)
         self.out = (n, c, ho, wo)
-        # stride 1: the taps' runs are one strided view of the plane, (shape, strides, offset) in elements
-        self.box = None
-        if sh == sw == 1:
-            nkh, nkw = taps[-1][0] - taps[0][0] + 1, taps[-1][1] - taps[0][1] + 1
-            self.box = ((n, c, self.blocks, nkh, nkw, run),
-                        (c * hq * wq, hq * wq, run, dh * wq, dw, 1), self.taps[0][1])
+        # the taps of a phase plane whose shifts are a grid (all of them, but for a dilation in a strided
+        # dimension) have their columns in one strided view of the plane: (first tap in the columns,
+        # first element, (rows, columns) of taps, their element strides); the taps go in the columns in that
+        # order (self.order, the weights' with them)
+        self.groups, self.order = [], []
+        for plane in sorted({a for a, _, _ in shifts}):
+            mine = [t for t, (a, _, _) in enumerate(shifts) if a == plane]  # rows then columns ascending
+            us, vs = sorted({shifts[t][1] for t in mine}), sorted({shifts[t][2] for t in mine})
+            steps = [b - a for b, a in zip(us[1:], us)] + [b - a for b, a in zip(vs[1:], vs)]
+            if len(mine) == len(us) * len(vs) and len(set(steps[:len(us) - 1])) <= 1 and \
+                    len(set(steps[len(us) - 1:])) <= 1:
+                su, sv = (us[1] - us[0] if len(us) > 1 else 0), (vs[1] - vs[0] if len(vs) > 1 else 0)
+                parts = [(mine, us[0] * wq + vs[0], (len(us), len(vs)), (su * wq, sv))]
+            else:
+                parts = [([t], shifts[t][1] * wq + shifts[t][2], (1, 1), (0, 0)) for t in mine]
+            for group, first, grid, strides in parts:
+                self.groups.append((len(self.order), plane * hq * wq + first, grid, strides))
+                self.order += group
+
+    def weights(self, w: np.ndarray) -> np.ndarray:
+        """w [c, 1, live taps] in the columns' order of taps."""
+        return np.ascontiguousarray(w[..., self.order])
 
     def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """The conv of x by w [c, 1, live taps] (no bias), C order."""
+        """The conv of x by w (``weights``: the live taps in the columns' order), no bias, C order."""
         n, c, hq, sh, wq, sw = self.padded
         buf = np.zeros(self.padded, np.float32)
         buf.reshape(n, c, hq * sh, wq * sw)[self.inner] = x  # the padded input (C order: a view)
@@ -287,16 +301,11 @@ class DepthwiseGemv:
         flat = np.ascontiguousarray(planes).reshape(self.phases)
         cols = _COLUMNS.array(self.cols, np.float32)
         item = flat.itemsize
-        if self.box is not None:
-            shape, strides, offset = self.box
-            np.copyto(cols.reshape(shape), np.ndarray(shape, np.float32, buffer=flat, offset=offset * item,
-                                                      strides=tuple(s * item for s in strides)))
-        else:
-            shape = self.cols[:3] + (self.run,)
-            strides = (flat.strides[0], flat.strides[1], self.run * item, item)
-            for t, (plane, first) in enumerate(self.taps):
-                np.copyto(cols[:, :, :, t], np.ndarray(shape, np.float32, buffer=flat, strides=strides,
-                                                       offset=(plane * hq * wq + first) * item))
+        for k0, first, grid, (su, sv) in self.groups:
+            shape = self.cols[:3] + grid + (self.run,)
+            strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
+            np.copyto(cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
+                      np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides))
         y = np.matmul(w.reshape(c, 1, 1, -1), cols).reshape(n, c, -1, wq)
         return np.ascontiguousarray(y[:, :, :self.out[2], :self.out[3]])
 

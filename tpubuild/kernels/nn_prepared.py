@@ -178,7 +178,7 @@ class _DepthwiseGemv:
     """nn.DepthwiseGemv (a TOP depthwise conv) with its weights, then the kernel's epilogue."""
 
     def __init__(self, conv: nn.DepthwiseGemv, wt: np.ndarray, epilogue: _Epilogue):
-        self.conv, self.wt, self.epilogue = conv, np.ascontiguousarray(wt), epilogue
+        self.conv, self.wt, self.epilogue = conv, conv.weights(wt), epilogue
 
     def __call__(self, x, w, b):
         return self.epilogue(self.conv(x, self.wt))
