@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tpubuild.ir import top
-from tpubuild.kernels.activation import fused
+from tpubuild.kernels.activation import fused, relu
 from tpubuild.kernels.registry import kernel
 
 
@@ -127,11 +127,7 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
             y = y + bias
     y = y.astype(x.dtype, copy=False)
     # y is this call's own array: the fused activation may overwrite it
-    if p.do_relu:
-        np.maximum(y, 0, out=y)
-        if p.relu_limit >= 0:
-            np.minimum(y, p.relu_limit, out=y)
-    return y
+    return relu(y, p.relu_limit, out=y) if p.do_relu else y
 
 
 def _live_taps(p: top.ConvParams, spatial, out_sp) -> list[tuple[int, ...]]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from tpubuild.ir import top
 from tpubuild.kernels import nn
+from tpubuild.kernels.activation import relu
 from tpubuild.kernels.registry import Operand, prepared
 
 F32 = np.dtype(np.float32)
@@ -57,11 +58,7 @@ class _Epilogue:
     def __call__(self, y: np.ndarray) -> np.ndarray:
         if self.bias is not None:
             y += self.bias
-        if self.relu:
-            np.maximum(y, 0, out=y)
-            if self.limit >= 0:
-                np.minimum(y, self.limit, out=y)
-        return y
+        return relu(y, self.limit, out=y) if self.relu else y
 
 
 @prepared(top.ConvOp)
@@ -343,9 +340,5 @@ def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
         y = np.matmul(a, b)
         if bias is not None:
             y += bias  # y + bias, in the product's array
-        if p.do_relu:
-            np.maximum(y, 0, out=y)
-            if limit >= 0:
-                np.minimum(y, limit, out=y)
-        return y
+        return relu(y, limit, out=y) if p.do_relu else y
     return run
