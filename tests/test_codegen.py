@@ -171,6 +171,34 @@ def test_a_permute_runs_as_one_ddr_to_ddr_copy(make_model, tmp_path, mode):
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
 
 
+@pytest.mark.parametrize("mode", ["INT8", "BF16"])
+def test_a_convs_weights_load_as_one_pack(make_model, tmp_path, mode):
+    """A local conv's filter and bias (INT8: int8 and int32) are one pack: one GDMA of its byte rows,
+    the bias never loaded on its own, each a view into the pack; the chip equals inference bit for bit."""
+    from tpubuild.codegen.commands import Direction
+    from tpubuild.codegen.graph import build_graph
+    from tpubuild.codegen.layergroup import packs_of, read_groups
+
+    tm, tw, inputs = lowered(cnn(make_model), {"x": (2, 3, 24, 24)}, tmp_path, mode)
+    ref = run(tm, tw, inputs)
+    lg, _ = layer_group(mlir.parse_module(mlir.print_module(tm)), BM1684X)
+    addr, a = memory_assign(mlir.parse_module(mlir.print_module(lg)), BM1684X)
+    model = codegen(mlir.parse_module(mlir.print_module(addr)), tw, BM1684X)
+    graph = build_graph(addr)
+    packs = packs_of(graph, read_groups(addr, graph), BM1684X)
+    keys = {pack.key for pack in packs.values()}
+    assert len(keys) >= 3 and all(len(pack.weights) == 2 for pack in packs.values())
+    loads = [g for g in model.gdma if g.direction == Direction.LOAD and g.ddr_addr < a.weight_bytes]
+    for key in keys:
+        pack = packs[key]
+        hits = [g for g in loads if g.ddr_addr == a.weights[key]]
+        assert [(g.dtype, g.shape) for g in hits] == [("uint8", (1, pack.channels, 1, pack.row))]
+        assert not any(g.ddr_addr == a.weights[pack.weights[1]] for g in loads)
+    out = simulate(decode_model(encode_model(model)), inputs).outputs
+    for name, value in out.items():
+        np.testing.assert_array_equal(value, ref[name], err_msg=name)
+
+
 def test_a_view_reads_rows_of_a_taller_tile_through_its_plane_stride():
     """Rows 2..5 of a (1, 8, 6, 5) tile on 4 lanes (two planes per lane): the tile's address plus two
     rows, the tile's plane stride; the view spans only up to its last row (no race with a neighbour)."""

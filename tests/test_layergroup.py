@@ -14,7 +14,7 @@ from tpubuild.codegen import alloc
 from tpubuild.codegen.assign import assign, ddr_lifetimes, memory_assign
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import build_graph
-from tpubuild.codegen.layergroup import FOLD, LOCAL, Planner, layer_group, logical_shape, read_groups
+from tpubuild.codegen.layergroup import FOLD, LOCAL, Planner, layer_group, logical_shape, packs_of, read_groups
 from tpubuild.codegen.slicing import Window, exact_f32, local_rule
 from tpubuild.codegen.synthetic import residual_net
 from tpubuild.ir import mlir, top, tpu
@@ -360,7 +360,12 @@ def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
                 if s1 <= e2 and s2 <= e1:
                     ax, ay = a.activations[x], a.activations[y]
                     assert ax + graph.tensors[x].nbytes <= ay or ay + graph.tensors[y].nbytes <= ax, (x, y)
-    ws = sorted((addr, graph.tensors[w].nbytes) for w, addr in a.weights.items())
+    # each weight, or each pack of an op's weights (one region of interleaved rows), apart and aligned
+    packs = packs_of(graph, groups, BM1684X)
+    assert packs  # the convs' filters and biases
+    regions = {(a.weights[packs[w].key], packs[w].nbytes) if w in packs else (addr, graph.tensors[w].nbytes)
+               for w, addr in a.weights.items()}
+    ws = sorted(regions)
     for (a1, n1), (a2, _) in zip(ws, ws[1:]):
         assert a1 + n1 <= a2 and a2 % BM1684X.ddr_align == 0
     assert a.weight_bytes <= a.activation_base and min(a.activations.values()) >= a.activation_base

@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, i64
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, channel_redirects, read_groups
+from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, channel_redirects, packs_of, read_groups
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
@@ -112,11 +112,19 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
     align = chip.ddr_align
     weights: dict[str, int] = {}
     offset = 0
+    packs = packs_of(graph, groups, chip)
     for node in graph.ops:
         for w in graph.weights_of(node):
-            if w not in weights:
+            if w in weights:
+                continue
+            pack = packs.get(w)
+            if pack is None:
                 weights[w] = offset
                 offset = alloc.align_up(offset + graph.tensors[w].nbytes, align)
+                continue
+            # a pack's rows interleave its weights: each weight's address is its offset in row 0
+            weights.update({m: offset + at for m, at in zip(pack.weights, pack.offsets)})
+            offset = alloc.align_up(offset + pack.nbytes, align)
     # a fold group's padding rows broadcast its input's zero point from a slot of its own (codegen)
     fills = []
     for group in groups:

@@ -38,7 +38,8 @@ from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
 from tpubuild.codegen.layergroup import (ALIAS, COPY, FOLD, GLOBAL, LOCAL, START, Group, Piece, Planner, Range,
-                                         as_copy, channel_redirects, logical_shape, read_groups, schedule)
+                                         as_copy, channel_redirects, logical_shape, packs_of, read_groups, schedule,
+                                         weight_block)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -59,16 +60,6 @@ def _extent(r: Range) -> tuple[int, int]:
     return r[1] - r[0], r[3] - r[2]
 
 
-def _weight_block(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """A weight's local block: its first non-unit dim on lanes, the rest one row (slicing.weight_lane_bytes)."""
-    dims = list(shape)
-    while len(dims) > 1 and dims[0] == 1:
-        dims.pop(0)
-    if not dims:
-        dims = [1]
-    return (1, dims[0], 1, math.prod(dims[1:]))
-
-
 class Emitter:
     def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
                  act_addr: Mapping[str, int], *, prefetch: bool = True, scalars: Mapping[str, int] | None = None):
@@ -83,6 +74,7 @@ class Emitter:
         self.gdma: list[Gdma] = []
         self.bdc: list[Bdc] = []
         self.early: dict[int, dict[int, tuple[set[str], int]]] = {}  # group id -> its transfers emitted early
+        self.packs = packs_of(graph, groups, chip)  # weight -> the pack its op loads it in
         self.redirected = self._redirects()  # output -> (its reader not emitted, where its channels go)
         self.stored: Group | None = None  # the last local group emitted (its last store may still be running)
 
@@ -203,7 +195,7 @@ class Emitter:
         floor = len(self.gdma) if self._overlaps_stored(group) else 0
         self.stored = group
         early = self.early.pop(group.id, {})
-        loads = group.weight_loads(self.g)
+        loads = group.weight_loads(self.g, self.packs)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         last_id: list[int] = []  # per step: the id of its last command in its queue
         for index, step in enumerate(steps):
@@ -244,8 +236,13 @@ class Emitter:
         elif step.kind == "load":
             addr, block, strides = self.ddr_rows(t, group.ranges[t][s])
             self._gdma(Direction.LOAD, t, addr, group.addrs[f"{t}#{s % group.copies}"], block, wait, strides)
+        elif step.kind == "weights" and t in self.packs:  # the whole pack: its rows as bytes
+            pack = self.packs[t]
+            block = (1, pack.channels, 1, pack.row)
+            self.gdma.append(Gdma(len(self.gdma) + 1, wait, Direction.LOAD, "uint8", self.w_addr[t],
+                                  _strides4(block), group.addrs[f"{t}#0"], 0, block))
         elif step.kind == "weights":
-            block = _weight_block(self.g.tensors[t].shape)
+            block = weight_block(self.g.tensors[t].shape)
             self._gdma(Direction.LOAD, t, self.w_addr[t], group.addrs[f"{t}#0"], block, wait)
         elif t in self.redirected:
             self.redirected_store(group, t, s, wait)
@@ -338,7 +335,7 @@ class Emitter:
         def apart(lo: int, hi: int, used) -> bool:
             return all(hi <= a or b <= lo for a, b in used)
 
-        loads = nxt.weight_loads(self.g)
+        loads = nxt.weight_loads(self.g, self.packs)
         steps = schedule(len(nxt.ops), nxt.slices, nxt.copies, [bool(w) for w in loads])
         early: dict[int, tuple[set[str], int]] = {}
         for index, step in enumerate(steps):
@@ -351,7 +348,7 @@ class Emitter:
                     continue
                 if step.kind == "load" and not unwritten(t):
                     continue
-                nbytes = (self.g.tensors[t].nbytes if step.kind == "weights" else
+                nbytes = (self.planner.weight_nbytes(t) if step.kind == "weights" else
                           self.planner.t[t].ddr_bytes(*_extent(nxt.ranges[t][0])))
                 spend = cost.gdma_cycles(self.chip, nbytes)
                 if step.op > 0 and spend > budget:
@@ -388,9 +385,15 @@ class Emitter:
         for tile in tiles:
             if tile is None:
                 operands.append(Tensor.none())
+            elif tile[1] is None and tile[0] in self.packs:  # a weight, a view of its pack's rows
+                pack, tensor = self.packs[tile[0]], g.tensors[tile[0]]
+                at = pack.offsets[pack.weights.index(tile[0])]
+                operands.append(Tensor.local(group.addrs[f"{pack.key}#0"] + at, 0, weight_block(tensor.shape),
+                                             tensor.dtype.name, view=tensor.shape,
+                                             plane=cmd.align_up(pack.row, self.chip.eu_bytes)))
             elif tile[1] is None:  # a weight, whole
                 tensor = g.tensors[tile[0]]
-                operands.append(Tensor.local(group.addrs[f"{tile[0]}#0"], 0, _weight_block(tensor.shape),
+                operands.append(Tensor.local(group.addrs[f"{tile[0]}#0"], 0, weight_block(tensor.shape),
                                              tensor.dtype.name, view=tensor.shape))
             else:
                 t, need = tile
@@ -444,7 +447,13 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
         emitter.fills[f.input] = addr
         value = np.asarray([f.zp], dtype=graph.tensors[f.input].dtype).tobytes()
         blob[addr:addr + len(value)] = value
+    for name, pack in emitter.packs.items():
+        if name == pack.key:
+            data = pack.data([np.asarray(weights[w]).astype(graph.tensors[w].dtype, copy=False) for w in pack.weights])
+            blob[w_addr[name]:w_addr[name] + len(data)] = data
     for name, addr in w_addr.items():
+        if name in emitter.packs:
+            continue
         t = graph.tensors[name]
         array = np.asarray(weights[name])
         if name in folded_weights:

@@ -158,6 +158,84 @@ def logical_shape(full_shape: Sequence[int], r: Range) -> tuple[int, ...]:
     return tuple(full_shape)
 
 
+def weight_block(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """A weight's local block: its first non-unit dim on lanes, the rest one row (``slicing.weight_lane_bytes``)."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    if not dims:
+        dims = [1]
+    return (1, dims[0], 1, math.prod(dims[1:]))
+
+
+@dataclass(frozen=True)
+class Pack:
+    """An op's weights that put the same dim on lanes (a conv's filter and bias), loaded by one GDMA:
+    DDR holds them as ``channels`` rows of ``row`` bytes, row c holding each weight's row c at its
+    offset (aligned to 4 bytes), and local memory as one (1, channels, 1, row) byte block; each weight
+    is a view into it (its offset, the block's plane stride). TPU-MLIR packs a conv's per-channel
+    parameters alike: one short-row transfer per parameter costs the GDMA a fixed cost each."""
+
+    weights: tuple[str, ...]
+    offsets: tuple[int, ...]  # bytes into a row
+    channels: int
+    row: int  # bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.channels * self.row
+
+    @property
+    def key(self) -> str:
+        """The weight that names the pack (its buffer, its transfer, its DDR address)."""
+        return self.weights[0]
+
+    def lane_bytes(self, chip: Chip) -> int:
+        return math.ceil(self.channels / chip.lanes) * align(self.row, chip.eu_bytes)
+
+    def data(self, arrays: Sequence[np.ndarray]) -> bytes:
+        """The DDR bytes of the pack from its weights' values (each in its own dtype)."""
+        out = np.zeros((self.channels, self.row), np.uint8)
+        for array, offset in zip(arrays, self.offsets):
+            rows = np.ascontiguousarray(array).reshape(self.channels, -1).view(np.uint8)
+            out[:, offset:offset + rows.shape[1]] = rows
+        return out.tobytes()
+
+
+def pack_of(graph: Graph, node) -> Pack | None:
+    """The pack of ``node``'s weights: two or more, read by this op alone, with the same dim on lanes."""
+    weights = list(dict.fromkeys(graph.weights_of(node)))
+    if len(weights) < 2 or any(graph.tensors[w].users != [node.index] for w in weights):
+        return None
+    blocks = [weight_block(graph.tensors[w].shape) for w in weights]
+    if len({b[1] for b in blocks}) != 1:
+        return None
+    offsets, row = [], 0
+    for w, b in zip(weights, blocks):
+        row = align(row, 4)
+        offsets.append(row)
+        row += b[3] * graph.tensors[w].dtype.itemsize
+    return Pack(tuple(weights), tuple(offsets), blocks[0][1], row)
+
+
+def packs_of(graph: Graph, groups: Sequence["Group"], chip: Chip) -> dict[str, Pack]:
+    """Weight -> its pack, for the ops of channel-layout and fold local groups but a fold group's
+    folded conv (what layer group planned them with: ``Planner._facts``; a global op reads its weights
+    whole from DDR, a folded conv its W')."""
+    folded = {f.start: f.conv for f in find_folds(graph, chip)}
+    found: dict[str, Pack] = {}
+    for group in groups:
+        if group.kind != LOCAL or group.layout == SPREAD:
+            continue
+        for p in group.ops:
+            if group.layout == FOLD and p == folded.get(group.ops[0]):
+                continue
+            pack = pack_of(graph, graph.ops[p])
+            if pack is not None:
+                found.update({w: pack for w in pack.weights})
+    return found
+
+
 # ---- per-op and per-tensor facts the search reuses ------------------------------------------------
 
 @dataclass
@@ -226,13 +304,14 @@ class Group:
     def slices(self) -> int:
         return self.n_secs * self.h_secs
 
-    def weight_loads(self, graph: Graph) -> list[list[str]]:
+    def weight_loads(self, graph: Graph, packs: Mapping[str, "Pack"]) -> list[list[str]]:
         """Per op of the group, the weights loaded before it: those no earlier op of the group uses
-        (a weight two ops share is loaded once, for the first)."""
+        (a weight two ops share is loaded once, for the first); a pack as its key."""
         seen: set[str] = set()
         loads = []
         for p in self.ops:
-            new = [w for w in dict.fromkeys(graph.weights_of(graph.ops[p])) if w not in seen]
+            names = [packs[w].key if w in packs else w for w in graph.weights_of(graph.ops[p])]
+            new = [w for w in dict.fromkeys(names) if w not in seen]
             seen.update(new)
             loads.append(new)
         return loads
@@ -408,6 +487,7 @@ class Planner:
                 self.spread = Planner(sg, chip, exact_f32=exact_f32, spread_ops=frozenset(free))
                 self.free = frozenset(p for p in free
                                       if nchw(sg.tensors[graph.ops[p].name].shape) != self.t[graph.ops[p].name].shape4)
+        self.packs: dict[str, Pack] = {}  # weight -> the pack its op loads it in (channel layout: ``_facts``)
         self.ops = [self._facts(node) if spread_ops is None or node.index in spread_ops else _elsewhere(node)
                     for node in graph.ops]
         if self.spread is not None:
@@ -434,6 +514,10 @@ class Planner:
         operands = [(k, t, len(g.tensors[t].shape) == out_rank) for k, t in enumerate(node.inputs)
                     if t is not None and not g.tensors[t].weight]
         weights = list(dict.fromkeys(g.weights_of(node)))
+        # a folded conv's filter is W' (``Fold``), loaded as it is; a spread group's weights are single values
+        folded = {f.conv for f in self.folded.values()}
+        pack = (pack_of(g, node) if self.layout_name in (CHANNEL, FOLD) and kind == LOCAL and node.index not in folded
+                else None)
         in_shapes = [g.tensors[t].shape if t is not None else () for t in node.inputs]
         out_shapes = [g.tensors[o].shape for o in node.outputs if o in g.tensors]
         dtype = self._compute_dtype(node)
@@ -446,11 +530,20 @@ class Planner:
         else:
             gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
                                                                  out_shapes, dtype, reads, writes)
-        wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
-        wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
+        if pack is not None:  # one buffer and one transfer, named by the pack's key
+            weights = [pack.key]
+            self.packs.update({w: pack for w in pack.weights})
+            wlane, wcycles = pack.lane_bytes(chip), cost.gdma_cycles(chip, pack.nbytes)
+        else:
+            wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
+            wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
         s4 = nchw(g.tensors[node.name].shape)
         return OpFacts(node.index, node.name, kind, rule, operands, weights, wlane, wcycles, compute,
                        s4[0] * s4[2], gcycles, nbytes)
+
+    def weight_nbytes(self, w: str) -> int:
+        """DDR bytes of loading weight w: its pack's when it is one's key."""
+        return self.packs[w].nbytes if w in self.packs else self.g.tensors[w].nbytes
 
     def layout(self, group: Group) -> "Planner":
         """The planner of ``group``'s layout."""
@@ -648,7 +741,8 @@ class Planner:
         _, _, weights, _ = self.structure(i, j)
         for w in weights:
             t = self.g.tensors[w]
-            sizes[w] = weight_lane_bytes(chip, t.shape, t.dtype.itemsize)
+            sizes[w] = (self.packs[w].lane_bytes(chip) if w in self.packs
+                        else weight_lane_bytes(chip, t.shape, t.dtype.itemsize))
         for p in range(i, j):
             f = self.ops[p]
             if f.rule.buffer_factor:
@@ -842,7 +936,7 @@ class Planner:
         except alloc.AllocError:
             return None
         per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns)]
-        wbytes = sum(self.g.tensors[w].nbytes for w in weights)
+        wbytes = sum(self.weight_nbytes(w) for w in weights)
         keyed = {b.key: b.size for b in bufs}
         group = Group(gid, LOCAL, list(range(i, j)), ns, hs, inputs, outputs, weights,
                       ranges={t: [need[t] for need in needs] for t in needs[0]},
@@ -905,7 +999,7 @@ class Planner:
     def timed_steps(self, group: Group) -> tuple[list[Step], list[int]]:
         """The group's ``schedule`` and the cost model's cycles of each step."""
         chip, g = self.chip, self.g
-        loads = group.weight_loads(g)
+        loads = group.weight_loads(g, self.packs)
         steps = schedule(len(group.ops), group.slices, group.copies, [bool(w) for w in loads])
         durations = []
         for step in steps:
@@ -915,7 +1009,7 @@ class Planner:
                 d = sum(self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
                         for o in group.outputs for r in [group.own[o][step.slice]])
             elif step.kind == "weights":
-                d = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in loads[step.op])
+                d = sum(cost.gdma_cycles(chip, self.weight_nbytes(w)) for w in loads[step.op])
             else:
                 p = group.ops[step.op]
                 node = g.ops[p]
