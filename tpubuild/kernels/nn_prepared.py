@@ -246,10 +246,7 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
         if pool.is_global:
             y = x.reshape(pool.flat).max(axis=-1).reshape(pool.out_shape)
         else:
-            xp = pool.pad(x)
-            y = xp[pool.taps[0]].copy()
-            for tap in pool.taps[1:]:
-                np.maximum(y, xp[tap], out=y)
+            y = nn.window_max(pool.pad(x), p.kernel_shape, p.strides, pool.dil, pool.out_sp)
         return nn.fused(y, p)
     return run
 
