@@ -256,3 +256,37 @@ def test_top_depthwise_conv_by_products(shape, kernel, stride, dilation, pads):
     np.testing.assert_allclose(got, depthwise_f64(p, x, w, b), rtol=1e-5, atol=1e-5)
     tpu_p = as_op(tpu.ConvOp, p)
     assert type(prepare(tpu.ConvOp, tpu_p, conv_operands(x, w, b))).__name__ == "_DepthwiseNHWC"
+
+
+def conv_f64(p: top.ConvParams, x, w, b):
+    """The conv in float64 over a windows view (a reference for any float32 summation order)."""
+    from tpubuild.kernels.nn import windows
+    g = p.group
+    win = windows(x.astype(np.float64), p.kernel_shape, p.strides, p.dilations, p.pads[:2], p.pads[2:])
+    n, c, ho, wo = win.shape[:4]
+    win = win.reshape(n, g, c // g, ho, wo, *p.kernel_shape)
+    wg = w.astype(np.float64).reshape(g, -1, c // g, *p.kernel_shape)
+    y = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, -1, ho, wo) + b.astype(np.float64)[None, :, None, None]
+    return np.maximum(y, 0) if p.do_relu else y
+
+
+@pytest.mark.parametrize("shape, oc, group, kernel, dilation, pads", [
+    ((1, 16, 16, 16), 16, 1, (3, 3), (1, 1), (1, 1, 1, 1)),  # demo_cnn's
+    ((2, 12, 32, 32), 12, 1, (3, 3), (1, 1), (1, 1, 1, 1)),  # two samples
+    ((1, 8, 9, 13), 6, 2, (3, 5), (2, 1), (2, 1, 3, 2)),  # groups, dilated, uneven pads
+    ((1, 4, 7, 7), 5, 1, (2, 2), (1, 1), (0, 1, 1, 0)),
+])
+def test_top_conv_flat_columns(shape, oc, group, kernel, dilation, pads):
+    """A TOP conv at stride 1 takes its columns from the flattened padded planes (nn.Im2colFlat): close to
+    float64, the prepared kernel's bits the kernel's; the TPU conv (sliced) keeps the pixel-major GEMM."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=shape).astype(np.float32)
+    w = rng.normal(size=(oc, shape[1] // group) + kernel).astype(np.float32)
+    b = rng.normal(size=oc).astype(np.float32)
+    p = top.ConvParams(kernel_shape=kernel, strides=(1, 1), pads=pads, dilations=dilation, group=group, do_relu=True)
+    run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+    assert type(run).__name__ == "_Im2colFlat"
+    got = run(x, w, b)
+    assert same_bits(got, get_kernel(top.ConvOp)(p, x, w, b))
+    np.testing.assert_allclose(got, conv_f64(p, x, w, b), rtol=1e-5, atol=1e-5)
+    assert type(prepare(tpu.ConvOp, as_op(tpu.ConvOp, p), conv_operands(x, w, b))).__name__ == "_Im2col"

@@ -116,6 +116,8 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
             y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
         else:
             y = np.matmul(w.reshape(g, oc // g, c // g), cols)
+    elif not sliced and Im2colFlat.suits(p, x.shape, taps, dtype):
+        y = Im2colFlat(p, x.shape, g, out_sp)(x, Im2colFlat.weights(w, g, p.kernel_shape[0]))
     else:
         y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype, sliced)
     y = y.reshape(n, oc, *out_sp)
@@ -351,6 +353,54 @@ def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
                 out += part
     keep = (slice(None),) * 3 + tuple(slice(0, o) for o in out_sp[1:])
     return full.reshape((n, oc, out_sp[0]) + grid[1:])[keep]
+
+
+class Im2colFlat:
+    """A TOP conv (never sliced) at stride 1 with every tap live: its columns [n, g, kernel row, channel,
+    kernel column, ho x Wp] are one strided view of the zero-padded input, each channel's plane flattened, so
+    a tap's pixels are one run of ho whole padded rows (Wp wide; the columns past the output's width are
+    computed and dropped), not ho runs of wo: the copy's runs are ten to thirty times longer on small planes.
+    The columns in the one block ``_im2col`` would make (at most ``_COLS_BLOCK`` bytes)."""
+
+    @staticmethod
+    def suits(p: top.ConvParams, x_shape, taps, dtype) -> bool:
+        if len(p.kernel_shape) != 2 or np.dtype(dtype) != np.float32 or any(s != 1 for s in p.strides) or \
+                len(taps) != math.prod(p.kernel_shape):
+            return False
+        n, c, h, w = x_shape
+        rows = h + p.pads[0] + p.pads[2] - (p.kernel_shape[0] - 1) * p.dilations[0]
+        return n * c * len(taps) * rows * (w + p.pads[1] + p.pads[3]) * 4 <= _COLS_BLOCK
+
+    @staticmethod
+    def weights(w: np.ndarray, g: int, kernel_rows: int) -> np.ndarray:
+        """w [oc, C/g, taps] as the product's left side [g, oc/g, K], K in ``gemm_order``, C order."""
+        return np.ascontiguousarray(gemm_weights(w, g, kernel_rows).swapaxes(1, 2))
+
+    def __init__(self, p: top.ConvParams, x_shape, g: int, out_sp):
+        n, c, h, w = x_shape
+        (kh, kw), (dh, dw) = p.kernel_shape, p.dilations
+        top_pad, left = p.pads[0], p.pads[1]
+        wp = w + left + p.pads[3]
+        plane = (h + top_pad + p.pads[2] + 1) * wp  # +1 row: the last tap's run past the output's width
+        self.padded = (n, c, plane // wp, wp)
+        self.inner = (slice(None), slice(None), slice(top_pad, top_pad + h), slice(left, left + w))
+        run = out_sp[0] * wp
+        item = np.dtype(np.float32).itemsize
+        self.view = ((n, g, kh, c // g, kw, run),
+                     tuple(s * item for s in (c * plane, c // g * plane, dh * wp, plane, dw, 1)))
+        self.cols = (n, g, kh * (c // g) * kw, run)
+        self.out = (n, -1, out_sp[0], wp)
+        self.width = out_sp[1]
+
+    def __call__(self, x: np.ndarray, wt: np.ndarray) -> np.ndarray:
+        """The conv of x by ``weights`` (no bias), C order."""
+        xp = np.zeros(self.padded, np.float32)
+        xp[self.inner] = x
+        shape, strides = self.view
+        cols = _COLUMNS.array(shape, np.float32)
+        np.copyto(cols, np.ndarray(shape, np.float32, buffer=xp, strides=strides))
+        y = np.matmul(wt, cols.reshape(self.cols)).reshape(self.out)
+        return np.ascontiguousarray(y[..., :self.width])
 
 
 def gemm_order(taps: list[tuple[int, ...]]) -> tuple[int, int]:

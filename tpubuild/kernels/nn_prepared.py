@@ -92,6 +92,9 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     if len(taps) == 1:
         tap = _tap_slices(taps, p.strides, p.dilations, out_sp)[0]
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
+    if not sliced and nn.Im2colFlat.suits(p, x.shape, taps, F32):
+        return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, out_sp), nn.Im2colFlat.weights(wt, g, p.kernel_shape[0]),
+                           epilogue)
     return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
@@ -169,6 +172,16 @@ class _Im2col:
             else:
                 np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest:(r0 + r) * rest])
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
+
+
+class _Im2colFlat:
+    """nn.Im2colFlat (a TOP conv at stride 1) with its weights, then the kernel's epilogue."""
+
+    def __init__(self, conv: nn.Im2colFlat, wt: np.ndarray, epilogue: _Epilogue):
+        self.conv, self.wt, self.epilogue = conv, wt, epilogue
+
+    def __call__(self, x, w, b):
+        return self.epilogue(self.conv(x, self.wt))
 
 
 class _DepthwiseGemv:
