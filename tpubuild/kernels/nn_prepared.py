@@ -286,11 +286,18 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
     return run
 
 
-def _mean(x: np.ndarray, axes: tuple[int, ...], count: np.intp) -> np.ndarray:
+def _mean(x: np.ndarray, axes: tuple[int, ...], count: np.floating | np.intp) -> np.ndarray:
     """``x.mean(axis=axes, keepdims=True)`` of a float32/64 array: numpy's own steps (the sum, then a
     division by the count as an intp, cast back) without its Python wrapper."""
     total = np.add.reduce(x, axis=axes, keepdims=True)
     return np.true_divide(total, count, out=total, casting="unsafe")
+
+
+def _divisor(count: int) -> np.float32 | np.intp:
+    """numpy's mean divides a float32 sum by an intp count in float64, then rounds to float32: the float32
+    quotient itself (rounding a float64 quotient of float32 operands to float32 is the correctly rounded
+    float32 quotient), which a float32 divisor gives three times faster, when the count is a float32."""
+    return np.float32(count) if count <= 1 << 24 else np.intp(count)
 
 
 @prepared(top.LayerNormOp)
@@ -300,7 +307,7 @@ def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
             x.shape, o.shape) != x.shape) for o in (scale, bias)):
         return None
     axes = tuple(range(p.axis % len(x.shape), len(x.shape)))
-    count = np.intp(math.prod(x.shape[a] for a in axes))
+    count = _divisor(math.prod(x.shape[a] for a in axes))
     eps = np.asarray(p.eps, F32)
 
     def run(x, scale, bias):
