@@ -343,6 +343,23 @@ def test_group_local_buffers_fit_and_never_overlap_in_lg_mlir():
         planner.check(too_big)
 
 
+def test_plan_merges_neighbours_whose_exact_plan_is_cheaper():
+    """The search sizes groups by a middle slice; where it split a run of ops into neighbouring local
+    groups that also fit as one, the plan keeps whichever exact plan replays in fewer cycles: here the
+    merge saves cycles over the search's own split, and every op is still in exactly one group."""
+    chip = dataclasses.replace(BM1684X, lmem_bytes=16 * 1024)
+    module, _ = residual_net(40, size=32)
+    graph = build_graph(module)
+    planner = Planner(graph, chip, exact_f32=False)
+    chosen = planner.search()
+    split = sum(g.cycles for i, j, kind, est in chosen
+                for g in (planner._place(0, i, j, est) if kind == LOCAL else [planner._single(0, i, kind)]))
+    groups = planner.plan()
+    assert sum(g.cycles for g in groups) < split
+    assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
+    assert sum(g.kind == LOCAL for g in groups) < sum(kind == LOCAL for _, _, kind, _ in chosen)
+
+
 # ---- memory assign -------------------------------------------------------------------------------
 
 def test_assign_never_overlaps_live_tensors_and_reports_the_bound():

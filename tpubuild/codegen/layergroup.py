@@ -1023,29 +1023,48 @@ class Planner:
 
     def plan(self) -> list[Group]:
         groups: list[Group] = []
-        for i, j, kind, est in self.search():
+        chosen = self.search()
+        k = 0
+        while k < len(chosen):
+            i, j, kind, est = chosen[k]
             if kind != LOCAL:
                 groups.append(self._single(len(groups), i, kind))
+                k += 1
                 continue
-            if est.layout != CHANNEL:
-                settled = self.layout(Group(0, LOCAL, [i], layout=est.layout))._settle(len(groups), i, j, est)
-                whole = len(settled) == 1 and settled[0].kind == LOCAL
-                # the search's estimate sizes a middle slice: keep the other layout only if its exact
-                # plan beats the channel layout's too
-                base = self._best_local(i, j)
-                channel = self._settle(len(groups), i, j, base) if base is not None else None
-                if whole and (channel is None or settled[0].cycles < sum(g.cycles for g in channel)):
-                    groups.extend(settled)
-                    continue
-                if est.layout == SPREAD and channel is None:
-                    groups.extend(settled)
-                    continue
-                # (a fold group split up would store X' to DDR: the ops run in the channel layout)
-                groups.extend(channel if channel is not None else self._settle(len(groups), i, j, Estimate(0, 1, 1, 0)))
-                continue
-            groups.extend(self._settle(len(groups), i, j, est))
+            placed = self._place(len(groups), i, j, est)
+            # the search sizes groups by a middle slice: where it split a run of ops that also fits as
+            # one group, the exact plans decide (a near tie in the estimate can hide a real difference)
+            while k + 1 < len(chosen) and chosen[k + 1][2] == LOCAL and chosen[k + 1][1] - i <= MAX_GROUP_OPS:
+                j2, est2 = chosen[k + 1][1], chosen[k + 1][3]
+                merged = self.best_local(i, j2)
+                if merged is None:
+                    break
+                whole = self._place(len(groups), i, j2, merged)
+                split = placed + self._place(len(groups) + len(placed), j, j2, est2)
+                if sum(g.cycles for g in whole) >= sum(g.cycles for g in split):
+                    break
+                placed, j, k = whole, j2, k + 1
+            groups.extend(placed)
+            k += 1
         self._alternate(groups)
         return groups
+
+    def _place(self, gid: int, i: int, j: int, est: Estimate) -> list[Group]:
+        """The exact groups of the search's choice ops[i:j] at ``est``."""
+        if est.layout == CHANNEL:
+            return self._settle(gid, i, j, est)
+        settled = self.layout(Group(0, LOCAL, [i], layout=est.layout))._settle(gid, i, j, est)
+        whole = len(settled) == 1 and settled[0].kind == LOCAL
+        # the search's estimate sizes a middle slice: keep the other layout only if its exact
+        # plan beats the channel layout's too
+        base = self._best_local(i, j)
+        channel = self._settle(gid, i, j, base) if base is not None else None
+        if whole and (channel is None or settled[0].cycles < sum(g.cycles for g in channel)):
+            return settled
+        if est.layout == SPREAD and channel is None:
+            return settled
+        # (a fold group split up would store X' to DDR: the ops run in the channel layout)
+        return channel if channel is not None else self._settle(gid, i, j, Estimate(0, 1, 1, 0))
 
     def _alternate(self, groups: Sequence[Group]) -> None:
         """Every other local group is mirrored to the top of local memory
