@@ -561,17 +561,24 @@ def _(p: top.PoolParams, x):
     spatial = x.shape[-nd:]
     begin, end = _pool_pads(p, spatial)
     dil, out_sp = _pool_shape(p, spatial)
+    acc = pool_sum_dtype(x.dtype)
     if _global(p, spatial, begin, end):
-        total = x.reshape(x.shape[:-nd] + (-1,)).sum(axis=-1, dtype=np.float64).reshape(x.shape[:-nd] + out_sp)
+        total = x.reshape(x.shape[:-nd] + (-1,)).sum(axis=-1, dtype=acc).reshape(x.shape[:-nd] + out_sp)
     elif _few_taps(p.kernel_shape, out_sp):
         xp = padded(x, begin, end)
-        total = np.zeros(x.shape[:-nd] + out_sp, np.float64)
+        total = np.zeros(x.shape[:-nd] + out_sp, acc)
         for tap in np.ndindex(*p.kernel_shape):
             total += tap_view(xp, tap, p.strides, dil, out_sp)
     else:
-        total = windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=tuple(range(-nd, 0)),
-                                                                          dtype=np.float64)
+        total = windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=tuple(range(-nd, 0)), dtype=acc)
     return fused((total / _pool_counts(p, spatial, begin, dil, out_sp)).astype(x.dtype), p)
+
+
+def pool_sum_dtype(dtype: np.dtype) -> type:
+    """An average pool's sums: float32 ones of float32 (as onnxruntime sums; numpy's pairwise sum of a
+    plane, a few ulps off; summing in float64 was half a PP-OCR model's squeeze-excite pools), float64 else
+    (float16's would lose the small terms)."""
+    return np.float32 if dtype == np.float32 else np.float64
 
 
 def _pool_counts(p: top.PoolParams, spatial, begin, dil, out_sp) -> np.ndarray:

@@ -273,13 +273,14 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
     if not pool.is_global and not pool.few:
         return None
     counts = nn._pool_counts(p, x.shape[-len(p.kernel_shape):], pool.begin, pool.dil, pool.out_sp)
+    acc = nn.pool_sum_dtype(x.dtype)
 
     def run(x):
         if pool.is_global:
-            total = x.reshape(pool.flat).sum(axis=-1, dtype=np.float64).reshape(pool.out_shape)
+            total = x.reshape(pool.flat).sum(axis=-1, dtype=acc).reshape(pool.out_shape)
         else:
             xp = pool.pad(x)
-            total = np.zeros(pool.out_shape, np.float64)
+            total = np.zeros(pool.out_shape, acc)
             for tap in pool.taps:
                 total += xp[tap]
         return nn.fused((total / counts).astype(x.dtype), p)
