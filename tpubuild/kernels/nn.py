@@ -261,8 +261,18 @@ class DepthwiseGemv:
         # rows of a phase plane: the input's, and the last block's with its lowest tap (+1: a shifted run's
         # dropped columns reach into the next row)
         hq = max(-(-(h + top_pad + p.pads[2]) // sh), self.blocks * self.rows + max(u for _, u, _ in shifts) + 1)
-        self.padded = (n, c, hq, sh, wq, sw)  # [.., row // sh, row % sh, column // sw, column % sw]
-        self.inner = (slice(None), slice(None), slice(top_pad, top_pad + h), slice(left, left + w))
+        self.planes = (n, c, sh, sw, hq, wq)  # the padded input's [.., row % sh, column % sw, row // sh, column // sw]
+        # each phase plane's input pixels: (its part of the planes, the input's strided rows and columns)
+        self.fills = []
+        for a in range(sh):
+            r0 = (a - top_pad) % sh
+            for b in range(sw):
+                c0 = (b - left) % sw
+                rows, cols = range(r0, h, sh), range(c0, w, sw)
+                if rows and cols:
+                    u0, v0 = (r0 + top_pad) // sh, (c0 + left) // sw
+                    self.fills.append(((Ellipsis, a, b, slice(u0, u0 + len(rows)), slice(v0, v0 + len(cols))),
+                                       (Ellipsis, slice(r0, None, sh), slice(c0, None, sw))))
         self.phases = (n, c, sh * sw, hq * wq)
         self.run = run = self.rows * wq
         self.cols = (n, c, self.blocks, len(taps), run)
@@ -290,13 +300,14 @@ class DepthwiseGemv:
         """w [c, 1, live taps] in the columns' order of taps."""
         return np.ascontiguousarray(w[..., self.order])
 
-    def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """The conv of x by w (``weights``: the live taps in the columns' order), no bias, C order."""
-        n, c, hq, sh, wq, sw = self.padded
-        buf = np.zeros(self.padded, np.float32)
-        buf.reshape(n, c, hq * sh, wq * sw)[self.inner] = x  # the padded input (C order: a view)
-        planes = buf.transpose(0, 1, 3, 5, 2, 4) if sh * sw > 1 else buf  # [n, c, sh, sw, hq, wq]
-        flat = np.ascontiguousarray(planes).reshape(self.phases)
+    def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` [c] (float32,
+        added as the output is cropped out of the product), C order."""
+        n, c, _, _, _, wq = self.planes
+        planes = np.zeros(self.planes, np.float32)
+        for dst, src in self.fills:
+            planes[dst] = x[src]
+        flat = planes.reshape(self.phases)
         cols = _COLUMNS.array(self.cols, np.float32)
         item = flat.itemsize
         for k0, first, grid, (su, sv) in self.groups:
@@ -304,8 +315,8 @@ class DepthwiseGemv:
             strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
             np.copyto(cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
                       np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides))
-        y = np.matmul(w.reshape(c, 1, 1, -1), cols).reshape(n, c, -1, wq)
-        return np.ascontiguousarray(y[:, :, :self.out[2], :self.out[3]])
+        y = np.matmul(w.reshape(c, 1, 1, -1), cols).reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
+        return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, c, 1, 1))
 
 
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
@@ -392,15 +403,16 @@ class Im2colFlat:
         self.out = (n, -1, out_sp[0], wp)
         self.width = out_sp[1]
 
-    def __call__(self, x: np.ndarray, wt: np.ndarray) -> np.ndarray:
-        """The conv of x by ``weights`` (no bias), C order."""
+    def __call__(self, x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """The conv of x by ``weights``, plus ``bias`` [oc] (float32, added as the output is cropped out of the
+        product), C order."""
         xp = np.zeros(self.padded, np.float32)
         xp[self.inner] = x
         shape, strides = self.view
         cols = _COLUMNS.array(shape, np.float32)
         np.copyto(cols, np.ndarray(shape, np.float32, buffer=xp, strides=strides))
-        y = np.matmul(wt, cols.reshape(self.cols)).reshape(self.out)
-        return np.ascontiguousarray(y[..., :self.width])
+        y = np.matmul(wt, cols.reshape(self.cols)).reshape(self.out)[..., :self.width]
+        return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, -1, 1, 1))
 
 
 def gemm_order(taps: list[tuple[int, ...]]) -> tuple[int, int]:

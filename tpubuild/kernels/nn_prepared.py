@@ -86,7 +86,7 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     epilogue = _Epilogue(p, b.const, (1, oc) + (1,) * nd)
     if g > 1 and c == g:
         if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
-            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, epilogue)
+            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, b.const, _Epilogue(p, None, ()))
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
@@ -94,7 +94,7 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
     if not sliced and nn.Im2colFlat.suits(p, x.shape, taps, F32):
         return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, out_sp), nn.Im2colFlat.weights(wt, g, p.kernel_shape[0]),
-                           epilogue)
+                           b.const, _Epilogue(p, None, ()))
     return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
@@ -175,23 +175,23 @@ class _Im2col:
 
 
 class _Im2colFlat:
-    """nn.Im2colFlat (a TOP conv at stride 1) with its weights, then the kernel's epilogue."""
+    """nn.Im2colFlat (a TOP conv at stride 1) with its weights and bias, then the kernel's activation."""
 
-    def __init__(self, conv: nn.Im2colFlat, wt: np.ndarray, epilogue: _Epilogue):
-        self.conv, self.wt, self.epilogue = conv, wt, epilogue
+    def __init__(self, conv: nn.Im2colFlat, wt: np.ndarray, bias: np.ndarray | None, epilogue: _Epilogue):
+        self.conv, self.wt, self.bias, self.epilogue = conv, wt, bias, epilogue
 
     def __call__(self, x, w, b):
-        return self.epilogue(self.conv(x, self.wt))
+        return self.epilogue(self.conv(x, self.wt, self.bias))
 
 
 class _DepthwiseGemv:
-    """nn.DepthwiseGemv (a TOP depthwise conv) with its weights, then the kernel's epilogue."""
+    """nn.DepthwiseGemv (a TOP depthwise conv) with its weights and bias, then the kernel's activation."""
 
-    def __init__(self, conv: nn.DepthwiseGemv, wt: np.ndarray, epilogue: _Epilogue):
-        self.conv, self.wt, self.epilogue = conv, conv.weights(wt), epilogue
+    def __init__(self, conv: nn.DepthwiseGemv, wt: np.ndarray, bias: np.ndarray | None, epilogue: _Epilogue):
+        self.conv, self.wt, self.bias, self.epilogue = conv, conv.weights(wt), bias, epilogue
 
     def __call__(self, x, w, b):
-        return self.epilogue(self.conv(x, self.wt))
+        return self.epilogue(self.conv(x, self.wt, self.bias))
 
 
 class _DepthwiseNHWC:
