@@ -3,14 +3,21 @@
 import numpy as np
 
 
+try:
+    from numpy._core.umath import clip  # np.clip's ufunc: the same, without the wrapper's 2 us a call
+except ImportError:  # another numpy's layout
+    clip = np.clip
+
+
 def relu(y: np.ndarray, limit: float = -1.0, out: np.ndarray | None = None) -> np.ndarray:
-    """max(y, 0), then min(., limit) when limit >= 0, as one np.clip pass: numpy's float maximum and minimum
+    """max(y, 0), then min(., limit) when limit >= 0, as one clip pass: numpy's float maximum and minimum
     are each three times slower than its clip (NaN stays NaN; -0 stays -0, which max(-0, 0) made +0)."""
+    zero = np.zeros((), y.dtype)
     if limit >= 0:
-        high = np.asarray(limit, y.dtype)
-    else:
-        high = np.asarray(np.inf, y.dtype) if y.dtype.kind == "f" else None
-    return np.clip(y, np.zeros((), y.dtype), high, out=out)
+        return clip(y, zero, np.asarray(limit, y.dtype), out=out)
+    if y.dtype.kind == "f":
+        return clip(y, zero, np.asarray(np.inf, y.dtype), out=out)
+    return np.maximum(y, zero, out=out)
 
 
 def fused(y: np.ndarray, p) -> np.ndarray:

@@ -11,6 +11,7 @@ from onnx.numpy_helper import to_float8e8m0
 
 from tpubuild.ir import top
 from tpubuild.ir.types import dtype_from_name
+from tpubuild.kernels.activation import clip
 from tpubuild.kernels.registry import kernel
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -174,7 +175,7 @@ def _(p: top.ModParams, a, b):
 def _(p: top.HardSigmoidParams, x):
     y = np.multiply(x, np.asarray(p.alpha, x.dtype))
     y += np.asarray(p.beta, x.dtype)
-    return np.clip(y, 0, 1, out=y).astype(x.dtype, copy=False)
+    return clip(y, 0, 1, out=y).astype(x.dtype, copy=False)
 
 
 @kernel(top.GELUOp)
@@ -202,7 +203,7 @@ def _(p, x):
     with np.errstate(all="ignore"):
         t = np.divide(x, np.asarray(6, x.dtype))
         t += np.asarray(0.5, x.dtype)
-        np.clip(t, 0, 1, out=t)
+        clip(t, 0, 1, out=t)
         return np.multiply(x, t, out=t).astype(x.dtype, copy=False)
 
 
