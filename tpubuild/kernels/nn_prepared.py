@@ -294,6 +294,18 @@ def _mean(x: np.ndarray, axes: tuple[int, ...], count: np.floating | np.intp) ->
     return np.true_divide(total, count, out=total, casting="unsafe")
 
 
+# the largest result a weight is broadcast to once, for the plan (numpy's broadcasting loop costs a small
+# result's add three times the add of a whole operand)
+_FULL_WEIGHT = 1 << 14
+
+
+def _full(o: Operand, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A weight operand broadcast to ``shape`` in C order, for a small result (else None: broadcast per call)."""
+    if o.const is None or o.const.shape == shape or math.prod(shape) > _FULL_WEIGHT:
+        return None
+    return np.ascontiguousarray(np.broadcast_to(o.const, shape))
+
+
 def _divisor(count: int) -> np.float32 | np.intp:
     """numpy's mean divides a float32 sum by an intp count in float64, then rounds to float32: the float32
     quotient itself (rounding a float64 quotient of float32 operands to float32 is the correctly rounded
@@ -310,9 +322,12 @@ def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
     axes = tuple(range(p.axis % len(x.shape), len(x.shape)))
     count = _divisor(math.prod(x.shape[a] for a in axes))
     eps = np.asarray(p.eps, F32)
+    full_scale, full_bias = _full(scale, x.shape), _full(bias, x.shape)
 
     def run(x, scale, bias):
         # nn's kernel's operations in its order, each result written over a temporary of the run
+        scale = full_scale if full_scale is not None else scale
+        bias = full_bias if full_bias is not None else bias
         mean = _mean(x, axes, count)
         d = np.subtract(x, mean)
         var = _mean(np.multiply(d, d), axes, count)
@@ -353,9 +368,11 @@ def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
     if out is None or (bias.shape is not None and (bias.dtype != F32 or np.broadcast_shapes(out, bias.shape) != out)):
         return None
     limit = p.relu_limit
+    full_bias = _full(bias, out)
 
     def run(a, b, bias):
         y = np.matmul(a, b)
+        bias = full_bias if full_bias is not None else bias
         if bias is not None:
             y += bias  # y + bias, in the product's array
         return relu(y, limit, out=y) if p.do_relu else y
