@@ -230,7 +230,7 @@ class Lowering:
         if isinstance(v.owner, top.WeightOp):
             array = self.weights[v.owner.loc_name]
             form = "" if array.dtype == dtype else SUFFIX[mode]
-            return self.weight(v.owner.loc_name, form, array.astype(dtype), elem)
+            return self.weight(v.owner.loc_name, form, _as_dtype(array, dtype), elem)
         lv = self.lowered[v]
         have = lv.type.element_type
         if have == elem:
@@ -275,6 +275,24 @@ class Lowering:
                                 hint="the calibration table does not match this model: rebuild it "
                                      "(doit calibrate:<model>) or add the tensor to the user table")
         return activation_qtype(stats, self.asymmetric)
+
+
+# A weight in a float mode's dtype, by the identity of the weight array (each entry keeps it, so its id stays
+# its own): the mixed-precision search lowers one model dozens of times, converting the same weights of its
+# float-pinned ops each time. The arrays are shared between lowerings, as int8.Weighted's are.
+_AS_DTYPE: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    key = (id(array), dtype.str)
+    hit = _AS_DTYPE.get(key)
+    if hit is not None and hit[0] is array:
+        return hit[1]
+    if len(_AS_DTYPE) >= 1024:
+        _AS_DTYPE.clear()
+    converted = array.astype(dtype)
+    _AS_DTYPE[key] = (array, converted)
+    return converted
 
 
 def _elem_of_dtype(dtype: np.dtype) -> Attribute:
