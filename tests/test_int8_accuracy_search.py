@@ -18,6 +18,7 @@ from onnx import helper
 
 from tpubuild.build.chips import load_chip
 from tpubuild.calib.calibrate import apply_table, calibrate
+from tpubuild.errors import TpuBuildError
 from tpubuild.frontend import convert_onnx
 from tpubuild.ir import mlir
 from tpubuild.lower.lowering import lower_module
@@ -197,3 +198,28 @@ def test_steps_score_samples_hardest_first_and_stop_below_the_target(net, monkey
         assert fast_runs < runs["n"]
     else:
         assert not fast.reached
+
+
+@pytest.mark.parametrize("target", [0.99, 1.0 + 1e-9])
+def test_two_processes_find_the_same_table(net, target):
+    """The pool scored in two processes (each its half of the samples): the same scores, samples and table."""
+    cali = net.wreck("r1", 10.0)
+    results = [search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                      samples=net.samples, config=SearchConfig(samples=3, target_cos=target, max_lowerings=12),
+                      processes=processes) for processes in (1, 2)]
+    one, two = results
+    assert one.scored == two.scored and one.int8_score == two.int8_score and one.score == two.score
+    assert one.table == two.table and format_result(one) == format_result(two)
+    assert two.pool == len(net.samples) and (two.reached if target < 1 else not two.reached)
+
+
+def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
+    def broken(self, tpu_module, tpu_weights, i):
+        if i % 2:
+            raise TpuBuildError(f"sample {i} broke")
+        return 1.0
+
+    monkeypatch.setattr(search_module.Evaluator, "sample_score", broken)
+    with pytest.raises(TpuBuildError, match="sample 1 broke"):
+        search(apply_table(net.module, net.cali), net.weights, chip=BM1684X, cali=net.cali, asymmetric=False,
+               samples=net.samples[:4], config=SearchConfig(samples=2), processes=2)

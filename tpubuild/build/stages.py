@@ -8,6 +8,7 @@ publish their outputs with all_or_nothing so a failed stage leaves no target.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,13 +182,25 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     user = read_quantize_table(user_table) if user_table else {}
     result = search(module, weights_for(module, in_mlir), chip=load_chip(chip), cali=read_table(cali_table)[1],
                     asymmetric=asymmetric, samples=samples, config=config, user=user,
-                    log=lambda line: print(f"{model}/{target}: {line}", flush=True))
+                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=search_processes())
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
     write_text(out_table, format_result(result, header))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
     print(f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
           f"{result.mode}, cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
           f"{result.lowerings} lowerings")
+
+
+def search_processes() -> int:
+    """TPUBUILD_SEARCH_PROCESSES, else 2 on a machine with two cores or more (the search scores its pool of
+    samples in two processes). Not in the task's config: the table is the same for any count."""
+    value = os.environ.get("TPUBUILD_SEARCH_PROCESSES", "").strip()
+    if not value:
+        return min(2, os.cpu_count() or 1)
+    if not value.isdigit() or int(value) < 1:
+        raise TpuBuildError(f"TPUBUILD_SEARCH_PROCESSES={value!r} is not a positive number of processes",
+                            stage="search", hint="set it to 1 or 2, or unset it")
+    return int(value)
 
 
 def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz: str, top_outs: str,

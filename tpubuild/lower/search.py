@@ -32,11 +32,18 @@ Every score is a real lowering and TPU inference; ``max_lowerings`` bounds the
 cost, and a target not reached is reported in the table's header. The user's
 quantize table is the starting point: its entries stay as written and an op it
 names is never re-pinned.
+
+With ``processes=2``, a forked process scores half of the pool (TOP and INT8
+inference of each sample, a quarter of the search on PP-OCRv4 rec): the same
+scores, so the same result. The steps after it stay in one process: most of them
+stop at their first sample, which leaves a second process nothing to share.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +53,7 @@ from xdsl.ir import SSAValue
 
 from tpubuild.build.chips import Chip
 from tpubuild.calib.table import Entry
+from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, WeightOp
@@ -119,11 +127,18 @@ class Evaluator:
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
         self.samples = list(samples)
-        top_outputs = mlir.output_names(module)
-        plan = Plan(module, weights)
-        self.refs = [[plan.run(s, all_tensors=False)[n] for n in top_outputs] for s in self.samples]
+        self.refs: dict[int, list[np.ndarray]] = {}  # TOP's graph outputs per sample, made when first scored
+        self._plan: Plan | None = None
         self.lowerings = 0
         self.memo = Memo(self.samples)
+
+    def ref(self, i: int) -> list[np.ndarray]:
+        if i not in self.refs:
+            if self._plan is None:
+                self._plan = Plan(self.module, self.weights)
+            top = self._plan.run(self.samples[i], all_tensors=False)
+            self.refs[i] = [top[n] for n in mlir.output_names(self.module)]
+        return self.refs[i]
 
     def lower(self, qtable: Mapping[str, str], counted: bool = True) -> tuple[Lowering, ModuleOp, WeightStore]:
         lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
@@ -137,7 +152,7 @@ class Evaluator:
         names = mlir.output_names(tpu_module)
         types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
         out = self.memo.run(tpu_module, tpu_weights, i)
-        return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.refs[i]))
+        return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.ref(i)))
 
     def per_sample(self, tpu_module: ModuleOp, tpu_weights: WeightStore, order: Sequence[int] | None = None,
                    stop_below: float | None = None) -> dict[int, float]:
@@ -150,10 +165,41 @@ class Evaluator:
                 break
         return found
 
+    def pool_scores(self, tpu_module: ModuleOp, tpu_weights: WeightStore, processes: int = 1) -> list[float]:
+        """Every sample's score (per_sample), with ``processes`` > 1 the odd samples in a forked process: it
+        sends their scores and TOP outputs; their INT8 tensors stay there (the memo computes those of the
+        samples kept when a step first needs them)."""
+        if processes < 2 or len(self.samples) < 2:
+            return list(self.per_sample(tpu_module, tpu_weights).values())
+        ctx = multiprocessing.get_context("fork")  # the child takes the module, weights and samples as they are
+        here, there = ctx.Pipe(duplex=False)
+        theirs = list(range(1, len(self.samples), 2))
+        child = ctx.Process(target=_score_in_child, args=(self, tpu_module, tpu_weights, theirs, there),
+                            name="tpubuild-search-pool", daemon=True)
+        child.start()
+        there.close()
+        try:
+            found = {i: self.sample_score(tpu_module, tpu_weights, i) for i in range(0, len(self.samples), 2)}
+            try:
+                kind, value = here.recv()
+            except EOFError:
+                raise TpuBuildError(f"the mixed-precision search's second process stopped (exit code "
+                                    f"{child.exitcode})", hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one "
+                                    "process") from None
+        finally:
+            here.close()
+            child.join()
+        if kind == "error":
+            raise value
+        for i, (score, ref) in value.items():
+            found[i] = score
+            self.refs.setdefault(i, ref)
+        return [found[i] for i in range(len(self.samples))]
+
     def keep(self, indices: Sequence[int]) -> None:
         """Score only these samples from now on (their tensors of the runs so far stay in the memo)."""
         self.samples = [self.samples[i] for i in indices]
-        self.refs = [self.refs[i] for i in indices]
+        self.refs = {new: self.refs[old] for new, old in enumerate(indices) if old in self.refs}
         self.memo.keep(indices)
 
     def score(self, qtable: Mapping[str, str], order: Sequence[int] | None = None,
@@ -161,6 +207,21 @@ class Evaluator:
         """Lower with ``qtable`` and score the samples (per_sample)."""
         _, tpu_module, tpu_weights = self.lower(qtable, counted)
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
+
+
+def _score_in_child(ev: Evaluator, tpu_module: ModuleOp, tpu_weights: WeightStore, indices: list[int],
+                    conn) -> None:
+    """Evaluator.pool_scores' second process: the scores and TOP outputs of ``indices``, or the error met."""
+    try:
+        reply = ("ok", {i: (ev.sample_score(tpu_module, tpu_weights, i), ev.ref(i)) for i in indices})
+    except Exception as err:  # noqa: BLE001  (sent to the search's process, which raises it)
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001  (an error that does not pickle goes as its text)
+            err = TpuBuildError(f"{type(err).__name__}: {err}")
+        reply = ("error", err)
+    conn.send(reply)
+    conn.close()
 
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
@@ -209,15 +270,16 @@ def table_of(user: Mapping[str, str], chosen: Sequence[Unit], mode: str) -> dict
 
 def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry], asymmetric: bool,
            samples: Sequence[Mapping[str, np.ndarray]], config: SearchConfig = SearchConfig(),
-           user: Mapping[str, str] | None = None, log=None) -> SearchResult:
-    """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``."""
+           user: Mapping[str, str] | None = None, log=None, processes: int = 1) -> SearchResult:
+    """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``;
+    ``processes``: 2 scores the pool in two processes (the result is the same)."""
     say = log or (lambda text: None)
     mode = config.mode or chip.float_mode
     chip.check_mode(mode, what="mixed-precision mode")
     user = dict(user or {})
     ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples)
     lw, tpu_module, tpu_weights = ev.lower(user)
-    per_sample = list(ev.per_sample(tpu_module, tpu_weights).values())
+    per_sample = ev.pool_scores(tpu_module, tpu_weights, processes)
     pool = len(per_sample)
     # stable: the first samples on ties, scored in their own order
     worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[:config.samples])
