@@ -33,10 +33,12 @@ cost, and a target not reached is reported in the table's header. The user's
 quantize table is the starting point: its entries stay as written and an op it
 names is never re-pinned.
 
-With ``processes=2``, a forked process scores half of the pool (TOP and INT8
-inference of each sample, a quarter of the search on PP-OCRv4 rec): the same
-scores, so the same result. The steps after it stay in one process: most of them
-stop at their first sample, which leaves a second process nothing to share.
+With ``processes=2``, a forked process scores half of the samples of the pool
+(TOP and INT8 inference of each, a quarter of the search on PP-OCRv4 rec) and of
+the chunks alone in float (step 1; it lowers each chunk's table itself): the same
+scores, so the same result. The greedy and pruning steps stay in one process:
+most of them stop at their first sample, which leaves a second process nothing
+to share.
 """
 
 from __future__ import annotations
@@ -122,11 +124,12 @@ class Evaluator:
     """Lowers the calibrated module with a quantize table and scores its outputs against TOP inference."""
 
     def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry],
-                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]]):
+                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]], processes: int = 1):
         from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
         self.samples = list(samples)
+        self.processes = processes
         self.refs: dict[int, list[np.ndarray]] = {}  # TOP's graph outputs per sample, made when first scored
         self._plan: Plan | None = None
         self.lowerings = 0
@@ -165,23 +168,56 @@ class Evaluator:
                 break
         return found
 
-    def pool_scores(self, tpu_module: ModuleOp, tpu_weights: WeightStore, processes: int = 1) -> list[float]:
-        """Every sample's score (per_sample), with ``processes`` > 1 the odd samples in a forked process: it
-        sends their scores and TOP outputs; their INT8 tensors stay there (the memo computes those of the
-        samples kept when a step first needs them)."""
-        if processes < 2 or len(self.samples) < 2:
+    def pool_scores(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> list[float]:
+        """Every sample's score (per_sample); with two processes the odd samples are scored in a forked one,
+        which sends their scores and TOP outputs (their INT8 tensors stay there: the memo computes those of
+        the samples kept when a step first needs them)."""
+        if not self._shared():
             return list(self.per_sample(tpu_module, tpu_weights).values())
+        evens, odds = self._halves()
+        found, theirs = self._split(
+            lambda: {i: self.sample_score(tpu_module, tpu_weights, i) for i in evens},
+            lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds})
+        for i, (score, ref) in theirs.items():
+            found[i] = score
+            self.refs.setdefault(i, ref)
+        return [found[i] for i in range(len(self.samples))]
+
+    def score_tables(self, tables: Sequence[Mapping[str, str]]) -> list[dict[int, float]]:
+        """score(table) of each table, each lowering counted; with two processes the odd samples are scored in
+        a forked one, which lowers each table itself."""
+        if not self._shared():
+            return [self.score(t) for t in tables]
+        evens, odds = self._halves()
+
+        def scores(indices: list[int], counted: bool) -> list[dict[int, float]]:
+            found = []
+            for table in tables:
+                _, tpu_module, tpu_weights = self.lower(table, counted)
+                found.append({i: self.sample_score(tpu_module, tpu_weights, i) for i in indices})
+            return found
+
+        mine, theirs = self._split(lambda: scores(evens, True), lambda: scores(odds, False))
+        return [{i: {**a, **b}[i] for i in range(len(self.samples))} for a, b in zip(mine, theirs)]
+
+    def _shared(self) -> bool:
+        return self.processes > 1 and len(self.samples) > 1
+
+    def _halves(self) -> tuple[list[int], list[int]]:
+        return list(range(0, len(self.samples), 2)), list(range(1, len(self.samples), 2))
+
+    def _split(self, here_work, there_work):
+        """``here_work()`` here while a forked process runs ``there_work()``: both values (its error raised
+        here)."""
         ctx = multiprocessing.get_context("fork")  # the child takes the module, weights and samples as they are
         here, there = ctx.Pipe(duplex=False)
-        theirs = list(range(1, len(self.samples), 2))
-        child = ctx.Process(target=_score_in_child, args=(self, tpu_module, tpu_weights, theirs, there),
-                            name="tpubuild-search-pool", daemon=True)
+        child = ctx.Process(target=_run_in_child, args=(there_work, there), name="tpubuild-search", daemon=True)
         child.start()
         there.close()
         try:
-            found = {i: self.sample_score(tpu_module, tpu_weights, i) for i in range(0, len(self.samples), 2)}
+            mine = here_work()
             try:
-                kind, value = here.recv()
+                kind, theirs = here.recv()
             except EOFError:
                 raise TpuBuildError(f"the mixed-precision search's second process stopped (exit code "
                                     f"{child.exitcode})", hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one "
@@ -190,11 +226,8 @@ class Evaluator:
             here.close()
             child.join()
         if kind == "error":
-            raise value
-        for i, (score, ref) in value.items():
-            found[i] = score
-            self.refs.setdefault(i, ref)
-        return [found[i] for i in range(len(self.samples))]
+            raise theirs
+        return mine, theirs
 
     def keep(self, indices: Sequence[int]) -> None:
         """Score only these samples from now on (their tensors of the runs so far stay in the memo)."""
@@ -209,11 +242,10 @@ class Evaluator:
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
 
 
-def _score_in_child(ev: Evaluator, tpu_module: ModuleOp, tpu_weights: WeightStore, indices: list[int],
-                    conn) -> None:
-    """Evaluator.pool_scores' second process: the scores and TOP outputs of ``indices``, or the error met."""
+def _run_in_child(work, conn) -> None:
+    """Evaluator._split's second process: ``work()``'s value, or the error it met."""
     try:
-        reply = ("ok", {i: (ev.sample_score(tpu_module, tpu_weights, i), ev.ref(i)) for i in indices})
+        reply = ("ok", work())
     except Exception as err:  # noqa: BLE001  (sent to the search's process, which raises it)
         try:
             pickle.dumps(err)
@@ -277,9 +309,10 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
     mode = config.mode or chip.float_mode
     chip.check_mode(mode, what="mixed-precision mode")
     user = dict(user or {})
-    ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples)
+    ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples,
+                   processes=processes)
     lw, tpu_module, tpu_weights = ev.lower(user)
-    per_sample = ev.pool_scores(tpu_module, tpu_weights, processes)
+    per_sample = ev.pool_scores(tpu_module, tpu_weights)
     pool = len(per_sample)
     # stable: the first samples on ties, scored in their own order
     worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[:config.samples])
@@ -344,10 +377,11 @@ class _Search:
         k = min(self.config.chunks, n)
         chunks = [frozenset(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
         alone = []
-        for c in chunks:
-            if not self.budget_left():
-                break
-            alone.append((self.score(c), c))
+        # each alone in float, as many as the budget allows (independent tables: scored as one batch)
+        count = max(0, min(len(chunks), self.config.max_lowerings - self.ev.lowerings))
+        for c, found in zip(chunks, self.ev.score_tables([self.table(c) for c in chunks[:count]])):
+            self.per_sample[c], self.scores[c] = found, min(found.values())
+            alone.append((self.scores[c], c))
             self.say(f"tensors {self._span(c)} in float: cos {alone[-1][0]:.6f}")
         alone.sort(key=lambda sc: -sc[0])  # stable: program order on ties
         for s, c in alone:
