@@ -37,6 +37,20 @@ def test_rshift_rounds_half_away_from_zero(v, r, expect):
     assert int(rshift_round(np.int64(v), r)) == expect
 
 
+def test_rshift_matches_exact_integer_rounding():
+    """Many values and shifts (per channel, zeros included) against Python's exact integers: |v| / 2^r
+    rounded half up, the sign put back."""
+    rng = np.random.default_rng(3)
+    v = rng.integers(-2**40, 2**40, size=(3, 6, 50))
+    v[0, :, :21] = np.arange(-10, 11)  # ties and small values around zero
+    shift = np.array([0, 1, 2, 7, 20, 40]).reshape(1, 6, 1)
+    got = rshift_round(v, shift)
+    for (i, c, j), value in np.ndenumerate(v):
+        r, mag = int(shift[0, c, 0]), abs(int(value))
+        want = (mag + (1 << r >> 1)) >> r
+        assert got[i, c, j] == (-want if value < 0 else want), (value, r)
+
+
 def test_rshift_per_channel_broadcast():
     v = np.array([[5, 5], [-5, -5]], np.int64)
     assert rshift_round(v, np.array([1, 2])).tolist() == [[3, 1], [-3, -1]]

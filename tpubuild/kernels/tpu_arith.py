@@ -53,8 +53,16 @@ def rshift_round(v, shift) -> np.ndarray:
     if np.any(shift < 0) or np.any(shift > 63):
         raise ValueError(f"right shift out of range [0, 63]: {shift}")
     half = np.where(shift > 0, np.left_shift(np.int64(1), np.maximum(shift - 1, 0)), 0)
-    mag = np.right_shift(np.abs(v) + half, shift)
-    return np.where(v < 0, -mag, mag)
+    # -((-v + half) >> shift) == (v + half - 1) >> shift for v < 0 and shift > 0 (an arithmetic shift
+    # floors; 2^shift - half = half): so one add of v's sign (v >> 63, -1 or 0) where shift > 0, not the
+    # abs/negate/select passes of the magnitude form
+    t = np.empty(np.broadcast_shapes(v.shape, shift.shape), np.int64)
+    np.right_shift(v, 63, out=t)
+    if shift.ndim or shift == 0:
+        t &= -(shift > 0).astype(np.int64)
+    t += v
+    t += half
+    return np.right_shift(t, shift, out=t)
 
 
 def saturate(v, lo: int, hi: int) -> np.ndarray:

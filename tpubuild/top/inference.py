@@ -171,6 +171,7 @@ class Memo:
         self._keys: dict[tuple, int] = {}
         self._attrs: dict[object, int] = {}  # attribute -> number
         self._attr_ids: dict[int, tuple[object, int]] = {}  # id(attribute) -> (attribute, number)
+        self._weights: dict[int, tuple[weakref.ref, tuple]] = {}  # id(weight array) -> (array, signature)
         self._results: OrderedDict[tuple[int, int], tuple[tuple, int]] = OrderedDict()  # (key, input) -> results
         self._bytes = 0
         self._plan: tuple[ModuleOp, WeightStore, list, list] | None = None
@@ -207,10 +208,7 @@ class Memo:
                 continue
             role = _role(type(op))
             if role is WeightOp:
-                array = weights[op.loc_name]
-                # bytes, not the buffer: bfloat16 (ml_dtypes) does not export one
-                signature = ("weight", array.dtype.str, array.shape,
-                             hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).data, digest_size=16).digest())
+                signature = self._weight_signature(weights[op.loc_name])
             elif role is NoneOp:
                 signature = ("none",)
             else:
@@ -228,6 +226,25 @@ class Memo:
         outputs = [(mlir.value_name(v), where[id(v)]) for v in mlir.return_op(module).operands]
         self._plan = (module, weights, plan, outputs)
         return plan, outputs
+
+    def _weight_signature(self, array: np.ndarray) -> tuple:
+        """A weight by dtype, shape and a digest of its bytes. The search's lowerings hand the same arrays
+        back (converted and quantized weights are cached by the lowering): an array met before, still alive,
+        is known by identity instead of hashing its bytes on every lowering."""
+        key = id(array)
+        hit = self._weights.get(key)
+        if hit is not None and hit[0]() is array:
+            return hit[1]
+        # bytes, not the buffer: bfloat16 (ml_dtypes) does not export one
+        signature = ("weight", array.dtype.str, array.shape,
+                     hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).data, digest_size=16).digest())
+        # a weak reference: the memo must not keep every lowering's weights alive
+        self._weights[key] = (weakref.ref(array, lambda ref: self._forget(key, ref)), signature)
+        return signature
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        if key in self._weights and self._weights[key][0] is ref:
+            del self._weights[key]
 
     def _number(self, attr) -> int:
         """A number per distinct attribute value. Hashing one walks all of it (a per-channel multiplier array,
