@@ -44,17 +44,19 @@ def _f64(x: np.ndarray) -> np.ndarray:
     return np.asarray(x).astype(np.float64, copy=False).ravel()
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = _f64(a), _f64(b)
+# The metrics on float64 copies made once: similarity() computes all of them on the same two copies and
+# difference (each conversion and a - b is a pass over tensors of up to hundreds of MB); the public
+# functions below are the same expressions on their own copies.
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0.0 or nb == 0.0:
         return 1.0 if na == nb else 0.0
     return float(np.dot(a, b) / (na * nb))
 
 
-def euclidean(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = _f64(a), _f64(b)
-    dist = np.linalg.norm(a - b)
+def _euclidean(a: np.ndarray, b: np.ndarray, diff: np.ndarray) -> float:
+    dist = np.linalg.norm(diff)
     if dist == 0.0:
         return 1.0
     mid = np.linalg.norm((a + b) / 2)
@@ -62,12 +64,10 @@ def euclidean(a: np.ndarray, b: np.ndarray) -> float:
     return float(1.0 - dist / mid) if mid > 0.0 else -math.inf
 
 
-def sqnr_db(test: np.ndarray, ref: np.ndarray) -> float:
-    """Signal (ref) to noise (test - ref) power ratio in dB, both taken zero-mean."""
-    ref64, test64 = _f64(ref), _f64(test)
-    signal = ref64 - ref64.mean()
-    noise = (ref64 - test64)
-    noise = noise - noise.mean()
+def _sqnr_db(ref: np.ndarray, diff: np.ndarray) -> float:
+    # the noise test - ref here, ref - test in the definition: negating is exact and leaves its power as it is
+    signal = ref - ref.mean()
+    noise = diff - diff.mean()
     noise_power = float(np.dot(noise, noise))
     signal_power = float(np.dot(signal, signal))
     if noise_power == 0.0 or signal_power == 0.0:
@@ -75,8 +75,27 @@ def sqnr_db(test: np.ndarray, ref: np.ndarray) -> float:
     return float(10.0 * math.log10(signal_power / noise_power))
 
 
+def _max_abs(diff: np.ndarray) -> float:
+    return float(np.max(np.abs(diff))) if diff.size else 0.0
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return _cosine(_f64(a), _f64(b))
+
+
+def euclidean(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _f64(a), _f64(b)
+    return _euclidean(a, b, a - b)
+
+
+def sqnr_db(test: np.ndarray, ref: np.ndarray) -> float:
+    """Signal (ref) to noise (test - ref) power ratio in dB, both taken zero-mean."""
+    ref64 = _f64(ref)
+    return _sqnr_db(ref64, _f64(test) - ref64)
+
+
 def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(_f64(a) - _f64(b)))) if np.size(a) else 0.0
+    return _max_abs(_f64(a) - _f64(b)) if np.size(a) else 0.0
 
 
 @dataclass(frozen=True)
@@ -98,12 +117,14 @@ def similarity(test: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Similarity:
     if test.size != ref.size:
         nan = math.nan
         return Similarity(NOT_MATCH, False, nan, nan, nan, nan)
-    cos, euc = cosine(test, ref), euclidean(test, ref)
-    sqnr, mae = sqnr_db(test, ref), max_abs_error(test, ref)
+    a, b = _f64(test), _f64(ref)
+    diff = a - b
+    cos, euc = _cosine(a, b), _euclidean(a, b, diff)
+    sqnr, mae = _sqnr_db(b, diff), _max_abs(diff)
     same_shape = test.shape == ref.shape
     if same_shape and np.array_equal(test, ref, equal_nan=test.dtype.kind == "f" and ref.dtype.kind == "f"):
         label = EQUAL
-    elif same_shape and np.allclose(_f64(test), _f64(ref), rtol=CLOSE_RTOL, atol=CLOSE_ATOL, equal_nan=True):
+    elif same_shape and np.allclose(a, b, rtol=CLOSE_RTOL, atol=CLOSE_ATOL, equal_nan=True):
         label = CLOSE
     elif cos >= tol.cos and euc >= tol.euc:  # NaN metrics compare False: never similar
         label = SIMILAR
