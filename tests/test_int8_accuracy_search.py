@@ -213,6 +213,36 @@ def test_two_processes_find_the_same_table(net, target):
     assert two.pool == len(net.samples) and (two.reached if target < 1 else not two.reached)
 
 
+@pytest.mark.parametrize("target", [0.99, 1.0 + 1e-9])
+def test_the_greedy_and_pruning_steps_work_ahead_in_the_second_process(net, monkeypatch, target):
+    """With two processes, one evaluates the table the next step asks about if the current one falls short:
+    those evaluations are used (some from the other process, some made here while it had the current table),
+    and the steps, their count and the table are those of one process."""
+    cali = dict(net.wreck("r1", 10.0))
+    cali["r3"] = net.wreck("r3", 8.0)["r3"]  # two culprits, in different chunks: several greedy and pruning steps
+    came = {"there": 0, "here": 0}
+    evaluate = search_module._Search._evaluate
+
+    def counted(self, key):
+        if key in self.known:
+            came["here"] += 1
+        elif self.ahead is not None and self.ahead.asked == key:
+            came["there"] += 1
+        return evaluate(self, key)
+
+    monkeypatch.setattr(search_module._Search, "_evaluate", counted)
+    logs = [[], []]
+    results = [search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                      samples=net.samples, config=SearchConfig(samples=3, chunks=8, target_cos=target,
+                                                               max_lowerings=20),
+                      log=logs[processes - 1].append, processes=processes) for processes in (1, 2)]
+    one, two = results
+    assert came["there"] > 0 and came["here"] > 0
+    assert logs[0] == logs[1] and one.lowerings == two.lowerings and one.score == two.score
+    assert one.table == two.table and format_result(one) == format_result(two)
+    assert two.reached if target < 1 else not two.reached
+
+
 def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
     def broken(self, tpu_module, tpu_weights, i):
         if i % 2:

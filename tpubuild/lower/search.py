@@ -36,9 +36,14 @@ names is never re-pinned.
 With ``processes=2``, a forked process scores half of the samples of the pool
 (TOP and INT8 inference of each, a quarter of the search on PP-OCRv4 rec) and of
 the chunks alone in float (step 1; it lowers each chunk's table itself): the same
-scores, so the same result. The greedy and pruning steps stay in one process:
-most of them stop at their first sample, which leaves a second process nothing
-to share.
+scores, so the same result. The greedy and pruning steps each ask about one table
+and most stop at their first sample, so splitting samples leaves a second process
+little to share; instead it works ahead (``_Ahead``): while this process
+evaluates a step's table, the forked one evaluates the table the next step asks
+about if this one falls short (the next greedy table; the next pruning candidate,
+as most candidates fail). The search takes a result from there only for the very
+table, sample order and stop it would have evaluated itself, and counts its
+lowering as its own: the same steps, the same result.
 """
 
 from __future__ import annotations
@@ -244,16 +249,20 @@ class Evaluator:
 
 def _run_in_child(work, conn) -> None:
     """Evaluator._split's second process: ``work()``'s value, or the error it met."""
+    conn.send(_outcome(work))
+    conn.close()
+
+
+def _outcome(work) -> tuple[str, object]:
+    """("ok", work()) or ("error", what it raised), to send to the search's process, which raises it."""
     try:
-        reply = ("ok", work())
-    except Exception as err:  # noqa: BLE001  (sent to the search's process, which raises it)
+        return "ok", work()
+    except Exception as err:  # noqa: BLE001  (raised in the search's process)
         try:
             pickle.dumps(err)
         except Exception:  # noqa: BLE001  (an error that does not pickle goes as its text)
             err = TpuBuildError(f"{type(err).__name__}: {err}")
-        reply = ("error", err)
-    conn.send(reply)
-    conn.close()
+        return "error", err
 
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
@@ -332,6 +341,69 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
                         len(ev.samples), ev.lowerings, pool, tuple(worst))
 
 
+class _Ahead:
+    """A forked process evaluating tables the search may ask about next (see the module docstring), one at a time:
+    ``offer`` hands it a table when it is idle, ``take`` gives that table's evaluation if it is the one asked
+    for (None: evaluate it here). Its memo of tensors is its own; the values are the same."""
+
+    def __init__(self, ev: Evaluator):
+        self.ev = ev
+        ctx = multiprocessing.get_context("fork")  # the child takes the evaluator, samples and memo as they are
+        self.conn, there = ctx.Pipe()
+        self.child = ctx.Process(target=_work_ahead, args=(ev, there), name="tpubuild-search-ahead", daemon=True)
+        self.child.start()
+        there.close()
+        self.asked: tuple | None = None  # the key of the evaluation in progress there
+
+    def offer(self, key: tuple, table: Mapping[str, str]) -> None:
+        """Evaluate ``table`` there (key: (chosen, sample order, stop)) if that process has nothing to do."""
+        if self.asked == key:
+            return
+        if self.asked is None or self._collect(block=False):
+            self.asked = key
+            self.conn.send((table, key[1], key[2]))
+
+    def take(self, key: tuple) -> dict[int, float] | None:
+        if self.asked != key:
+            return None
+        kind, found = self._reply()
+        self.asked = None
+        if kind == "error":
+            raise found
+        return found
+
+    def _collect(self, block: bool) -> bool:
+        """Drop a finished evaluation nobody asked for; whether that process is idle now."""
+        if not block and not self.conn.poll():
+            return False
+        self._reply()
+        self.asked = None
+        return True
+
+    def _reply(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            raise TpuBuildError(f"the mixed-precision search's second process stopped (exit code "
+                                f"{self.child.exitcode})", hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one "
+                                "process") from None
+
+    def close(self) -> None:
+        self.child.terminate()  # it may be evaluating a table nobody will ask for
+        self.child.join()
+        self.conn.close()
+
+
+def _work_ahead(ev: Evaluator, conn) -> None:
+    """_Ahead's process: each (table, order, stop) received, its Evaluator.score (not counted)."""
+    while True:
+        try:
+            table, order, stop = conn.recv()
+        except EOFError:
+            return
+        conn.send(_outcome(lambda: ev.score(table, order, stop, counted=False)))
+
+
 class _Search:
     """Greedy over contiguous chunks of the quantized tensors, then pruning by halves (delta debugging)."""
 
@@ -341,15 +413,47 @@ class _Search:
         self.per_sample: dict[frozenset[int], dict[int, float]] = {}  # of the tables in ``scores``
         self.failed: set[frozenset[int]] = set()  # tables known below the target, not scored on every sample
         self.alone: dict[int, float] = {}  # a tensor's score when its segment alone was float
+        self.ahead: _Ahead | None = None  # the second process, during the greedy and pruning steps
+        self.known: dict[tuple, dict[int, float]] = {}  # evaluations made here ahead of their step
 
     def table(self, chosen: frozenset[int]) -> dict[str, str]:
         return table_of(self.user, [self.units[i] for i in sorted(chosen)], self.mode)
 
     def score(self, chosen: frozenset[int]) -> float:
         if chosen not in self.scores:
-            self.per_sample[chosen] = self.ev.score(self.table(chosen))
+            self.per_sample[chosen] = self._evaluate((chosen, None, None))
             self.scores[chosen] = min(self.per_sample[chosen].values())
         return self.scores[chosen]
+
+    def _key(self, chosen: frozenset[int], like: frozenset[int]) -> tuple:
+        """What passes(chosen, like) evaluates: the table, its samples hardest first (as they were for
+        ``like``, a table scored on all of them), stopping below the target."""
+        hardest = self.per_sample[like]
+        return chosen, tuple(sorted(hardest, key=lambda i: (hardest[i], i))), self.config.target_cos
+
+    def _evaluate(self, key: tuple) -> dict[int, float]:
+        """Evaluator.score of key's table, order and stop: made ahead (here or there) or now, a lowering either
+        way."""
+        found = self.known.pop(key, None)
+        if found is None and self.ahead is not None:
+            found = self.ahead.take(key)
+        if found is None:
+            return self.ev.score(self.table(key[0]), key[1], key[2])
+        self.ev.lowerings += 1
+        return found
+
+    def passes_ahead(self, chosen: frozenset[int], like: frozenset[int], nxt: frozenset[int] | None) -> bool:
+        """passes(chosen, like), while the other process evaluates what the next step asks about if this one
+        falls short (``nxt``, with the same ``like``): or, when that process is on this very table already,
+        ``nxt`` is evaluated here first."""
+        if self.ahead is not None and nxt and nxt not in self.scores and nxt not in self.failed:
+            after = self._key(nxt, like)
+            if self.ahead.asked == self._key(chosen, like):
+                if after not in self.known:
+                    self.known[after] = self.ev.score(self.table(nxt), after[1], after[2], counted=False)
+            else:
+                self.ahead.offer(after, self.table(nxt))
+        return self.passes(chosen, like)
 
     def passes(self, chosen: frozenset[int], like: frozenset[int]) -> bool:
         """Whether ``chosen`` reaches the target: the same answer as score(chosen) >= target, but the
@@ -360,8 +464,7 @@ class _Search:
             return self.scores[chosen] >= target
         if chosen in self.failed:
             return False
-        hardest = self.per_sample[like]
-        found = self.ev.score(self.table(chosen), sorted(hardest, key=lambda i: (hardest[i], i)), target)
+        found = self._evaluate(self._key(chosen, like))
         if min(found.values()) < target:
             self.failed.add(chosen)
             return False
@@ -372,7 +475,6 @@ class _Search:
         return self.ev.lowerings < self.config.max_lowerings
 
     def run(self, int8_score: float) -> frozenset[int]:
-        target = self.config.target_cos
         n = len(self.units)
         k = min(self.config.chunks, n)
         chunks = [frozenset(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
@@ -387,13 +489,26 @@ class _Search:
         for s, c in alone:
             for i in c:
                 self.alone[i] = s
+        if self.ev.processes > 1:
+            self.ahead = _Ahead(self.ev)
+        try:
+            return self._greedy(alone, int8_score)
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
+                self.ahead = None
+
+    def _greedy(self, alone: list[tuple[float, frozenset[int]]], int8_score: float) -> frozenset[int]:
+        """Chunks join the table, the most useful first, until it reaches the target; then _prune."""
+        target = self.config.target_cos
         chosen: frozenset[int] = frozenset()
         below = []  # the greedy tables below the target, in order
-        for _, c in alone:
+        for k, (_, c) in enumerate(alone):
             if not self.budget_left():
                 break
             chosen = chosen | c
-            if self.passes(chosen, alone[0][1]):
+            nxt = chosen | alone[k + 1][1] if k + 1 < len(alone) else None
+            if self.passes_ahead(chosen, alone[0][1], nxt):
                 self.say(f"+ tensors {self._span(c)}: cos {self.scores[chosen]:.6f}")
                 return self._prune(chosen, [c for _, c in reversed(alone) if c <= chosen])
             below.append(chosen)
@@ -421,7 +536,11 @@ class _Search:
             if not seg:
                 continue
             rest = chosen - seg
-            if rest and self.passes(rest, chosen):
+            # the segment the next step drops if this one must stay: the queue's next, else this one's first half
+            nxt = next((q & chosen for q in queue if q & chosen), None)
+            if nxt is None and len(seg) > 1:
+                nxt = frozenset(sorted(seg)[:len(seg) // 2])
+            if rest and self.passes_ahead(rest, chosen, chosen - nxt if nxt else None):
                 chosen = rest
                 self.say(f"- tensors {self._span(seg)}: not needed, cos {self.scores[rest]:.6f}")
             elif len(seg) > 1:
