@@ -217,7 +217,8 @@ def model_suffix(chip: str) -> str:
 
 
 def prepare_tpumlir(m, paths, work: Path) -> int:
-    """The ONNX copy (IR version <= 9), the test input and one .npz per calibration sample; the sample count."""
+    """The ONNX copy (IR version <= 9), the test input and one .npz per calibration sample; the sample count
+    (0 for a manifest without calibration data)."""
     import onnx
 
     from tpubuild.build.tasks import source_file
@@ -238,6 +239,8 @@ def prepare_tpumlir(m, paths, work: Path) -> int:
     cal = m.calibration
     cali = work / "cali"
     cali.mkdir()
+    if cal is None:  # a float-only manifest: nothing to calibrate
+        return 0
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     count = 0
     for i, sample in enumerate(Samples.of(find_names(cal["data"], m.file.parent), inputs, cal.get("count"))):
