@@ -1,8 +1,8 @@
 """The cost formulas against TPU-MLIR's own cost model for bm1684x.
 
 Each expected figure is the cycles TPU-MLIR 1.30.2 gives one command of the
-same tile (``model_deploy --debug`` on PP-OCRv4 det / PP-OCR cls: the TIU
-commands in compiler_profile_0.txt, their tile shapes from the bmodel's
+same tile (``model_deploy --debug`` on PP-OCRv4 det, PP-OCR cls, light_inception_v2
+and light_densenet121: the TIU commands in compiler_profile_0.txt, their tile shapes from the bmodel's
 net_0.profile); the sum where TPU-MLIR splits the op into several commands
 (conv + bias + requant). Our command overhead is left out (compute_cycles).
 """
@@ -13,7 +13,7 @@ import pytest
 
 from tpubuild.build.chips import load_chip
 from tpubuild.codegen import cost
-from tpubuild.ir import top
+from tpubuild.ir import top, tpu
 
 BM1684X = load_chip("bm1684x")
 
@@ -47,6 +47,23 @@ def conv(k: int, group: int = 1) -> top.ConvParams:
     # INT8 global average pool of 96 x 80 x 80: PorD 12800
     ("tpu.AvgPool", top.PoolParams(kernel_shape=(80, 80), strides=(1, 1), pads=(0,) * 4), [(1, 96, 80, 80)],
      [(1, 96, 1, 1)], "int8", 12800),
+    # INT8 3x3 stride-1 average pools of Inception v2 (light_inception_v2), padding not counted (windows of 4, 6
+    # and 9): 192 x 28 x 28, PorD 351 + AR 2 x 156; 576 x 14 x 14, PorD 324 + AR 2 x 144 (the output planes in
+    # whole 64-byte EUs: 13 and 4 of them)
+    ("tpu.AvgPool", tpu.AvgPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1,) * 4, counts=(4, 6, 9)),
+     [(1, 192, 28, 28)], [(1, 192, 28, 28)], "int8", 351 + 2 * 156),
+    ("tpu.AvgPool", tpu.AvgPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1,) * 4, counts=(4, 6, 9)),
+     [(1, 576, 14, 14)], [(1, 576, 14, 14)], "int8", 324 + 2 * 144),
+    # INT8 2x2 stride-2 average pool of DenseNet-121's transitions, one window size: 256 x 28 x 28 -> 14 x 14,
+    # PorD 192 (4 EUs a plane, 4 taps, strided)
+    ("tpu.AvgPool", tpu.AvgPoolOp.PARAMS(kernel_shape=(2, 2), strides=(2, 2), pads=(0,) * 4, counts=(4,)),
+     [(1, 256, 28, 28)], [(1, 256, 14, 14)], "int8", 192),
+    # INT8 3x3 stride-2 max pools (light_inception_v2, light_densenet121): 192 x 56 x 56 -> 28 x 28, PorD 1053;
+    # 64 x 112 x 112 -> 56 x 56, PorD 1323
+    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), [(1, 192, 56, 56)],
+     [(1, 192, 28, 28)], "int8", 1053),
+    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), [(1, 64, 112, 112)],
+     [(1, 64, 56, 56)], "int8", 1323),
 ])
 def test_command_cycles_match_tpumlir_cost_model(op, params, ins, outs, dtype, tpumlir):
     assert cost.compute_cycles(BM1684X, op, params, ins, outs, dtype) == pytest.approx(tpumlir)
