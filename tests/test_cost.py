@@ -58,12 +58,18 @@ def conv(k: int, group: int = 1) -> top.ConvParams:
     # PorD 192 (4 EUs a plane, 4 taps, strided)
     ("tpu.AvgPool", tpu.AvgPoolOp.PARAMS(kernel_shape=(2, 2), strides=(2, 2), pads=(0,) * 4, counts=(4,)),
      [(1, 256, 28, 28)], [(1, 256, 14, 14)], "int8", 192),
-    # INT8 3x3 stride-2 max pools (light_inception_v2, light_densenet121): 192 x 56 x 56 -> 28 x 28, PorD 1053;
-    # 64 x 112 x 112 -> 56 x 56, PorD 1323
-    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), [(1, 192, 56, 56)],
-     [(1, 192, 28, 28)], "int8", 1053),
-    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), [(1, 64, 112, 112)],
-     [(1, 64, 56, 56)], "int8", 1323),
+    # 3x3 stride-2 max pools (light_inception_v2, light_densenet121): 192 x 56 x 56 -> 28 x 28, PorD 1053 in INT8,
+    # 2025 in BF16, 3969 in F32 (13, 25, 49 EUs a plane); 64 x 112 x 112 -> 56 x 56, PorD 1323, 2646, 5292
+    *[("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), [(1, c, h, h)],
+       [(1, c, h // 2, h // 2)], dtype, cycles)
+      for c, h, figures in ((192, 56, (1053, 2025, 3969)), (64, 112, (1323, 2646, 5292)))
+      for dtype, cycles in zip(("int8", "bfloat16", "float32"), figures)],
+    # a 3x3 stride-1 window over 192 x 28 x 28 in BF16 and F32: PorD 675, 1323 (the taps of Inception v2's
+    # average pools; TPU-MLIR rescales their windows of several sizes in further AR commands)
+    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(1, 1), pads=(1,) * 4), [(1, 192, 28, 28)],
+     [(1, 192, 28, 28)], "bfloat16", 675),
+    ("tpu.MaxPool", top.PoolParams(kernel_shape=(3, 3), strides=(1, 1), pads=(1,) * 4), [(1, 192, 28, 28)],
+     [(1, 192, 28, 28)], "float32", 1323),
 ])
 def test_command_cycles_match_tpumlir_cost_model(op, params, ins, outs, dtype, tpumlir):
     assert cost.compute_cycles(BM1684X, op, params, ins, outs, dtype) == pytest.approx(tpumlir)

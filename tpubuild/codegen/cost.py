@@ -34,12 +34,15 @@ in the bmodel's net_0.profile:
 - integer convs accumulate in int32: a depthwise conv's taps and INT8
   average pooling run at int32 width (depthwise PorD: 16 taps per lane per
   cycle in INT8 as in F32; global average pool PorD: one input element per
-  lane per cycle, while windowed INT8 pools run their taps at the EU's width,
-  each channel's output plane in whole EUs, three times over when strided, an
-  average over windows of several sizes rescaling in two int32 passes), and
-  requantising the int32 result costs 3 vector passes
+  lane per cycle), and requantising the int32 result costs 3 vector passes
   over it for a conv (AR bias at 8 and RQDQ at 16 elements per cycle), 1 for
   a depthwise conv or a transposed conv (RQDQ only).
+- pools with a window (not over the whole plane) run their taps at the EU's
+  width in every dtype, each channel's output plane in whole EUs, three times
+  over when strided (PorD: channels x k x ceil(plane / EU), x3); an average
+  over windows of several sizes (padding not counted) rescales in two more
+  passes (INT8: two AR commands at int32 width; F32/BF16 divide in about as
+  many).
 - A global op (one that reads and writes DDR directly) is charged one GDMA
   transfer per DDR operand and result and its compute, one after the other: no
   double buffering is credited to it, so the layer-group search prefers local
@@ -185,34 +188,39 @@ def _matmul(s: OpShape) -> Work:
 @work("MaxPool", "MaxPoolWithMask")
 def _pool(s: OpShape) -> Work:
     k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
-    if s.integer:
-        return Work(vector=_window_taps(s, k))
-    return Work(vector=s.per_lane(s.outs[0]) * k)
+    if _is_global(s):
+        return Work(vector=s.per_lane(s.outs[0]) * k)
+    return Work(vector=_plane_eus(s) * k * (3 if any(st > 1 for st in s.params.strides) else 1))
 
 
-def _window_taps(s: OpShape, k: int) -> int:
-    """Vector element-operations of an integer pool's window taps, as TPU-MLIR's cost model has them (PorD):
-    each channel's output plane in whole EUs, k taps each, three times over for a strided window."""
+def _sizes_vary(p) -> bool:
+    """Whether an average pool's windows hold different numbers of elements (padding not counted): an INT8 one
+    lists the sizes it has a multiplier for."""
+    counts = getattr(p, "counts", ())
+    return len(counts) > 1 if counts else any(p.pads) and not getattr(p, "count_include_pad", False)
+
+
+def _is_global(s: OpShape) -> bool:
+    return math.prod(s.outs[0][2:]) == 1
+
+
+def _plane_eus(s: OpShape) -> int:
+    """Element-operations of one vector pass over the output, each channel's plane in whole EUs (a pool's)."""
     n, c, h, w = nchw(s.outs[0])
-    strided = any(st > 1 for st in s.params.strides)
-    return n * math.ceil(c / s.lanes) * s.pad_eu(h * w) * k * (3 if strided else 1)
+    return n * math.ceil(c / s.lanes) * s.pad_eu(h * w)
 
 
 @work("AvgPool")
 def _avgpool(s: OpShape) -> Work:
+    if not _is_global(s):
+        # the taps as a max pool's; windows of several sizes (padding not counted) rescale their sums by their
+        # own multipliers (INT8) or divisors in two more passes over the output (int32 wide for INT8)
+        taps = _pool(s).vector
+        return Work(vector=taps + 2 * _plane_eus(s) * s.acc_ratio if _sizes_vary(s.params) else taps)
     if not s.integer:
         return _pool(s)
-    k = int(np.prod(s.params.kernel_shape, dtype=np.int64))
-    if math.prod(s.outs[0][2:]) == 1:
-        # a global pool, summed in int32 and rescaled: TPU-MLIR's cost model takes one input element per lane per
-        # cycle
-        return Work(serial=s.per_lane(s.outs[0]) * k)
-    # windows of several sizes (padding not counted) rescale their sums by their own multipliers: two int32
-    # passes over the output (TPU-MLIR: two AR commands); one size rescales within the taps' pass
-    n, c, h, w = nchw(s.outs[0])
-    sizes = len(getattr(s.params, "counts", ()) or ())
-    return Work(vector=_window_taps(s, k) + (_requant(s, n * math.ceil(c / s.lanes) * s.pad_eu(h * w), 2)
-                                             if sizes > 1 else 0))
+    # a global pool, summed in int32 and rescaled: TPU-MLIR's cost model takes one input element per lane per cycle
+    return Work(serial=s.per_lane(s.outs[0]) * int(np.prod(s.params.kernel_shape, dtype=np.int64)))
 
 
 @work("Lut")
