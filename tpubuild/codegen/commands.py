@@ -218,12 +218,6 @@ class Bdc:
     def is_global(self) -> bool:
         return any(t.space == Space.DDR for t in (*self.operands, *self.results))
 
-    def ddr_bytes(self) -> tuple[int, int]:
-        """(bytes read from DDR, bytes written to DDR): nonzero for a global Bdc only."""
-        read = sum(t.size() * itemsize(t.dtype) for t in self.operands if t.space == Space.DDR)
-        written = sum(t.size() * itemsize(t.dtype) for t in self.results if t.space == Space.DDR)
-        return read, written
-
 
 # ---- op parameters -------------------------------------------------------------------------
 

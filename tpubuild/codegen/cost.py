@@ -331,10 +331,22 @@ def copy_cycles(chip: Chip, nbytes: int) -> int:
     return chip.gdma_latency + math.ceil(nbytes / chip.ddr_bytes_per_cycle + nbytes / chip.ddr_store_bytes_per_cycle)
 
 
+def ddr_reads(op: str, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], nbytes: Sequence[int]) -> list[int]:
+    """Bytes a global op reads of each DDR operand (``nbytes``: the operands' sizes): all of them, but a Gather
+    reads of its table only the rows it takes (the indexed rows' DMA, as TPU-MLIR's gather does: an embedding
+    lookup reads 32 rows of a 30522-row table, not the table)."""
+    reads = list(nbytes)
+    if bare_name(op) == "Gather" and reads and in_shapes and out_shapes and math.prod(in_shapes[0]):
+        itemsize = reads[0] // math.prod(in_shapes[0])
+        reads[0] = min(reads[0], math.prod(out_shapes[0]) * itemsize)
+    return reads
+
+
 def global_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                   dtype: np.dtype | str, reads: Sequence[int], writes: Sequence[int] = ()) -> int:
     """An op that streams its operands from DDR and its results back (a global BDC command); ``reads``,
-    ``writes``: the bytes of each DDR operand and result, each one GDMA transfer."""
+    ``writes``: the bytes read of each DDR operand (``ddr_reads``) and written of each result, each one GDMA
+    transfer."""
     compute = compute_cycles(chip, op, params, in_shapes, out_shapes, dtype)
     return (chip.bdc_overhead + sum(gdma_cycles(chip, b) for b in reads)
             + sum(gdma_cycles(chip, b, store=True) for b in writes) + math.ceil(compute))

@@ -522,7 +522,9 @@ class Planner:
         out_shapes = [g.tensors[o].shape for o in node.outputs if o in g.tensors]
         dtype = self._compute_dtype(node)
         compute = cost.compute_cycles(chip, node.kind, node.op.params, in_shapes, out_shapes, dtype)
-        reads = [g.tensors[t].nbytes for t in dict.fromkeys(x for x in node.inputs if x is not None)]
+        read_from = list(dict.fromkeys(x for x in node.inputs if x is not None))
+        reads = cost.ddr_reads(node.kind, [g.tensors[t].shape for t in read_from], out_shapes,
+                               [g.tensors[t].nbytes for t in read_from])
         writes = [g.tensors[o].nbytes for o in node.outputs if o in g.tensors]
         nbytes = sum(reads) + sum(writes)
         if kind == COPY:  # one DDR-to-DDR transfer reading and writing every byte

@@ -38,12 +38,20 @@ def _compute_dtype(b: Bdc) -> str:
     return next((t.dtype for t in b.operands if t.space != Space.NONE), b.results[0].dtype)
 
 
+def global_bytes(b: Bdc) -> tuple[list[int], list[int]]:
+    """The bytes a Bdc reads of each DDR operand (cost.ddr_reads: of a Gather's table only the rows it takes) and
+    writes of each DDR result: none for a local one."""
+    sizes = [t.size() * cmd.itemsize(t.dtype) if t.space == Space.DDR else 0 for t in b.operands]
+    reads = cost.ddr_reads(b.op, _shapes(b.operands), _shapes(b.results), sizes)
+    return ([r for r, t in zip(reads, b.operands) if t.space == Space.DDR],
+            [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR])
+
+
 def bdc_cycles(chip: Chip, b: Bdc, params) -> int:
     """``chip``: the header's figures as a Chip (``ChipParams.to_chip()``)."""
     ins, outs = _shapes(b.operands), _shapes(b.results)
     if b.is_global:
-        reads = [t.size() * cmd.itemsize(t.dtype) for t in b.operands if t.space == Space.DDR]
-        writes = [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR]
+        reads, writes = global_bytes(b)
         cycles = cost.global_cycles(chip, b.op, params, ins, outs, _compute_dtype(b), reads, writes)
     else:
         cycles = cost.bdc_cycles(chip, b.op, params, ins, outs, _compute_dtype(b))
@@ -121,8 +129,9 @@ def profile(model: ModelFile, bdc_params: list, schedule: Schedule) -> dict:
     b_busy = sum(e - s for s, e in zip(schedule.bdc_start, schedule.bdc_end))
     g_read = sum(g.ddr_bytes()[0] for g in model.gdma)
     g_write = sum(g.ddr_bytes()[1] for g in model.gdma)
-    b_read = sum(b.ddr_bytes()[0] for b in model.bdc)
-    b_write = sum(b.ddr_bytes()[1] for b in model.bdc)
+    moved = [global_bytes(b) for b in model.bdc]
+    b_read = sum(sum(reads) for reads, _ in moved)
+    b_write = sum(sum(writes) for _, writes in moved)
     ops: dict[str, dict] = {}
     total_macs = 0
     for b, p, s, e in zip(model.bdc, bdc_params, schedule.bdc_start, schedule.bdc_end):
