@@ -199,14 +199,10 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     for target in m.targets:
         yield from _target_tasks(m, p, target, globs)
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
-    # doit -n N starts ready tasks in the order it meets them in file_dep: the targets whose chain is longest first
-    # (a mixed-precision search, then calibration), so that their stages start as soon as they can and the float
-    # targets' fill the other processes
-    first = sorted(m.targets, key=lambda t: (not _searches(m, t), t.mode != "INT8"))
-    deps = [p.target(t.id).report for t in first] + verify_jsons
+    reports = [p.target(target.id).report for target in m.targets]
     yield _task("compile", m.name, stages.summarize,
                 {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
-                file_dep=deps, targets=[p.summary], config={},
+                file_dep=verify_jsons + reports, targets=[p.summary], config={},
                 verbosity=2, meta={"summary": str(p.summary),
                                    "zoo": {"build_dir": str(p.root.parent), "targets": [t.id for t in m.targets]}})
 
@@ -226,7 +222,7 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
     int8 = target.mode == "INT8"
     in_mlir = p.cali_mlir if int8 else p.canonical_mlir
     qtable = m.quantize_table
-    searched = _searches(m, target)
+    searched = int8 and bool((m.mixed_precision or {}).get("search")) and m.calibration is not None
     if searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
@@ -248,11 +244,6 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
                 file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
                 targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
     yield from _backend_tasks(m, p, name, tp, target)
-
-
-def _searches(m: Manifest, target: Target) -> bool:
-    """Whether the target's quantize table comes from search:<model>/<target>."""
-    return target.mode == "INT8" and bool((m.mixed_precision or {}).get("search")) and m.calibration is not None
 
 
 def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, globs: dict) -> dict[str, Any]:
