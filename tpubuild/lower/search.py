@@ -347,7 +347,6 @@ class _Ahead:
     for (None: evaluate it here). Its memo of tensors is its own; the values are the same."""
 
     def __init__(self, ev: Evaluator):
-        self.ev = ev
         ctx = multiprocessing.get_context("fork")  # the child takes the evaluator, samples and memo as they are
         self.conn, there = ctx.Pipe()
         self.child = ctx.Process(target=_work_ahead, args=(ev, there), name="tpubuild-search-ahead", daemon=True)
@@ -359,7 +358,7 @@ class _Ahead:
         """Evaluate ``table`` there (key: (chosen, sample order, stop)) if that process has nothing to do."""
         if self.asked == key:
             return
-        if self.asked is None or self._collect(block=False):
+        if self.asked is None or self._collect():
             self.asked = key
             self.conn.send((table, key[1], key[2]))
 
@@ -372,9 +371,9 @@ class _Ahead:
             raise found
         return found
 
-    def _collect(self, block: bool) -> bool:
+    def _collect(self) -> bool:
         """Drop a finished evaluation nobody asked for; whether that process is idle now."""
-        if not block and not self.conn.poll():
+        if not self.conn.poll():
             return False
         self._reply()
         self.asked = None
