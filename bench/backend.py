@@ -211,15 +211,13 @@ def main() -> None:
             r = measure(tp.tpu_mlir, tp.tpu_weights, t.chip, t.mode)
             rows.append((f"{m.name}/{t.id}", r))
             theirs = estimates.get(f"{m.name}/{t.id}")
-            tm_ms, tm_roof, x_tm = ("-", "-", "-")
+            tm_ms, tm_roof = ("-", "-")
             if theirs:
                 their_cycles = theirs["ms"] * r["profile"]["clock_hz"] / 1e3
                 tm_ms, tm_roof = f"{theirs['ms']:.4f}", f"{their_cycles / max(r['roof'], 1):.2f}"
-                x_tm = f"{r['ms'] / theirs['ms']:.2f}" + ("" if BAND[0] <= r["ms"] / theirs["ms"] <= BAND[1] else "!")
             ref = REFERENCE_MS.get((m.name, t.mode)) if t.chip == "bm1684x" else None
-            ref_ms, x_ref = (f"{ref:.3f}", f"{r['ms'] / ref:.2f}") if ref else ("-", "-")
-            if ref and not BAND[0] <= r["ms"] / ref <= BAND[1]:
-                x_ref += "!"  # outside issue 5's sanity band
+            ref_ms = f"{ref:.3f}" if ref else "-"
+            x_tm, x_ref = _against(r["ms"], theirs and theirs["ms"]), _against(r["ms"], ref)
             print(f"{m.name:<22} {t.id:<14} {r['ops']:>4} {r['groups']:>4} {r['act'] / max(r['lb'], 1):>7.3f} "
                   f"{r['ddr_lg'] / 1e6:>10.2f} {r['ddr_alone'] / 1e6:>8.2f} {r['cycles']:>10} {r['ms']:>8.3f} "
                   f"{r['roof']:>9.0f} {r['cycles'] / max(r['roof'], 1):>7.2f} "
@@ -241,6 +239,13 @@ def main() -> None:
                     print(f"    {name:<16} {row['commands']:>5} cmds {row['cycles']:>10} cycles "
                           f"{row['macs'] / 1e6:>9.1f} MMAC {row['global']:>3} global")
     summarize(rows, estimates)
+
+
+def _against(ours_ms: float, theirs_ms: float | None) -> str:
+    """ours / theirs, marked "!" outside issue 5's sanity band."""
+    if not theirs_ms:
+        return "-"
+    return f"{ours_ms / theirs_ms:.2f}" + ("" if BAND[0] <= ours_ms / theirs_ms <= BAND[1] else "!")
 
 
 def summarize(rows: list[tuple[str, dict]], estimates: dict) -> None:
