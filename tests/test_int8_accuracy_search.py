@@ -10,6 +10,7 @@ of the lowered module against TOP inference.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import onnx
@@ -241,6 +242,22 @@ def test_the_greedy_and_pruning_steps_work_ahead_in_the_second_process(net, monk
     assert logs[0] == logs[1] and one.lowerings == two.lowerings and one.score == two.score
     assert one.table == two.table and format_result(one) == format_result(two)
     assert two.reached if target < 1 else not two.reached
+
+
+def test_a_second_process_that_dies_ahead_is_a_clear_error(net, monkeypatch):
+    """The process working ahead ends without answering (killed, out of memory): the search stops with the error
+    that says so and how to search in one process, not a broken pipe."""
+    cali = dict(net.wreck("r1", 10.0))
+    cali["r3"] = net.wreck("r3", 8.0)["r3"]
+
+    def dies(ev, conn):
+        conn.recv()
+        os._exit(3)
+
+    monkeypatch.setattr(search_module, "_work_ahead", dies)
+    with pytest.raises(TpuBuildError, match=r"second process stopped \(exit code 3\).*\n.*TPUBUILD_SEARCH_PROCESSES=1"):
+        search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+               samples=net.samples, config=SearchConfig(samples=3, chunks=8, max_lowerings=20), processes=2)
 
 
 def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):

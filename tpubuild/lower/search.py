@@ -224,9 +224,7 @@ class Evaluator:
             try:
                 kind, theirs = here.recv()
             except EOFError:
-                raise TpuBuildError(f"the mixed-precision search's second process stopped (exit code "
-                                    f"{child.exitcode})", hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one "
-                                    "process") from None
+                raise _stopped(child) from None
         finally:
             here.close()
             child.join()
@@ -245,6 +243,13 @@ class Evaluator:
         """Lower with ``qtable`` and score the samples (per_sample)."""
         _, tpu_module, tpu_weights = self.lower(qtable, counted)
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
+
+
+def _stopped(child) -> TpuBuildError:
+    """The error for a second process that ended without its answer."""
+    child.join(timeout=1)
+    return TpuBuildError(f"the mixed-precision search's second process stopped (exit code {child.exitcode})",
+                         hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one process")
 
 
 def _run_in_child(work, conn) -> None:
@@ -359,8 +364,11 @@ class _Ahead:
         if self.asked == key:
             return
         if self.asked is None or self._collect():
+            try:
+                self.conn.send((table, key[1], key[2]))
+            except OSError:  # it is gone (a broken pipe)
+                raise _stopped(self.child) from None
             self.asked = key
-            self.conn.send((table, key[1], key[2]))
 
     def take(self, key: tuple) -> dict[int, float] | None:
         if self.asked != key:
@@ -383,9 +391,7 @@ class _Ahead:
         try:
             return self.conn.recv()
         except EOFError:
-            raise TpuBuildError(f"the mixed-precision search's second process stopped (exit code "
-                                f"{self.child.exitcode})", hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one "
-                                "process") from None
+            raise _stopped(self.child) from None
 
     def close(self) -> None:
         self.child.terminate()  # it may be evaluating a table nobody will ask for
