@@ -360,6 +360,26 @@ def test_plan_merges_neighbours_whose_exact_plan_is_cheaper():
     assert sum(g.kind == LOCAL for g in groups) < sum(kind == LOCAL for _, _, kind, _ in chosen)
 
 
+def test_a_run_with_no_exact_plan_is_searched_around_not_split_op_by_op(monkeypatch):
+    """Where a run of ops the search chose as one group has no exact plan as one (the search sizes groups by a
+    middle slice), the plan searches again without that run: here no run longer than 6 ops has an exact plan,
+    and the plan is local groups of up to 6 ops, as few as the search's own groups of at most 6, not single ops."""
+    module, _ = residual_net(40, size=32)
+    graph = build_graph(module)
+    assert max(j - i for i, j, _, _ in Planner(graph, BM1684X, exact_f32=False).search()) > 6
+    finalize = Planner.finalize
+    monkeypatch.setattr(Planner, "finalize", lambda self, gid, i, j, ns, hs:
+                        None if j - i > 6 else finalize(self, gid, i, j, ns, hs))
+    groups = Planner(graph, BM1684X, exact_f32=False).plan()
+    assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
+    local = [g for g in groups if g.kind == LOCAL]
+    assert all(len(g.ops) <= 6 for g in local)
+    monkeypatch.setattr("tpubuild.codegen.layergroup.MAX_GROUP_OPS", 6)
+    capped = Planner(graph, BM1684X, exact_f32=False).search()
+    assert len(local) <= sum(kind == LOCAL for _, _, kind, _ in capped)
+    assert sum(len(g.ops) > 1 for g in local) * 2 > len(local)
+
+
 # ---- memory assign -------------------------------------------------------------------------------
 
 def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
