@@ -52,8 +52,8 @@ from tpubuild.ir import mlir, top, tpu
 
 LOCAL, GLOBAL, ALIAS, COPY = "local", "global", "alias", "copy"
 CHANNEL, SPREAD, FOLD = "channel", "spread", "fold"  # a local group's layout (Group.layout)
-# longer runs gain little (DDR traffic is already cut) and cost search time; 24 had split DenseNet's dense
-# blocks and PP-OCR's stages (48: 33 zoo targets 1-23% fewer cycles, the layer group stage up to 2x slower)
+# the longest run the search tries as one group: longer ones cost search time and cut less DDR traffic; 24 split
+# DenseNet's dense blocks and PP-OCR's stages (48: 33 zoo targets 1-23% fewer cycles, the stage up to 2x slower)
 MAX_GROUP_OPS = 48
 ALIAS_OPS = (tpu.ReshapeOp,)
 
@@ -1111,20 +1111,18 @@ class Planner:
             return [self._single(gid, i, GLOBAL)]
         # it never fits as one group: its two halves, each settled the same way (and halved again if need be),
         # not every op alone (a run of 48 ops the search sized by a middle slice fell apart into 48 groups)
-        mid = (i + j) // 2
-        out = self._settle_run(gid, i, mid)
-        return out + self._settle_run(gid + len(out), mid, j)
+        return self._halves(gid, i, j)
 
-    def _settle_run(self, gid: int, i: int, j: int) -> list[Group]:
-        """ops[i:j] as one local group at its best estimate if it fits, else settled in halves (_settle)."""
-        e = self.best_local(i, j)
-        if e is not None:
-            return self._settle(gid, i, j, e)
-        if j - i == 1:
-            return [self._single(gid, i, GLOBAL)]
-        mid = (i + j) // 2
-        out = self._settle_run(gid, i, mid)
-        return out + self._settle_run(gid + len(out), mid, j)
+    def _halves(self, gid: int, i: int, j: int) -> list[Group]:
+        """ops[i:mid] and ops[mid:j], each one local group at its best estimate if it fits, else halved again."""
+        out: list[Group] = []
+        for a, b in ((i, (i + j) // 2), ((i + j) // 2, j)):
+            e, at = self.best_local(a, b), gid + len(out)
+            if e is not None:
+                out += self._settle(at, a, b, e)
+            else:
+                out += [self._single(at, a, GLOBAL)] if b - a == 1 else self._halves(at, a, b)
+        return out
 
     def _single(self, gid: int, p: int, kind: str) -> Group:
         f = self.ops[p]
