@@ -541,23 +541,26 @@ class _Search:
             if not seg:
                 continue
             rest = chosen - seg
+            halves = _halves(seg) if len(seg) > 1 else []
             # the segment the next step drops if this one must stay: the queue's next, else this one's first half
-            nxt = next((q & chosen for q in queue if q & chosen), None)
-            if nxt is None and len(seg) > 1:
-                nxt = frozenset(sorted(seg)[:len(seg) // 2])
+            nxt = next((q & chosen for q in (*queue, *halves) if q & chosen), None)
             if rest and self.passes_ahead(rest, chosen, chosen - nxt if nxt else None):
                 chosen = rest
                 self.say(f"- tensors {self._span(seg)}: not needed, cos {self.scores[rest]:.6f}")
-            elif len(seg) > 1:
-                ordered = sorted(seg)
-                half = len(ordered) // 2
-                queue += [frozenset(ordered[:half]), frozenset(ordered[half:])]
+            else:
+                queue += halves
         return chosen
 
     def _span(self, seg: frozenset[int]) -> str:
         lo, hi = min(seg), max(seg)
         first, last = self.units[lo].tensor, self.units[hi].tensor
         return f"{first}" if lo == hi else f"{first} .. {last} ({len(seg)})"
+
+
+def _halves(seg: frozenset[int]) -> list[frozenset[int]]:
+    """A segment's two halves in program order (the first the smaller on an odd count)."""
+    ordered = sorted(seg)
+    return [frozenset(ordered[:len(ordered) // 2]), frozenset(ordered[len(ordered) // 2:])]
 
 
 def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
