@@ -95,7 +95,7 @@ def sqnr_db(test: np.ndarray, ref: np.ndarray) -> float:
 
 
 def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
-    return _max_abs(_f64(a) - _f64(b)) if np.size(a) else 0.0
+    return _max_abs(_f64(a) - _f64(b))
 
 
 @dataclass(frozen=True)
