@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -290,3 +292,30 @@ def test_top_conv_flat_columns(shape, oc, group, kernel, dilation, pads):
     assert same_bits(got, get_kernel(top.ConvOp)(p, x, w, b))
     np.testing.assert_allclose(got, conv_f64(p, x, w, b), rtol=1e-5, atol=1e-5)
     assert type(prepare(tpu.ConvOp, as_op(tpu.ConvOp, p), conv_operands(x, w, b))).__name__ == "_Im2col"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 7), st.sampled_from([(3, 3), (5, 5), (1, 3), (3, 5)]), st.integers(1, 2),
+       st.integers(1, 2), st.integers(0, 2 ** 16), st.integers(1, 3))
+def test_depthwise_gemv_blocks_of_channels_change_no_bits(n, c, kernel, stride, dilation, seed, chans):
+    """nn.DepthwiseGemv builds and multiplies its columns a few channels at a time: each channel's products
+    are the same BLAS calls on the same columns, so any block size gives the bits of one block of all."""
+    from tpubuild.kernels import nn
+    rng = np.random.default_rng(seed)
+    h, w = (int(v) for v in rng.integers(10, 40, size=2))
+    p = top.ConvParams(kernel_shape=kernel, strides=(stride, 1), pads=tuple(k // 2 for k in kernel) * 2,
+                       dilations=(1, dilation), group=c)
+    x = rng.normal(size=(n, c, h, w)).astype(np.float32)
+    b = rng.normal(size=c).astype(np.float32)
+    out_sp = tuple((s + k // 2 * 2 - (k - 1) * d - 1) // st + 1 for s, k, d, st in zip((h, w), kernel, p.dilations,
+                                                                                        p.strides))
+    taps = nn._live_taps(p, (h, w), out_sp)
+    wt = rng.normal(size=(c, 1, len(taps))).astype(np.float32)
+    results = []
+    for block in (1 << 40, 1, chans * math.prod(nn.DepthwiseGemv(p, x.shape, taps, out_sp).cols[2:]) * 4 * n):
+        with mock.patch.object(nn, "_DEPTHWISE_BLOCK", block):
+            conv = nn.DepthwiseGemv(p, x.shape, taps, out_sp)
+        assert conv.chans == (c if block > 1 << 30 else min(c, chans) if block > 1 else 1)
+        results.append((conv(x, conv.weights(wt), b), conv(x, conv.weights(wt))))
+    for with_bias, without in results[1:]:
+        assert same_bits(with_bias, results[0][0]) and same_bits(without, results[0][1])
