@@ -189,10 +189,10 @@ _ONE_THREAD_GEMV = 2304 * 4
 # the largest columns a TOP depthwise conv builds (bigger planes keep the tap passes)
 _DEPTHWISE_COLS = 1 << 22
 
-# a TOP depthwise conv builds its columns this many bytes of channels at a time, each block multiplied while
-# it is still in cache (the columns are taps times the input: PP-OCR's 5x5 convs' are 2.6 MB, and written
-# whole, then read back by the products, they were twice the time of blocks)
-_DEPTHWISE_BLOCK = 1 << 20
+# a TOP depthwise conv builds its planes and columns this many bytes of columns' channels at a time, each
+# block multiplied while it is still in cache (the columns are taps times the input: PP-OCR's 5x5 convs' are
+# 2.6 MB, and written whole, then read back by the products, they took twice the time of blocks)
+_DEPTHWISE_BLOCK = 1 << 18
 
 
 class _Scratch(threading.local):
@@ -212,6 +212,7 @@ class _Scratch(threading.local):
 
 
 _COLUMNS = _Scratch()
+_PLANES = _Scratch()
 
 
 class DepthwiseGemv:
@@ -310,25 +311,28 @@ class DepthwiseGemv:
         """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` [c] (float32,
         added as the output is cropped out of the product), C order."""
         n, c, _, _, _, wq = self.planes
-        planes = np.zeros(self.planes, np.float32)
-        for dst, src in self.fills:
-            planes[dst] = x[src]
-        flat = planes.reshape(self.phases)
+        chans = self.chans
+        # a block's planes and columns: each block's pixels go where the last one's were, the pads stay zero
+        planes = _PLANES.array((n, chans) + self.planes[2:], np.float32)
+        planes.fill(0)
+        flat = planes.reshape((n, chans) + self.phases[2:])
         cols = _COLUMNS.array(self.cols, np.float32)
         item = flat.itemsize
-        copies = []  # each group's (part of the columns, view of every channel's planes)
+        copies = []  # each group's (part of the columns, view of the planes)
         for k0, first, grid, (su, sv) in self.groups:
             shape = self.cols[:3] + grid + (self.run,)
             strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
             copies.append((cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
-                           np.ndarray((n, c) + shape[2:], np.float32, buffer=flat, offset=first * item,
-                                      strides=strides)))
+                           np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides)))
         y = np.empty((n, c, self.blocks, 1, self.run), np.float32)
         w = w.reshape(c, 1, 1, -1)
-        for c0 in range(0, c, self.chans):
-            c1 = min(c, c0 + self.chans)
+        for c0 in range(0, c, chans):
+            c1 = min(c, c0 + chans)
+            xb, block = x[:, c0:c1], planes[:, :c1 - c0]
+            for dst, src in self.fills:
+                block[dst] = xb[src]
             for dst, src in copies:
-                np.copyto(dst[:, :c1 - c0], src[:, c0:c1])
+                np.copyto(dst[:, :c1 - c0], src[:, :c1 - c0])
             np.matmul(w[c0:c1], cols[:, :c1 - c0], out=y[:, c0:c1])  # the same product per channel and block
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
         return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, c, 1, 1))
