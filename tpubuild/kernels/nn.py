@@ -281,8 +281,13 @@ class DepthwiseGemv:
                                        (Ellipsis, slice(r0, None, sh), slice(c0, None, sw))))
         self.phases = (n, c, sh * sw, hq * wq)
         self.run = run = self.rows * wq
-        self.chans = max(1, min(c, _DEPTHWISE_BLOCK // (n * self.blocks * len(taps) * run * 4)))
-        self.cols = (n, self.chans, self.blocks, len(taps), run)
+        self.chans = chans = max(1, min(c, _DEPTHWISE_BLOCK // (n * self.blocks * len(taps) * run * 4)))
+        self.cols = (n, chans, self.blocks, len(taps), run)
+        # each block of channels: (first, end, each fill's (part of the block's planes, the input's pixels))
+        self.chan_blocks = [(c0, min(c, c0 + chans), [((slice(None), slice(0, min(c, c0 + chans) - c0)) + dst[1:],
+                                                        (slice(None), slice(c0, c0 + chans)) + src[1:])
+                                                       for dst, src in self.fills])
+                            for c0 in range(0, c, chans)]
         self.out = (n, c, ho, wo)
         # the taps of a phase plane whose shifts are a grid (all of them, but for a dilation in a strided
         # dimension) have their columns in one strided view of the plane: (first tap in the columns,
@@ -326,14 +331,15 @@ class DepthwiseGemv:
                            np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides)))
         y = np.empty((n, c, self.blocks, 1, self.run), np.float32)
         w = w.reshape(c, 1, 1, -1)
-        for c0 in range(0, c, chans):
-            c1 = min(c, c0 + chans)
-            xb, block = x[:, c0:c1], planes[:, :c1 - c0]
-            for dst, src in self.fills:
-                block[dst] = xb[src]
+        for c0, c1, fills in self.chan_blocks:
+            if c1 - c0 < chans:  # the last block, with fewer channels
+                copies = [(dst[:, :c1 - c0], src[:, :c1 - c0]) for dst, src in copies]
+                cols = cols[:, :c1 - c0]
+            for dst, src in fills:
+                planes[dst] = x[src]
             for dst, src in copies:
-                np.copyto(dst[:, :c1 - c0], src[:, :c1 - c0])
-            np.matmul(w[c0:c1], cols[:, :c1 - c0], out=y[:, c0:c1])  # the same product per channel and block
+                np.copyto(dst, src)
+            np.matmul(w[c0:c1], cols, out=y[:, c0:c1])  # the same product per channel and block
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
         return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, c, 1, 1))
 
