@@ -319,3 +319,19 @@ def test_depthwise_gemv_blocks_of_channels_change_no_bits(n, c, kernel, stride, 
         results.append((conv(x, conv.weights(wt), b), conv(x, conv.weights(wt))))
     for with_bias, without in results[1:]:
         assert same_bits(with_bias, results[0][0]) and same_bits(without, results[0][1])
+
+
+def test_depthwise_gemv_result_is_its_own_array():
+    """A 3x1 kernel without pads crops nothing out of the products (their scratch buffer): the result is a copy,
+    which the next call leaves as it is."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 4, 40, 40)).astype(np.float32)
+    w = rng.normal(size=(4, 1, 3, 1)).astype(np.float32)
+    p = top.ConvParams(kernel_shape=(3, 1), strides=(1, 1), pads=(1, 0, 1, 0), dilations=(1, 1), group=4)
+    run = prepare(top.ConvOp, p, conv_operands(x, w, None))
+    assert type(run).__name__ == "_DepthwiseGemv"
+    first = run(x, w, None)
+    expect = first.copy()
+    second = run(-x, w, None)
+    assert same_bits(first, expect) and same_bits(first, get_kernel(top.ConvOp)(p, x, w, None))
+    assert same_bits(second, get_kernel(top.ConvOp)(p, -x, w, None))

@@ -213,6 +213,7 @@ class _Scratch(threading.local):
 
 _COLUMNS = _Scratch()
 _PLANES = _Scratch()
+_PRODUCTS = _Scratch()
 
 
 class DepthwiseGemv:
@@ -329,7 +330,7 @@ class DepthwiseGemv:
             strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
             copies.append((cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
                            np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides)))
-        y = np.empty((n, c, self.blocks, 1, self.run), np.float32)
+        y = _PRODUCTS.array((n, c, self.blocks, 1, self.run), np.float32)
         w = w.reshape(c, 1, 1, -1)
         for c0, c1, fills in self.chan_blocks:
             if c1 - c0 < chans:  # the last block, with fewer channels
@@ -341,7 +342,7 @@ class DepthwiseGemv:
                 np.copyto(dst, src)
             np.matmul(w[c0:c1], cols, out=y[:, c0:c1])  # the same product per channel and block
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
-        return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, c, 1, 1))
+        return y.copy() if bias is None else np.add(y, bias.reshape(1, c, 1, 1))  # never the scratch itself
 
 
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
