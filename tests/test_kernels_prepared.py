@@ -316,7 +316,7 @@ def test_depthwise_gemv_blocks_of_channels_change_no_bits(n, c, kernel, stride, 
         with mock.patch.object(nn, "_DEPTHWISE_BLOCK", block):
             conv = nn.DepthwiseGemv(p, x.shape, taps, out_sp)
         assert conv.chans == (c if block > 1 << 30 else min(c, chans) if block > 1 else 1)
-        results.append((conv(x, conv.weights(wt), b), conv(x, conv.weights(wt))))
+        results.append((conv(x, conv.weights(wt), b.reshape(1, c, 1, 1)), conv(x, conv.weights(wt))))
     for with_bias, without in results[1:]:
         assert same_bits(with_bias, results[0][0]) and same_bits(without, results[0][1])
 

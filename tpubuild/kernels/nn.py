@@ -314,8 +314,8 @@ class DepthwiseGemv:
         return np.ascontiguousarray(w[..., self.order])
 
     def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` [c] (float32,
-        added as the output is cropped out of the product), C order."""
+        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` (float32,
+        [1, C, 1, 1] or the output's shape, added as the output is cropped out of the product), C order."""
         n, c, _, _, _, wq = self.planes
         chans = self.chans
         # a block's planes and columns: each block's pixels go where the last one's were, the pads stay zero
@@ -342,7 +342,7 @@ class DepthwiseGemv:
                 np.copyto(dst, src)
             np.matmul(w[c0:c1], cols, out=y[:, c0:c1])  # the same product per channel and block
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
-        return y.copy() if bias is None else np.add(y, bias.reshape(1, c, 1, 1))  # never the scratch itself
+        return y.copy() if bias is None else np.add(y, bias)  # never the scratch itself
 
 
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
@@ -430,15 +430,15 @@ class Im2colFlat:
         self.width = out_sp[1]
 
     def __call__(self, x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """The conv of x by ``weights``, plus ``bias`` [oc] (float32, added as the output is cropped out of the
-        product), C order."""
+        """The conv of x by ``weights``, plus ``bias`` (float32, [1, oc, 1, 1] or the output's shape, added as the
+        output is cropped out of the product), C order."""
         xp = np.zeros(self.padded, np.float32)
         xp[self.inner] = x
         shape, strides = self.view
         cols = _COLUMNS.array(shape, np.float32)
         np.copyto(cols, np.ndarray(shape, np.float32, buffer=xp, strides=strides))
         y = np.matmul(wt, cols.reshape(self.cols)).reshape(self.out)[..., :self.width]
-        return np.ascontiguousarray(y) if bias is None else np.add(y, bias.reshape(1, -1, 1, 1))
+        return np.ascontiguousarray(y) if bias is None else np.add(y, bias)
 
 
 def gemm_order(taps: list[tuple[int, ...]]) -> tuple[int, int]:

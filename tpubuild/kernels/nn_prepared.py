@@ -18,7 +18,7 @@ import numpy as np
 
 from tpubuild.ir import top
 from tpubuild.kernels import nn
-from tpubuild.kernels.activation import relu
+from tpubuild.kernels.activation import clip, relu
 from tpubuild.kernels.registry import Operand, prepared
 
 F32 = np.dtype(np.float32)
@@ -48,17 +48,27 @@ def _tap_slices(taps, strides, dilations, out_sp) -> list[tuple]:
                                 for k, d, s, o in zip(tap, dilations, strides, out_sp)) for tap in taps]
 
 
-class _Epilogue:
-    """The conv kernel's end: + bias (float32, in place), then the fused ReLU / ReLU-n, in place."""
+def _channel_bias(b: np.ndarray | None, out_shape: tuple[int, ...]) -> np.ndarray | None:
+    """A conv's bias [C] as an operand of its output [N, C, ...], broadcast to a small output once (as _full)."""
+    if b is None:
+        return None
+    shaped = b.reshape((1, -1) + (1,) * (len(out_shape) - 2))
+    return np.ascontiguousarray(np.broadcast_to(shaped, out_shape)) if math.prod(out_shape) <= _FULL_WEIGHT else shaped
 
-    def __init__(self, p: top.ConvParams, b: np.ndarray | None, bias_shape: tuple[int, ...]):
-        self.bias = None if b is None else b.reshape(bias_shape)
-        self.relu, self.limit = p.do_relu, p.relu_limit
+
+class _Epilogue:
+    """The conv kernel's end: + bias (float32, in place), then the fused ReLU / ReLU-n, in place (relu's clip of a
+    float32 output, its bounds made once)."""
+
+    def __init__(self, p: top.ConvParams, bias: np.ndarray | None):
+        self.bias = bias
+        self.bounds = (np.zeros((), F32), np.asarray(p.relu_limit if p.relu_limit >= 0 else np.inf, F32)) \
+            if p.do_relu else None
 
     def __call__(self, y: np.ndarray) -> np.ndarray:
         if self.bias is not None:
             y += self.bias
-        return relu(y, self.limit, out=y) if self.relu else y
+        return y if self.bounds is None else clip(y, *self.bounds, out=y)
 
 
 @prepared(top.ConvOp)
@@ -83,10 +93,11 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     wt = w.const.reshape(oc, c // g, -1)
     if len(taps) < wt.shape[2]:
         wt = wt[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
-    epilogue = _Epilogue(p, b.const, (1, oc) + (1,) * nd)
+    bias = _channel_bias(b.const, (n, oc) + out_sp)
+    epilogue = _Epilogue(p, bias)
     if g > 1 and c == g:
         if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
-            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, b.const, _Epilogue(p, None, ()))
+            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, bias, _Epilogue(p, None))
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
@@ -94,7 +105,7 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
     if not sliced and nn.Im2colFlat.suits(p, x.shape, taps, F32):
         return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, out_sp), nn.Im2colFlat.weights(wt, g, p.kernel_shape[0]),
-                           b.const, _Epilogue(p, None, ()))
+                           bias, _Epilogue(p, None))
     return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
