@@ -562,8 +562,8 @@ def window_max(xp: np.ndarray, kernel_shape, strides, dilations, out_sp) -> np.n
         k, s, d, o = kernel_shape[i], strides[i], dilations[i], out_sp[i]
         rest = (slice(None),) * (nd - 1 - i)
         views = [y[(Ellipsis, slice(t * d, t * d + (o - 1) * s + 1, s)) + rest] for t in range(k)]
-        y = views[0].copy()
-        for view in views[1:]:
+        y = np.maximum(views[0], views[1]) if k > 1 else views[0].copy()  # max(copy of the first, the second)
+        for view in views[2:]:
             np.maximum(y, view, out=y)
     return y
 
