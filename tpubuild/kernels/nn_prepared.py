@@ -118,9 +118,11 @@ class _Conv1Tap:
         self.out_shape = (n, oc) + out_sp
         self.pad, self.tap, self.epilogue = pad, tap, epilogue
         self.sliced = sliced
+        # every pixel, unpadded (a 1x1 conv at stride 1): the input is the columns
+        self.whole = not pad.pads and all(t.step == 1 and t.start == 0 for t in tap[1:])
 
     def __call__(self, x, w, b):
-        cols = self.pad(x)[self.tap].reshape(self.cols_shape)
+        cols = (x if self.whole else self.pad(x)[self.tap]).reshape(self.cols_shape)
         if self.sliced:
             y = nn.pixel_gemm(cols, self.wt.swapaxes(1, 2), self.out_shape[2] > 1).swapaxes(2, 3)
         else:
