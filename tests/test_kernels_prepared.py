@@ -335,3 +335,26 @@ def test_depthwise_gemv_result_is_its_own_array():
     second = run(-x, w, None)
     assert same_bits(first, expect) and same_bits(first, get_kernel(top.ConvOp)(p, x, w, None))
     assert same_bits(second, get_kernel(top.ConvOp)(p, -x, w, None))
+
+
+def test_depthwise_gemv_views_follow_the_scratch_buffers():
+    """nn.DepthwiseGemv keeps its views of this thread's scratch buffers between calls; another conv's call that
+    replaces a buffer (a bigger one, or here a fresh one) has them made again: the bits of the kernel."""
+    from tpubuild.kernels import nn
+    rng = np.random.default_rng(4)
+    convs = []
+    for shape, kernel, stride in [((1, 8, 20, 30), (3, 3), (1, 1)), ((1, 48, 40, 40), (5, 5), (2, 2))]:
+        x = rng.normal(size=shape).astype(np.float32)
+        w = rng.normal(size=(shape[1], 1) + kernel).astype(np.float32)
+        b = rng.normal(size=shape[1]).astype(np.float32)
+        p = top.ConvParams(kernel_shape=kernel, strides=stride, pads=tuple(k // 2 for k in kernel) * 2,
+                           dilations=(1, 1), group=shape[1])
+        run = prepare(top.ConvOp, p, conv_operands(x, w, b))
+        assert type(run).__name__ == "_DepthwiseGemv"
+        convs.append((run, x, w, b, get_kernel(top.ConvOp)(p, x, w, b)))
+    for i, (run, x, w, b, expect) in enumerate(convs + convs + convs[:1]):
+        if i == 3:
+            for scratch in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS):
+                scratch.buf = np.full(scratch.buf.size, 255, np.uint8)  # replaced, and not zeros
+        assert same_bits(run(x, w, b), expect)
+        assert run.conv._scratch.views[0] == tuple(id(s.buf) for s in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS))

@@ -290,6 +290,7 @@ class DepthwiseGemv:
                                                        for dst, src in self.fills])
                             for c0 in range(0, c, chans)]
         self.out = (n, c, ho, wo)
+        self._scratch = threading.local()  # this thread's views of the scratch buffers (_views)
         # the taps of a phase plane whose shifts are a grid (all of them, but for a dilation in a strided
         # dimension) have their columns in one strided view of the plane: (first tap in the columns,
         # first element, (rows, columns) of taps, their element strides); the taps go in the columns in that
@@ -313,34 +314,47 @@ class DepthwiseGemv:
         """w [c, 1, live taps] in the columns' order of taps."""
         return np.ascontiguousarray(w[..., self.order])
 
-    def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` (float32,
-        [1, C, 1, 1] or the output's shape, added as the output is cropped out of the product), C order."""
-        n, c, _, _, _, wq = self.planes
-        chans = self.chans
-        # a block's planes and columns: each block's pixels go where the last one's were, the pads stay zero
+    def _views(self) -> tuple[np.ndarray, list, np.ndarray]:
+        """A block's planes, each block's (first channel, end, fills' (part of the planes, the input's pixels),
+        groups' (part of the columns, view of the planes), columns, products), and the products: views of this
+        thread's scratch buffers, kept between calls (a small model's depthwise convs spent a tenth of their time
+        making them on every call), made again once another call replaced a buffer (they would keep the old one
+        alive)."""
+        cached = getattr(self._scratch, "views", None)
+        if cached is not None and cached[0] == (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf)):
+            return cached[1]
+        n, c, chans = self.out[0], self.out[1], self.chans
         planes = _PLANES.array((n, chans) + self.planes[2:], np.float32)
-        planes.fill(0)
         flat = planes.reshape((n, chans) + self.phases[2:])
         cols = _COLUMNS.array(self.cols, np.float32)
         item = flat.itemsize
-        copies = []  # each group's (part of the columns, view of the planes)
+        copies = []
         for k0, first, grid, (su, sv) in self.groups:
             shape = self.cols[:3] + grid + (self.run,)
             strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
             copies.append((cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
                            np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides)))
         y = _PRODUCTS.array((n, c, self.blocks, 1, self.run), np.float32)
+        blocks = [(c0, c1, [(planes[dst], src) for dst, src in fills],
+                   [(dst[:, :c1 - c0], src[:, :c1 - c0]) for dst, src in copies], cols[:, :c1 - c0], y[:, c0:c1])
+                  for c0, c1, fills in self.chan_blocks]
+        # the buffers by id: the views keep them alive, so an id seen again is the same buffer
+        self._scratch.views = ((id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf)), (planes, blocks, y))
+        return planes, blocks, y
+
+    def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` (float32,
+        [1, C, 1, 1] or the output's shape, added as the output is cropped out of the product), C order."""
+        n, c, _, _, _, wq = self.planes
+        planes, blocks, y = self._views()
+        planes.fill(0)  # the pads; each block's pixels go where the last one's were
         w = w.reshape(c, 1, 1, -1)
-        for c0, c1, fills in self.chan_blocks:
-            if c1 - c0 < chans:  # the last block, with fewer channels
-                copies = [(dst[:, :c1 - c0], src[:, :c1 - c0]) for dst, src in copies]
-                cols = cols[:, :c1 - c0]
+        for c0, c1, fills, copies, cols, out in blocks:
             for dst, src in fills:
-                planes[dst] = x[src]
+                np.copyto(dst, x[src])
             for dst, src in copies:
                 np.copyto(dst, src)
-            np.matmul(w[c0:c1], cols, out=y[:, c0:c1])  # the same product per channel and block
+            np.matmul(w[c0:c1], cols, out=out)  # the same product per channel and block
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
         return y.copy() if bias is None else np.add(y, bias)  # never the scratch itself
 
