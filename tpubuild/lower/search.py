@@ -394,7 +394,10 @@ class _Ahead:
             raise _stopped(self.child) from None
 
     def close(self) -> None:
-        self.child.terminate()  # it may be evaluating a table nobody will ask for
+        # it may be evaluating a table nobody will ask for. SIGKILL, not SIGTERM: a TERM that reaches the child
+        # before it has run (the search done at once) is lost, as Python's fork clears caught signals, and join
+        # then waits for ever
+        self.child.kill()
         self.child.join()
         self.conn.close()
 
