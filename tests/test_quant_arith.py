@@ -9,11 +9,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tpubuild.calib.table import Entry
 from tpubuild.ir import tpu
 from tpubuild.kernels import get_kernel
-from tpubuild.kernels.tpu_arith import requantize, round_half_away, rshift_round
+from tpubuild.kernels.tpu_arith import requantize, requantize_sums, round_half_away, rshift_round
 from tpubuild.lower.quant import (QType, activation_qtype, channel_scales, multiplier_rshift, quantize_bias,
                                   quantize_per_channel, round_half_away_exact, shared_rshift)
 
@@ -108,6 +110,33 @@ def test_requantize_unsigned_with_zero_point():
     acc = np.array([-1000, -20, 0, 300, 1000], np.int64)
     # x 0.5 then + zp 10, in [0, 255]
     assert requantize(acc, M_HALF, 31, 10, 0, 255).tolist() == [0, 0, 10, 160, 255]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]), st.integers(1, 40),
+       st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 37), (-128, 127, -5), (-(2**20), 2**20, 3)]),
+       st.booleans(), st.booleans())
+def test_requantize_sums_is_the_integer_form(seed, acc_dtype, size, bounds, with_bias, big):
+    """The float64 path (and its fallback) gives requantize's bits on saturated int32 sums: ties made on purpose
+    (sums that are odd multiples of 2^(r - 1) / m), sums past int32 with the bias, multipliers near 2^31."""
+    rng = np.random.default_rng(seed)
+    qmin, qmax, zp = bounds
+    channels = 3
+    limit = 2**40 if big else (2**24 if acc_dtype == np.float32 else 2**31)
+    acc = rng.integers(-limit, limit, (size, channels)).astype(acc_dtype)
+    shift = rng.integers(0, 45, channels)
+    mult = np.where(rng.random(channels) < 0.5, rng.integers(2**30, 2**31, channels), rng.integers(1, 9, channels))
+    ties = mult == 1  # 2^(r - 1) itself: exactly half of 2^r
+    acc[:, ties] = (np.where(rng.random((size, int(ties.sum()))) < 0.5, -1, 1)
+                    * np.ldexp(1.0, np.maximum(shift[ties] - 1, 0)) * rng.choice([1, 3, 5], (size, int(ties.sum()))))
+    acc = acc.astype(acc_dtype)
+    bias = rng.integers(-2**31, 2**31, channels).astype(np.int32) if with_bias else None
+    wide = acc.astype(np.float64) + (0 if bias is None else bias)
+    want = requantize(np.clip(np.rint(wide), -2**31, 2**31 - 1).astype(np.int64), mult, shift, zp, qmin, qmax)
+    got = requantize_sums(acc, bias, mult, shift, zp, qmin, qmax)
+    assert got.tolist() == want.tolist()
+    assert got.dtype == (np.int8 if qmin >= -128 and qmax <= 127 else np.uint8 if qmin >= 0 and qmax <= 255
+                         else np.int64)
 
 
 def test_requantize_per_channel():

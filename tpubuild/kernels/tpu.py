@@ -23,9 +23,10 @@ import numpy as np
 from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.kernels import deconv, halfcast, nn, nn_prepared
-from tpubuild.kernels.registry import _KERNELS, _PREPARED, get_kernel, kernel, prepared
+from tpubuild.kernels.registry import _KERNELS, _PREPARED, Operand, get_kernel, kernel, prepared
 from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
-                                        exact_int, is_float, requantize, rshift_round, saturate)
+                                        exact_int, is_float, requantize, requantize_sums, rshift_round,
+                                        saturate)
 
 _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -47,15 +48,18 @@ def _float_kernel(top_kernel):
 
 
 def _float_prepared(top_cls: type, maker=None):
-    """On float32 operands (widen leaves them as they are) a TPU op whose float path is its TOP op's
-    kernel computes what that kernel does: its TOP op's prepared kernel serves (None: the kernel), or
-    ``maker``, the float path's own."""
+    """A TPU op whose float path is its TOP op's kernel on widened operands: its TOP op's prepared kernel
+    (None: the kernel), or ``maker``, the float path's own, made for the widened operands (widening is
+    exact: the prepared kernel's bits on them are the kernel's), the 16-bit operands widened at each call."""
     def make(p, operands):
-        if any(o.dtype is not None and o.dtype != np.float32 for o in operands):
+        if any(o.dtype is not None and o.dtype != np.float32 and o.dtype not in _NARROW_FLOATS for o in operands):
             return None
-        if maker is not None:
-            return maker(p, operands)
-        return _PREPARED[top_cls](p, operands) if top_cls in _PREPARED else None
+        wide = [Operand(o.shape, np.dtype(np.float32), widen(o.const)) if o.dtype in _NARROW_FLOATS else o
+                for o in operands]
+        fn = maker(p, wide) if maker is not None else _PREPARED[top_cls](p, wide) if top_cls in _PREPARED else None
+        if fn is None or not any(o.dtype in _NARROW_FLOATS for o in operands):
+            return fn
+        return lambda *xs: fn(*[widen(x) for x in xs])
     return make
 
 
@@ -65,11 +69,6 @@ def _zp(p, i: int) -> int:
 
 def _no_relu(p):
     return dataclasses.replace(p, do_relu=False, relu_limit=-1.0)
-
-
-def _acc32(acc: np.ndarray) -> np.ndarray:
-    """A BLAS accumulator as int64 holding the chip's saturated int32."""
-    return saturate(exact_int(acc), INT32_MIN, INT32_MAX)
 
 
 # ---- ops with an integer path ---------------------------------------------------------
@@ -87,13 +86,16 @@ def _(p, x, w, b):
     # in float64 (exact) after the sums; exact sums are the same in any order: the slices need nothing more
     zp = _zp(p, 0)
     dtype = np.float32 if _partial_sum_bound(x.dtype, zp, w) <= F32_EXACT else np.float64
-    acc = nn.conv(_no_relu(p), x.astype(dtype) - dtype(zp), w.astype(dtype), None, sliced=False)
-    acc = acc.astype(np.float64)
+    acc = nn.conv(_no_relu(p), _centered(x, zp, dtype), w.astype(dtype), None, sliced=False)
     if b is not None:
-        acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
-    acc = _acc32(acc)
-    return requantize(acc, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
-                      p.out_zp, p.qmin, p.qmax)
+        b = b.reshape((1, -1) + (1,) * (acc.ndim - 2))
+    return requantize_sums(acc, b, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
+                           p.out_zp, p.qmin, p.qmax)
+
+
+def _centered(x: np.ndarray, zp: int, dtype) -> np.ndarray:
+    """Stored x - zp in a float dtype (exact): one pass when zp is 0 (symmetric activations)."""
+    return x.astype(dtype) - dtype(zp) if zp else x.astype(dtype)
 
 
 def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
@@ -110,12 +112,9 @@ def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
 def _(p, a, b, bias):
     if not is_quant(a):
         return get_kernel(top.MatMulOp)(p, widen(a), widen(b), widen(bias))
-    acc = np.matmul(centered(a, _zp(p, 0)), centered(b, _zp(p, 1)))
-    if bias is not None:
-        acc = acc + bias.astype(np.float64)
-    acc = _acc32(acc)
-    return requantize(acc, channel_shape(p.multiplier, acc.ndim, -1), channel_shape(p.rshift, acc.ndim, -1),
-                      p.out_zp, p.qmin, p.qmax)
+    acc = np.matmul(_centered(a, _zp(p, 0), np.float64), _centered(b, _zp(p, 1), np.float64))
+    return requantize_sums(acc, bias, channel_shape(p.multiplier, acc.ndim, -1),
+                           channel_shape(p.rshift, acc.ndim, -1), p.out_zp, p.qmin, p.qmax)
 
 
 def _linear_sum(p, xs, signs) -> np.ndarray:
@@ -242,6 +241,55 @@ kernel(tpu.MIRROR[top.DeconvOp])(_float_kernel(functools.partial(deconv.deconv, 
 
 # Conv and the pools have kernels of their own whose float path is the TOP kernel on widened operands (the
 # conv's sliced, as the chip computes it)
-prepared(tpu.ConvOp)(_float_prepared(top.ConvOp, functools.partial(nn_prepared.conv, sliced=True)))
+_conv_float = _float_prepared(top.ConvOp, functools.partial(nn_prepared.conv, sliced=True))
+_matmul_float = _float_prepared(top.MatMulOp)
+
+
+@prepared(tpu.MatMulOp)
+def _(p, operands):
+    a, b, bias = operands
+    if a.dtype not in _QUANT_STORAGE:
+        return _matmul_float(p, operands)
+    if b.const is None or (bias.shape is not None and bias.const is None):
+        return None
+    # the weights centered once; the rest as the kernel
+    wide = _centered(b.const, _zp(p, 1), np.float64)
+    mult, shift = channel_shape(p.multiplier, len(a.shape), -1), channel_shape(p.rshift, len(a.shape), -1)
+
+    def run(a, b, bias_):
+        acc = np.matmul(_centered(a, _zp(p, 0), np.float64), wide)
+        return requantize_sums(acc, bias.const, mult, shift, p.out_zp, p.qmin, p.qmax)
+    return run
+
+
+@prepared(tpu.ConvOp)
+def _(p, operands):
+    x, w, b = operands
+    if x.dtype in _QUANT_STORAGE:
+        return _ConvInt8(p, x, w, b) if w.const is not None and (b.shape is None or b.const is not None) else None
+    return _conv_float(p, operands)
+
+
+class _ConvInt8:
+    """tpu.Conv's integer path with what depends on its weights done once: their float copy and the partial-sum
+    bound that picks its type, the bias and requantization numbers shaped; the float32 conv prepared."""
+
+    def __init__(self, p, x: Operand, w: Operand, b: Operand):
+        self.zp = _zp(p, 0)
+        self.dtype = np.float32 if _partial_sum_bound(x.dtype, self.zp, w.const) <= F32_EXACT else np.float64
+        self.w = w.const.astype(self.dtype)
+        rank = len(x.shape)
+        plain = _no_relu(p)
+        none = Operand(None, None, None)
+        conv = nn_prepared.conv(plain, [Operand(x.shape, np.dtype(np.float32), None), Operand(w.shape, np.dtype(
+            np.float32), self.w), none], sliced=False) if self.dtype == np.float32 else None
+        self.conv = conv or (lambda xc, w, b: nn.conv(plain, xc, w, b, sliced=False))
+        self.bias = None if b.const is None else b.const.reshape((1, -1) + (1,) * (rank - 2))
+        self.mult, self.shift = channel_shape(p.multiplier, rank, 1), channel_shape(p.rshift, rank, 1)
+        self.out = (p.out_zp, p.qmin, p.qmax)
+
+    def __call__(self, x, w, b):
+        acc = self.conv(_centered(x, self.zp, self.dtype), self.w, None)
+        return requantize_sums(acc, self.bias, self.mult, self.shift, *self.out)
 for _top_cls, _tpu_cls in ((top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
     prepared(_tpu_cls)(_float_prepared(_top_cls))

@@ -75,6 +75,41 @@ def requantize(acc, multiplier, rshift, out_zp: int, qmin: int, qmax: int) -> np
     return saturate(rshift_round(prod, rshift) + out_zp, qmin, qmax)
 
 
+# |acc * multiplier| below this: the product is exact in float64, and so is adding a half to it after the shift
+_F64_EXACT = float(2**52)
+
+
+def requantize_sums(acc: np.ndarray, bias, multiplier, rshift, out_zp: int, qmin: int, qmax: int) -> np.ndarray:
+    """requantize(saturate(acc + bias, int32), ...) of a BLAS accumulator (float32/float64 holding exact
+    integers; bias: integers or None; multiplier, rshift: as requantize), stored in the narrowest of
+    int8/uint8/int64 holding [qmin, qmax].
+
+    The same bits as the integer form, in float64 when every |sum * multiplier| is below 2^52 (the product,
+    its power-of-two shift and the half added to round it are then exact): half the passes of int64
+    arithmetic over a conv's output, which were most of an INT8 conv's time. Otherwise the integer form.
+    """
+    mult = np.asarray(multiplier, np.int64)
+    shift = np.asarray(rshift, np.int64)
+    t = acc.astype(np.float64) if bias is None else np.add(acc, bias, dtype=np.float64)
+    lo, hi = float(t.min(initial=0.0)), float(t.max(initial=0.0))
+    if lo < INT32_MIN or hi > INT32_MAX:
+        np.clip(t, INT32_MIN, INT32_MAX, out=t)
+        lo, hi = max(lo, INT32_MIN), min(hi, INT32_MAX)
+    dtype = next((d for d in (np.dtype(np.int8), np.dtype(np.uint8))
+                  if STORAGE_RANGE[d][0] <= qmin and qmax <= STORAGE_RANGE[d][1]), np.dtype(np.int64))
+    if max(-lo, hi) * float(np.abs(mult).max(initial=0)) >= _F64_EXACT or shift.min(initial=0) < 0 or \
+            shift.max(initial=0) > 52:
+        return requantize(exact_int(t), mult, shift, out_zp, qmin, qmax).astype(dtype)
+    t *= mult * np.ldexp(1.0, -shift)
+    # half away from zero: trunc(t +- 1/2), exact as t is a multiple of 2^-shift below 2^(52 - shift)
+    t += np.copysign(0.5, t)
+    np.trunc(t, out=t)
+    if out_zp:
+        t += out_zp
+    np.clip(t, qmin, qmax, out=t)
+    return t.astype(dtype)
+
+
 def exact_int(x: np.ndarray) -> np.ndarray:
     """A float64 array of exact integers (a BLAS result) as int64."""
     return np.rint(x).astype(np.int64)

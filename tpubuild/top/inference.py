@@ -7,7 +7,6 @@ stage's dump can be compared with every other's and with onnxruntime's.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import weakref
@@ -25,7 +24,7 @@ from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, NoneOp, WeightOp
 from tpubuild.ir.types import dtype_of, shape_of
 from tpubuild.ir.weights import WeightStore
-from tpubuild.kernels import KernelError, Operand, get_kernel, halfcast, prepare
+from tpubuild.kernels import KernelError, Operand, halfcast, prepare
 
 
 def output_names(module: ModuleOp) -> list[str]:
@@ -173,6 +172,8 @@ class Memo:
         self._attr_ids: dict[int, tuple[object, int]] = {}  # id(attribute) -> (attribute, number)
         self._weights: dict[int, tuple[weakref.ref, tuple]] = {}  # id(weight array) -> (array, signature)
         self._results: OrderedDict[tuple[int, int], tuple[tuple, int]] = OrderedDict()  # (key, input) -> results
+        self._fns: OrderedDict[int, Callable] = OrderedDict()  # kind (_plan_of) -> the op's kernel, prepared
+        self._weight_keys: set[int] = set()
         self._bytes = 0
         self._plan: tuple[ModuleOp, WeightStore, list, list] | None = None
         self.computed = self.reused = 0  # ops, over all runs
@@ -181,13 +182,13 @@ class Memo:
         """The graph outputs by name on input ``index`` (as ``run(..., all_tensors=False)`` gives them)."""
         plan, outputs = self._plan_of(module, weights)
         here: dict[int, tuple] = {}  # this run's values by key (an entry may leave the memo meanwhile)
-        for op, role, key, operands in plan:
+        for op, role, key, operands, kind in plan:
             if role is WeightOp:
                 here[key] = (weights[op.loc_name],)
             elif role is NoneOp:
                 here[key] = (None,)
             elif key not in here:
-                here[key] = self._results_of(op, role, key, index, [here[k][i] for k, i in operands])
+                here[key] = self._results_of(op, role, key, kind, index, [here[k][i] for k, i in operands])
         return {name: here[key][i] for name, (key, i) in outputs}
 
     def keep(self, indices: Sequence[int]) -> None:
@@ -220,7 +221,14 @@ class Memo:
                              tuple(where[id(v)] for v in op.operands if id(v) in where))
             key = self._keys.setdefault(signature, len(self._keys))
             operands = [where[id(v)] for v in op.operands] if role is None else []
-            plan.append((op, role, key, operands))
+            # what its prepared kernel depends on: the op and its operands' types and weights, not what computed
+            # them (a table that changes an op upstream makes new keys downstream, not new kernels)
+            kind = None if role is not None else self._keys.setdefault(
+                (signature[:-1], tuple(self._number(v.type) for v in op.operands),
+                 tuple((i, k) for i, (k, _) in enumerate(operands) if k in self._weight_keys)), len(self._keys))
+            if role is WeightOp:
+                self._weight_keys.add(key)
+            plan.append((op, role, key, operands, kind))
             for i, value in enumerate(op.results):
                 where[id(value)] = (key, i)
         outputs = [(mlir.value_name(v), where[id(v)]) for v in mlir.return_op(module).operands]
@@ -257,7 +265,7 @@ class Memo:
         self._attr_ids[id(attr)] = (attr, number)
         return number
 
-    def _results_of(self, op: TensorOp, role, key: int, index: int, args: list) -> tuple:
+    def _results_of(self, op: TensorOp, role, key: int, kind: int | None, index: int, args: list) -> tuple:
         hit = self._results.get((key, index))
         if hit is not None:
             self._results.move_to_end((key, index))
@@ -267,7 +275,7 @@ class Memo:
         if role is InputOp:
             result = _feed(op, self.inputs[index])
         else:
-            result = _call(op, functools.partial(_kernel(type(op)), params), args)
+            result = _call(op, self._prepared(op, kind, params, args), args)
         results = _all_checked(op, result, names, result_types)
         self.computed += 1
         size = sum(a.nbytes for a in results)
@@ -277,6 +285,21 @@ class Memo:
             _, (_, dropped) = self._results.popitem(last=False)
             self._bytes -= dropped
         return results
+
+    def _prepared(self, op: TensorOp, kind: int, params, args: list) -> Callable:
+        """The op's kernel prepared as a Plan prepares it, made once per kind (plan_of): the search runs most
+        ops of a table, on several inputs, with kernels the tables before it made."""
+        fn = self._fns.get(kind)
+        if fn is None:
+            spec = [_operand(v, a if _role(type(v.owner)) is WeightOp else None) for v, a in zip(op.operands, args)]
+            fn = self._fns[kind] = prepare(type(op), params, spec)
+            if len(self._fns) > _MEMO_KERNELS:
+                self._fns.popitem(last=False)
+        return fn
+
+
+# prepared kernels a Memo keeps (they hold copies of their weights in the forms they need)
+_MEMO_KERNELS = 4096
 
 
 def _call(op: TensorOp, fn: Callable, args: list) -> np.ndarray | tuple:
@@ -303,9 +326,8 @@ def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...]
     return halfcast.astype(array, dtype, order="C")
 
 
-# per op class, looked up once: the graph-source op it is (or None: computed by a kernel) and its kernel
+# per op class, looked up once: the graph-source op it is (or None: computed by a kernel)
 _ROLES: dict[type, type | None] = {}
-_KERNELS: dict[type, Callable] = {}
 
 
 def _role(cls: type) -> type | None:
@@ -329,12 +351,6 @@ def _decoded(op: TensorOp, role: type | None) -> tuple[object, list[tuple[tuple[
                [(shape_of(t), dtype_of(t)) for t in key[1]], op.names)
     _DECODED[op] = (key, decoded)
     return decoded
-
-
-def _kernel(cls: type) -> Callable:
-    if cls not in _KERNELS:
-        _KERNELS[cls] = get_kernel(cls)  # registrations are final: a found kernel never changes
-    return _KERNELS[cls]
 
 
 def _feed(op: InputOp, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
