@@ -189,9 +189,9 @@ _ONE_THREAD_GEMV = 2304 * 4
 # the largest columns a TOP depthwise conv builds (bigger planes keep the tap passes)
 _DEPTHWISE_COLS = 1 << 22
 
-# a TOP depthwise conv builds its planes and columns this many bytes of columns' channels at a time, each
-# block multiplied while it is still in cache (the columns are taps times the input: PP-OCR's 5x5 convs' are
-# 2.6 MB, and written whole, then read back by the products, they took twice the time of blocks)
+# a TOP depthwise conv makes its planes and columns a block of channels at a time, about this many bytes of
+# columns, each block multiplied while it is still in cache (the columns are taps times the input: PP-OCR's 5x5
+# convs' are 2.6 MB, and written whole, then read back by the products, they took twice the time of blocks)
 _DEPTHWISE_BLOCK = 1 << 18
 
 

@@ -48,12 +48,15 @@ def _tap_slices(taps, strides, dilations, out_sp) -> list[tuple]:
                                 for k, d, s, o in zip(tap, dilations, strides, out_sp)) for tap in taps]
 
 
-def _channel_bias(b: np.ndarray | None, out_shape: tuple[int, ...]) -> np.ndarray | None:
-    """A conv's bias [C] as an operand of its output [N, C, ...], broadcast to a small output once (as _full)."""
+def _channel_bias(b: np.ndarray | None, out_shape: tuple[int, ...], full: bool) -> np.ndarray | None:
+    """A conv's bias [C] as an operand of its output [N, C, ...]; ``full``: broadcast to a small output once (as
+    _full; not for the simulator's tiles, a copy per command)."""
     if b is None:
         return None
     shaped = b.reshape((1, -1) + (1,) * (len(out_shape) - 2))
-    return np.ascontiguousarray(np.broadcast_to(shaped, out_shape)) if math.prod(out_shape) <= _FULL_WEIGHT else shaped
+    if not full or math.prod(out_shape) > _FULL_WEIGHT:
+        return shaped
+    return np.ascontiguousarray(np.broadcast_to(shaped, out_shape))
 
 
 class _Epilogue:
@@ -93,7 +96,7 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     wt = w.const.reshape(oc, c // g, -1)
     if len(taps) < wt.shape[2]:
         wt = wt[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
-    bias = _channel_bias(b.const, (n, oc) + out_sp)
+    bias = _channel_bias(b.const, (n, oc) + out_sp, full=not sliced)
     epilogue = _Epilogue(p, bias)
     if g > 1 and c == g:
         if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
