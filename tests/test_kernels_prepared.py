@@ -358,3 +358,16 @@ def test_depthwise_gemv_views_follow_the_scratch_buffers():
                 scratch.buf = np.full(scratch.buf.size, 255, np.uint8)  # replaced, and not zeros
         assert same_bits(run(x, w, b), expect)
         assert run.conv._scratch.views[0] == tuple(id(s.buf) for s in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2 ** 16), st.booleans())
+def test_prepared_hardswish_is_the_kernel(seed, fortran):
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=tuple(int(v) for v in rng.integers(1, 9, size=int(rng.integers(1, 5))))) * 5).astype(
+        np.float32)
+    x.ravel()[:6] = np.array([np.nan, np.inf, -np.inf, -0.0, 3.0, -3.0], np.float32)[:x.size]
+    x = np.asfortranarray(x) if fortran else x
+    run = prepare(top.HardSwishOp, None, _operands(x))
+    assert not isinstance(run, functools.partial)
+    assert same_bits(run(x), get_kernel(top.HardSwishOp)(None, x))

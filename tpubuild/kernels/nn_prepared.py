@@ -374,6 +374,22 @@ def _(p: top.SoftmaxParams, operands: list[Operand]) -> Callable | None:
     return run
 
 
+@prepared(top.HardSwishOp)
+def _(p, operands: list[Operand]) -> Callable | None:
+    if operands[0].dtype != F32:
+        return None
+    six, half, zero, one = (np.asarray(v, F32) for v in (6, 0.5, 0, 1))
+
+    def run(x):
+        # pointwise's kernel with its constants made once (PP-OCR runs 18 HardSwishes)
+        with np.errstate(all="ignore"):
+            t = np.divide(x, six)
+            t += half
+            clip(t, zero, one, out=t)
+            return np.multiply(x, t, out=t)
+    return run
+
+
 @prepared(top.MatMulOp)
 def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
     a, b, bias = operands
