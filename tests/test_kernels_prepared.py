@@ -371,3 +371,22 @@ def test_prepared_hardswish_is_the_kernel(seed, fortran):
     run = prepare(top.HardSwishOp, None, _operands(x))
     assert not isinstance(run, functools.partial)
     assert same_bits(run(x), get_kernel(top.HardSwishOp)(None, x))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2 ** 16), st.sampled_from(["C", "F", "strided"]))
+def test_prepared_silu_is_the_kernel(seed, layout):
+    """x * sigmoid(x) with -|x| made as x with its sign bit set: the kernel's bits on NaNs of either sign and
+    payload, infinities, zeros of either sign, subnormals, big values."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(1, 9, size=int(rng.integers(1, 5))))
+    x = (rng.normal(size=shape) * rng.choice([1e-3, 1.0, 30.0, 1e3], size=shape)).astype(np.float32)
+    special = np.array([0x7FC00000, 0xFFC00000, 0x7FC01234, 0xFFD00001, 0x7F800000, 0xFF800000, 0, 0x80000000, 1,
+                        0x80000001, 0x7F7FFFFF, 0xFF7FFFFF], np.uint32).view(np.float32)
+    where = rng.random(size=shape) < 0.3
+    x[where] = rng.choice(special, size=int(where.sum()))
+    x = np.asfortranarray(x) if layout == "F" else x[..., ::2] if layout == "strided" else x
+    run = prepare(top.SiLUOp, None, _operands(x))
+    assert not isinstance(run, functools.partial)
+    with np.errstate(all="ignore"):
+        assert same_bits(run(x), get_kernel(top.SiLUOp)(None, x))
