@@ -259,3 +259,40 @@ def test_shipped_models_build_and_verify(tmp_path):
             assert comp["min_cos"] >= 0.99999, comp
         for name in ("origin.mlir", "canonical.mlir"):
             upstream_check(build / model / name, "-o", os.devnull)
+
+
+@pytest.mark.parametrize("first", ["a", "b", "d"])
+def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
+    """doit_config's dispatcher (tasks._first_ready): of the tasks ready at once (after c), the one marked
+    ``meta={"first": True}`` runs first (the search, before F32/BF16 stages). doit's own order among them
+    is that of a set."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from tpubuild.build.tasks import doit_config
+
+    order = []
+
+    def task_x():
+        yield {"basename": "c", "actions": [lambda: order.append("c")]}
+        for name in ("a", "b", "d"):
+            yield {"basename": name, "actions": [lambda name=name: order.append(name)], "task_dep": ["c"],
+                   **({"meta": {"first": True}} if name == first else {})}
+        yield {"basename": "all", "actions": None, "task_dep": ["a", "b", "d"]}
+
+    config = {**doit_config(tmp_path), "reporter": "zero", "default_tasks": ["all"]}
+    assert DoitMain(ModuleTaskLoader({"DOIT_CONFIG": config, "task_x": task_x})).run([]) == 0
+    assert order[:2] == ["c", first] and sorted(order) == ["a", "b", "c", "d"]
+
+
+def test_first_ready_takes_the_first_marked_node_else_doits_next():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from tpubuild.build.tasks import _first_ready
+
+    def node(name, meta=None):
+        return SimpleNamespace(name=name, task=SimpleNamespace(meta=meta))
+
+    ready = deque([node("lg"), node("search", {"first": True}), node("assign"), node("cal", {"first": True})])
+    assert [_first_ready(None, ready, []).name for _ in range(4)] == ["search", "cal", "lg", "assign"]
