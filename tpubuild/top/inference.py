@@ -173,7 +173,6 @@ class Memo:
         self._weights: dict[int, tuple[weakref.ref, tuple]] = {}  # id(weight array) -> (array, signature)
         self._results: OrderedDict[tuple[int, int], tuple[tuple, int]] = OrderedDict()  # (key, input) -> results
         self._fns: OrderedDict[int, Callable] = OrderedDict()  # kind (_plan_of) -> the op's kernel, prepared
-        self._weight_keys: set[int] = set()
         self._bytes = 0
         self._plan: tuple[ModuleOp, WeightStore, list, list] | None = None
         self.computed = self.reused = 0  # ops, over all runs
@@ -204,6 +203,7 @@ class Memo:
             return self._plan[2], self._plan[3]
         plan = []
         where: dict[int, tuple[int, int]] = {}  # id(value) -> (key, result index)
+        typed: dict[tuple[int, int], int] = {}  # (key, result index) of a computed value -> its type's number
         for op in mlir.body_ops(module):
             if not isinstance(op, TensorOp):
                 continue
@@ -221,16 +221,15 @@ class Memo:
                              tuple(where[id(v)] for v in op.operands if id(v) in where))
             key = self._keys.setdefault(signature, len(self._keys))
             operands = [where[id(v)] for v in op.operands] if role is None else []
-            # what its prepared kernel depends on: the op and its operands' types and weights, not what computed
+            # what its prepared kernel depends on: the op, its operands' types and its weights, not what computed
             # them (a table that changes an op upstream makes new keys downstream, not new kernels)
             kind = None if role is not None else self._keys.setdefault(
-                (signature[:-1], tuple(self._number(v.type) for v in op.operands),
-                 tuple((i, k) for i, (k, _) in enumerate(operands) if k in self._weight_keys)), len(self._keys))
-            if role is WeightOp:
-                self._weight_keys.add(key)
+                (signature[:-1], tuple(typed.get(o, o) for o in operands)), len(self._keys))
             plan.append((op, role, key, operands, kind))
             for i, value in enumerate(op.results):
                 where[id(value)] = (key, i)
+                if role is None:
+                    typed[key, i] = signature[-2][i]  # a weight's key is its array's dtype, shape and bytes
         outputs = [(mlir.value_name(v), where[id(v)]) for v in mlir.return_op(module).operands]
         self._plan = (module, weights, plan, outputs)
         return plan, outputs
