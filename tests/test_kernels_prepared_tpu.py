@@ -97,3 +97,20 @@ def test_prepared_int8_matmul_is_the_kernel(seed, with_bias, zps, rank):
     run = prepare(tpu.MatMulOp, p, [Operand(a.shape, a.dtype, None), weight(b), weight(bias)])
     assert not isinstance(run, functools.partial)
     assert same_bits(run(a, b, bias), get_kernel(tpu.MatMulOp)(p, a, b, bias))
+
+
+@pytest.mark.parametrize("cls", [top.ConvOp, tpu.ConvOp])
+@pytest.mark.parametrize("shape, kernel, relu", [((1, 128, 12, 160), (3, 3), False), ((1, 16, 96, 96), (5, 5), True)])
+def test_big_stride_1_depthwise_runs_the_flat_kernel(cls, shape, kernel, relu):
+    """An input past nn_prepared._DEPTHWISE_FLAT at stride 1: nn's flat-plane kernel, the conv kernel's bits
+    (a TOP conv whose planes the per-channel GEMV does not take, and a TPU conv, which the chip slices)."""
+    rng = np.random.default_rng(2)
+    c = shape[1]
+    x = rng.normal(size=shape).astype(np.float32)
+    w, b = rng.normal(size=(c, 1) + kernel).astype(np.float32), rng.normal(size=c).astype(np.float32)
+    p = cls.PARAMS(kernel_shape=kernel, strides=(1, 1), pads=tuple(k // 2 for k in kernel) * 2, dilations=(1, 1),
+                   group=c, do_relu=relu)
+    run = prepare(cls, p, [Operand(x.shape, x.dtype, None), weight(w), weight(b)])
+    assert type(run).__name__ in ("_DepthwiseFlat", "_DepthwiseGemv")
+    assert cls is top.ConvOp or type(run).__name__ == "_DepthwiseFlat"
+    assert same_bits(run(x, w, b), get_kernel(cls)(p, x, w, b))
