@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import numpy as np
 from xdsl.dialects.builtin import NoneType, f32
@@ -281,15 +282,24 @@ def lut(lw: Lowering, op: TensorOp):
     x = head.operands[lut_operand(lw, head)]
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
-    values = qx.dequantize(np.arange(256, dtype=np.uint8).view(qx.dtype))  # entry i: the stored byte i
-    with np.errstate(all="ignore"):
-        for step in chain:
-            i = lut_operand(lw, step)
-            args = [values if j == i else lw.weight_array(v) for j, v in enumerate(step.operands)]
-            values = np.asarray(get_kernel(type(step))(step.params, *args), np.float32).reshape(-1)
-    table = qy.quantize(values)
-    tv = lw.weight(op.loc_name, "table", table, qy.element())
+    # the same chain between the same quantizations, in another lowering of this module: the same table
+    key = (tuple((id(step), *map(id, step.attributes.values())) for step in chain), qx, qy)
+    made = _TABLES.setdefault(op, {})
+    if key not in made:
+        values = qx.dequantize(np.arange(256, dtype=np.uint8).view(qx.dtype))  # entry i: the stored byte i
+        with np.errstate(all="ignore"):
+            for step in chain:
+                i = lut_operand(lw, step)
+                args = [values if j == i else lw.weight_array(v) for j, v in enumerate(step.operands)]
+                values = np.asarray(get_kernel(type(step))(step.params, *args), np.float32).reshape(-1)
+        made[key] = qy.quantize(values)
+    tv = lw.weight(op.loc_name, "table", made[key], qy.element())
     return list(lw.emit(tpu.LutOp, [xin, tv], None, op.names, [retyped(op.result_types[0], qy.element())]).results)
+
+
+# op -> its tables by chain and quantizations: the mixed-precision search lowers one module dozens of times (a
+# table's ops stay alive with its op: they are its operands' producers)
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @int8_rule(*UNARY)
