@@ -164,3 +164,29 @@ def test_compiler_version_shape():
 
     version = compiler_version()
     assert version.startswith(tpubuild.__version__ + "+") and len(version.split("+")[1]) == 12
+
+
+def test_npz_files_are_deterministic_zips_numpy_reads(tmp_path):
+    """write_npz streams the bytes npz_bytes makes: sorted members, fixed timestamps, no data descriptors, the same
+    bytes for the same arrays; np.load and read_npz give back values and dtypes (bfloat16 too)."""
+    import zipfile
+
+    import ml_dtypes
+
+    from tpubuild.build.files import npz_bytes
+
+    rng = np.random.default_rng(0)
+    arrays = {"b": rng.normal(size=(2, 3, 5)).astype(np.float32), "a": np.arange(4, dtype=np.int8),
+              "bf": np.ones(3, ml_dtypes.bfloat16), "f": np.asfortranarray(rng.normal(size=(3, 4))),
+              "scalar": np.float32(2.5), "empty": np.zeros((0, 3))}
+    write_npz(tmp_path / "x.npz", arrays)
+    write_npz(tmp_path / "y.npz", dict(reversed(list(arrays.items()))))
+    data = (tmp_path / "x.npz").read_bytes()
+    assert data == (tmp_path / "y.npz").read_bytes() == npz_bytes(arrays)
+    with zipfile.ZipFile(tmp_path / "x.npz") as zf:
+        infos = zf.infolist()
+        assert [i.filename for i in infos] == sorted(i.filename for i in infos)
+        assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)} and not any(i.flag_bits & 0x8 for i in infos)
+    back = read_npz(tmp_path / "x.npz")
+    assert back.keys() == arrays.keys()
+    assert all(back[k].dtype == np.asarray(v).dtype and np.array_equal(back[k], v) for k, v in arrays.items())

@@ -107,3 +107,37 @@ def test_cosine_is_scale_invariant(a, k):
     if np.linalg.norm(a) == 0:
         return
     assert cosine(a * k, a) == pytest.approx(1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arrays(np.float32, st.integers(1, 40), elements=st.floats(-1e6, 1e6, width=32)),
+       st.lists(st.sampled_from([0.0, 1e-9, 1e-7, 1e-5, 1e-3, float("nan"), float("inf"), -float("inf")]),
+                min_size=1, max_size=40),
+       st.sampled_from([0.0, 1e-6, 1e-5, 2e-5]))
+def test_close_label_is_numpys_allclose(ref, nudges, rel):
+    """CLOSE exactly when np.allclose(rtol=1e-5, atol=1e-8, equal_nan=True) and not bitwise equal: relative
+    and absolute nudges around the bounds, NaNs and infinities on either side."""
+    from tpubuild.verify.similarity import CLOSE_ATOL, CLOSE_RTOL
+
+    test = ref.astype(np.float64).copy()
+    for i, d in enumerate(nudges[:test.size]):
+        test[i] = test[i] * (1 + rel) + d if math.isfinite(d) else d
+    test = test.astype(np.float32)
+    if nudges[0] != 0.0 and not math.isfinite(nudges[0]) and ref.size > 1:
+        ref = ref.copy()
+        ref[1] = nudges[0]  # a NaN or infinity in the reference too
+    label = similarity(test, ref, TOL).label
+    close = np.allclose(test.astype(np.float64), ref.astype(np.float64), rtol=CLOSE_RTOL, atol=CLOSE_ATOL,
+                        equal_nan=True)
+    if np.array_equal(test, ref, equal_nan=True):
+        assert label == EQUAL
+    else:
+        assert (label == CLOSE) == close
+
+
+def test_close_bounds_by_hand():
+    zero, big = np.zeros(3), np.full(3, 1000.0)
+    assert similarity(zero + 5e-9, zero, TOL).label == CLOSE  # within atol 1e-8
+    assert similarity(zero + 2e-8, zero, TOL).label != CLOSE
+    assert similarity(big + 0.009, big, TOL).label == CLOSE  # within rtol 1e-5 of 1000 (+ atol)
+    assert similarity(big + 0.011, big, TOL).label != CLOSE

@@ -90,22 +90,29 @@ def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """A deterministic .npz (uncompressed, sorted members, fixed timestamps) readable by np.load."""
-    import numpy as np
-
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        stored = _storable(arrays)
-        for name in sorted(stored):
-            info = zipfile.ZipInfo(name + ".npy", date_time=_EPOCH)
-            info.external_attr = 0o644 << 16
-            member = io.BytesIO()
-            np.lib.format.write_array(member, stored[name], allow_pickle=False)
-            zf.writestr(info, member.getvalue())
+    _write_npz(buf, arrays)
     return buf.getvalue()
 
 
 def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
-    write_bytes(path, npz_bytes(arrays))
+    """npz_bytes(arrays) to ``path``, atomically, streamed: a stage's tensors can be hundreds of MB, and the
+    bytes made in memory first were three copies of them."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        _write_npz(f, arrays)
+
+
+def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
+    import numpy as np
+
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        stored = _storable(arrays)
+        for name in sorted(stored):
+            info = zipfile.ZipInfo(name + ".npy", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.file_size = stored[name].nbytes  # (and its header): zip64 or not, as for a member of known size
+            with zf.open(info, "w") as member:
+                np.lib.format.write_array(member, stored[name], allow_pickle=False)
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
