@@ -24,9 +24,8 @@ from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.kernels import deconv, halfcast, nn, nn_prepared
 from tpubuild.kernels.registry import _KERNELS, _PREPARED, Operand, get_kernel, kernel, prepared
-from tpubuild.kernels.tpu_arith import (INT32_MAX, INT32_MIN, ROUNDERS, STORAGE_RANGE, centered, channel_shape,
-                                        exact_int, is_float, requantize, requantize_sums, rshift_round,
-                                        saturate)
+from tpubuild.kernels.tpu_arith import (ROUNDERS, STORAGE_RANGE, centered, channel_shape, exact_int, is_float,
+                                        requantize, requantize_sums, rshift_round, saturate)
 
 _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -291,5 +290,7 @@ class _ConvInt8:
     def __call__(self, x, w, b):
         acc = self.conv(_centered(x, self.zp, self.dtype), self.w, None)
         return requantize_sums(acc, self.bias, self.mult, self.shift, *self.out)
+
+
 for _top_cls, _tpu_cls in ((top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
     prepared(_tpu_cls)(_float_prepared(_top_cls))
