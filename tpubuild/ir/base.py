@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import ClassVar, TypeVar
 
 from xdsl.dialects.builtin import FusedLoc, NameLoc, NoneAttr, NoneType, StringAttr, TensorType
@@ -15,6 +16,9 @@ from tpubuild.ir.params import NoParams
 from tpubuild.ir.types import shape_of
 
 
+# An attribute is immutable, so one location serves every op at that name: the mixed-precision search lowers a
+# model dozens of times, and making (and verifying) each op's NameLoc again was a fifth of a lowering.
+@lru_cache(maxsize=1 << 16)
 def name_loc(name: str) -> NameLoc:
     return NameLoc(StringAttr(name), NoneAttr())
 
