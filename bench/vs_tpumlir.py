@@ -119,6 +119,9 @@ class Side:
 
 def run(cmd: list[str], cwd: Path, env: dict, log: Path) -> tuple[Timing, bool]:
     """``cmd`` with its output appended to ``log``: wall and CPU seconds (this child and its own children)."""
+    # the previous command's files go to disk first: the kernel would write them back during this one, on the
+    # same two cores (either side's, after the other's builds of hundreds of MB)
+    os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with log.open("a") as out:
