@@ -58,7 +58,8 @@ Prints per model:
    one more doit run, in another fresh build folder (artifact cache still off).
    Total wall time and ours/theirs (goal <= 0.15x).
 
-Ratios are measured in this run, one side right after the other. Run it alone
+Ratios are measured in this run, one side right after the other (each timed
+command starts after os.sync(): the files of the one before are on disk). Run it alone
 on the machine if you can (it takes minutes per model: TPU-MLIR's tools start
 slowly, and ppocrv4_rec's INT8 target runs the search).
 
