@@ -263,8 +263,8 @@ def test_shipped_models_build_and_verify(tmp_path):
 
 @pytest.mark.parametrize("first", ["a", "b", "d"])
 def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
-    """doit_config's dispatcher (tasks._first_ready): of the tasks ready at once (after c), the one marked
-    ``meta={"first": True}`` runs first (the search, before F32/BF16 stages). doit's own order among them
+    """doit_config's dispatcher (tasks._next_by_priority): of the tasks ready at once (after c), the one of the
+    highest ``meta["priority"]`` runs first (the search, before F32/BF16 stages). doit's own order among them
     is that of a set."""
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
@@ -277,7 +277,7 @@ def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
         yield {"basename": "c", "actions": [lambda: order.append("c")]}
         for name in ("a", "b", "d"):
             yield {"basename": name, "actions": [lambda name=name: order.append(name)], "task_dep": ["c"],
-                   **({"meta": {"first": True}} if name == first else {})}
+                   **({"meta": {"priority": 1}} if name == first else {})}
         yield {"basename": "all", "actions": None, "task_dep": ["a", "b", "d"]}
 
     config = {**doit_config(tmp_path), "reporter": "zero", "default_tasks": ["all"]}
@@ -285,14 +285,15 @@ def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
     assert order[:2] == ["c", first] and sorted(order) == ["a", "b", "c", "d"]
 
 
-def test_first_ready_takes_the_first_marked_node_else_doits_next():
+def test_next_by_priority_takes_the_highest_priority_first_then_doits_order():
     from collections import deque
     from types import SimpleNamespace
 
-    from tpubuild.build.tasks import _first_ready
+    from tpubuild.build.tasks import _next_by_priority
 
     def node(name, meta=None):
         return SimpleNamespace(name=name, task=SimpleNamespace(meta=meta))
 
-    ready = deque([node("lg"), node("search", {"first": True}), node("assign"), node("cal", {"first": True})])
-    assert [_first_ready(None, ready, []).name for _ in range(4)] == ["search", "cal", "lg", "assign"]
+    ready = deque([node("report", {"priority": -1}), node("lg"), node("search", {"priority": 1}), node("assign"),
+                   node("cal", {"priority": 1})])
+    assert [_next_by_priority(None, ready, []).name for _ in range(5)] == ["search", "cal", "lg", "assign", "report"]

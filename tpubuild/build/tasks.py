@@ -103,14 +103,15 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
         "targets": targets,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
-        **({"meta": {"first": True}} if stage in FIRST else {}),
+        **({"meta": {"priority": PRIORITY[stage]}} if stage in PRIORITY else {}),
         **extra,
     }
 
 
-# Stages that head a model's longest chain of work: the mixed-precision search and the calibration before it
-# (every INT8 target waits for them). `doit -n N` gives a free process to these before other ready tasks.
-FIRST = frozenset({"calibrate", "search"})
+# Which ready task `doit -n N` gives a free process first (the highest; 0 unless listed): the stages that head a
+# model's longest chain of work, the mixed-precision search and the calibration before it (every INT8 target
+# waits for them), before the rest; the report pages, which no stage waits for, after them.
+PRIORITY = {"calibrate": 1, "search": 1, "report": -1}
 
 
 def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
@@ -445,18 +446,21 @@ def find_manifests(patterns: Iterable[str]) -> list[Path]:
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _first_ready(self, ready, tasks_to_run):
-    """doit's TaskDispatcher._get_next_node (doit 0.37), ready tasks marked ``meta={"first": True}`` first.
+def _next_by_priority(self, ready, tasks_to_run):
+    """doit's TaskDispatcher._get_next_node (doit 0.37) taking the ready task of the highest ``meta["priority"]``
+    (PRIORITY), the first of them in doit's order.
 
     doit hands ready tasks to free processes in the order they became ready: PP-OCRv4 rec's search, the
     longest stage of its matrix, became ready while four short F32/BF16 stages queued, and waited a second
-    for them with both processes busy. doit has no priorities to set; this is its method with one.
+    for them with both processes busy; PP-OCR cls's INT8 codegen waited behind two report pages. doit has no
+    priorities to set; this is its method with one.
     """
-    for i, node in enumerate(ready):
-        if node.task.meta and node.task.meta.get("first"):
-            del ready[i]
-            return node
-    return _doit_next_node(self, ready, tasks_to_run)
+    if not ready:
+        return _doit_next_node(self, ready, tasks_to_run)
+    best = max(range(len(ready)), key=lambda i: (ready[i].task.meta or {}).get("priority", 0))
+    node = ready[best]
+    del ready[best]
+    return node
 
 
 _doit_next_node = TaskDispatcher._get_next_node
@@ -469,11 +473,11 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
     with `doit -n N`, and OpenBLAS's own threads gain nothing on the stages' many small products (the
     verify stages' dot products, calibration statistics) while they spin between calls: on a busy 2-core
     machine, ppocr_mobile_v2_cls's INT8 flow took 17 s of CPU with two threads, 9 s with one. And doit's
-    dispatcher takes FIRST stages first (_first_ready).
+    dispatcher takes ready tasks by PRIORITY (_next_by_priority).
     """
     for var in BLAS_THREAD_VARS:
         os.environ.setdefault(var, "1")
-    TaskDispatcher._get_next_node = _first_ready
+    TaskDispatcher._get_next_node = _next_by_priority
     # Python's cyclic GC at its defaults collects the young generation every 700 new objects and all of them
     # every 70,000: a stage building an xDSL module makes millions, and each full collection walks every live
     # object of the process (the imported compiler, the modules kept for the next stage). At 10,000 the
