@@ -85,16 +85,11 @@ def _(p, x, w, b):
     # in float64 (exact) after the sums; exact sums are the same in any order: the slices need nothing more
     zp = _zp(p, 0)
     dtype = np.float32 if _partial_sum_bound(x.dtype, zp, w) <= F32_EXACT else np.float64
-    acc = nn.conv(_no_relu(p), _centered(x, zp, dtype), w.astype(dtype), None, sliced=False)
+    acc = nn.conv(_no_relu(p), centered(x, zp, dtype), w.astype(dtype), None, sliced=False)
     if b is not None:
         b = b.reshape((1, -1) + (1,) * (acc.ndim - 2))
     return requantize_sums(acc, b, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
                            p.out_zp, p.qmin, p.qmax)
-
-
-def _centered(x: np.ndarray, zp: int, dtype) -> np.ndarray:
-    """Stored x - zp in a float dtype (exact): one pass when zp is 0 (symmetric activations)."""
-    return x.astype(dtype) - dtype(zp) if zp else x.astype(dtype)
 
 
 def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
@@ -111,7 +106,7 @@ def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
 def _(p, a, b, bias):
     if not is_quant(a):
         return get_kernel(top.MatMulOp)(p, widen(a), widen(b), widen(bias))
-    acc = np.matmul(_centered(a, _zp(p, 0), np.float64), _centered(b, _zp(p, 1), np.float64))
+    acc = np.matmul(centered(a, _zp(p, 0)), centered(b, _zp(p, 1)))
     return requantize_sums(acc, bias, channel_shape(p.multiplier, acc.ndim, -1),
                            channel_shape(p.rshift, acc.ndim, -1), p.out_zp, p.qmin, p.qmax)
 
@@ -252,11 +247,11 @@ def _(p, operands):
     if b.const is None or (bias.shape is not None and bias.const is None):
         return None
     # the weights centered once; the rest as the kernel
-    wide = _centered(b.const, _zp(p, 1), np.float64)
+    wide = centered(b.const, _zp(p, 1))
     mult, shift = channel_shape(p.multiplier, len(a.shape), -1), channel_shape(p.rshift, len(a.shape), -1)
 
     def run(a, b, bias_):
-        acc = np.matmul(_centered(a, _zp(p, 0), np.float64), wide)
+        acc = np.matmul(centered(a, _zp(p, 0)), wide)
         return requantize_sums(acc, bias.const, mult, shift, p.out_zp, p.qmin, p.qmax)
     return run
 
@@ -288,7 +283,7 @@ class _ConvInt8:
         self.out = (p.out_zp, p.qmin, p.qmax)
 
     def __call__(self, x, w, b):
-        acc = self.conv(_centered(x, self.zp, self.dtype), self.w, None)
+        acc = self.conv(centered(x, self.zp, self.dtype), self.w, None)
         return requantize_sums(acc, self.bias, self.mult, self.shift, *self.out)
 
 

@@ -115,9 +115,10 @@ def exact_int(x: np.ndarray) -> np.ndarray:
     return np.rint(x).astype(np.int64)
 
 
-def centered(x: np.ndarray, zp: int) -> np.ndarray:
-    """x - zero point as float64 (exact), ready for a BLAS product."""
-    return x.astype(np.float64) - float(zp)
+def centered(x: np.ndarray, zp: int, dtype=np.float64) -> np.ndarray:
+    """x - zero point in a float dtype (exact for stored 8-bit values), ready for a BLAS product: one pass when
+    the zero point is 0 (symmetric activations)."""
+    return x.astype(dtype) - dtype(zp) if zp else x.astype(dtype)
 
 
 def channel_shape(values, rank: int, axis: int) -> np.ndarray:
