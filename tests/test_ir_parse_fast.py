@@ -13,13 +13,14 @@ from xdsl.parser import Parser
 from tpubuild.ir import mlir
 from tpubuild.ir.quant import UniformType
 
-# a lowered-module-like op: i64 arrays (negative, single, empty), an f64 array, a per-axis type with
-# negative zero points and exponents, a per-tensor type
+# a lowered-module-like op: i64 scalars (negative, past i64's signed range, in a dictionary) and arrays (negative,
+# single, empty), other integer and float widths, a per-axis type with negative zero points and exponents, a
+# per-tensor type
 TEXT = '''"builtin.module"() ({
   "func.func"() <{sym_name = "main", function_type = (tensor<1x3xf32>) -> tensor<1x3xf32>}> ({
   ^bb0(%0: tensor<1x3xf32> loc(unknown)):
     %1 = "top.Input"(%0) : (tensor<1x3xf32>) -> tensor<1x3xf32> loc("x")
-    %2 = "top.Weight"() {a = [7 : i64], b = [-3 : i64, 0 : i64, 2147483647 : i64], c = [], d = [1.5, 2.0], e = [1 : i32, 2 : i32]} : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.0:12}>> loc("w")
+    %2 = "top.Weight"() {a = [7 : i64], b = [-3 : i64, 0 : i64, 2147483647 : i64], c = [], d = [1.5, 2.0], e = [1 : i32, 2 : i32], f = -5 : i64, g = 9223372036854775808 : i64, h = 3 : i32, i = {j = 12 : i64, k = 0.5 : f64}, l = 7} : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.0:12}>> loc("w")
     %3 = "top.Weight"() : () -> tensor<3x!quant.uniform<u8:f32, 0.0078125:128>> loc("v")
     "func.return"(%1) : (tensor<1x3xf32>) -> () loc(unknown)
   }) : () -> () loc(unknown)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, i64
+from xdsl.dialects.builtin import ModuleOp
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc
@@ -34,6 +34,7 @@ from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, channel_redirects, p
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
+from tpubuild.ir.params import int_array, int_attr
 from tpubuild.ir.top import InputOp, WeightOp
 
 
@@ -167,27 +168,23 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
                       fills)
 
 
-def _ints(values) -> ArrayAttr:
-    return ArrayAttr([IntegerAttr(int(v), i64) for v in values])
-
-
 def annotate(module: ModuleOp, a: Assignment) -> None:
     for op in mlir.body_ops(module):
         if not isinstance(op, TensorOp):
             continue
         if isinstance(op, WeightOp):
             if op.loc_name in a.weights:
-                op.attributes["addr"] = IntegerAttr(a.weights[op.loc_name], i64)
+                op.attributes["addr"] = int_attr(a.weights[op.loc_name])
         elif isinstance(op, InputOp):
-            op.attributes["addr"] = IntegerAttr(a.activations[op.loc_name], i64)
+            op.attributes["addr"] = int_attr(a.activations[op.loc_name])
         elif op.results and "ginfo" in op.attributes:
-            op.attributes["addr"] = _ints([a.activations.get(name, -1) for name in op.names])
+            op.attributes["addr"] = int_array([a.activations.get(name, -1) for name in op.names])
     for key, value in (("weight_bytes", a.weight_bytes), ("activation_base", a.activation_base),
                        ("activation_bytes", a.activation_bytes), ("activation_lower_bound", a.lower_bound),
                        ("ddr_bytes", a.ddr_bytes)):
-        module.attributes[f"addr.{key}"] = IntegerAttr(value, i64)
+        module.attributes[f"addr.{key}"] = int_attr(value)
     if a.fills:
-        module.attributes["addr.fills"] = _ints(a.fills)
+        module.attributes["addr.fills"] = int_array(a.fills)
     mlir.set_module_attrs(module, state="TPU_ADDRESSED")
 
 

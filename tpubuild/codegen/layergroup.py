@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
 from xdsl.ir import Attribute
 
 from tpubuild.build.chips import Chip
@@ -49,6 +49,7 @@ from tpubuild.codegen.graph import Graph, build_graph
 from tpubuild.codegen.slicing import Rule, align, exact_f32, local_rule, spread_shape, weight_lane_bytes
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
+from tpubuild.ir.params import int_array, int_attr
 
 LOCAL, GLOBAL, ALIAS, COPY = "local", "global", "alias", "copy"
 CHANNEL, SPREAD, FOLD = "channel", "spread", "fold"  # a local group's layout (Group.layout)
@@ -1307,23 +1308,15 @@ def replay_steps(steps: Sequence[Step], durations: Sequence[int]) -> int:
 
 # ---- lg.mlir ------------------------------------------------------------------------------------
 
-def _ints(values: Sequence[int]) -> ArrayAttr:
-    return ArrayAttr([IntegerAttr(int(v), i64) for v in values])
-
-
-def _int(v: int) -> IntegerAttr:
-    return IntegerAttr(int(v), i64)
-
-
 def _slices_attr(ranges: Sequence[Range]) -> dict[str, Attribute]:
-    return {"n_idx": _ints([r[0] for r in ranges]), "n_slice": _ints([r[1] - r[0] for r in ranges]),
-            "h_idx": _ints([r[2] for r in ranges]), "h_slice": _ints([r[3] - r[2] for r in ranges])}
+    return {"n_idx": int_array([r[0] for r in ranges]), "n_slice": int_array([r[1] - r[0] for r in ranges]),
+            "h_idx": int_array([r[2] for r in ranges]), "h_slice": int_array([r[3] - r[2] for r in ranges])}
 
 
 def _tensor_attr(group: Group, tensor: str, ranges: Sequence[Range]) -> DictionaryAttr:
     keys = group.buffer_keys(tensor)
-    return DictionaryAttr({"tensor": StringAttr(tensor), "addr": _ints([group.addrs[k] for k in keys]),
-                           "size": _int(group.sizes[keys[0]]), **_slices_attr(ranges)})
+    return DictionaryAttr({"tensor": StringAttr(tensor), "addr": int_array([group.addrs[k] for k in keys]),
+                           "size": int_attr(group.sizes[keys[0]]), **_slices_attr(ranges)})
 
 
 def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
@@ -1331,30 +1324,30 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
     for group in groups:
         for pos, p in enumerate(group.ops):
             node = graph.ops[p]
-            info: dict[str, Attribute] = {"group": _int(group.id), "id": _int(pos), "kind": StringAttr(group.kind)}
+            info: dict[str, Attribute] = {"group": int_attr(group.id), "id": int_attr(pos), "kind": StringAttr(group.kind)}
             if group.kind == LOCAL:
                 keys = group.buffer_keys(node.name)
-                info.update({"out_addr": _ints([group.addrs[k] for k in keys]),
-                             "out_size": _int(group.sizes[keys[0]]),
-                             "buffer_addr": _int(group.addrs.get(f"{node.name}#buf", 0)),
-                             "buffer_size": _int(group.sizes.get(f"{node.name}#buf", 0)),
+                info.update({"out_addr": int_array([group.addrs[k] for k in keys]),
+                             "out_size": int_attr(group.sizes[keys[0]]),
+                             "buffer_addr": int_attr(group.addrs.get(f"{node.name}#buf", 0)),
+                             "buffer_size": int_attr(group.sizes.get(f"{node.name}#buf", 0)),
                              **_slices_attr(group.ranges[node.name])})
             node.op.attributes["ginfo"] = DictionaryAttr(info)
     entries = []
     for group in groups:
         entry: dict[str, Attribute] = {
-            "id": _int(group.id), "kind": StringAttr(group.kind),
+            "id": int_attr(group.id), "kind": StringAttr(group.kind),
             "ops": ArrayAttr([StringAttr(graph.ops[p].name) for p in group.ops]),
-            "n_secs": _int(group.n_secs), "h_secs": _int(group.h_secs),
-            "cycles": _int(group.cycles), "ddr_bytes": _int(group.ddr_bytes),
+            "n_secs": int_attr(group.n_secs), "h_secs": int_attr(group.h_secs),
+            "cycles": int_attr(group.cycles), "ddr_bytes": int_attr(group.ddr_bytes),
         }
         if group.kind == LOCAL:
             entry.update({
-                "lmem_bytes": _int(group.lmem_bytes), "layout": StringAttr(group.layout),
+                "lmem_bytes": int_attr(group.lmem_bytes), "layout": StringAttr(group.layout),
                 "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
                 "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
-                "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": _int(group.addrs[f"{w}#0"]),
-                                                      "size": _int(group.sizes[f"{w}#0"])}) for w in group.weights]),
+                "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": int_attr(group.addrs[f"{w}#0"]),
+                                                      "size": int_attr(group.sizes[f"{w}#0"])}) for w in group.weights]),
             })
         entries.append(DictionaryAttr(entry))
     module.attributes["lg.groups"] = ArrayAttr(entries)

@@ -29,6 +29,7 @@ from xdsl.utils.mlir_lexer import MLIRTokenKind
 from tpubuild.build.files import write_text
 from tpubuild.errors import TpuBuildError, read_user_text
 from tpubuild.ir.base import TensorOp
+from tpubuild.ir.params import int_array, int_attr
 from tpubuild.ir.quant import Quant
 from tpubuild.ir.top import InputOp, NoneOp, Top, WeightOp
 
@@ -84,6 +85,7 @@ def _keep_parsed(key: bytes, module: ModuleOp) -> None:
 # the generic parser spends a few tokens and calls per element, this reads the array at once.
 _I64_ARRAY = re.compile(r"\[(-?\d+) : i64((?:, -?\d+ : i64)*)\]")
 _I64_ITEM = re.compile(r", (-?\d+) : i64")
+_I64 = re.compile(r"-?\d+ : i64\b")
 
 
 _ANGLE = re.compile(r"[<>]")
@@ -105,9 +107,9 @@ def _type_end(text: str, start: int) -> int | None:
 
 
 class _Parser(Parser):
-    """xDSL's parser with fast paths: the arrays of i64 that dominate lowered modules, read at once (the same
-    attributes as the generic path: IntegerAttr(value, i64) in an ArrayAttr), and tensor types parsed once
-    per text."""
+    """xDSL's parser with fast paths: the i64 integers and arrays of them that dominate lowered modules, read
+    at once (the same attributes as the generic path: IntegerAttr(value, i64), in an ArrayAttr), and tensor types
+    parsed once per text."""
 
     def parse_optional_type(self) -> Attribute | None:
         token = self._current_token
@@ -129,13 +131,21 @@ class _Parser(Parser):
             _TENSOR_TYPES[key] = found
         return found
 
+    def parse_optional_builtin_int_or_float_attr(self) -> Attribute | None:
+        if self._current_token.kind in (MLIRTokenKind.INTEGER_LIT, MLIRTokenKind.MINUS):
+            found = _I64.match(self.lexer.input.content, self.pos)
+            if found:
+                self._resume_from(found.end())
+                return int_attr(int(found.group().partition(" ")[0]))
+        return super().parse_optional_builtin_int_or_float_attr()
+
     def _parse_optional_array_attr(self) -> ArrayAttr | None:
         if self._current_token.kind == MLIRTokenKind.L_SQUARE:
             found = _I64_ARRAY.match(self.lexer.input.content, self.pos)
             if found:
                 values = [int(found.group(1))] + [int(v) for v in _I64_ITEM.findall(found.group(2))]
                 self._resume_from(found.end())
-                return ArrayAttr([IntegerAttr(v, i64) for v in values])
+                return int_array(values)
         return super()._parse_optional_array_attr()
 
 

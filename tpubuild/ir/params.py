@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterable
 from functools import cache, lru_cache
 
-from xdsl.dialects.builtin import (ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, IntegerType, StringAttr,
+from xdsl.dialects.builtin import (ArrayAttr, BoolAttr, FloatAttr, IntAttr, IntegerAttr, IntegerType, StringAttr,
                                    f64, i1, i64)
 from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
@@ -50,9 +51,41 @@ def _field_kinds(cls: type) -> dict[str, tuple[str, object]]:
     return kinds
 
 
+_I64_RANGE = range(-(1 << 63), 1 << 63)
+
+
+def int_attr(value: int) -> IntegerAttr:
+    """IntegerAttr(value, i64). In i64's signed range (what the printer writes, so what parsing reads) it is built
+    without IRDL's construction and checks, a tenth of their cost: a lowered module holds tens of thousands of
+    them (per-channel multipliers and shifts, slices, addresses), and every stage that reads one parses them."""
+    value = int(value)
+    attr = _INT_ATTRS.get(value)
+    if attr is not None:
+        return attr
+    if value not in _I64_RANGE:
+        return IntegerAttr(value, i64)
+    data = object.__new__(IntAttr)
+    object.__setattr__(data, "data", value)
+    attr = object.__new__(IntegerAttr)
+    object.__setattr__(attr, "value", data)
+    object.__setattr__(attr, "type", i64)
+    if len(_INT_ATTRS) >= 1 << 16:
+        _INT_ATTRS.clear()
+    _INT_ATTRS[value] = attr  # attributes are immutable: one object serves every use of a value
+    return attr
+
+
+_INT_ATTRS: dict[int, IntegerAttr] = {}
+
+
+def int_array(values: Iterable[int]) -> ArrayAttr:
+    """An array of i64 (int_attr)."""
+    return ArrayAttr([int_attr(v) for v in values])
+
+
 def _to_attr(kind: str, value: object) -> Attribute:
     if kind == "int":
-        return IntegerAttr(int(value), i64)
+        return int_attr(value)
     if kind == "float":
         return FloatAttr(float(value), f64)
     if kind == "bool":
@@ -73,7 +106,7 @@ def _int_array(values: tuple[int, ...]) -> ArrayAttr:
     # attributes are immutable, so one can serve every op with the same values: the mixed-precision search
     # lowers one module dozens of times, and an INT8 op's per-channel multipliers (6625 of them in PP-OCRv4
     # rec's classifier) were most of each lowering as fresh IntegerAttrs
-    attr = ArrayAttr([IntegerAttr(v, i64) for v in values])
+    attr = int_array(values)
     if len(_INT_ARRAY_VALUES) >= 8192:
         _INT_ARRAY_VALUES.clear()
     _INT_ARRAY_VALUES[id(attr)] = (attr, values)
