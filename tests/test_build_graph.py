@@ -263,7 +263,7 @@ def test_shipped_models_build_and_verify(tmp_path):
 
 @pytest.mark.parametrize("first", ["a", "b", "d"])
 def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
-    """doit_config's dispatcher (tasks._next_by_priority): of the tasks ready at once (after c), the one of the
+    """doit_config's dispatcher (dispatch._next_by_priority): of the tasks ready at once (after c), the one of the
     highest ``meta["priority"]`` runs first (the search, before F32/BF16 stages). doit's own order among them
     is that of a set."""
     from doit.cmd_base import ModuleTaskLoader
@@ -289,7 +289,7 @@ def test_next_by_priority_takes_the_highest_priority_first_then_doits_order():
     from collections import deque
     from types import SimpleNamespace
 
-    from tpubuild.build.tasks import _next_by_priority
+    from tpubuild.build.dispatch import _next_by_priority
 
     def node(name, meta=None):
         return SimpleNamespace(name=name, task=SimpleNamespace(meta=meta))
@@ -297,3 +297,46 @@ def test_next_by_priority_takes_the_highest_priority_first_then_doits_order():
     ready = deque([node("report", {"priority": -1}), node("lg"), node("search", {"priority": 1}), node("assign"),
                    node("cal", {"priority": 1})])
     assert [_next_by_priority(None, ready, []).name for _ in range(5)] == ["search", "cal", "lg", "assign", "report"]
+
+
+def test_a_task_runs_in_the_process_that_made_its_inputs(tmp_path):
+    """doit_config's runner (dispatch.py): with two processes, each stage of a chain goes to the process that
+    ran the stage before it (which holds its module parsed), while an independent task keeps the other busy."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from tpubuild.build.tasks import doit_config
+
+    def stamp(path, delay):
+        time.sleep(delay)
+        Path(path).write_text(str(os.getpid()))
+
+    def task_x():
+        yield {"basename": "a", "actions": [(stamp, [tmp_path / "a", 0.0])], "targets": [str(tmp_path / "a")]}
+        previous = "a"
+        for name in ("b", "c", "d"):
+            yield {"basename": name, "actions": [(stamp, [tmp_path / name, 0.3])], "targets": [str(tmp_path / name)],
+                   "file_dep": [str(tmp_path / previous)]}
+            previous = name
+        # ready with b, short: the other process is free (held) each time one of b, c, d becomes ready
+        yield {"basename": "side", "actions": [(stamp, [tmp_path / "side", 0.1])], "task_dep": ["a"]}
+        yield {"basename": "all", "actions": None, "task_dep": ["d", "side"]}
+
+    config = {**doit_config(tmp_path / "build"), "reporter": "zero", "default_tasks": ["all"]}
+    assert DoitMain(ModuleTaskLoader({"DOIT_CONFIG": config, "task_x": task_x})).run(["-n", "2"]) == 0
+    pids = {name: (tmp_path / name).read_text() for name in ("a", "b", "c", "d", "side")}
+    assert pids["b"] == pids["c"] == pids["d"], pids
+    assert len(set(pids.values())) == 2, pids  # both processes ran tasks
+
+
+def test_assign_gives_the_finished_process_what_reads_its_outputs():
+    from doit.runner import JobHold
+
+    from tpubuild.build.dispatch import assign
+
+    hold = JobHold()
+    # doit's order: x (unrelated) then y (reads the finished task's targets); process 3 finished
+    assert assign(["x", "y"], [3, 1], [False, True]) == {3: "y", 1: "x"}
+    assert assign(["x", hold], [3, 1], [False, False]) == {3: "x", 1: hold}
+    assert assign([hold, "y"], [3, 1], [False, True]) == {3: "y", 1: hold}
+    assert assign([None, None], [3, 1], [False, False]) == {3: None, 1: None}

@@ -21,11 +21,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from doit.control import TaskDispatcher
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from tpubuild.build import fetch, stages
+from tpubuild.build import dispatch, fetch, stages
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import Manifest, ManifestCache, Target
 from tpubuild.build.paths import ModelPaths, failed_json
@@ -446,26 +445,6 @@ def find_manifests(patterns: Iterable[str]) -> list[Path]:
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _next_by_priority(self, ready, tasks_to_run):
-    """doit's TaskDispatcher._get_next_node (doit 0.37) taking the ready task of the highest ``meta["priority"]``
-    (PRIORITY), the first of them in doit's order.
-
-    doit hands ready tasks to free processes in the order they became ready: PP-OCRv4 rec's search, the
-    longest stage of its matrix, became ready while four short F32/BF16 stages queued, and waited a second
-    for them with both processes busy; PP-OCR cls's INT8 codegen waited behind two report pages. doit has no
-    priorities to set; this is its method with one.
-    """
-    if not ready:
-        return _doit_next_node(self, ready, tasks_to_run)
-    best = max(range(len(ready)), key=lambda i: (ready[i].task.meta or {}).get("priority", 0))
-    node = ready[best]
-    del ready[best]
-    return node
-
-
-_doit_next_node = TaskDispatcher._get_next_node
-
-
 def doit_config(build_dir: Path) -> dict[str, Any]:
     """DOIT_CONFIG for dodo.py and the API runner alike.
 
@@ -473,11 +452,11 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
     with `doit -n N`, and OpenBLAS's own threads gain nothing on the stages' many small products (the
     verify stages' dot products, calibration statistics) while they spin between calls: on a busy 2-core
     machine, ppocr_mobile_v2_cls's INT8 flow took 17 s of CPU with two threads, 9 s with one. And doit's
-    dispatcher takes ready tasks by PRIORITY (_next_by_priority).
+    dispatcher takes ready tasks by PRIORITY, each process with its own queue of them (dispatch.py).
     """
     for var in BLAS_THREAD_VARS:
         os.environ.setdefault(var, "1")
-    TaskDispatcher._get_next_node = _next_by_priority
+    dispatch.install()
     # Python's cyclic GC at its defaults collects the young generation every 700 new objects and all of them
     # every 70,000: a stage building an xDSL module makes millions, and each full collection walks every live
     # object of the process (the imported compiler, the modules kept for the next stage). At 10,000 the

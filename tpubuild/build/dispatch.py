@@ -1,0 +1,135 @@
+"""How `doit -n N` hands ready tasks to its processes: doit 0.37's dispatcher and multiprocess runner, with a
+priority among ready tasks and each process's own job queue.
+
+doit hands ready tasks to free processes in the order they became ready, through one queue that any free
+process reads. Two things that costs a build:
+
+- PP-OCRv4 rec's search, the longest stage of its matrix, became ready while four short F32/BF16 stages
+  queued, and waited a second for them with both processes busy; PP-OCR cls's INT8 codegen waited behind two
+  report pages. doit has no priorities to set: ``_next_by_priority`` is its method with one (tasks.PRIORITY).
+- A stage reads the module the stage before it saved, and a process that saved it hands it over without
+  parsing (tpubuild.ir.mlir), with the compiler's modules imported. Through one shared queue a chain of stages
+  (lower -> layer group -> assign -> codegen -> chip run) went from process to process, each then importing
+  and parsing: rec's INT8 chain after the search took 5.4 s with two processes, 3.0 s in one. Here each
+  process has its own queue, and a task that reads what a process just made goes to that process
+  (``assign``); the order in which tasks run is doit's (with the priority).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from doit.control import TaskDispatcher
+from doit.runner import JobHold, MRunner
+
+
+def _next_by_priority(self, ready, tasks_to_run):
+    """TaskDispatcher._get_next_node taking the ready task of the highest ``meta["priority"]``, the first of them
+    in doit's order."""
+    if not ready:
+        return _doit_next_node(self, ready, tasks_to_run)
+    best = max(range(len(ready)), key=lambda i: (ready[i].task.meta or {}).get("priority", 0))
+    node = ready[best]
+    del ready[best]
+    return node
+
+
+_doit_next_node = TaskDispatcher._get_next_node
+
+
+def assign(jobs: Sequence, free: Sequence[int], reads_made: Sequence[bool]) -> dict[int, object]:
+    """Process -> job, for ``jobs`` (doit's, in its order; None: no task left, JobHold: none ready) and the
+    ``free`` processes (the one that just finished first): the jobs that read what it made (``reads_made``, per
+    job) go to it before the others. A process given JobHold waits; None stops it."""
+    tasks = [i for i, job in enumerate(jobs) if job is not None and not isinstance(job, JobHold)]
+    tasks.sort(key=lambda i: not reads_made[i])  # stable: doit's order otherwise
+    rest = [job for job in jobs if job is None or isinstance(job, JobHold)]
+    return dict(zip(free, [jobs[i] for i in tasks] + rest))
+
+
+class _Tagged:
+    """A process's result queue: each result says which process sent it."""
+
+    def __init__(self, queue, index: int):
+        self.queue, self.index = queue, index
+
+    def put(self, item: dict) -> None:
+        item["worker"] = self.index
+        self.queue.put(item)
+
+
+def _serve(runner: MRunner, jobs, results, index: int, reporter_class) -> None:
+    runner.execute_task_subprocess(jobs, _Tagged(results, index), reporter_class)
+
+
+def _start_processes(self, job_q, result_q):
+    """MRunner._run_start_processes with a job queue per process (``job_q`` unused)."""
+    self.job_queues, self.held = [], []
+    procs = []
+    for index in range(self.num_process):
+        job = self.get_next_job(None)
+        if job is None:
+            break  # no more processes than tasks
+        queue = self.Queue()
+        if isinstance(job, JobHold):
+            self.held.append(index)
+        else:
+            queue.put(job)
+        process = self.Child(target=_serve, args=(self, queue, result_q, index, self.reporter.__class__))
+        process.start()
+        self.job_queues.append(queue)
+        procs.append(process)
+    self.free_proc = 0  # counted in ``held``
+    return procs
+
+
+def _run_tasks(self, task_dispatcher):
+    """MRunner.run_tasks with the jobs sent to each process's queue (``assign``)."""
+    result_q = self.Queue()
+    self._run_tasks_init(task_dispatcher)
+    proc_list = self._run_start_processes(None, result_q)
+    running = len(proc_list)
+    try:
+        while running:
+            result = result_q.get()
+            if "exit" in result:
+                raise result["exit"](result["exception"])
+            node = task_dispatcher.nodes[result["name"]]
+            task = node.task
+            if "reporter" in result:
+                getattr(self.reporter, result["reporter"])(task)
+                continue
+            self._process_result(node, task, result)
+            free, self.held = [result["worker"], *self.held], []
+            jobs, completed = [], node
+            for _ in free:
+                jobs.append(self.get_next_job(completed))
+                completed = None
+            self.free_proc = 0
+            made = set(task.targets)
+            reads = [job is not None and not isinstance(job, JobHold) and
+                     (task.name in self.tasks[job.name].task_dep or bool(made & set(self.tasks[job.name].file_dep)))
+                     for job in jobs]
+            for index, job in assign(jobs, free, reads).items():
+                if isinstance(job, JobHold):
+                    self.held.append(index)
+                    continue
+                if job is None:
+                    running -= 1
+                self.job_queues[index].put(job)
+    except (SystemExit, KeyboardInterrupt, Exception):
+        for proc in proc_list:
+            proc.terminate()
+        raise
+    for proc in proc_list:
+        proc.join()
+    while not result_q.empty():  # teardown reports (the processes have ended)
+        result = result_q.get()
+        getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+
+
+def install() -> None:
+    """doit's dispatcher with priorities, its multiprocess runner with a queue per process."""
+    TaskDispatcher._get_next_node = _next_by_priority
+    MRunner._run_start_processes = _start_processes
+    MRunner.run_tasks = _run_tasks
