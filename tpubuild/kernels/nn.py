@@ -355,6 +355,12 @@ class DepthwiseGemv:
             for dst, src in copies:
                 np.copyto(dst, src)
             np.matmul(w[c0:c1], cols, out=out)  # the same product per channel and block
+        if bias is not None and bias.shape == (1, c, 1, 1):
+            # the same sums, added to each channel's products in one run (the cropped output's rows are a run of
+            # a few dozen elements each: numpy's loop per row cost more than the adds)
+            products = y.reshape(n, c, -1)
+            np.add(products, bias.reshape(1, c, 1), out=products)
+            bias = None
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
         return y.copy() if bias is None else np.add(y, bias)  # never the scratch itself
 
