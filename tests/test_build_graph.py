@@ -329,14 +329,36 @@ def test_a_task_runs_in_the_process_that_made_its_inputs(tmp_path):
     assert len(set(pids.values())) == 2, pids  # both processes ran tasks
 
 
-def test_assign_gives_the_finished_process_what_reads_its_outputs():
+def test_processes_get_tasks_by_what_they_made_and_ran():
+    """dispatch.assign with History.rank: a task to a process that made its inputs, else one that ran its stage;
+    a "warm" stage to one that ran it before all else; jobs in doit's order, ties to the first free process."""
+    from types import SimpleNamespace
+
     from doit.runner import JobHold
 
-    from tpubuild.build.dispatch import assign
+    from tpubuild.build.dispatch import History, assign
 
+    def task(name, deps=(), meta=None):
+        return SimpleNamespace(name=name, file_dep=set(deps), targets=[f"{name}.out"], meta=meta)
+
+    tasks = {t.name: t for t in (task("lower:m/I"), task("lg:m/I", ["lower:m/I.out"]), task("verify:m/I", ["lower:m/I.out"]),
+                                 task("lg:m/F"), task("report:m/I", ["verify:m/I.out"], {"warm": True}))}
+    history = History(3)
+    history.ran(2, tasks["lg:m/F"])
+    history.ran(0, tasks["lower:m/I"])
     hold = JobHold()
-    # doit's order: x (unrelated) then y (reads the finished task's targets); process 3 finished
-    assert assign(["x", "y"], [3, 1], [False, True]) == {3: "y", 1: "x"}
-    assert assign(["x", hold], [3, 1], [False, False]) == {3: "x", 1: hold}
-    assert assign([hold, "y"], [3, 1], [False, True]) == {3: "y", 1: hold}
-    assert assign([None, None], [3, 1], [False, False]) == {3: None, 1: None}
+
+    def given(names, free):
+        jobs = [SimpleNamespace(name=n) if isinstance(n, str) else n for n in names]
+        found = assign(jobs, free, lambda job, process: history.rank(tasks[job.name], process))
+        return {p: getattr(j, "name", j) for p, j in found.items()}
+
+    # both read what process 0 made: the first in doit's order goes there, the other to one that ran its stage
+    # if one is free, else to the first free one
+    assert given(["verify:m/I", "lg:m/I", hold], [1, 2, 0]) == {0: "verify:m/I", 2: "lg:m/I", 1: hold}
+    assert given(["lg:m/I", "verify:m/I", hold], [1, 2, 0]) == {0: "lg:m/I", 1: "verify:m/I", 2: hold}
+    assert given(["lg:m/F", None, None], [1, 2, 0]) == {2: "lg:m/F", 1: None, 0: None}
+    history.ran(1, tasks["verify:m/I"])
+    history.ran(0, task("report:m/F"))
+    # process 1 made the report's input; process 0 has drawn a page
+    assert given(["report:m/I", hold], [1, 0]) == {0: "report:m/I", 1: hold}

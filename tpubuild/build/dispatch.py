@@ -6,13 +6,15 @@ process reads. Two things that costs a build:
 
 - PP-OCRv4 rec's search, the longest stage of its matrix, became ready while four short F32/BF16 stages
   queued, and waited a second for them with both processes busy; PP-OCR cls's INT8 codegen waited behind two
-  report pages. doit has no priorities to set: ``_next_by_priority`` is its method with one (tasks.PRIORITY).
+  report pages. doit has no priorities to set: ``_next_by_priority`` is its method with one (tasks.DISPATCH).
 - A stage reads the module the stage before it saved, and a process that saved it hands it over without
   parsing (tpubuild.ir.mlir), with the compiler's modules imported. Through one shared queue a chain of stages
   (lower -> layer group -> assign -> codegen -> chip run) went from process to process, each then importing
   and parsing: rec's INT8 chain after the search took 5.4 s with two processes, 3.0 s in one. Here each
-  process has its own queue, and a task that reads what a process just made goes to that process
-  (``assign``); the order in which tasks run is doit's (with the priority).
+  process has its own queue, and a task goes to a free process that made any of its inputs (``assign``,
+  ``History.rank``); a report page, whose cost in a new process is mostly matplotlib's first use (1.9 s
+  against 0.55 s for rec's INT8 page), to one that has drawn a page. The order in which tasks run is doit's
+  (with the priority).
 """
 
 from __future__ import annotations
@@ -37,14 +39,38 @@ def _next_by_priority(self, ready, tasks_to_run):
 _doit_next_node = TaskDispatcher._get_next_node
 
 
-def assign(jobs: Sequence, free: Sequence[int], reads_made: Sequence[bool]) -> dict[int, object]:
+class History:
+    """What each process has run: the files it made and the stages it ran."""
+
+    def __init__(self, processes: int):
+        self.made: list[set[str]] = [set() for _ in range(processes)]
+        self.stages: list[set[str]] = [set() for _ in range(processes)]
+
+    def ran(self, process: int, task) -> None:
+        self.made[process].update(task.targets)
+        self.stages[process].add(task.name.split(":")[0])
+
+    def rank(self, task, process: int) -> tuple[bool, bool, bool]:
+        """How well ``process`` suits ``task`` (lower is better): one that ran the task's stage before when the
+        stage asks for it (meta "warm": a report page's cost is mostly matplotlib's first use in a process), one
+        that made any of its inputs, one that ran its stage."""
+        stage = task.name.split(":")[0]
+        warm = stage in self.stages[process]
+        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & set(task.file_dep)),
+                not warm)
+
+
+def assign(jobs: Sequence, free: Sequence[int], rank) -> dict[int, object]:
     """Process -> job, for ``jobs`` (doit's, in its order; None: no task left, JobHold: none ready) and the
-    ``free`` processes (the one that just finished first): the jobs that read what it made (``reads_made``, per
-    job) go to it before the others. A process given JobHold waits; None stops it."""
-    tasks = [i for i, job in enumerate(jobs) if job is not None and not isinstance(job, JobHold)]
-    tasks.sort(key=lambda i: not reads_made[i])  # stable: doit's order otherwise
-    rest = [job for job in jobs if job is None or isinstance(job, JobHold)]
-    return dict(zip(free, [jobs[i] for i in tasks] + rest))
+    ``free`` processes: each task in turn to the free process of the lowest ``rank(job, process)``, the first
+    of them on ties (the one that just finished is first). A process given JobHold waits; None stops it."""
+    left, given = list(free), {}
+    for job in jobs:
+        if job is not None and not isinstance(job, JobHold):
+            best = min(left, key=lambda process: rank(job, process))
+            given[best] = job
+            left.remove(best)
+    return {**given, **dict(zip(left, [job for job in jobs if job is None or isinstance(job, JobHold)]))}
 
 
 class _Tagged:
@@ -64,7 +90,7 @@ def _serve(runner: MRunner, jobs, results, index: int, reporter_class) -> None:
 
 def _start_processes(self, job_q, result_q):
     """MRunner._run_start_processes with a job queue per process (``job_q`` unused)."""
-    self.job_queues, self.held = [], []
+    self.job_queues, self.held, self.history = [], [], History(self.num_process)
     procs = []
     for index in range(self.num_process):
         job = self.get_next_job(None)
@@ -100,17 +126,15 @@ def _run_tasks(self, task_dispatcher):
                 getattr(self.reporter, result["reporter"])(task)
                 continue
             self._process_result(node, task, result)
+            self.history.ran(result["worker"], task)
             free, self.held = [result["worker"], *self.held], []
             jobs, completed = [], node
             for _ in free:
                 jobs.append(self.get_next_job(completed))
                 completed = None
             self.free_proc = 0
-            made = set(task.targets)
-            reads = [job is not None and not isinstance(job, JobHold) and
-                     (task.name in self.tasks[job.name].task_dep or bool(made & set(self.tasks[job.name].file_dep)))
-                     for job in jobs]
-            for index, job in assign(jobs, free, reads).items():
+            for index, job in assign(jobs, free, lambda job, process: self.history.rank(
+                    self.tasks[job.name], process)).items():
                 if isinstance(job, JobHold):
                     self.held.append(index)
                     continue

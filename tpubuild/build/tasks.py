@@ -102,15 +102,17 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
         "targets": targets,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
-        **({"meta": {"priority": PRIORITY[stage]}} if stage in PRIORITY else {}),
+        **({"meta": DISPATCH[stage]} if stage in DISPATCH else {}),
         **extra,
     }
 
 
-# Which ready task `doit -n N` gives a free process first (the highest; 0 unless listed): the stages that head a
-# model's longest chain of work, the mixed-precision search and the calibration before it (every INT8 target
-# waits for them), before the rest; the report pages, which no stage waits for, after them.
-PRIORITY = {"calibrate": 1, "search": 1, "report": -1}
+# How `doit -n N` hands out ready tasks (dispatch.py). "priority": which one a free process gets first (the
+# highest; 0 unless listed): the stages that head a model's longest chain of work, the mixed-precision search
+# and the calibration before it (every INT8 target waits for them), before the rest; the report pages, which no
+# stage waits for, after them. "warm": to a process that has run the stage before, rather than one that made
+# its inputs (a report page's cost in a new process is mostly matplotlib's first use).
+DISPATCH = {"calibrate": {"priority": 1}, "search": {"priority": 1}, "report": {"priority": -1, "warm": True}}
 
 
 def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
@@ -452,7 +454,7 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
     with `doit -n N`, and OpenBLAS's own threads gain nothing on the stages' many small products (the
     verify stages' dot products, calibration statistics) while they spin between calls: on a busy 2-core
     machine, ppocr_mobile_v2_cls's INT8 flow took 17 s of CPU with two threads, 9 s with one. And doit's
-    dispatcher takes ready tasks by PRIORITY, each process with its own queue of them (dispatch.py).
+    dispatcher takes ready tasks by priority, each process with its own queue of them (DISPATCH, dispatch.py).
     """
     for var in BLAS_THREAD_VARS:
         os.environ.setdefault(var, "1")
