@@ -270,3 +270,52 @@ def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
     with pytest.raises(TpuBuildError, match="sample 1 broke"):
         search(apply_table(net.module, net.cali), net.weights, chip=BM1684X, cali=net.cali, asymmetric=False,
                samples=net.samples[:4], config=SearchConfig(samples=2), processes=2)
+
+
+def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path):
+    """The calibrate stage keeps each sample's TOP outputs under cali.mlir's key (top.inference.keep_outputs) for
+    the search in the same process: they are TOP inference of cali.mlir bit for bit, and a search given them
+    finds the table it finds computing its own."""
+    from tpubuild.build import stages
+    from tpubuild.calib.data import Samples
+    from tpubuild.top.inference import kept_outputs
+
+    canonical = tmp_path / "canonical.mlir"
+    mlir.save_module(net.module, canonical)
+    net.weights.save(tmp_path / "canonical_weights.npz")
+    files = []
+    for i, sample in enumerate(net.samples[:4]):
+        files.append(str(tmp_path / f"s{i}.npz"))
+        np.savez(files[-1], **sample)
+    inputs = [{"name": "x", "shape": list(SHAPE)}]
+    stages.calibrate("test", str(canonical), inputs, files, None, "max", None, str(tmp_path / "cali.mlir"),
+                     str(tmp_path / "cali_table"))
+    cali_module = mlir.load_module(tmp_path / "cali.mlir")
+    key = mlir.file_key(tmp_path / "cali.mlir")
+    refs = {}
+    for i, sample in enumerate(Samples.of(files, inputs)):
+        kept = kept_outputs(key, sample)
+        assert kept is not None
+        top = run(cali_module, net.weights, sample, all_tensors=False)
+        for name, array in zip(mlir.output_names(cali_module), kept):
+            assert array.dtype == top[name].dtype and array.tobytes() == top[name].tobytes()
+        refs[i] = kept
+    assert kept_outputs(key, {"x": np.zeros(SHAPE, np.float32)}) is None
+    cali = net.wreck("r1")
+    mine = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                  samples=net.samples[:4], config=SearchConfig(target_cos=0.99))
+    given = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                   samples=net.samples[:4], config=SearchConfig(target_cos=0.99), refs=refs)
+    assert mine.chosen and given.table == mine.table and given.score == mine.score
+
+
+def test_kept_outputs_stay_within_their_budget(monkeypatch):
+    from tpubuild.top import inference
+
+    monkeypatch.setattr(inference, "_OUTPUTS", type(inference._OUTPUTS)())
+    monkeypatch.setattr(inference, "_OUTPUTS_KEEP", 3 * 400)
+    runs = [({"x": np.full(4, i, np.float32)}, [np.full(100, i, np.float32)]) for i in range(5)]
+    inference.keep_outputs(b"m", runs)
+    kept = [inference.kept_outputs(b"m", inputs) for inputs, _ in runs]
+    assert kept[:2] == [None, None] and [k[0][0] for k in kept[2:]] == [2, 3, 4]  # the newest, 400 bytes each
+    assert inference.kept_outputs(b"other", runs[4][0]) is None

@@ -61,18 +61,20 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import format_table, read_table
-    from tpubuild.ir.mlir import load_module
-    from tpubuild.top.inference import weights_for
+    from tpubuild.ir.mlir import file_key, load_module
+    from tpubuild.top.inference import keep_outputs, weights_for
 
     module = load_module(in_mlir)
     check_state(module, in_mlir)
     user = read_table(user_table)[1] if user_table else None
     samples = Samples.of(data_files, inputs, count)
-    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user)
+    outputs: list = []
+    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user, outputs)
     text = format_table(entries, ["tpubuild calibration table", f"model: {model}", *header])
     with all_or_nothing(out_mlir, out_table) as (tmp_mlir, tmp_table):
         _save_module(apply_table(module, entries), tmp_mlir)
         tmp_table.write_text(text, encoding="utf-8")
+    keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
 
 
 def _save_module(module, path: Path) -> None:
@@ -168,10 +170,10 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     from tpubuild.build.files import write_text
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import read_table
-    from tpubuild.ir.mlir import load_module
+    from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.lower.qtable import read_quantize_table
     from tpubuild.lower.search import SearchConfig, format_result, search
-    from tpubuild.top.inference import weights_for
+    from tpubuild.top.inference import kept_outputs, weights_for
 
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
@@ -180,9 +182,12 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
         raise TpuBuildError("no calibration sample to search a quantize table with", model=model, stage="search",
                             hint="check calibration.data in the manifest")
     user = read_quantize_table(user_table) if user_table else {}
+    key = file_key(in_mlir)
+    refs = {i: outputs for i, sample in enumerate(samples) if (outputs := kept_outputs(key, sample)) is not None}
     result = search(module, weights_for(module, in_mlir), chip=load_chip(chip), cali=read_table(cali_table)[1],
                     asymmetric=asymmetric, samples=samples, config=config, user=user,
-                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=search_processes())
+                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=search_processes(),
+                    refs=refs)
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
     write_text(out_table, format_result(result, header))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"

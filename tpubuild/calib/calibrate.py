@@ -101,9 +101,10 @@ def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
     return found
 
 
-def collect_stats(module: ModuleOp, weights: WeightStore,
-                  samples: Iterable[Mapping[str, np.ndarray]]) -> tuple[dict[str, TensorStats], int]:
-    """Streaming statistics of every float activation tensor, and the number of samples seen."""
+def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
+                  outputs: list | None = None) -> tuple[dict[str, TensorStats], int]:
+    """Streaming statistics of every float activation tensor, and the number of samples seen; with ``outputs``,
+    (sample, its graph outputs in order) appended there for each sample."""
     from tpubuild.top.inference import Plan
 
     stats = {name: TensorStats() for name in activation_values(module)}
@@ -119,8 +120,11 @@ def collect_stats(module: ModuleOp, weights: WeightStore,
 
     n = 0
     plan = Plan(module, weights)
+    names = mlir.output_names(module)
     for sample in samples:
-        plan.run(sample, all_tensors=False, observer=observe)
+        found = plan.run(sample, all_tensors=False, observer=observe)
+        if outputs is not None:
+            outputs.append((sample, [found[name] for name in names]))
         n += 1
     return stats, n
 
@@ -177,11 +181,12 @@ def _min_max(s: TensorStats) -> tuple[float, float]:
 
 
 def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
-              user: Mapping[str, Entry] | None = None) -> tuple[dict[str, Entry], list[str]]:
+              user: Mapping[str, Entry] | None = None, outputs: list | None = None) -> tuple[dict[str, Entry], list[str]]:
     """The calibration table of ``module`` (entries in program order) and its header lines.
 
     ``samples`` is re-iterable (auto reads the first few samples again); ``user``
     entries win over computed ones, and cover every tensor, nothing is run.
+    ``outputs``: as collect_stats's.
     """
     names = list(activation_values(module))
     user = dict(user or {})
@@ -198,7 +203,7 @@ def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
     else:
         from tpubuild.calib.tune import TUNE_SAMPLES
 
-        stats, count = collect_stats(module, weights, samples)
+        stats, count = collect_stats(module, weights, samples, outputs)
         if count == 0:
             raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
         tune_samples = itertools.islice(iter(samples), TUNE_SAMPLES) if method == "auto" else ()

@@ -163,6 +163,11 @@ def _parse(text: str, file: str) -> ModuleOp:
     return module
 
 
+def file_key(path: str | os.PathLike) -> bytes:
+    """The digest of a .mlir file's text, as the parse cache keys it."""
+    return _text_key(read_user_text(path, "MLIR file"))
+
+
 def load_module(path: str | os.PathLike) -> ModuleOp:
     return parse_module(read_user_text(path, "MLIR file"), file=str(path))
 

@@ -129,13 +129,15 @@ class Evaluator:
     """Lowers the calibrated module with a quantize table and scores its outputs against TOP inference."""
 
     def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry],
-                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]], processes: int = 1):
+                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]], processes: int = 1,
+                 refs: Mapping[int, Sequence[np.ndarray]] | None = None):
         from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
         self.samples = list(samples)
         self.processes = processes
-        self.refs: dict[int, list[np.ndarray]] = {}  # TOP's graph outputs per sample, made when first scored
+        # TOP's graph outputs per sample: those given (calibration's), the others made when first scored
+        self.refs: dict[int, list[np.ndarray]] = {i: list(r) for i, r in (refs or {}).items()}
         self._plan: Plan | None = None
         self.lowerings = 0
         self.memo = Memo(self.samples)
@@ -316,15 +318,17 @@ def table_of(user: Mapping[str, str], chosen: Sequence[Unit], mode: str) -> dict
 
 def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry], asymmetric: bool,
            samples: Sequence[Mapping[str, np.ndarray]], config: SearchConfig = SearchConfig(),
-           user: Mapping[str, str] | None = None, log=None, processes: int = 1) -> SearchResult:
+           user: Mapping[str, str] | None = None, log=None, processes: int = 1,
+           refs: Mapping[int, Sequence[np.ndarray]] | None = None) -> SearchResult:
     """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``;
-    ``processes``: 2 scores the pool in two processes (the result is the same)."""
+    ``processes``: 2 scores the pool in two processes (the result is the same); ``refs``: TOP's graph outputs
+    of samples known already, by index (calibration's)."""
     say = log or (lambda text: None)
     mode = config.mode or chip.float_mode
     chip.check_mode(mode, what="mixed-precision mode")
     user = dict(user or {})
     ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples,
-                   processes=processes)
+                   processes=processes, refs=refs)
     lw, tpu_module, tpu_weights = ev.lower(user)
     per_sample = ev.pool_scores(tpu_module, tpu_weights)
     pool = len(per_sample)

@@ -366,6 +366,39 @@ def _feed(op: InputOp, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
     return array.astype(dtype_of(op.results[0].type), copy=False)
 
 
+# Graph outputs of TOP inference kept for a later stage of this process, by (module key, input key): calibration
+# runs every calibration sample through canonical.mlir and keeps the outputs under cali.mlir's key (its TOP
+# inference is the same: calibration only adds types), and the mixed-precision search, which doit runs next in the
+# same process (build/dispatch.py: a task goes to the process that made its inputs), scores its tables against the
+# outputs of the same samples: PP-OCRv4 rec's 24, 1.4 s of inference. At most _OUTPUTS_KEEP bytes, newest kept.
+_OUTPUTS: OrderedDict[tuple[bytes, bytes], list[np.ndarray]] = OrderedDict()
+_OUTPUTS_KEEP = 256 << 20
+
+
+def input_key(inputs: Mapping[str, np.ndarray]) -> bytes:
+    """A digest of an input set: names, dtypes, shapes and bytes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(inputs):
+        array = np.ascontiguousarray(inputs[name])
+        digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(array.view(np.uint8).data)
+    return digest.digest()
+
+
+def keep_outputs(module_key: bytes, runs: Sequence[tuple[Mapping[str, np.ndarray], Sequence[np.ndarray]]]) -> None:
+    """Keep each (inputs, graph outputs) of ``runs`` for kept_outputs."""
+    for inputs, outputs in runs:
+        _OUTPUTS[module_key, input_key(inputs)] = list(outputs)
+    size = sum(a.nbytes for outputs in _OUTPUTS.values() for a in outputs)
+    while size > _OUTPUTS_KEEP and _OUTPUTS:
+        size -= sum(a.nbytes for a in _OUTPUTS.popitem(last=False)[1])
+
+
+def kept_outputs(module_key: bytes, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray] | None:
+    """The graph outputs keep_outputs kept for this module and input, or None."""
+    return _OUTPUTS.get((module_key, input_key(inputs)))
+
+
 def weights_for(module: ModuleOp, mlir_path: str | os.PathLike) -> WeightStore:
     """The weight store a module names, resolved next to its .mlir file."""
     weight_file = mlir.module_attr(module, "weight_file")
