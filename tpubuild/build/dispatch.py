@@ -84,7 +84,11 @@ class _Tagged:
         self.queue.put(item)
 
 
-def _serve(runner: MRunner, jobs, results, index: int, reporter_class) -> None:
+def _serve(runner: MRunner, jobs, results, index: int, reporter_class, idle: bool) -> None:
+    if idle:  # no task for it yet: it imports what the stages will (stages.STAGE_MODULES)
+        from tpubuild.build.stages import import_stage_modules
+
+        import_stage_modules()
     runner.execute_task_subprocess(jobs, _Tagged(results, index), reporter_class)
 
 
@@ -101,7 +105,8 @@ def _start_processes(self, job_q, result_q):
             self.held.append(index)
         else:
             queue.put(job)
-        process = self.Child(target=_serve, args=(self, queue, result_q, index, self.reporter.__class__))
+        process = self.Child(target=_serve, args=(self, queue, result_q, index, self.reporter.__class__,
+                                                  isinstance(job, JobHold)))
         process.start()
         self.job_queues.append(queue)
         procs.append(process)

@@ -196,6 +196,22 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
           f"{result.lowerings} lowerings")
 
 
+# The modules the stages import when they run (inside them: loading dodo.py stays cheap). A doit process with
+# no task yet imports them ahead (dispatch.py): at the start of a build one process waits for the source and
+# its ONNX import, about a second in which it can do this instead of in its later stages.
+STAGE_MODULES = ("onnxruntime", "tpubuild.frontend", "tpubuild.verify.reference", "tpubuild.top.canonicalize",
+                 "tpubuild.top.inference", "tpubuild.calib.calibrate", "tpubuild.lower.lowering", "tpubuild.lower.int8",
+                 "tpubuild.lower.inference", "tpubuild.verify.compare", "tpubuild.codegen.layergroup",
+                 "tpubuild.codegen.assign", "tpubuild.codegen.codegen", "tpubuild.sim.chip", "tpubuild.verify.charts")
+
+
+def import_stage_modules() -> None:
+    import importlib
+
+    for name in STAGE_MODULES:
+        importlib.import_module(name)
+
+
 def search_processes() -> int:
     """TPUBUILD_SEARCH_PROCESSES, else 2 on a machine with two cores or more (the search scores its pool of
     samples in two processes). Not in the task's config: the table is the same for any count."""

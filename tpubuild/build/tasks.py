@@ -108,11 +108,13 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
 
 
 # How `doit -n N` hands out ready tasks (dispatch.py). "priority": which one a free process gets first (the
-# highest; 0 unless listed): the stages that head a model's longest chain of work, the mixed-precision search
-# and the calibration before it (every INT8 target waits for them), before the rest; the report pages, which no
-# stage waits for, after them. "warm": to a process that has run the stage before, rather than one that made
-# its inputs (a report page's cost in a new process is mostly matplotlib's first use).
-DISPATCH = {"calibrate": {"priority": 1}, "search": {"priority": 1}, "report": {"priority": -1, "warm": True}}
+# highest; 0 unless listed): the stages that head a model's longest chain of work, canonicalization (every target
+# waits for it; onnxruntime's reference, ready at the same time, only for TOP verification), the mixed-precision
+# search and the calibration before it (every INT8 target waits for them), before the rest; the report pages,
+# which no stage waits for, after them. "warm": to a process that has run the stage before, rather than one that
+# made its inputs (a report page's cost in a new process is mostly matplotlib's first use).
+DISPATCH = {"canonicalize": {"priority": 1}, "calibrate": {"priority": 1}, "search": {"priority": 1},
+            "report": {"priority": -1, "warm": True}}
 
 
 def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
