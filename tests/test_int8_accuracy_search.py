@@ -232,6 +232,7 @@ def test_the_greedy_and_pruning_steps_work_ahead_in_the_second_process(net, monk
         return evaluate(self, key)
 
     monkeypatch.setattr(search_module._Search, "_evaluate", counted)
+    monkeypatch.setattr(search_module, "spare_core", lambda: True)  # whatever else runs on the machine now
     logs = [[], []]
     results = [search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
                       samples=net.samples, config=SearchConfig(samples=3, chunks=8, target_cos=target,
@@ -242,6 +243,26 @@ def test_the_greedy_and_pruning_steps_work_ahead_in_the_second_process(net, monk
     assert logs[0] == logs[1] and one.lowerings == two.lowerings and one.score == two.score
     assert one.table == two.table and format_result(one) == format_result(two)
     assert two.reached if target < 1 else not two.reached
+
+
+def test_no_work_ahead_without_a_spare_core(net, monkeypatch):
+    """A busy machine (spare_core: no): the second process is offered nothing, and the table is the same."""
+    cali = dict(net.wreck("r1", 10.0))
+    cali["r3"] = net.wreck("r3", 8.0)["r3"]
+    sent = []
+    evaluate = search_module._Search._evaluate
+
+    def watched(self, key):
+        if self.ahead is not None and self.ahead.asked is not None:
+            sent.append(self.ahead.asked)
+        return evaluate(self, key)
+
+    monkeypatch.setattr(search_module, "spare_core", lambda: False)
+    monkeypatch.setattr(search_module._Search, "_evaluate", watched)
+    config = SearchConfig(samples=3, chunks=8, max_lowerings=20)
+    one, two = (search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
+                       samples=net.samples, config=config, processes=processes) for processes in (1, 2))
+    assert sent == [] and one.table == two.table and one.lowerings == two.lowerings
 
 
 def test_a_second_process_that_dies_ahead_is_a_clear_error(net, monkeypatch):
@@ -255,6 +276,7 @@ def test_a_second_process_that_dies_ahead_is_a_clear_error(net, monkeypatch):
         os._exit(3)
 
     monkeypatch.setattr(search_module, "_work_ahead", dies)
+    monkeypatch.setattr(search_module, "spare_core", lambda: True)
     with pytest.raises(TpuBuildError, match=r"second process stopped \(exit code 3\).*\n.*TPUBUILD_SEARCH_PROCESSES=1"):
         search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
                samples=net.samples, config=SearchConfig(samples=3, chunks=8, max_lowerings=20), processes=2)
