@@ -35,16 +35,16 @@ names is never re-pinned.
 
 With ``processes=2``, a forked process scores half of the samples of the pool
 (INT8 inference of each, and TOP's unless calibration left it; a quarter of the
-search on PP-OCRv4 rec) and of
-the chunks alone in float (step 1; it lowers each chunk's table itself): the same
-scores, so the same result. The greedy and pruning steps each ask about one table
-and most stop at their first sample, so splitting samples leaves a second process
-little to share; instead it works ahead (``_Ahead``), when a core is free for it
-(``spare_core``): while this process evaluates a step's table, the forked one
-evaluates the table the next step asks about if this one falls short (the next
-greedy table; the next pruning candidate, as most candidates fail). The search takes a result from there only for the very
-table, sample order and stop it would have evaluated itself, and counts its
-lowering as its own: the same steps, the same result.
+search on PP-OCRv4 rec) and of the chunks alone in float (step 1; it lowers each
+chunk's table itself): the same scores, so the same result. The greedy and
+pruning steps each ask about one table and most stop at their first sample, so
+splitting samples leaves a second process little to share; instead it works
+ahead (``_Ahead``), when a core is free for it (``spare_core``): while this
+process evaluates a step's table, the forked one evaluates the table the next
+step asks about if this one falls short (the next greedy table; the next pruning
+candidate, as most candidates fail). The search takes a result from there only
+for the very table, sample order and stop it would have evaluated itself, and
+counts its lowering as its own: the same steps, the same result.
 """
 
 from __future__ import annotations
