@@ -2,7 +2,7 @@
 priority among ready tasks and each process's own job queue.
 
 doit hands ready tasks to free processes in the order they became ready, through one queue that any free
-process reads. Two things that costs a build:
+process reads. Two things that cost a build:
 
 - PP-OCRv4 rec's search, the longest stage of its matrix, became ready while four short F32/BF16 stages
   queued, and waited a second for them with both processes busy; PP-OCR cls's INT8 codegen waited behind two

@@ -209,7 +209,10 @@ def import_stage_modules() -> None:
     import importlib
 
     for name in STAGE_MODULES:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # left to the stage that needs it, which reports it as its error
+            pass
 
 
 def search_processes() -> int:
