@@ -102,7 +102,7 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
         "targets": targets,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
-        **({"meta": DISPATCH[stage]} if stage in DISPATCH else {}),
+        **({"meta": dict(DISPATCH[stage])} if stage in DISPATCH else {}),
         **extra,
     }
 
