@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from doit.control import TaskDispatcher
-from doit.runner import JobHold, MRunner
+from doit.runner import JobHold, MRunner, Process
 
 
 def _next_by_priority(self, ready, tasks_to_run):
@@ -147,8 +147,9 @@ def _run_tasks(self, task_dispatcher):
                     running -= 1
                 self.job_queues[index].put(job)
     except (SystemExit, KeyboardInterrupt, Exception):
-        for proc in proc_list:
-            proc.terminate()
+        if self.Child == Process:  # (doit's thread runner, -P thread, shares this method: threads cannot be)
+            for proc in proc_list:
+                proc.terminate()
         raise
     for proc in proc_list:
         proc.join()
