@@ -121,3 +121,18 @@ def test_a_saved_module_is_read_back_without_parsing_as_parsing_would_give_it(ma
 
 def no_parse(*args):
     raise AssertionError("parsed again")
+
+
+def test_fast_printing_writes_what_the_generic_printer_writes():
+    """mlir.print_module's i64 fast path: the same text as xDSL's printer, for scalars (negative, past i64's signed
+    range), arrays (single, empty, mixed with i32, inside a dictionary) and a module parsed either way."""
+    import io
+
+    from xdsl.printer import Printer
+
+    text = TEXT.replace("l = 7}", 'l = 7, m = [3 : i64, 4 : i32], n = {o = [-1 : i64, 2 : i64]}}')
+    for module in (mlir._parse(text, "t.mlir"), Parser(mlir.context(), text, name="t.mlir").parse_module()):
+        out = io.StringIO()
+        Printer(stream=out, print_generic_format=True, print_debuginfo=True).print_op(module)
+        assert mlir.print_module(module) == out.getvalue() + "\n"
+        assert "f = -5 : i64" in out.getvalue() and "n = {o = [-1 : i64, 2 : i64]}" in out.getvalue()
