@@ -294,13 +294,16 @@ def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
                samples=net.samples[:4], config=SearchConfig(samples=2), processes=2)
 
 
-def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path):
-    """The calibrate stage keeps each sample's TOP outputs under cali.mlir's key (top.inference.keep_outputs) for
-    the search in the same process: they are TOP inference of cali.mlir bit for bit, and a search given them
-    finds the table it finds computing its own."""
+def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path, monkeypatch):
+    """The calibrate stage of a model with a search keeps each sample's TOP outputs under cali.mlir's key
+    (top.inference.keep_outputs) for the search in the same process: they are TOP inference of cali.mlir bit for
+    bit, and a search given them finds the table it finds computing its own. Without a search it keeps none."""
     from tpubuild.build import stages
     from tpubuild.calib.data import Samples
+    from tpubuild.top import inference
     from tpubuild.top.inference import kept_outputs
+
+    monkeypatch.setattr(inference, "_OUTPUTS", type(inference._OUTPUTS)())
 
     canonical = tmp_path / "canonical.mlir"
     mlir.save_module(net.module, canonical)
@@ -312,6 +315,9 @@ def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path):
     inputs = [{"name": "x", "shape": list(SHAPE)}]
     stages.calibrate("test", str(canonical), inputs, files, None, "max", None, str(tmp_path / "cali.mlir"),
                      str(tmp_path / "cali_table"))
+    assert not inference._OUTPUTS
+    stages.calibrate("test", str(canonical), inputs, files, None, "max", None, str(tmp_path / "cali.mlir"),
+                     str(tmp_path / "cali_table"), searched=True)
     cali_module = mlir.load_module(tmp_path / "cali.mlir")
     key = mlir.file_key(tmp_path / "cali.mlir")
     refs = {}

@@ -55,8 +55,10 @@ def canonicalize(in_mlir: str, in_weights: str, out_mlir: str, out_weights: str)
 
 
 def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], data_files: Sequence[str],
-              count: int | None, method: str, user_table: str | None, out_mlir: str, out_table: str) -> None:
-    """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz)."""
+              count: int | None, method: str, user_table: str | None, out_mlir: str, out_table: str,
+              searched: bool = False) -> None:
+    """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz);
+    ``searched``: a mixed-precision search reads them, and takes the samples' TOP outputs from this process."""
     from tpubuild.build.files import all_or_nothing
     from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
     from tpubuild.calib.data import Samples
@@ -68,13 +70,14 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     check_state(module, in_mlir)
     user = read_table(user_table)[1] if user_table else None
     samples = Samples.of(data_files, inputs, count)
-    outputs: list = []
+    outputs: list | None = [] if searched else None
     entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user, outputs)
     text = format_table(entries, ["tpubuild calibration table", f"model: {model}", *header])
     with all_or_nothing(out_mlir, out_table) as (tmp_mlir, tmp_table):
         _save_module(apply_table(module, entries), tmp_mlir)
         tmp_table.write_text(text, encoding="utf-8")
-    keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
+    if outputs:
+        keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
 
 
 def _save_module(module, path: Path) -> None:

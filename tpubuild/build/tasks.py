@@ -373,7 +373,8 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
                  {"model": m.name, "in_mlir": str(p.canonical_mlir), "inputs": inputs,
                   "data_files": files, "count": cal.get("count"),
                   "method": cal.get("method", "kl"), "user_table": str(table) if table else None,
-                  "out_mlir": str(p.cali_mlir), "out_table": str(p.cali_table)},
+                  "out_mlir": str(p.cali_mlir), "out_table": str(p.cali_table),
+                  "searched": bool((m.mixed_precision or {}).get("search"))},
                  file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
                  targets=[p.cali_mlir, p.cali_table], config={"calibration": cal, "inputs": inputs})
 
