@@ -56,7 +56,7 @@ class History:
         that made any of its inputs, one that ran its stage."""
         stage = task.name.split(":")[0]
         warm = stage in self.stages[process]
-        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & set(task.file_dep)),
+        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & task.file_dep),
                 not warm)
 
 
