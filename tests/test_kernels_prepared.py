@@ -316,7 +316,7 @@ def test_depthwise_gemv_blocks_of_channels_change_no_bits(n, c, kernel, stride, 
         with mock.patch.object(nn, "_DEPTHWISE_BLOCK", block):
             conv = nn.DepthwiseGemv(p, x.shape, taps, out_sp)
         assert conv.chans == (c if block > 1 << 30 else min(c, chans) if block > 1 else 1)
-        results.append((conv(x, conv.weights(wt), b.reshape(1, c, 1, 1)), conv(x, conv.weights(wt))))
+        results.append((conv(x, conv.weights(wt, b)), conv(x, conv.weights(wt, None))))
     for with_bias, without in results[1:]:
         assert same_bits(with_bias, results[0][0]) and same_bits(without, results[0][1])
 
@@ -357,7 +357,7 @@ def test_depthwise_gemv_views_follow_the_scratch_buffers():
             for scratch in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS):
                 scratch.buf = np.full(scratch.buf.size, 255, np.uint8)  # replaced, and not zeros
         assert same_bits(run(x, w, b), expect)
-        assert run.conv._scratch.views[0] == tuple(id(s.buf) for s in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS))
+        assert run.conv._views.key == tuple(id(s.buf) for s in (nn._PLANES, nn._COLUMNS, nn._PRODUCTS))
 
 
 @settings(max_examples=100, deadline=None)

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tpubuild.ir import top
-from tpubuild.kernels.activation import fused, relu
+from tpubuild.kernels.activation import clip, fused, relu
 from tpubuild.kernels.registry import kernel
 
 
@@ -101,9 +101,10 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
         w = w[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     if not taps:
         y = np.zeros((n, oc) + out_sp, dtype)
-    elif not sliced and g > 1 and c == g == oc and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype):
+    elif not sliced and g > 1 and c == g == oc and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype) and (
+            b is None or b.dtype == dtype):
         conv = DepthwiseGemv(p, x.shape, taps, out_sp)
-        y = conv(x, conv.weights(w))
+        y, b = conv(x, conv.weights(w, b)), None  # the bias in the product
     elif g > 1 and c == g and all(st == 1 for st in p.strides):
         y = _depthwise_flat(x, w, taps, p, out_sp, dtype)
     elif g > 1 and c == g:
@@ -114,10 +115,12 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
         if sliced:
             y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
+        elif folds_bias(b, dtype, (n, oc) + out_sp):
+            y, b = np.matmul(with_bias(w.reshape(g, oc // g, c // g), b), with_ones(cols)), None
         else:
             y = np.matmul(w.reshape(g, oc // g, c // g), cols)
-    elif not sliced and Im2colFlat.suits(p, x.shape, taps, dtype):
-        y = Im2colFlat(p, x.shape, g, out_sp)(x, Im2colFlat.weights(w, g, p.kernel_shape[0]))
+    elif not sliced and Im2colFlat.suits(p, x.shape, taps, dtype) and (b is None or b.dtype == dtype):
+        y, b = Im2colFlat(p, x.shape, g, oc, out_sp)(x, Im2colFlat.weights(w, g, p.kernel_shape[0], b)), None
     else:
         y = _im2col(padded(x, p.pads[:nd], p.pads[nd:]), w, g, taps, p, out_sp, dtype, sliced)
     y = y.reshape(n, oc, *out_sp)
@@ -130,6 +133,33 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     y = y.astype(x.dtype, copy=False)
     # y is this call's own array: the fused activation may overwrite it
     return relu(y, p.relu_limit, out=y) if p.do_relu else y
+
+
+# a TOP 1x1 conv's output of more elements than this takes its bias in the GEMM (a row of ones under its
+# columns): numpy's add of a [C, 1, 1] bias broadcast over a big output cost a third of the product
+# (mini_mobilenet's 16 -> 64 on 48x48: 75 -> 58 us, the input copied under the ones); a smaller output's
+# add is cheaper than the copy (the prepared kernel adds a bias broadcast once)
+_FOLD_BIAS = 1 << 14
+
+
+def folds_bias(b: np.ndarray | None, dtype, out_shape: tuple[int, ...]) -> bool:
+    """Does a TOP 1x1 conv add its bias in the GEMM (``with_bias``, ``with_ones``)?"""
+    return b is not None and b.dtype == dtype and math.prod(out_shape) > _FOLD_BIAS
+
+
+def with_bias(wt: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """GEMM weights [g, oc / g, K] with each output channel's bias (``bias`` [oc], or zeros) as column K."""
+    g, ocg = wt.shape[:2]
+    b = np.zeros((g, ocg, 1), wt.dtype) if bias is None else bias.reshape(g, ocg, 1).astype(wt.dtype)
+    return np.concatenate([wt, b], axis=-1)
+
+
+def with_ones(cols: np.ndarray) -> np.ndarray:
+    """Columns [..., K, pixels] with a row of ones under them (the bias's, see ``with_bias``), in scratch."""
+    out = _COLUMNS.array(cols.shape[:-2] + (cols.shape[-2] + 1, cols.shape[-1]), cols.dtype)
+    np.copyto(out[..., :-1, :], cols)
+    out[..., -1, :] = 1
+    return out
 
 
 def _live_taps(p: top.ConvParams, spatial, out_sp) -> list[tuple[int, ...]]:
@@ -191,8 +221,9 @@ _DEPTHWISE_COLS = 1 << 22
 
 # a TOP depthwise conv makes its planes and columns a block of channels at a time, about this many bytes of
 # columns, each block multiplied while it is still in cache (the columns are taps times the input: PP-OCR's 5x5
-# convs' are 2.6 MB, and written whole, then read back by the products, they took twice the time of blocks)
-_DEPTHWISE_BLOCK = 1 << 18
+# convs' are 2.6 MB, and written whole, then read back by the products, they took twice the time of blocks; 512 KB
+# blocks beat 256 KB ones by 10-20% on mini_mobilenet's, fewer numpy calls; 1 MB ones were slower)
+_DEPTHWISE_BLOCK = 1 << 19
 
 
 class _Scratch(threading.local):
@@ -214,6 +245,24 @@ class _Scratch(threading.local):
 _COLUMNS = _Scratch()
 _PLANES = _Scratch()
 _PRODUCTS = _Scratch()
+
+
+class _Views(threading.local):
+    """A kernel's views of this thread's scratch buffers, from ``make()``, kept between calls (a small model's
+    depthwise convs spent a tenth of their time making them on every call), made again once another call
+    replaced a buffer (they would keep the old one alive)."""
+
+    def __init__(self, make):
+        self.make, self.key, self.views = make, None, None
+
+    def get(self):
+        key = (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf))
+        if key != self.key:
+            self.views = self.make()
+            # the buffers by id, after make() grew them: the views keep them alive, so an id seen again is the
+            # same buffer
+            self.key = (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf))
+        return self.views
 
 
 class DepthwiseGemv:
@@ -239,11 +288,19 @@ class DepthwiseGemv:
         rows, cols = sorted({t[0] for t in taps}), sorted({t[1] for t in taps})
         box = len(taps) == len(rows) * len(cols) and rows[-1] - rows[0] + 1 == len(rows) and \
             cols[-1] - cols[0] + 1 == len(cols)
-        k, wq = len(taps), DepthwiseGemv._width(p, x_shape[3], out_sp[1], taps)
+        k, wq = len(taps) + 1, DepthwiseGemv._width(p, x_shape[3], out_sp[1], taps)
         if math.prod(out_sp) * k < 2500 or k * wq > _ONE_THREAD_GEMV:
             return False
-        rows = min(out_sp[0], _ONE_THREAD_GEMV // (k * wq))
-        return box and math.prod(x_shape[:2]) * k * -(-out_sp[0] // rows) * rows * wq * 4 <= _DEPTHWISE_COLS
+        blocks, rows = DepthwiseGemv._blocks(out_sp[0], k * wq)
+        return box and math.prod(x_shape[:2]) * k * blocks * rows * wq * 4 <= _DEPTHWISE_COLS
+
+    @staticmethod
+    def _blocks(ho: int, row: int) -> tuple[int, int]:
+        """(blocks, rows each): the fewest blocks of output rows whose products (``row`` multiply-adds an output
+        row: taps and the bias by Wq) stay one thread's GEMV, rows spread evenly (48 rows in three blocks of 16,
+        not 20 + 20 + 8 of which 12 rows were computed and dropped)."""
+        blocks = -(-ho // min(ho, _ONE_THREAD_GEMV // row))
+        return blocks, -(-ho // blocks)
 
     @staticmethod
     def _shifts(p: top.ConvParams, taps) -> list[tuple[int, int, int]]:
@@ -263,8 +320,7 @@ class DepthwiseGemv:
         top_pad, left = p.pads[0], p.pads[1]
         shifts = self._shifts(p, taps)
         wq = self._width(p, w, wo, taps)
-        self.rows = min(ho, _ONE_THREAD_GEMV // (len(taps) * wq))
-        self.blocks = -(-ho // self.rows)
+        self.blocks, self.rows = self._blocks(ho, (len(taps) + 1) * wq)
         # rows of a phase plane: the input's, and the last block's with its lowest tap (+1: a shifted run's
         # dropped columns reach into the next row)
         hq = max(-(-(h + top_pad + p.pads[2]) // sh), self.blocks * self.rows + max(u for _, u, _ in shifts) + 1)
@@ -282,15 +338,16 @@ class DepthwiseGemv:
                                        (Ellipsis, slice(r0, None, sh), slice(c0, None, sw))))
         self.phases = (n, c, sh * sw, hq * wq)
         self.run = run = self.rows * wq
-        self.chans = chans = max(1, min(c, _DEPTHWISE_BLOCK // (n * self.blocks * len(taps) * run * 4)))
-        self.cols = (n, chans, self.blocks, len(taps), run)
+        k = len(taps) + 1  # the taps and a row of ones, the bias's
+        self.chans = chans = max(1, min(c, _DEPTHWISE_BLOCK // (n * self.blocks * k * run * 4)))
+        self.cols = (n, chans, self.blocks, k, run)
         # each block of channels: (first, end, each fill's (part of the block's planes, the input's pixels))
         self.chan_blocks = [(c0, min(c, c0 + chans), [((slice(None), slice(0, min(c, c0 + chans) - c0)) + dst[1:],
                                                         (slice(None), slice(c0, c0 + chans)) + src[1:])
                                                        for dst, src in self.fills])
                             for c0 in range(0, c, chans)]
         self.out = (n, c, ho, wo)
-        self._scratch = threading.local()  # this thread's views of the scratch buffers (_views)
+        self._views = _Views(self._make_views)
         # the taps of a phase plane whose shifts are a grid (all of them, but for a dilation in a strided
         # dimension) have their columns in one strided view of the plane: (first tap in the columns,
         # first element, (rows, columns) of taps, their element strides); the taps go in the columns in that
@@ -310,19 +367,16 @@ class DepthwiseGemv:
                 self.groups.append((len(self.order), plane * hq * wq + first, grid, strides))
                 self.order += group
 
-    def weights(self, w: np.ndarray) -> np.ndarray:
-        """w [c, 1, live taps] in the columns' order of taps."""
-        return np.ascontiguousarray(w[..., self.order])
+    def weights(self, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """w [c, 1, live taps] in the columns' order of taps, then ``bias`` [c] (or zeros): the product adds it
+        with the taps' (a broadcast add of the bias to the products cost a channel's GEMV)."""
+        return np.concatenate([w[..., self.order], np.zeros(w.shape[:2] + (1,), w.dtype) if bias is None
+                               else bias.reshape(-1, 1, 1).astype(w.dtype)], axis=-1)
 
-    def _views(self) -> tuple[np.ndarray, list, np.ndarray]:
+    def _make_views(self) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
         """A block's planes, each block's (first channel, end, fills' (part of the planes, the input's pixels),
-        groups' (part of the columns, view of the planes), columns, products), and the products: views of this
-        thread's scratch buffers, kept between calls (a small model's depthwise convs spent a tenth of their time
-        making them on every call), made again once another call replaced a buffer (they would keep the old one
-        alive)."""
-        cached = getattr(self._scratch, "views", None)
-        if cached is not None and cached[0] == (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf)):
-            return cached[1]
+        groups' (part of the columns, view of the planes), columns, products), the products and the columns'
+        row of ones, in the scratch buffers."""
         n, c, chans = self.out[0], self.out[1], self.chans
         planes = _PLANES.array((n, chans) + self.planes[2:], np.float32)
         flat = planes.reshape((n, chans) + self.phases[2:])
@@ -338,16 +392,15 @@ class DepthwiseGemv:
         blocks = [(c0, c1, [(planes[dst], src) for dst, src in fills],
                    [(dst[:, :c1 - c0], src[:, :c1 - c0]) for dst, src in copies], cols[:, :c1 - c0], y[:, c0:c1])
                   for c0, c1, fills in self.chan_blocks]
-        # the buffers by id: the views keep them alive, so an id seen again is the same buffer
-        self._scratch.views = ((id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf)), (planes, blocks, y))
-        return planes, blocks, y
+        return planes, blocks, y, cols[:, :, :, -1]
 
-    def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """The conv of x by w (``weights``: the live taps in the columns' order), plus ``bias`` (float32,
-        [1, C, 1, 1] or the output's shape, added as the output is cropped out of the product), C order."""
+    def __call__(self, x: np.ndarray, w: np.ndarray, bounds: tuple | None = None) -> np.ndarray:
+        """The conv of x by w (``weights``: the live taps in the columns' order, then the bias), clipped to
+        ``bounds`` (the fused ReLU's, or None) as it is cropped out of the products, C order."""
         n, c, _, _, _, wq = self.planes
-        planes, blocks, y = self._views()
+        planes, blocks, y, ones = self._views.get()
         planes.fill(0)  # the pads; each block's pixels go where the last one's were
+        ones.fill(1)  # each block's columns: the taps' rows are written over, this one stays
         w = w.reshape(c, 1, 1, -1)
         for c0, c1, fills, copies, cols, out in blocks:
             for dst, src in fills:
@@ -355,14 +408,18 @@ class DepthwiseGemv:
             for dst, src in copies:
                 np.copyto(dst, src)
             np.matmul(w[c0:c1], cols, out=out)  # the same product per channel and block
-        if bias is not None and bias.shape == (1, c, 1, 1):
-            # the same sums, added to each channel's products in one run (the cropped output's rows are a run of
-            # a few dozen elements each: numpy's loop per row cost more than the adds)
-            products = y.reshape(n, c, -1)
-            np.add(products, bias.reshape(1, c, 1), out=products)
-            bias = None
         y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
-        return y.copy() if bias is None else np.add(y, bias)  # never the scratch itself
+        return cropped(y, bounds)
+
+
+def cropped(y: np.ndarray, bounds: tuple | None) -> np.ndarray:
+    """A fresh C-order copy of ``y`` (a view of a scratch product), clipped to ``bounds`` (a fused ReLU's
+    (0, limit) float32 arrays, or None) in the same pass."""
+    out = np.empty(y.shape, y.dtype)
+    if bounds is None:
+        np.copyto(out, y)
+        return out
+    return clip(y, *bounds, out=out)
 
 
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
@@ -429,11 +486,12 @@ class Im2colFlat:
         return n * c * len(taps) * rows * (w + p.pads[1] + p.pads[3]) * 4 <= _COLS_BLOCK
 
     @staticmethod
-    def weights(w: np.ndarray, g: int, kernel_rows: int) -> np.ndarray:
-        """w [oc, C/g, taps] as the product's left side [g, oc/g, K], K in ``gemm_order``, C order."""
-        return np.ascontiguousarray(gemm_weights(w, g, kernel_rows).swapaxes(1, 2))
+    def weights(w: np.ndarray, g: int, kernel_rows: int, bias: np.ndarray | None) -> np.ndarray:
+        """w [oc, C/g, taps] as the product's left side [g, oc/g, K + 1], K in ``gemm_order``, then each output
+        channel's bias (or zero: the columns' row of ones), C order."""
+        return with_bias(gemm_weights(w, g, kernel_rows).swapaxes(1, 2), bias)
 
-    def __init__(self, p: top.ConvParams, x_shape, g: int, out_sp):
+    def __init__(self, p: top.ConvParams, x_shape, g: int, oc: int, out_sp):
         n, c, h, w = x_shape
         (kh, kw), (dh, dw) = p.kernel_shape, p.dilations
         top_pad, left = p.pads[0], p.pads[1]
@@ -443,22 +501,37 @@ class Im2colFlat:
         self.inner = (slice(None), slice(None), slice(top_pad, top_pad + h), slice(left, left + w))
         run = out_sp[0] * wp
         item = np.dtype(np.float32).itemsize
+        k = kh * (c // g) * kw
         self.view = ((n, g, kh, c // g, kw, run),
                      tuple(s * item for s in (c * plane, c // g * plane, dh * wp, plane, dw, 1)))
-        self.cols = (n, g, kh * (c // g) * kw, run)
+        self.cols = (n, g, k + 1, run)  # the taps' rows, then a row of ones (the bias's)
         self.out = (n, -1, out_sp[0], wp)
         self.width = out_sp[1]
+        self.ocg = oc // g
 
-    def __call__(self, x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """The conv of x by ``weights``, plus ``bias`` (float32, [1, oc, 1, 1] or the output's shape, added as the
-        output is cropped out of the product), C order."""
-        xp = np.zeros(self.padded, np.float32)
-        xp[self.inner] = x
+        self._views = _Views(self._make_views)
+
+    def _make_views(self) -> tuple:
+        """The padded planes, their part the input goes in, the columns' taps and their view of the planes, the
+        columns' row of ones, the columns and the product, in the scratch buffers."""
+        xp = _PLANES.array(self.padded, np.float32)
         shape, strides = self.view
-        cols = _COLUMNS.array(shape, np.float32)
-        np.copyto(cols, np.ndarray(shape, np.float32, buffer=xp, strides=strides))
-        y = np.matmul(wt, cols.reshape(self.cols)).reshape(self.out)[..., :self.width]
-        return np.ascontiguousarray(y) if bias is None else np.add(y, bias)
+        cols = _COLUMNS.array(self.cols, np.float32)
+        product = _PRODUCTS.array(self.cols[:2] + (self.ocg, self.cols[3]), np.float32)
+        return (xp, xp[self.inner], cols[:, :, :-1].reshape(shape),
+                np.ndarray(shape, np.float32, buffer=xp, strides=strides), cols[:, :, -1], cols, product,
+                product.reshape(self.out)[..., :self.width])
+
+    def __call__(self, x: np.ndarray, wt: np.ndarray, bounds: tuple | None = None) -> np.ndarray:
+        """The conv of x by ``weights`` (the bias in them), clipped to ``bounds`` (the fused ReLU's, or None) as
+        it is cropped out of the product, C order."""
+        xp, inner, taps, windows, ones, cols, product, y = self._views.get()
+        xp.fill(0)
+        np.copyto(inner, x)
+        np.copyto(taps, windows)
+        ones.fill(1)
+        np.matmul(wt, cols, out=product)
+        return cropped(y, bounds)
 
 
 def gemm_order(taps: list[tuple[int, ...]]) -> tuple[int, int]:

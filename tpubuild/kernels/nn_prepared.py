@@ -100,26 +100,31 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     epilogue = _Epilogue(p, bias)
     if g > 1 and c == g:
         if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
-            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, bias, _Epilogue(p, None))
+            return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, b.const, _Epilogue(p, None))
         if all(s == 1 for s in p.strides) and math.prod(x.shape) * F32.itemsize >= _DEPTHWISE_FLAT:
             return _DepthwiseFlat(p, taps, out_sp, wt, epilogue)
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
     pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
         tap = _tap_slices(taps, p.strides, p.dilations, out_sp)[0]
+        if not sliced and nn.folds_bias(b.const, F32, (n, oc) + out_sp):
+            return _Conv1Tap(n, g, c, oc, out_sp, nn.with_bias(wt.reshape(g, oc // g, c // g), b.const), pad, tap,
+                             _Epilogue(p, None), sliced, fold=True)
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
     if not sliced and nn.Im2colFlat.suits(p, x.shape, taps, F32):
-        return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, out_sp), nn.Im2colFlat.weights(wt, g, p.kernel_shape[0]),
-                           bias, _Epilogue(p, None))
+        return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, oc, out_sp),
+                           nn.Im2colFlat.weights(wt, g, p.kernel_shape[0], b.const), _Epilogue(p, None))
     return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
 class _Conv1Tap:
-    """One live tap (1x1): the (strided) input pixels times the weights, as nn's kernel calls the GEMM."""
+    """One live tap (1x1): the (strided) input pixels times the weights, as nn's kernel calls the GEMM
+    (``fold``: the weights' last column is the bias, the pixels get a row of ones, nn.folds_bias)."""
 
-    def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced):
+    def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced, fold=False):
         self.cols_shape = (n, g, c // g, -1)
-        self.wt = wt.reshape(g, oc // g, c // g)
+        self.wt = wt if fold else wt.reshape(g, oc // g, c // g)
+        self.fold = fold
         self.out_shape = (n, oc) + out_sp
         self.pad, self.tap, self.epilogue = pad, tap, epilogue
         self.sliced = sliced
@@ -131,7 +136,7 @@ class _Conv1Tap:
         if self.sliced:
             y = nn.pixel_gemm(cols, self.wt.swapaxes(1, 2), self.out_shape[2] > 1).swapaxes(2, 3)
         else:
-            y = np.matmul(self.wt, cols)
+            y = np.matmul(self.wt, nn.with_ones(cols) if self.fold else cols)
         return self.epilogue(y.reshape(self.out_shape))
 
 
@@ -193,23 +198,23 @@ class _Im2col:
 
 
 class _Im2colFlat:
-    """nn.Im2colFlat (a TOP conv at stride 1) with its weights and bias, then the kernel's activation."""
+    """nn.Im2colFlat (a TOP conv at stride 1) with its weights and bias, clipped by the kernel's activation."""
 
-    def __init__(self, conv: nn.Im2colFlat, wt: np.ndarray, bias: np.ndarray | None, epilogue: _Epilogue):
-        self.conv, self.wt, self.bias, self.epilogue = conv, wt, bias, epilogue
+    def __init__(self, conv: nn.Im2colFlat, wt: np.ndarray, epilogue: _Epilogue):
+        self.conv, self.wt, self.bounds = conv, wt, epilogue.bounds
 
     def __call__(self, x, w, b):
-        return self.epilogue(self.conv(x, self.wt, self.bias))
+        return self.conv(x, self.wt, self.bounds)
 
 
 class _DepthwiseGemv:
-    """nn.DepthwiseGemv (a TOP depthwise conv) with its weights and bias, then the kernel's activation."""
+    """nn.DepthwiseGemv (a TOP depthwise conv) with its weights and bias, clipped by the kernel's activation."""
 
     def __init__(self, conv: nn.DepthwiseGemv, wt: np.ndarray, bias: np.ndarray | None, epilogue: _Epilogue):
-        self.conv, self.wt, self.bias, self.epilogue = conv, conv.weights(wt), bias, epilogue
+        self.conv, self.wt, self.bounds = conv, conv.weights(wt, bias), epilogue.bounds
 
     def __call__(self, x, w, b):
-        return self.epilogue(self.conv(x, self.wt, self.bias))
+        return self.conv(x, self.wt, self.bounds)
 
 
 # an input at least this big (bytes) runs nn's flat-plane kernel (stride 1): the channels-last copy, its
