@@ -291,12 +291,28 @@ def test_next_by_priority_takes_the_highest_priority_first_then_doits_order():
 
     from tpubuild.build.dispatch import _next_by_priority
 
-    def node(name, meta=None):
-        return SimpleNamespace(name=name, task=SimpleNamespace(meta=meta))
+    reads = []
 
-    ready = deque([node("report", {"priority": -1}), node("lg"), node("search", {"priority": 1}), node("assign"),
-                   node("cal", {"priority": 1})])
-    assert [_next_by_priority(None, ready, []).name for _ in range(5)] == ["search", "cal", "lg", "assign", "report"]
+    class Meta(dict):
+        def get(self, key, default=None):
+            reads.append(self["name"])
+            return super().get(key, default)
+
+    def node(name, priority=None):
+        return SimpleNamespace(name=name, task=SimpleNamespace(
+            meta=Meta(name=name, **({} if priority is None else {"priority": priority}))))
+
+    dispatcher = SimpleNamespace()
+    ready = deque([node("report", -1), node("lg"), node("search", 1), node("assign"), node("cal", 1)])
+    picked = [_next_by_priority(dispatcher, ready, []).name for _ in range(2)]
+    # tasks doit makes ready meanwhile join their priority's queue after those ready before them
+    ready.extend([node("verify"), node("calibrate2", 1)])
+    picked += [_next_by_priority(dispatcher, ready, []).name for _ in range(5)]
+    assert picked == ["search", "cal", "calibrate2", "lg", "assign", "verify", "report"]
+    # each task's priority is read once, not at every pick (a zoo's no-op has thousands ready at once)
+    assert sorted(reads) == sorted(["report", "lg", "search", "assign", "cal", "verify", "calibrate2"])
+    # nothing ready: doit's own next node (the next task it was asked to run)
+    assert _next_by_priority(dispatcher, ready, []) is None
 
 
 def test_a_task_runs_in_the_process_that_made_its_inputs(tmp_path):

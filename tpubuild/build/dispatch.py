@@ -19,6 +19,7 @@ process reads. Two things that cost a build:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from doit.control import TaskDispatcher
@@ -27,13 +28,19 @@ from doit.runner import JobHold, MRunner, Process
 
 def _next_by_priority(self, ready, tasks_to_run):
     """TaskDispatcher._get_next_node taking the ready task of the highest ``meta["priority"]``, the first of them
-    in doit's order."""
-    if not ready:
-        return _doit_next_node(self, ready, tasks_to_run)
-    best = max(range(len(ready)), key=lambda i: (ready[i].task.meta or {}).get("priority", 0))
-    node = ready[best]
-    del ready[best]
-    return node
+    in doit's order.
+
+    Only this method reads doit's ``ready`` queue, so it moves what doit appended there into a queue per priority
+    (``self.by_priority``), each node's priority read once: a scan of ``ready`` at every pick made the first no-op
+    over a 200-model zoo, 4,400 tasks mostly ready at once, quadratic (3 of its 3.8 s)."""
+    queues = self.__dict__.setdefault("by_priority", {})
+    while ready:
+        node = ready.popleft()
+        queues.setdefault((node.task.meta or {}).get("priority", 0), deque()).append(node)
+    for priority in sorted(queues, reverse=True):  # a few priorities (tasks.DISPATCH)
+        if queues[priority]:
+            return queues[priority].popleft()
+    return _doit_next_node(self, ready, tasks_to_run)
 
 
 _doit_next_node = TaskDispatcher._get_next_node
