@@ -103,9 +103,10 @@ def requantize_sums(acc: np.ndarray, bias, multiplier, rshift, out_zp: int, qmin
     t *= mult * np.ldexp(1.0, -shift)
     # half away from zero: trunc(t +- 1/2), exact as t is a multiple of 2^-shift below 2^(52 - shift)
     t += np.copysign(0.5, t)
-    np.trunc(t, out=t)
     if out_zp:
+        np.trunc(t, out=t)
         t += out_zp
+    # without a zero point the cast truncates: clamping to integer bounds first gives the same integers
     np.clip(t, qmin, qmax, out=t)
     return t.astype(dtype)
 
