@@ -390,3 +390,27 @@ def test_prepared_silu_is_the_kernel(seed, layout):
     assert not isinstance(run, functools.partial)
     with np.errstate(all="ignore"):
         assert same_bits(run(x), get_kernel(top.SiLUOp)(None, x))
+
+
+@pytest.mark.parametrize("shape, kernel, stride, dilation, pads, ceil", [
+    ((1, 16, 32, 32), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False),  # demo_cnn's
+    ((2, 3, 9, 11), (3, 2), (2, 3), (2, 1), (1, 0, 0, 1), True),  # two samples, dilated, ceil's grown pads
+    ((1, 8, 20, 20), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), False),  # YOLO's SPPF
+    ((1, 4, 7, 7), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), True),
+    ((3, 5, 1), (1, 3), (1, 2), (1, 1), (0, 1, 0, 1), False),  # a 3-D tensor, one row
+])
+def test_top_max_pool_by_shifted_runs(shape, kernel, stride, dilation, pads, ceil):
+    """TOP's 2-D float32 max pool takes maxima of shifted runs of its flattened planes (_ShiftedMax): the
+    kernel's bits, again on a second call (its scratch reused); the TPU's keeps the kernel's views."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=shape).astype(np.float32)
+    x.ravel()[:3] = [np.inf, -np.inf, 0.0]
+    p = top.PoolParams(kernel_shape=kernel, strides=stride, pads=pads, dilations=dilation, ceil_mode=ceil)
+    run = prepare(top.MaxPoolOp, p, [Operand(x.shape, F32, None)])
+    assert type(run).__name__ == "_ShiftedMax"
+    expect = get_kernel(top.MaxPoolOp)(p, x)
+    assert same_bits(run(x), expect) and same_bits(run(x), expect)
+    relu = dataclasses.replace(p, do_relu=True)
+    assert same_bits(prepare(top.MaxPoolOp, relu, [Operand(x.shape, F32, None)])(x), get_kernel(top.MaxPoolOp)(relu, x))
+    tpu_p = tpu.MaxPoolOp.PARAMS(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+    assert type(prepare(tpu.MaxPoolOp, tpu_p, [Operand(x.shape, F32, None)])).__name__ != "_ShiftedMax"

@@ -288,12 +288,20 @@ class _PoolTaps:
 
 @prepared(top.MaxPoolOp)
 def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
+    return max_pool(p, operands, shifted=True)
+
+
+def max_pool(p: top.PoolParams, operands: list[Operand], *, shifted: bool) -> Callable | None:
+    """nn's max pool prepared; ``shifted``: a 2-D float32 one as _ShiftedMax (TOP's: the chip's pools keep the
+    kernel's order of maxima, its signed zeros)."""
     (x,) = operands
     if x.dtype is None or x.dtype.kind != "f":
         return None
     pool = _PoolTaps(p, x.shape, -np.inf)
     if not pool.is_global and not pool.few:
         return None  # a windows view: the kernel
+    if shifted and not pool.is_global and len(p.kernel_shape) == 2 and x.dtype == F32:
+        return _ShiftedMax(p, pool, x.shape)
 
     def run(x):
         if pool.is_global:
@@ -302,6 +310,60 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
             y = nn.window_max(pool.pad(x), p.kernel_shape, p.strides, pool.dil, pool.out_sp)
         return nn.fused(y, p)
     return run
+
+
+class _ShiftedMax:
+    """A 2-D max pool as maxima of whole shifted runs: the -inf padded planes flattened into one run, the maximum
+    over the kernel's rows is the run against itself shifted by a row (and two ...), then over its columns the
+    same with shifts of a column, and the windows' maxima are a strided view of that (the shifts' runs cross
+    rows and planes only in elements no window keeps). nn.window_max's maxima of 4-D strided views took numpy
+    three times as long per element as these (demo_cnn's 3x3 at stride 2 on (1, 16, 32, 32): 30 -> 15 us)."""
+
+    def __init__(self, p: top.PoolParams, pool: _PoolTaps, x_shape):
+        (kh, kw), (sh, sw), (dh, dw) = p.kernel_shape, p.strides, pool.dil
+        hp, wp = pool.pad.shape[-2:]
+        self.p, self.out_shape = p, pool.out_shape
+        self.length = math.prod(x_shape[:-2]) * hp * wp
+        self.row_shifts = [t * dh * wp for t in range(1, kh)]
+        self.col_shifts = [t * dw for t in range(1, kw)]
+        self.padded, self.inner = pool.pad.shape, pool.pad.inner
+        self.tail = max(self.row_shifts + self.col_shifts + [0])  # -inf after the planes: the last shifts' runs
+        item = F32.itemsize
+        lead = x_shape[:-2]
+        self.windows = (self.out_shape, tuple(math.prod(lead[i + 1:]) * hp * wp * item for i in range(len(lead)))
+                        + (sh * wp * item, sw * item))
+        self._views = nn._Views(self._make_views)
+
+    def _make_views(self) -> tuple:
+        """The flat padded planes with their tail and their input part, the rows' maxima with their tail, the
+        columns' maxima, in the scratch buffers."""
+        run, tail = self.length, self.tail
+        flat = nn._PLANES.array((run + tail,), F32)
+        rows = nn._COLUMNS.array((run + tail,), F32)
+        return flat, flat[:run].reshape(self.padded)[self.inner], rows, rows[run:], nn._PRODUCTS.array((run,), F32)
+
+    def __call__(self, x):
+        flat, inner, rows, rows_tail, cols = self._views.get()
+        run = self.length
+        flat.fill(-np.inf)
+        np.copyto(inner, x)
+        _shifted_max(flat, self.row_shifts, rows[:run])
+        rows_tail.fill(-np.inf)
+        _shifted_max(rows, self.col_shifts, cols)
+        y = np.empty(self.out_shape, F32)
+        np.copyto(y, np.ndarray(self.windows[0], F32, buffer=cols, strides=self.windows[1]))
+        return nn.fused(y, self.p)
+
+
+def _shifted_max(src: np.ndarray, shifts: list[int], out: np.ndarray) -> None:
+    """out = the maximum of src's first len(out) elements and those runs shifted by each of ``shifts``."""
+    run = len(out)
+    if not shifts:
+        np.copyto(out, src[:run])
+        return
+    np.maximum(src[:run], src[shifts[0]:run + shifts[0]], out=out)
+    for shift in shifts[1:]:
+        np.maximum(out, src[shift:run + shift], out=out)
 
 
 @prepared(top.AvgPoolOp)

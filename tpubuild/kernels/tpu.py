@@ -287,5 +287,5 @@ class _ConvInt8:
         return requantize_sums(acc, self.bias, self.mult, self.shift, *self.out)
 
 
-for _top_cls, _tpu_cls in ((top.AvgPoolOp, tpu.AvgPoolOp), (top.MaxPoolOp, tpu.MaxPoolOp)):
-    prepared(_tpu_cls)(_float_prepared(_top_cls))
+prepared(tpu.AvgPoolOp)(_float_prepared(top.AvgPoolOp))
+prepared(tpu.MaxPoolOp)(_float_prepared(top.MaxPoolOp, functools.partial(nn_prepared.max_pool, shifted=False)))
