@@ -115,7 +115,7 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
         cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
         if sliced:
             y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
-        elif folds_bias(b, dtype, (n, oc) + out_sp):
+        elif folds_bias(b, dtype, c, (n, oc) + out_sp):
             y, b = np.matmul(with_bias(w.reshape(g, oc // g, c // g), b), with_ones(cols)), None
         else:
             y = np.matmul(w.reshape(g, oc // g, c // g), cols)
@@ -135,16 +135,20 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     return relu(y, p.relu_limit, out=y) if p.do_relu else y
 
 
-# a TOP 1x1 conv's output of more elements than this takes its bias in the GEMM (a row of ones under its
-# columns): numpy's add of a [C, 1, 1] bias broadcast over a big output cost a third of the product
-# (mini_mobilenet's 16 -> 64 on 48x48: 75 -> 58 us, the input copied under the ones); a smaller output's
-# add is cheaper than the copy (the prepared kernel adds a bias broadcast once)
+# a TOP 1x1 conv's output of more elements than this, from at most _FOLD_CHANNELS input channels and no more
+# than it has, takes its bias in the GEMM (a row of ones under its columns): numpy's add of a [C, 1, 1] bias
+# broadcast over a big output cost a third of a thin product (mini_mobilenet's 16 -> 64 on 48x48: 75 -> 58 us,
+# the input copied under the ones); a smaller output's add, or a wider input's copy, costs more than it saves
+# (64 -> 24 on 24x24: 16.0 -> 15.9 us, 72 -> 24: 18.0 -> 22.3; squeezenet's 512 -> 1000 on 13x13: 1142 -> 1270,
+# its K of 513 slower; the prepared kernel adds a small output's bias broadcast once)
 _FOLD_BIAS = 1 << 14
+_FOLD_CHANNELS = 48
 
 
-def folds_bias(b: np.ndarray | None, dtype, out_shape: tuple[int, ...]) -> bool:
-    """Does a TOP 1x1 conv add its bias in the GEMM (``with_bias``, ``with_ones``)?"""
-    return b is not None and b.dtype == dtype and math.prod(out_shape) > _FOLD_BIAS
+def folds_bias(b: np.ndarray | None, dtype, c: int, out_shape: tuple[int, ...]) -> bool:
+    """Does a TOP 1x1 conv of ``c`` input channels add its bias in the GEMM (``with_bias``, ``with_ones``)?"""
+    return b is not None and b.dtype == dtype and c <= min(_FOLD_CHANNELS, out_shape[1]) and \
+        math.prod(out_shape) > _FOLD_BIAS
 
 
 def with_bias(wt: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
