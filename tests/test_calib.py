@@ -119,6 +119,37 @@ def test_streaming_stats_equal_batch_stats(demo):
         assert (s.min, s.max, s.range, s.zeros) == (b.min, b.max, b.range, b.zeros), name
 
 
+def test_two_processes_give_the_same_statistics_and_outputs(demo):
+    """collect_stats with a forked process for the odd samples: the same statistics as one process's (bit for
+    bit), and every sample's outputs, in the samples' order."""
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    samples = Samples.of(PHOTOS[:5], INPUTS)
+    one_out, two_out = [], []
+    one, n1 = collect_stats(module, weights, samples, one_out)
+    two, n2 = collect_stats(module, weights, samples, two_out, processes=2)
+    assert n1 == n2 == 5 and list(one) == list(two)
+    for name in one:
+        np.testing.assert_array_equal(one[name].hist, two[name].hist, err_msg=name)
+        assert (one[name].min, one[name].max, one[name].range, one[name].zeros, one[name].samples) == \
+            (two[name].min, two[name].max, two[name].range, two[name].zeros, two[name].samples), name
+    assert len(two_out) == 5
+    for (s1, o1), (s2, o2) in zip(one_out, two_out):
+        np.testing.assert_array_equal(s1["input"], s2["input"])
+        assert all(np.array_equal(a, b) for a, b in zip(o1, o2))
+
+
+def test_an_error_in_the_second_process_names_the_tensor(demo):
+    """A sample the forked process calibrates (the second) holds NaN: the error says so here, with the tensor."""
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    samples = list(Samples.of(PHOTOS[:2], INPUTS))
+    samples[1] = {"input": np.full_like(samples[1]["input"], np.nan)}
+    with pytest.raises(TpuBuildError, match="cannot calibrate: the tensor holds NaN") as err:
+        collect_stats(module, weights, samples, processes=2)
+    assert err.value.loc == "input"
+
+
 def test_auto_picks_a_candidate_per_tensor(demo):
     module = mlir.load_module(demo)
     weights = weights_for(module, demo)

@@ -43,6 +43,20 @@ def test_streaming_is_order_independent(rng):
     assert a.range == b.range
 
 
+@pytest.mark.parametrize("split", [[0, 1, 2], [3, 4], [2, 0, 4, 1], []])
+def test_merged_halves_equal_one_stream(rng, split):
+    """Statistics of two sets of samples merged (calibration's two processes) equal the histogram of all the
+    samples at once, whichever half saw the larger range, or the all-zero sample, or none."""
+    samples = [rng.standard_normal(300).astype(np.float32) * k for k in (0.02, 1.0, 300.0, 5.0)]
+    samples.append(np.zeros(40, np.float32))
+    mine = streamed([samples[i] for i in split])
+    mine.merge(streamed([x for i, x in enumerate(samples) if i not in split]))
+    whole = batch_stats(samples)
+    np.testing.assert_array_equal(mine.hist, whole.hist)
+    assert (mine.min, mine.max, mine.range, mine.zeros, mine.count, mine.samples) == \
+        (whole.min, whole.max, whole.range, whole.zeros, whole.count, whole.samples)
+
+
 def test_range_is_the_power_of_two_above_the_max():
     stats = streamed([np.array([0.5, -3.0, 4.0], np.float32)])
     assert stats.range == 8.0  # 4.0 is not inside [0, 4)

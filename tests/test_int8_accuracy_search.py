@@ -277,7 +277,7 @@ def test_a_second_process_that_dies_ahead_is_a_clear_error(net, monkeypatch):
 
     monkeypatch.setattr(search_module, "_work_ahead", dies)
     monkeypatch.setattr(search_module, "spare_core", lambda: True)
-    with pytest.raises(TpuBuildError, match=r"second process stopped \(exit code 3\).*\n.*TPUBUILD_SEARCH_PROCESSES=1"):
+    with pytest.raises(TpuBuildError, match=r"second process stopped \(exit code 3\).*\n.*TPUBUILD_PROCESSES=1"):
         search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
                samples=net.samples, config=SearchConfig(samples=3, chunks=8, max_lowerings=20), processes=2)
 

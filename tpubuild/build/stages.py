@@ -8,7 +8,6 @@ publish their outputs with all_or_nothing so a failed stage leaves no target.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import format_table, read_table
     from tpubuild.ir.mlir import file_key, load_module
+    from tpubuild.forked import processes
     from tpubuild.top.inference import keep_outputs, weights_for
 
     module = load_module(in_mlir)
@@ -71,7 +71,8 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     user = read_table(user_table)[1] if user_table else None
     samples = Samples.of(data_files, inputs, count)
     outputs: list | None = [] if searched else None
-    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user, outputs)
+    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user, outputs,
+                                      processes=processes())
     text = format_table(entries, ["tpubuild calibration table", f"model: {model}", *header])
     with all_or_nothing(out_mlir, out_table) as (tmp_mlir, tmp_table):
         _save_module(apply_table(module, entries), tmp_mlir)
@@ -175,6 +176,7 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     from tpubuild.calib.table import read_table
     from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.lower.qtable import read_quantize_table
+    from tpubuild.forked import processes
     from tpubuild.lower.search import SearchConfig, format_result, search
     from tpubuild.top.inference import kept_outputs, weights_for
 
@@ -189,7 +191,7 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     refs = {i: outputs for i, sample in enumerate(samples) if (outputs := kept_outputs(key, sample)) is not None}
     result = search(module, weights_for(module, in_mlir), chip=load_chip(chip), cali=read_table(cali_table)[1],
                     asymmetric=asymmetric, samples=samples, config=config, user=user,
-                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=search_processes(),
+                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=processes(),
                     refs=refs)
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
     write_text(out_table, format_result(result, header))
@@ -216,18 +218,6 @@ def import_stage_modules() -> None:
             importlib.import_module(name)
         except ImportError:  # left to the stage that needs it, which reports it as its error
             pass
-
-
-def search_processes() -> int:
-    """TPUBUILD_SEARCH_PROCESSES, else 2 on a machine with two cores or more (the search scores its pool of
-    samples in two processes). Not in the task's config: the table is the same for any count."""
-    value = os.environ.get("TPUBUILD_SEARCH_PROCESSES", "").strip()
-    if not value:
-        return min(2, os.cpu_count() or 1)
-    if not value.isdigit() or int(value) < 1:
-        raise TpuBuildError(f"TPUBUILD_SEARCH_PROCESSES={value!r} is not a positive number of processes",
-                            stage="search", hint="set it to 1 or 2, or unset it")
-    return int(value)
 
 
 def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz: str, top_outs: str,

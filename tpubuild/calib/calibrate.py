@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import FunctionType, ModuleOp, TensorType
 from xdsl.ir import SSAValue
 from xdsl.rewriter import Rewriter
 
+from tpubuild import forked
 from tpubuild.calib import thresholds as th
 from tpubuild.calib.stats import BINS, TensorStats
 from tpubuild.calib.table import Entry
@@ -102,30 +103,49 @@ def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
 
 
 def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
-                  outputs: list | None = None) -> tuple[dict[str, TensorStats], int]:
+                  outputs: list | None = None, processes: int = 1) -> tuple[dict[str, TensorStats], int]:
     """Streaming statistics of every float activation tensor, and the number of samples seen; with ``outputs``,
-    (sample, its graph outputs in order) appended there for each sample."""
+    (sample, its graph outputs in order) appended there for each sample. With ``processes`` 2, a forked process
+    runs the odd samples (both read the stream; the statistics merge exactly: the same as one process's)."""
     from tpubuild.top.inference import Plan
 
-    stats = {name: TensorStats() for name in activation_values(module)}
-
-    def observe(op, args, results) -> None:
-        for name, array in zip(op.names, results):
-            if name in stats:
-                try:
-                    stats[name].update(array)
-                except ValueError as err:
-                    raise TpuBuildError(f"cannot calibrate: {err}", loc=name,
-                                        hint="check the calibration data and its preprocess") from None
-
-    n = 0
+    tensors = list(activation_values(module))
     plan = Plan(module, weights)
     names = mlir.output_names(module)
-    for sample in samples:
-        found = plan.run(sample, all_tensors=False, observer=observe)
-        if outputs is not None:
-            outputs.append((sample, [found[name] for name in names]))
-        n += 1
+
+    def part(first: int, step: int) -> tuple[dict[str, TensorStats], int, list]:
+        """The statistics of samples first, first + step...; how many; with ``outputs``, each one's (index,
+        sample, graph outputs)."""
+        stats = {name: TensorStats() for name in tensors}
+
+        def observe(op, args, results) -> None:
+            for name, array in zip(op.names, results):
+                if name in stats:
+                    try:
+                        stats[name].update(array)
+                    except ValueError as err:
+                        raise TpuBuildError(f"cannot calibrate: {err}", loc=name,
+                                            hint="check the calibration data and its preprocess") from None
+
+        n, kept = 0, []
+        for i, sample in enumerate(samples):
+            if i % step == first:
+                found = plan.run(sample, all_tensors=False, observer=observe)
+                n += 1
+                if outputs is not None:
+                    kept.append((i, sample, [found[name] for name in names]))
+        return stats, n, kept
+
+    if processes < 2:
+        stats, n, kept = part(0, 1)
+    else:
+        (stats, n, kept), (theirs, m, their_kept) = forked.alongside(
+            lambda: part(0, 2), lambda: part(1, 2), "calibration")
+        for name, s in stats.items():
+            s.merge(theirs[name])
+        n, kept = n + m, sorted(kept + their_kept, key=lambda entry: entry[0])
+    if outputs is not None:
+        outputs.extend((sample, found) for _, sample, found in kept)
     return stats, n
 
 
@@ -181,12 +201,13 @@ def _min_max(s: TensorStats) -> tuple[float, float]:
 
 
 def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
-              user: Mapping[str, Entry] | None = None, outputs: list | None = None) -> tuple[dict[str, Entry], list[str]]:
+              user: Mapping[str, Entry] | None = None, outputs: list | None = None,
+              processes: int = 1) -> tuple[dict[str, Entry], list[str]]:
     """The calibration table of ``module`` (entries in program order) and its header lines.
 
     ``samples`` is re-iterable (auto reads the first few samples again); ``user``
     entries win over computed ones, and cover every tensor, nothing is run.
-    ``outputs``: as collect_stats's.
+    ``outputs``, ``processes``: as collect_stats's.
     """
     names = list(activation_values(module))
     user = dict(user or {})
@@ -203,7 +224,7 @@ def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
     else:
         from tpubuild.calib.tune import TUNE_SAMPLES
 
-        stats, count = collect_stats(module, weights, samples, outputs)
+        stats, count = collect_stats(module, weights, samples, outputs, processes)
         if count == 0:
             raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
         tune_samples = itertools.islice(iter(samples), TUNE_SAMPLES) if method == "auto" else ()

@@ -89,21 +89,41 @@ class TensorStats:
         self.zeros += zeros
 
     def _grow(self, peak: float) -> None:
-        new_range = math.ldexp(1.0, math.frexp(peak)[1])  # smallest power of two > peak
-        if self.range:
-            factor = int(new_range / self.range)
-            merged = np.zeros_like(self.hist)
-            if factor >= self.bins:
-                merged[0] = self.hist.sum()
-            else:
-                merged[: self.bins // factor] = self.hist.reshape(-1, factor).sum(axis=1)
-            self.hist = merged
+        self._widen(math.ldexp(1.0, math.frexp(peak)[1]))  # the smallest power of two > peak
+
+    def _widen(self, new_range: float) -> None:
+        """The histogram over [0, new_range), a power of two times its range: adjacent bins merged."""
+        self.hist = _merged_bins(self.hist, int(new_range / self.range)) if self.range else self.hist
         self.range = new_range
+
+    def merge(self, other: "TensorStats") -> None:
+        """Add the samples ``other`` has seen (of the same tensor, the same bins): the statistics of all of them,
+        the same as one stream of both gives (the histogram's range is a power of two: merging bins is exact)."""
+        self.samples += other.samples
+        self.count += other.count
+        self.zeros += other.zeros
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        if other.range > self.range:
+            self._widen(other.range)
+        if other.range:
+            self.hist = self.hist + _merged_bins(other.hist, int(self.range / other.range))
 
     def nonzero_bins(self) -> int:
         """1 + the index of the last non-empty bin (0 for an all-zero tensor)."""
         nz = np.flatnonzero(self.hist)
         return int(nz[-1]) + 1 if nz.size else 0
+
+
+def _merged_bins(hist: np.ndarray, factor: int) -> np.ndarray:
+    """``hist`` with each ``factor`` adjacent bins (a power of two) merged into one, at the start, zeros after."""
+    if factor == 1:
+        return hist
+    merged = np.zeros_like(hist)
+    if factor >= len(hist):
+        merged[0] = hist.sum()
+    else:
+        merged[: len(hist) // factor] = hist.reshape(-1, factor).sum(axis=1)
+    return merged
 
 
 def batch_stats(samples, bins: int = BINS) -> TensorStats:

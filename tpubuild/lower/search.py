@@ -50,9 +50,7 @@ counts its lowering as its own: the same steps, the same result.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -60,9 +58,9 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import SSAValue
 
+from tpubuild import forked
 from tpubuild.build.chips import Chip
 from tpubuild.calib.table import Entry
-from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, WeightOp
@@ -184,9 +182,9 @@ class Evaluator:
         if not self._shared():
             return list(self.per_sample(tpu_module, tpu_weights).values())
         evens, odds = self._halves()
-        found, theirs = self._split(
+        found, theirs = forked.alongside(
             lambda: {i: self.sample_score(tpu_module, tpu_weights, i) for i in evens},
-            lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds})
+            lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds}, _WHAT)
         for i, (score, ref) in theirs.items():
             found[i] = score
             self.refs.setdefault(i, ref)
@@ -206,7 +204,7 @@ class Evaluator:
                 found.append({i: self.sample_score(tpu_module, tpu_weights, i) for i in indices})
             return found
 
-        mine, theirs = self._split(lambda: scores(evens, True), lambda: scores(odds, False))
+        mine, theirs = forked.alongside(lambda: scores(evens, True), lambda: scores(odds, False), _WHAT)
         return [{i: {**a, **b}[i] for i in range(len(self.samples))} for a, b in zip(mine, theirs)]
 
     def _shared(self) -> bool:
@@ -214,27 +212,6 @@ class Evaluator:
 
     def _halves(self) -> tuple[list[int], list[int]]:
         return list(range(0, len(self.samples), 2)), list(range(1, len(self.samples), 2))
-
-    def _split(self, here_work, there_work):
-        """``here_work()`` here while a forked process runs ``there_work()``: both values (its error raised
-        here)."""
-        ctx = multiprocessing.get_context("fork")  # the child takes the module, weights and samples as they are
-        here, there = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=_run_in_child, args=(there_work, there), name="tpubuild-search", daemon=True)
-        child.start()
-        there.close()
-        try:
-            mine = here_work()
-            try:
-                kind, theirs = here.recv()
-            except EOFError:
-                raise _stopped(child) from None
-        finally:
-            here.close()
-            child.join()
-        if kind == "error":
-            raise theirs
-        return mine, theirs
 
     def keep(self, indices: Sequence[int]) -> None:
         """Score only these samples from now on (their tensors of the runs so far stay in the memo)."""
@@ -249,29 +226,8 @@ class Evaluator:
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
 
 
-def _stopped(child) -> TpuBuildError:
-    """The error for a second process that ended without its answer."""
-    child.join(timeout=1)
-    return TpuBuildError(f"the mixed-precision search's second process stopped (exit code {child.exitcode})",
-                         hint="TPUBUILD_SEARCH_PROCESSES=1 searches in one process")
-
-
-def _run_in_child(work, conn) -> None:
-    """Evaluator._split's second process: ``work()``'s value, or the error it met."""
-    conn.send(_outcome(work))
-    conn.close()
-
-
-def _outcome(work) -> tuple[str, object]:
-    """("ok", work()) or ("error", what it raised), to send to the search's process, which raises it."""
-    try:
-        return "ok", work()
-    except Exception as err:  # noqa: BLE001  (raised in the search's process)
-        try:
-            pickle.dumps(err)
-        except Exception:  # noqa: BLE001  (an error that does not pickle goes as its text)
-            err = TpuBuildError(f"{type(err).__name__}: {err}")
-        return "error", err
+# how the errors of its second process name the work
+_WHAT = "the mixed-precision search"
 
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
@@ -358,11 +314,7 @@ class _Ahead:
     for (None: evaluate it here). Its memo of tensors is its own; the values are the same."""
 
     def __init__(self, ev: Evaluator):
-        ctx = multiprocessing.get_context("fork")  # the child takes the evaluator, samples and memo as they are
-        self.conn, there = ctx.Pipe()
-        self.child = ctx.Process(target=_work_ahead, args=(ev, there), name="tpubuild-search-ahead", daemon=True)
-        self.child.start()
-        there.close()
+        self.child, self.conn = forked.start(_work_ahead, ev, what=_WHAT)  # with the evaluator and memo as they are
         self.asked: tuple | None = None  # the key of the evaluation in progress there
 
     def offer(self, key: tuple, table: Mapping[str, str]) -> None:
@@ -374,7 +326,7 @@ class _Ahead:
             try:
                 self.conn.send((table, key[1], key[2]))
             except OSError:  # it is gone (a broken pipe)
-                raise _stopped(self.child) from None
+                raise forked.stopped(self.child, _WHAT) from None
             self.asked = key
 
     def take(self, key: tuple) -> dict[int, float] | None:
@@ -398,7 +350,7 @@ class _Ahead:
         try:
             return self.conn.recv()
         except EOFError:
-            raise _stopped(self.child) from None
+            raise forked.stopped(self.child, _WHAT) from None
 
     def close(self) -> None:
         # it may be evaluating a table nobody will ask for. SIGKILL, not SIGTERM: a TERM that reaches the child
@@ -433,7 +385,7 @@ def _work_ahead(ev: Evaluator, conn) -> None:
             table, order, stop = conn.recv()
         except EOFError:
             return
-        conn.send(_outcome(lambda: ev.score(table, order, stop, counted=False)))
+        conn.send(forked.outcome(lambda: ev.score(table, order, stop, counted=False)))
 
 
 class _Search:
