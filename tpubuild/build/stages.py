@@ -62,8 +62,8 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import format_table, read_table
-    from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.forked import processes
+    from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.top.inference import keep_outputs, weights_for
 
     module = load_module(in_mlir)
@@ -174,9 +174,9 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     from tpubuild.build.files import write_text
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import read_table
+    from tpubuild.forked import processes
     from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.lower.qtable import read_quantize_table
-    from tpubuild.forked import processes
     from tpubuild.lower.search import SearchConfig, format_result, search
     from tpubuild.top.inference import kept_outputs, weights_for
 

@@ -2,7 +2,9 @@
 
 1. ``collect_stats``: TOP inference one sample at a time; an observer feeds
    every float activation tensor (graph inputs included) into its streaming
-   statistics, and tensors are freed after their last use.
+   statistics, and tensors are freed after their last use. With two
+   processes (tpubuild.forked), a forked one takes every other sample and its
+   statistics are merged: exactly those of one process.
 2. ``compute_entries``: a threshold per tensor by the manifest's method
    (thresholds.py), or ``auto`` (tune.py), except the max for results of
    bounded ops (Sigmoid, HardSigmoid, Softmax, Tanh: ``BOUNDED``); min and
