@@ -373,9 +373,9 @@ class DepthwiseGemv:
 
     def weights(self, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """w [c, 1, live taps] in the columns' order of taps, then ``bias`` [c] (or zeros): the product adds it
-        with the taps' (a broadcast add of the bias to the products cost a channel's GEMV)."""
-        return np.concatenate([w[..., self.order], np.zeros(w.shape[:2] + (1,), w.dtype) if bias is None
-                               else bias.reshape(-1, 1, 1).astype(w.dtype)], axis=-1)
+        with the taps' (a broadcast add of the bias to the products cost a channel's GEMV): ``with_bias`` of a
+        conv of c groups of one channel."""
+        return with_bias(w[..., self.order], bias)
 
     def _make_views(self) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
         """A block's planes, each block's (first channel, end, fills' (part of the planes, the input's pixels),
