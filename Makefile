@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: .venv venv demo test browser bench clean
+.PHONY: .venv venv demo test lint browser bench clean
 
 .venv venv: $(STAMP)
 
@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(STAMP)
 	$(VENV)/bin/doit compile:demo_cnn
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(VENV)/bin/pytest -q
+
+# Style is checked before the tests: the formatter's check (configured in pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check tpubuild tests bench models dodo.py
 
 # Headless Chromium for the report page tests (tests/test_report.py), installed from Debian when
 # missing and we are root (CI on a fresh machine); otherwise those tests skip.

@@ -67,9 +67,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 # TPU-MLIR's profile estimates for bm1684x (issue 5, measured with raw [0, 1] document-like inputs)
 REFERENCE_MS = {
-    ("ppocr_mobile_v2_cls", "F32"): 0.101, ("ppocr_mobile_v2_cls", "INT8"): 0.053,
-    ("ppocrv4_rec", "F32"): 1.269, ("ppocrv4_rec", "BF16"): 0.449,
-    ("ppocrv4_det", "F32"): 9.57, ("ppocrv4_det", "BF16"): 2.72, ("ppocrv4_det", "INT8"): 2.65,
+    ("ppocr_mobile_v2_cls", "F32"): 0.101,
+    ("ppocr_mobile_v2_cls", "INT8"): 0.053,
+    ("ppocrv4_rec", "F32"): 1.269,
+    ("ppocrv4_rec", "BF16"): 0.449,
+    ("ppocrv4_det", "F32"): 9.57,
+    ("ppocrv4_det", "BF16"): 2.72,
+    ("ppocrv4_det", "INT8"): 2.65,
 }
 
 
@@ -104,10 +108,18 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
     graph = build_graph(module)
     planner = Planner(graph, chip)
     alone = sum(f.global_bytes for f in planner.ops if f.kind != ALIAS)
-    macs = sum(cost.true_macs(n.kind, n.op.params, [graph.tensors[t].shape if t else () for t in n.inputs],
-                              [graph.tensors[o].shape for o in n.outputs if o in graph.tensors]) for n in graph.ops)
-    min_bytes = (sum(weight_reads(graph, name) for name, t in graph.tensors.items() if t.weight and t.users)
-                 + sum(graph.tensors[t].nbytes for t in graph.inputs + graph.outputs))
+    macs = sum(
+        cost.true_macs(
+            n.kind,
+            n.op.params,
+            [graph.tensors[t].shape if t else () for t in n.inputs],
+            [graph.tensors[o].shape for o in n.outputs if o in graph.tensors],
+        )
+        for n in graph.ops
+    )
+    min_bytes = sum(weight_reads(graph, name) for name, t in graph.tensors.items() if t.weight and t.users) + sum(
+        graph.tensors[t].nbytes for t in graph.inputs + graph.outputs
+    )
     t0 = time.perf_counter()
     lg, groups = layer_group(module, chip)
     t1 = time.perf_counter()
@@ -120,17 +132,36 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
     rate = chip.lanes * chip.macs_per_lane(mode)
     roof = max(macs / rate, min_bytes / chip.ddr_bytes_per_cycle)
     # the chip roofline: what the BDC must do at best, op by op (see the module docstring)
-    bdc_floor = sum(cost.attainable_cycles(chip, n.kind, n.op.params,
-                                           [graph.tensors[t].shape if t else () for t in n.inputs],
-                                           [graph.tensors[o].shape for o in n.outputs if o in graph.tensors],
-                                           planner._compute_dtype(n))
-                    for n, f in zip(graph.ops, planner.ops) if f.kind not in (ALIAS, COPY))
+    bdc_floor = sum(
+        cost.attainable_cycles(
+            chip,
+            n.kind,
+            n.op.params,
+            [graph.tensors[t].shape if t else () for t in n.inputs],
+            [graph.tensors[o].shape for o in n.outputs if o in graph.tensors],
+            planner._compute_dtype(n),
+        )
+        for n, f in zip(graph.ops, planner.ops)
+        if f.kind not in (ALIAS, COPY)
+    )
     chip_roof = max(bdc_floor, min_bytes / chip.ddr_bytes_per_cycle)
-    return {"ops": len(graph.ops), "groups": len(groups), "local": sum(g.kind == "local" for g in groups),
-            "act": a.activation_bytes, "lb": a.lower_bound,
-            "ddr_lg": profile["ddr_read_bytes"] + profile["ddr_write_bytes"], "ddr_alone": alone,
-            "cycles": profile["total_cycles"], "ms": profile["time_ms"], "roof": roof, "chip_roof": chip_roof,
-            "t_lg": t1 - t0, "t_assign": t2 - t1, "t_codegen": t3 - t2, "profile": profile}
+    return {
+        "ops": len(graph.ops),
+        "groups": len(groups),
+        "local": sum(g.kind == "local" for g in groups),
+        "act": a.activation_bytes,
+        "lb": a.lower_bound,
+        "ddr_lg": profile["ddr_read_bytes"] + profile["ddr_write_bytes"],
+        "ddr_alone": alone,
+        "cycles": profile["total_cycles"],
+        "ms": profile["time_ms"],
+        "roof": roof,
+        "chip_roof": chip_roof,
+        "t_lg": t1 - t0,
+        "t_assign": t2 - t1,
+        "t_codegen": t3 - t2,
+        "profile": profile,
+    }
 
 
 def weight_reads(graph, name: str) -> int:
@@ -142,8 +173,10 @@ def weight_reads(graph, name: str) -> int:
     users = [graph.ops[i] for i in t.users]
     if not all(cost.bare_name(n.kind) == "Gather" and n.inputs[0] == name for n in users):
         return t.nbytes
-    return min(t.nbytes, sum(cost.ddr_reads(n.kind, [t.shape], [graph.tensors[n.outputs[0]].shape], [t.nbytes])[0]
-                             for n in users))
+    return min(
+        t.nbytes,
+        sum(cost.ddr_reads(n.kind, [t.shape], [graph.tensors[n.outputs[0]].shape], [t.nbytes])[0] for n in users),
+    )
 
 
 def synthetic(sizes: list[int]) -> None:
@@ -154,7 +187,9 @@ def synthetic(sizes: list[int]) -> None:
     from tpubuild.codegen.synthetic import residual_net
 
     chip = load_chip("bm1684x")
-    print(f"{'ops':>5} {'input':>9} {'groups':>6} {'local':>5} {'H-sliced':>8} {'layergroup cpu s':>16} {'assign cpu s':>12}")
+    print(
+        f"{'ops':>5} {'input':>9} {'groups':>6} {'local':>5} {'H-sliced':>8} {'layergroup cpu s':>16} {'assign cpu s':>12}"
+    )
     for ops in sizes:
         for size in (64, 224):
             module, _ = residual_net(ops, size=size)
@@ -164,8 +199,11 @@ def synthetic(sizes: list[int]) -> None:
             memory_assign(module, chip)
             t2 = time.process_time()
             local = [g for g in groups if g.kind == "local"]
-            print(f"{ops:>5} {f'{size}x{size}':>9} {len(groups):>6} {len(local):>5} "
-                  f"{sum(g.h_secs > 1 for g in local):>8} {t1 - t0:>16.2f} {t2 - t1:>12.2f}", flush=True)
+            print(
+                f"{ops:>5} {f'{size}x{size}':>9} {len(groups):>6} {len(local):>5} "
+                f"{sum(g.h_secs > 1 for g in local):>8} {t1 - t0:>16.2f} {t2 - t1:>12.2f}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -175,10 +213,18 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-build", action="store_true", help="use the tpu.mlir files already built")
     ap.add_argument("--ops", action="store_true", help="print BDC cycles per op type for each target")
-    ap.add_argument("--tpumlir", default=str(TPUMLIR_PROFILES),
-                    help="TPU-MLIR's estimates (bench/tpumlir_profiles.py; default bench/tpumlir_profiles.json)")
-    ap.add_argument("--synthetic", type=int, nargs="*", metavar="OPS",
-                    help="instead: time layer group + assign on generated ResNet-like models of OPS ops (e.g. 500)")
+    ap.add_argument(
+        "--tpumlir",
+        default=str(TPUMLIR_PROFILES),
+        help="TPU-MLIR's estimates (bench/tpumlir_profiles.py; default bench/tpumlir_profiles.json)",
+    )
+    ap.add_argument(
+        "--synthetic",
+        type=int,
+        nargs="*",
+        metavar="OPS",
+        help="instead: time layer group + assign on generated ResNet-like models of OPS ops (e.g. 500)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     if args.synthetic:
@@ -195,10 +241,12 @@ def main() -> None:
     estimates = json.loads(tpumlir.read_text())["targets"] if tpumlir.is_file() else {}
     if not args.no_build:
         build([f"lower:{m.name}/{t.id}" for m in manifests for t in m.targets], build_dir, args.jobs)
-    head = (f"{'model':<22} {'target':<14} {'ops':>4} {'grp':>4} {'act/LB':>7} {'DDR MB LG':>10} {'alone':>8} "
-            f"{'cycles':>10} {'ms':>8} {'roofline':>9} {'x roof':>7} {'chip roof':>9} {'x chip':>6} "
-            f"{'TPU-MLIR ms':>11} {'its x roof':>10} {'x TM':>6} {'ref ms':>7} {'x ref':>6} "
-            f"{'lg s':>5} {'asg s':>5} {'cg s':>5}")
+    head = (
+        f"{'model':<22} {'target':<14} {'ops':>4} {'grp':>4} {'act/LB':>7} {'DDR MB LG':>10} {'alone':>8} "
+        f"{'cycles':>10} {'ms':>8} {'roofline':>9} {'x roof':>7} {'chip roof':>9} {'x chip':>6} "
+        f"{'TPU-MLIR ms':>11} {'its x roof':>10} {'x TM':>6} {'ref ms':>7} {'x ref':>6} "
+        f"{'lg s':>5} {'asg s':>5} {'cg s':>5}"
+    )
     print(head)
     print("-" * len(head))
     rows: list[tuple[str, dict]] = []
@@ -218,26 +266,36 @@ def main() -> None:
             ref = REFERENCE_MS.get((m.name, t.mode)) if t.chip == "bm1684x" else None
             ref_ms = f"{ref:.3f}" if ref else "-"
             x_tm, x_ref = _against(r["ms"], theirs and theirs["ms"]), _against(r["ms"], ref)
-            print(f"{m.name:<22} {t.id:<14} {r['ops']:>4} {r['groups']:>4} {r['act'] / max(r['lb'], 1):>7.3f} "
-                  f"{r['ddr_lg'] / 1e6:>10.2f} {r['ddr_alone'] / 1e6:>8.2f} {r['cycles']:>10} {r['ms']:>8.3f} "
-                  f"{r['roof']:>9.0f} {r['cycles'] / max(r['roof'], 1):>7.2f} "
-                  f"{r['chip_roof']:>9.0f} {r['cycles'] / max(r['chip_roof'], 1):>6.2f} "
-                  f"{tm_ms:>11} {tm_roof:>10} {x_tm:>6} {ref_ms:>7} {x_ref:>6} "
-                  f"{r['t_lg']:>5.1f} {r['t_assign']:>5.1f} {r['t_codegen']:>5.1f}", flush=True)
+            print(
+                f"{m.name:<22} {t.id:<14} {r['ops']:>4} {r['groups']:>4} {r['act'] / max(r['lb'], 1):>7.3f} "
+                f"{r['ddr_lg'] / 1e6:>10.2f} {r['ddr_alone'] / 1e6:>8.2f} {r['cycles']:>10} {r['ms']:>8.3f} "
+                f"{r['roof']:>9.0f} {r['cycles'] / max(r['roof'], 1):>7.2f} "
+                f"{r['chip_roof']:>9.0f} {r['cycles'] / max(r['chip_roof'], 1):>6.2f} "
+                f"{tm_ms:>11} {tm_roof:>10} {x_tm:>6} {ref_ms:>7} {x_ref:>6} "
+                f"{r['t_lg']:>5.1f} {r['t_assign']:>5.1f} {r['t_codegen']:>5.1f}",
+                flush=True,
+            )
             if ref and theirs:
                 p = r["profile"]
                 ms = 1e3 / p["clock_hz"]
-                print(f"    TPU-MLIR / ours: BDC busy {theirs['tiu_ms']:.3f} / {p['bdc']['busy_cycles'] * ms:.3f} ms, "
-                      f"GDMA busy {theirs['gdma_ms']:.3f} / {p['gdma']['busy_cycles'] * ms:.3f} ms, "
-                      f"DDR {theirs['ddr_mb']:.2f} / {r['ddr_lg'] / 1e6:.2f} MB, local groups {theirs['groups']} / "
-                      f"{r['local']}", flush=True)
+                print(
+                    f"    TPU-MLIR / ours: BDC busy {theirs['tiu_ms']:.3f} / {p['bdc']['busy_cycles'] * ms:.3f} ms, "
+                    f"GDMA busy {theirs['gdma_ms']:.3f} / {p['gdma']['busy_cycles'] * ms:.3f} ms, "
+                    f"DDR {theirs['ddr_mb']:.2f} / {r['ddr_lg'] / 1e6:.2f} MB, local groups {theirs['groups']} / "
+                    f"{r['local']}",
+                    flush=True,
+                )
             if args.ops:
                 p = r["profile"]
-                print(f"    GDMA util {p['gdma']['utilisation']:.2f}, BDC util {p['bdc']['utilisation']:.2f}, "
-                      f"{p['bdc']['global_commands']} global BDCs")
+                print(
+                    f"    GDMA util {p['gdma']['utilisation']:.2f}, BDC util {p['bdc']['utilisation']:.2f}, "
+                    f"{p['bdc']['global_commands']} global BDCs"
+                )
                 for name, row in sorted(p["ops"].items(), key=lambda kv: -kv[1]["cycles"])[:8]:
-                    print(f"    {name:<16} {row['commands']:>5} cmds {row['cycles']:>10} cycles "
-                          f"{row['macs'] / 1e6:>9.1f} MMAC {row['global']:>3} global")
+                    print(
+                        f"    {name:<16} {row['commands']:>5} cmds {row['cycles']:>10} cycles "
+                        f"{row['macs'] / 1e6:>9.1f} MMAC {row['global']:>3} global"
+                    )
     summarize(rows, estimates)
 
 
@@ -254,26 +312,32 @@ def summarize(rows: list[tuple[str, dict]], estimates: dict) -> None:
     if not rows:
         return
     x_roof = {key: r["cycles"] / max(r["roof"], 1) for key, r in rows}
-    print(f"\nact/LB <= 1.05: {sum(r['act'] / max(r['lb'], 1) <= 1.05 for _, r in rows)} of {len(rows)} targets; "
-          f"x roof <= 1.5: {sum(x <= 1.5 for x in x_roof.values())} of {len(rows)} "
-          f"(x chip <= 1.5: {sum(r['cycles'] / max(r['chip_roof'], 1) <= 1.5 for _, r in rows)})")
+    print(
+        f"\nact/LB <= 1.05: {sum(r['act'] / max(r['lb'], 1) <= 1.05 for _, r in rows)} of {len(rows)} targets; "
+        f"x roof <= 1.5: {sum(x <= 1.5 for x in x_roof.values())} of {len(rows)} "
+        f"(x chip <= 1.5: {sum(r['cycles'] / max(r['chip_roof'], 1) <= 1.5 for _, r in rows)})"
+    )
     both = [(key, r, estimates[key]) for key, r in rows if key in estimates]
     if not both:
         return
     theirs_roof = {key: e["ms"] * r["profile"]["clock_hz"] / 1e3 / max(r["roof"], 1) for key, r, e in both}
     ratio = {key: r["ms"] / e["ms"] for key, r, e in both}
-    print(f"TPU-MLIR estimates {len(both)} of them: its own x roof <= 1.5 on "
-          f"{sum(x <= 1.5 for x in theirs_roof.values())}; ours <= its estimate on "
-          f"{sum(x <= 1.0 for x in ratio.values())}, within {BAND[0]}x-{BAND[1]}x of it on "
-          f"{sum(BAND[0] <= x <= BAND[1] for x in ratio.values())}")
+    print(
+        f"TPU-MLIR estimates {len(both)} of them: its own x roof <= 1.5 on "
+        f"{sum(x <= 1.5 for x in theirs_roof.values())}; ours <= its estimate on "
+        f"{sum(x <= 1.0 for x in ratio.values())}, within {BAND[0]}x-{BAND[1]}x of it on "
+        f"{sum(BAND[0] <= x <= BAND[1] for x in ratio.values())}"
+    )
     # where the roofline goal is missed although the reference compiler meets it: codegen's own gap
     behind = [key for key in theirs_roof if x_roof[key] > 1.5 and theirs_roof[key] <= 1.5]
     print(f"x roof above 1.5 where TPU-MLIR's is within it: {', '.join(behind) or 'none'}")
     # where it is missed and the reference compiler misses it by more than 1.5 / 0.5 = 3x: a cycle model inside the
     # sanity band (ours >= 0.5x its estimate) cannot reach the goal there at all
     barred = [key for key in theirs_roof if x_roof[key] > 1.5 and BAND[0] * theirs_roof[key] > 1.5]
-    print(f"x roof above 1.5 where TPU-MLIR's own is above {1.5 / BAND[0]:.1f}, so that no estimate within "
-          f"{BAND[0]}x-{BAND[1]}x of its can be within 1.5: {len(barred)}")
+    print(
+        f"x roof above 1.5 where TPU-MLIR's own is above {1.5 / BAND[0]:.1f}, so that no estimate within "
+        f"{BAND[0]}x-{BAND[1]}x of its can be within 1.5: {len(barred)}"
+    )
 
 
 if __name__ == "__main__":

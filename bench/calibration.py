@@ -60,8 +60,18 @@ def child(manifest: str, build_dir: str, samples: int, method: str) -> None:
     start = time.perf_counter()
     entries, header = calibrate(module, weights, Samples.of(repeated, inputs, samples), method)
     seconds = time.perf_counter() - start
-    print(json.dumps({"samples": samples, "seconds": seconds, "loaded": loaded, "peak": rss_peak_bytes(),
-                      "tensors": len(entries), "files": len(files)}))
+    print(
+        json.dumps(
+            {
+                "samples": samples,
+                "seconds": seconds,
+                "loaded": loaded,
+                "peak": rss_peak_bytes(),
+                "tensors": len(entries),
+                "files": len(files),
+            }
+        )
+    )
 
 
 def build_canonical(manifest: Path, build_dir: Path) -> str:
@@ -93,20 +103,37 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     name = build_canonical(manifest, build_dir)
     print(f"calibration of {name} ({manifest.name}), method {args.method}")
-    print(f"{'samples':>8} {'seconds':>9} {'s/sample':>9} {'RSS loaded':>11} {'peak RSS':>10} "
-          f"{'peak/first':>10} {'peak/2GB':>9}")
+    print(
+        f"{'samples':>8} {'seconds':>9} {'s/sample':>9} {'RSS loaded':>11} {'peak RSS':>10} "
+        f"{'peak/first':>10} {'peak/2GB':>9}"
+    )
     first = None
     for n in args.samples:
-        run = subprocess.run([sys.executable, __file__, str(manifest), "--child", "--samples", str(n),
-                              "--method", args.method, "--build-dir", str(build_dir)],
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                str(manifest),
+                "--child",
+                "--samples",
+                str(n),
+                "--method",
+                args.method,
+                "--build-dir",
+                str(build_dir),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if run.returncode != 0:
             print(run.stdout + run.stderr)
             return 1
         r = json.loads(run.stdout.strip().splitlines()[-1])
         first = first or r["peak"]
-        print(f"{n:>8} {r['seconds']:>9.1f} {r['seconds'] / n:>9.3f} {r['loaded'] / 2**20:>9.0f}MB "
-              f"{r['peak'] / 2**20:>8.0f}MB {r['peak'] / first:>10.3f} {r['peak'] / GOAL_BYTES:>9.3f}")
+        print(
+            f"{n:>8} {r['seconds']:>9.1f} {r['seconds'] / n:>9.3f} {r['loaded'] / 2**20:>9.0f}MB "
+            f"{r['peak'] / 2**20:>8.0f}MB {r['peak'] / first:>10.3f} {r['peak'] / GOAL_BYTES:>9.3f}"
+        )
     print(f"({r['tensors']} tensors calibrated; {r['files']} calibration files, repeated to reach each count)")
     return 0
 

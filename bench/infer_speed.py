@@ -72,10 +72,18 @@ def manifests(pattern: str) -> list[Path]:
 
 def doit_run(manifest: Path, build_dir: Path, tasks: list[str]) -> tuple[bool, str]:
     """Build ``tasks`` in a subprocess (a big model's build memory goes with it); (ok, output tail)."""
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "run", *tasks],
-                          env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "TPUBUILD_MANIFESTS": str(manifest),
+        "TPUBUILD_BUILD_DIR": str(build_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "run", *tasks],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
     return proc.returncode == 0, tail
 
@@ -143,35 +151,46 @@ def bench_model(file: Path, build_dir: Path, repeat: int, threads: int, sim: boo
     p = ModelPaths.of(build_dir, m.name)
     row: dict = {"name": m.name}
     print(f"== {m.name}", flush=True)
-    ok, tail = (p.canonical_mlir.is_file(), "no canonical.mlir") if reuse else doit_run(
-        file, build_dir, [f"canonicalize:{m.name}"])
+    ok, tail = (
+        (p.canonical_mlir.is_file(), "no canonical.mlir")
+        if reuse
+        else doit_run(file, build_dir, [f"canonicalize:{m.name}"])
+    )
     if not ok:
         row["error"] = "build failed"
         print("  canonicalize failed:\n" + tail, flush=True)
         return row
     if reuse and source_file(m, p).stat().st_mtime > p.canonical_mlir.stat().st_mtime:
-        print(f"  warning: {source_file(m, p).name} is newer than canonical.mlir (--reuse times stale "
-              "artifacts: the cosines compare different models)", flush=True)
+        print(
+            f"  warning: {source_file(m, p).name} is newer than canonical.mlir (--reuse times stale "
+            "artifacts: the cosines compare different models)",
+            flush=True,
+        )
     inputs = read_npz(p.input_npz)
 
     row["ort"], ref = time_ort(source_file(m, p), inputs, threads, repeat)
     row["top"], row["top_cos"] = time_top(p.canonical_mlir, inputs, ref, repeat)
-    print(f"  ORT {row['ort'] * 1e3:9.2f} ms   TOP {row['top'] * 1e3:9.2f} ms  ({row['top'] / row['ort']:.2f}x)"
-          f"   outputs vs onnxruntime: 1 - min cos {1 - row['top_cos']:.1e}", flush=True)
+    print(
+        f"  ORT {row['ort'] * 1e3:9.2f} ms   TOP {row['top'] * 1e3:9.2f} ms  ({row['top'] / row['ort']:.2f}x)"
+        f"   outputs vs onnxruntime: 1 - min cos {1 - row['top_cos']:.1e}",
+        flush=True,
+    )
     if sim:
         bench_sim(m, p, file, build_dir, repeat, inputs, ref, row, reuse)
     return row
 
 
-def bench_sim(m, p, file: Path, build_dir: Path, repeat: int, inputs: dict, ref: dict, row: dict,
-              reuse: bool) -> None:
+def bench_sim(m, p, file: Path, build_dir: Path, repeat: int, inputs: dict, ref: dict, row: dict, reuse: bool) -> None:
     target = next((t for t in m.targets if t.mode == "F32"), None)
     if target is None:
         row["sim"] = None
         return
     model_file = p.target(target.id).model_file
-    ok, tail = (model_file.is_file(), "no model file") if reuse else doit_run(
-        file, build_dir, [f"codegen:{m.name}/{target.id}"])
+    ok, tail = (
+        (model_file.is_file(), "no model file")
+        if reuse
+        else doit_run(file, build_dir, [f"codegen:{m.name}/{target.id}"])
+    )
     if not ok:
         row["sim"] = "fail"
         print(f"  codegen:{m.name}/{target.id} failed:\n{tail}", flush=True)
@@ -191,12 +210,17 @@ def bench_sim(m, p, file: Path, build_dir: Path, repeat: int, inputs: dict, ref:
         print(f"  the simulator refused {model_file.name}: {str(err).splitlines()[0]}", flush=True)
         return
     row["sim_cos"] = min_cos(result.outputs, ref)
-    print(f"  SIM {row['sim'] * 1e3:9.2f} ms  ({row['sim'] / row['ort']:.2f}x, {target.id}; preparing: "
-          f"{prepared * 1e3:.1f} ms)   outputs vs onnxruntime: 1 - min cos {1 - row['sim_cos']:.1e}", flush=True)
+    print(
+        f"  SIM {row['sim'] * 1e3:9.2f} ms  ({row['sim'] / row['ort']:.2f}x, {target.id}; preparing: "
+        f"{prepared * 1e3:.1f} ms)   outputs vs onnxruntime: 1 - min cos {1 - row['sim_cos']:.1e}",
+        flush=True,
+    )
 
 
 def print_table(rows: list[dict], threads: int, clock_name: str) -> None:
-    print(f"\n{'model':<22}{'ORT ms':>10}{'TOP ms':>11}{'TOP/ORT':>9}{'1-cos':>10}{'SIM ms':>11}{'SIM/ORT':>9}{'1-cos':>10}")
+    print(
+        f"\n{'model':<22}{'ORT ms':>10}{'TOP ms':>11}{'TOP/ORT':>9}{'1-cos':>10}{'SIM ms':>11}{'SIM/ORT':>9}{'1-cos':>10}"
+    )
     done = [r for r in rows if "top" in r]
     for r in rows:
         if "top" not in r:
@@ -206,8 +230,10 @@ def print_table(rows: list[dict], threads: int, clock_name: str) -> None:
         sim_ms = f"{sim * 1e3:.2f}" if isinstance(sim, float) else (sim or "-")
         sim_ratio = f"{sim / r['ort']:.2f}x" if isinstance(sim, float) else ""
         sim_cos = f"{1 - r['sim_cos']:.1e}" if "sim_cos" in r else ""
-        print(f"{r['name']:<22}{r['ort'] * 1e3:>10.2f}{r['top'] * 1e3:>11.2f}{r['top'] / r['ort']:>8.2f}x"
-              f"{1 - r['top_cos']:>10.1e}{sim_ms:>11}{sim_ratio:>9}{sim_cos:>10}")
+        print(
+            f"{r['name']:<22}{r['ort'] * 1e3:>10.2f}{r['top'] * 1e3:>11.2f}{r['top'] / r['ort']:>8.2f}x"
+            f"{1 - r['top_cos']:>10.1e}{sim_ms:>11}{sim_ratio:>9}{sim_cos:>10}"
+        )
     if not done:
         return
     ort_total, top_total = sum(r["ort"] for r in done), sum(r["top"] for r in done)
@@ -217,23 +243,38 @@ def print_table(rows: list[dict], threads: int, clock_name: str) -> None:
         so, ss = sum(r["ort"] for r in simmed), sum(r["sim"] for r in simmed)
         print(f"{'total (simulated)':<22}{so * 1e3:>10.2f}{'':>11}{'':>9}{'':>10}{ss * 1e3:>11.2f}{ss / so:>8.2f}x")
     over = [r["name"] for r in done if r["top"] / r["ort"] > TOP_GOAL]
-    print(f"\nTOP within {TOP_GOAL:g}x of onnxruntime: {len(done) - len(over)} of {len(done)} models"
-          + (f" (over: {', '.join(over)})" if over else "") + f"; {threads} thread(s) each, {clock_name} time")
+    print(
+        f"\nTOP within {TOP_GOAL:g}x of onnxruntime: {len(done) - len(over)} of {len(done)} models"
+        + (f" (over: {', '.join(over)})" if over else "")
+        + f"; {threads} thread(s) each, {clock_name} time"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=".", metavar="REGEX", help="manifest names to run (re.search)")
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs per figure (the best counts)")
-    parser.add_argument("--threads", type=int, default=int(_THREADS), metavar="N",
-                        help="onnxruntime intra-op threads and BLAS threads (default 1)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                        help="cpu: this process's CPU time (default; steady on a shared machine), wall: elapsed")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(_THREADS),
+        metavar="N",
+        help="onnxruntime intra-op threads and BLAS threads (default 1)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: this process's CPU time (default; steady on a shared machine), wall: elapsed",
+    )
     parser.add_argument("--no-sim", action="store_true", help="skip the simulated chip")
     parser.add_argument("--build-dir", default=str(REPO / "build"), help="build tree (default: the repo's build/)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="time the artifacts the build tree has, without running doit (any edit of "
-                             "tpubuild/ makes every stage out of date; this compares kernels on the same files)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="time the artifacts the build tree has, without running doit (any edit of "
+        "tpubuild/ makes every stage out of date; this compares kernels on the same files)",
+    )
     args = parser.parse_args()
     global clock
     clock = CLOCKS[args.clock]

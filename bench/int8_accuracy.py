@@ -123,8 +123,13 @@ def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: He
                 agree.append(np.count_nonzero(om & rm) / union if union else 1.0)
             elif head.top1_axis is not None and r.ndim and r.shape[head.top1_axis] >= 2:
                 agree.append(top1(o, r, head.top1_axis))
-    return {"cos": min(cos), "mean": float(np.mean(cos)), "err": max(err),
-            "top1": float(np.mean(agree)) if agree else math.nan, "scores": min(scores) if scores else math.nan}
+    return {
+        "cos": min(cos),
+        "mean": float(np.mean(cos)),
+        "err": max(err),
+        "top1": float(np.mean(agree)) if agree else math.nan,
+        "scores": min(scores) if scores else math.nan,
+    }
 
 
 class Model:
@@ -153,7 +158,7 @@ class Model:
         self.cal = every[:n_cal]
         held = every[n_cal:][-n_eval:] if n_eval else []
         self.reused = max(0, n_eval - len(held))
-        extra = every[:n_cal][-self.reused:] if self.reused else []
+        extra = every[:n_cal][-self.reused :] if self.reused else []
         self.eval = [read_npz(p.input_npz)] + held + extra
         self.out_names = output_names(self.onnx)
         self.refs = [[onnx_tensors(self.onnx, s)[n] for n in self.out_names] for s in self.eval]
@@ -166,8 +171,15 @@ class Model:
         from tpubuild.lower.lowering import lower_module
         from tpubuild.top.inference import run
 
-        tpu, w = lower_module(apply_table(self.module, entries), self.weights, chip=load_chip(CHIP), mode="INT8",
-                              asymmetric=asymmetric, cali=entries, qtable=qtable)
+        tpu, w = lower_module(
+            apply_table(self.module, entries),
+            self.weights,
+            chip=load_chip(CHIP),
+            mode="INT8",
+            asymmetric=asymmetric,
+            cali=entries,
+            qtable=qtable,
+        )
         names = mlir.output_names(tpu)
         return [[run(tpu, w, s, all_tensors=False)[n] for n in names] for s in self.eval]
 
@@ -199,8 +211,14 @@ def ort_outputs(model: Model, method: str, workdir: Path) -> list[list[np.ndarra
     with contextlib.redirect_stdout(io.StringIO()):  # the entropy calibrator prints its progress
         if not pre.exists():
             _pre_process(quant_pre_process, model.onnx, pre)
-        quantize_static(str(pre), str(out), Reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
-                        calibrate_method=getattr(CalibrationMethod, method))
+        quantize_static(
+            str(pre),
+            str(out),
+            Reader(feeds),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            calibrate_method=getattr(CalibrationMethod, method),
+        )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
@@ -250,8 +268,11 @@ def _pre_process(quant_pre_process, src: Path, dst: Path) -> None:
 def row(label: str, r: dict, note: str = "") -> str:
     def f(x, digits=5):
         return "     -" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-    return (f"  {label:<24} {f(r['cos'])} {f(r['mean'])} {f(r['err'], 4):>8} {f(r['top1'], 3):>6} "
-            f"{f(r['scores']):>7}  {note}")
+
+    return (
+        f"  {label:<24} {f(r['cos'])} {f(r['mean'])} {f(r['err'], 4):>8} {f(r['top1'], 3):>6} "
+        f"{f(r['scores']):>7}  {note}"
+    )
 
 
 def bench_model(manifest: Path, args, workdir: Path) -> None:
@@ -262,8 +283,10 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
     t0 = time.perf_counter()
     build(manifest, Path(args.build_dir), load_manifest(manifest).name)
     model = Model(manifest, Path(args.build_dir), args.samples, args.eval)
-    print(f"\n{model.m.name}: {len(model.cal)} calibration samples, {len(model.eval)} evaluation inputs "
-          f"(test input + {len(model.eval) - 1}, {model.reused} of them also calibration samples)")
+    print(
+        f"\n{model.m.name}: {len(model.cal)} calibration samples, {len(model.eval)} evaluation inputs "
+        f"(test input + {len(model.eval) - 1}, {model.reused} of them also calibration samples)"
+    )
     print(f"  {'variant':<24} {'cos':>7} {'mean':>7} {'max|err|':>8} {'top1':>6} {'scores':>7}")
     stats, _ = collect_stats(model.module, model.weights, model.cal)
     results: dict[str, dict] = {}
@@ -287,8 +310,14 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
         qtable = read_quantize_table(model.m.quantize_table)
         label = f"ours {configured}+qtable"
         results[label] = metrics(model.ours(tables[configured], False, qtable), model.refs, model.head)
-        print(row(label, results[label], f"the manifest's quantize table ({len(qtable)} ops float), "
-                                         f"{time.perf_counter() - start:.0f} s"), flush=True)
+        print(
+            row(
+                label,
+                results[label],
+                f"the manifest's quantize table ({len(qtable)} ops float), {time.perf_counter() - start:.0f} s",
+            ),
+            flush=True,
+        )
     if not args.no_search:
         from tpubuild.build.chips import load_chip
         from tpubuild.calib.calibrate import apply_table
@@ -300,15 +329,24 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
             tables[search_method] = compute_entries(model.module, model.weights, stats, search_method, tune)
         entries = tables[search_method]
         config = SearchConfig.of(options)
-        found = search(apply_table(model.module, entries), model.weights, chip=load_chip(CHIP), cali=entries,
-                       asymmetric=False, samples=model.cal[:max(config.pool, config.samples)], config=config,
-                       user=qtable)
+        found = search(
+            apply_table(model.module, entries),
+            model.weights,
+            chip=load_chip(CHIP),
+            cali=entries,
+            asymmetric=False,
+            samples=model.cal[: max(config.pool, config.samples)],
+            config=config,
+            user=qtable,
+        )
         label = f"ours {search_method}+search"
         results[label] = metrics(model.ours(entries, False, found.table), model.refs, model.head)
         extra = len(found.table) - len(found.user)
-        note = (f"{len(found.chosen)} tensors / {extra} ops float{' besides the manifest table' if found.user else ''}, "
-                f"{found.lowerings} lowerings, {time.perf_counter() - start:.0f} s"
-                + ("" if found.reached else ", target not reached"))
+        note = (
+            f"{len(found.chosen)} tensors / {extra} ops float{' besides the manifest table' if found.user else ''}, "
+            f"{found.lowerings} lowerings, {time.perf_counter() - start:.0f} s"
+            + ("" if found.reached else ", target not reached")
+        )
         print(row(label, results[label], note), flush=True)
     ort_best = None
     if not args.no_ort:
@@ -323,15 +361,25 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
             print(row(label, results[label], f"{time.perf_counter() - start:.0f} s"), flush=True)
             ort_best = max(ort_best or -2.0, results[label]["cos"])
     searched = options.get("search") and not args.no_search and search_method == configured
-    as_built = (f"ours {configured}+search" if searched else
-                f"ours {configured}+qtable" if model.m.quantize_table is not None else f"ours {configured}")
+    as_built = (
+        f"ours {configured}+search"
+        if searched
+        else f"ours {configured}+qtable"
+        if model.m.quantize_table is not None
+        else f"ours {configured}"
+    )
     ours_best = max((r["cos"], k) for k, r in results.items() if k.startswith("ours"))
-    for what, (cos, label) in (("as the manifest builds it", (results.get(as_built, {}).get("cos"), as_built)),
-                               ("best of ours", ours_best)):
+    for what, (cos, label) in (
+        ("as the manifest builds it", (results.get(as_built, {}).get("cos"), as_built)),
+        ("best of ours", ours_best),
+    ):
         if cos is None:
             continue
-        verdict = ("n/a (no onnxruntime result)" if ort_best is None else
-                   f"{'yes' if cos >= ort_best else 'NO'} (ours {cos:.5f}, onnxruntime {ort_best:.5f})")
+        verdict = (
+            "n/a (no onnxruntime result)"
+            if ort_best is None
+            else f"{'yes' if cos >= ort_best else 'NO'} (ours {cos:.5f}, onnxruntime {ort_best:.5f})"
+        )
         print(f"  at least as close to float as onnxruntime, {what} ({label[5:]}): {verdict}")
     print(f"  {time.perf_counter() - t0:.0f} s")
 
@@ -343,8 +391,11 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=16, help="calibration samples (at most the manifest's count)")
     ap.add_argument("--eval", type=int, default=4, help="evaluation samples besides the test input")
     ap.add_argument("--asym", action="store_true", help="also lower asymmetric INT8")
-    ap.add_argument("--search-method", default=None,
-                    help="the table the mixed-precision search starts from (default: the manifest's method)")
+    ap.add_argument(
+        "--search-method",
+        default=None,
+        help="the table the mixed-precision search starts from (default: the manifest's method)",
+    )
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--build-dir", default=str(REPO / "build"))

@@ -65,8 +65,12 @@ def snapshot(dest: Path) -> Path:
 
 
 def doit(code: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(code / "dodo.py"), *args],
-                          env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(code / "dodo.py"), *args],
+        env={**env, "PYTHONPATH": str(code)},
+        capture_output=True,
+        text=True,
+    )
 
 
 def clone_builds(build: Path, first: str, others: list[str]) -> None:
@@ -122,8 +126,12 @@ def main() -> int:
         models = make_zoo(root / "models", args.count)
         build = root / "build"
         # the artifact cache would make later runs of this bench restore instead of build: keep it out
-        env = {**os.environ, "TPUBUILD_MANIFESTS": str(root / "models"), "TPUBUILD_BUILD_DIR": str(build),
-               "TPUBUILD_ARTIFACT_CACHE": "off"}
+        env = {
+            **os.environ,
+            "TPUBUILD_MANIFESTS": str(root / "models"),
+            "TPUBUILD_BUILD_DIR": str(build),
+            "TPUBUILD_ARTIFACT_CACHE": "off",
+        }
         start = time.perf_counter()
         first = doit(code, ["-n", "2", "compile" if args.build_all else f"compile:{models[0]}"], env)
         if first.returncode != 0:
@@ -157,14 +165,20 @@ def main() -> int:
             cpus.append(cpu)
         best, median = min(times), statistics.median(times)
         fast = "without doit's per-task checks" in run.stdout
-        print(f"no-op `doit compile` over {args.count} manifests ({tasks} tasks{', no-op stamp' if fast else ''}): "
-              f"best {best:.3f} s, median {median:.3f} s ({args.runs} runs); "
-              f"CPU time (user+sys) median {statistics.median(cpus):.3f} s")
+        print(
+            f"no-op `doit compile` over {args.count} manifests ({tasks} tasks{', no-op stamp' if fast else ''}): "
+            f"best {best:.3f} s, median {median:.3f} s ({args.runs} runs); "
+            f"CPU time (user+sys) median {statistics.median(cpus):.3f} s"
+        )
         if os.getloadavg()[0] > (os.cpu_count() or 1):
-            print(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times include "
-                  "waiting for a CPU; the CPU time is what the run costs")
-        print(f"ratio to the {GOAL_SECONDS:.0f} s goal: {median / GOAL_SECONDS:.2f} "
-              f"({'meets' if median < GOAL_SECONDS else 'misses'} the goal)")
+            print(
+                f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times include "
+                "waiting for a CPU; the CPU time is what the run costs"
+            )
+        print(
+            f"ratio to the {GOAL_SECONDS:.0f} s goal: {median / GOAL_SECONDS:.2f} "
+            f"({'meets' if median < GOAL_SECONDS else 'misses'} the goal)"
+        )
         return 0
     finally:
         if args.keep:

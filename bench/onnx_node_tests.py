@@ -53,6 +53,7 @@ FROZEN_RE = re.compile(r"tensor '([^']*)'\) must be known at compile time")
 
 # ---- the node cases, regenerated ------------------------------------------------
 
+
 def _write_tensor(path: Path, value, name: str) -> None:
     proto = value if isinstance(value, onnx.TensorProto) else numpy_helper.from_array(np.asarray(value), name)
     path.write_bytes(proto.SerializeToString())
@@ -101,6 +102,7 @@ def node_cases_dir() -> Path:
 
 
 # ---- cases ------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -155,8 +157,11 @@ def suite_dir(suite: str) -> Path:
 def list_cases(suite: str, pattern: str | None = None) -> list[Case]:
     root = suite_dir(suite)
     rx = re.compile(pattern) if pattern else None
-    return [Case(suite, d.name, d) for d in sorted(root.iterdir())
-            if d.is_dir() and (d / "model.onnx").exists() and (rx is None or rx.search(d.name))]
+    return [
+        Case(suite, d.name, d)
+        for d in sorted(root.iterdir())
+        if d.is_dir() and (d / "model.onnx").exists() and (rx is None or rx.search(d.name))
+    ]
 
 
 def unsupported_reason(case: Case, model: onnx.ModelProto) -> str | None:
@@ -183,6 +188,7 @@ def unsupported_reason(case: Case, model: onnx.ModelProto) -> str | None:
 
 
 # ---- running one case -----------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Result:
@@ -308,6 +314,7 @@ def run_case(case: Case) -> Result:
 
 # ---- report ---------------------------------------------------------------------------
 
+
 def report(suite: str, results: Sequence[Result], seconds: float, verbose: bool) -> None:
     by_op: dict[str, list[Result]] = collections.defaultdict(list)
     for r in results:
@@ -334,9 +341,11 @@ def report(suite: str, results: Sequence[Result], seconds: float, verbose: bool)
     passed = sum(r.status == "pass" for r in supported)
     frozen = sum(bool(r.frozen) for r in supported)
     rate = 100.0 * passed / len(supported) if supported else 0.0
-    print(f"\n{suite}: {len(supported)} of {len(results)} cases supported; {passed} pass, "
-          f"{len(supported) - passed} fail: pass rate {rate:.1f}% "
-          f"({frozen} with graph inputs frozen to constants)")
+    print(
+        f"\n{suite}: {len(supported)} of {len(results)} cases supported; {passed} pass, "
+        f"{len(supported) - passed} fail: pass rate {rate:.1f}% "
+        f"({frozen} with graph inputs frozen to constants)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,8 +34,17 @@ sys.path.insert(0, str(REPO))
 
 from tpubuild.build.paths import ModelPaths  # noqa: E402
 
-LIGHT = ["light_squeezenet", "light_bvlc_alexnet", "light_zfnet512", "light_shufflenet", "light_inception_v1",
-         "light_inception_v2", "light_resnet50", "light_densenet121", "light_vgg19"]
+LIGHT = [
+    "light_squeezenet",
+    "light_bvlc_alexnet",
+    "light_zfnet512",
+    "light_shufflenet",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_densenet121",
+    "light_vgg19",
+]
 OCR = ["ppocr_mobile_v2_cls", "ppocrv4_rec", "ppocrv4_det"]
 STAGES = ["fetch", "transform", "reference", "canonicalize", "verify_top"]
 GOAL_COS = 0.99999
@@ -50,10 +59,30 @@ def build(name: str, manifest: Path, build_dir: Path) -> dict[str, dict]:
     (no process start-up or task loading in it), and a big model's memory goes with it.
     """
     report = build_dir / f".{name}.report.json"
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "run", "--reporter", "json",
-                           "-o", str(report), f"verify_top:{name}"], env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "TPUBUILD_MANIFESTS": str(manifest),
+        "TPUBUILD_BUILD_DIR": str(build_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "-f",
+            str(REPO / "dodo.py"),
+            "run",
+            "--reporter",
+            "json",
+            "-o",
+            str(report),
+            f"verify_top:{name}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if not report.is_file():
         raise SystemExit(f"doit wrote no report for {name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     tasks = json.loads(report.read_text())["tasks"]

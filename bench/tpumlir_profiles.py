@@ -70,8 +70,12 @@ def read_profile(text: str) -> dict:
             else:
                 gdma += int(cycles)
                 moved += int(size) if direction in ("0", "1") else 0
-    return {"ms": float(runtime.group(1)), "tiu_ms": round(tiu * ms_per_cycle, 6),
-            "gdma_ms": round(gdma * ms_per_cycle, 6), "ddr_mb": round(moved / 1e6, 6)}
+    return {
+        "ms": float(runtime.group(1)),
+        "tiu_ms": round(tiu * ms_per_cycle, 6),
+        "gdma_ms": round(gdma * ms_per_cycle, 6),
+        "ddr_mb": round(moved / 1e6, 6),
+    }
 
 
 def quantize_table(m, build_dir: Path, target) -> Path | None:
@@ -122,9 +126,12 @@ def profile_model(m, build_dir: Path, venv: Path, work: Path) -> dict[str, dict]
         for stale in work.glob(f"{m.name}_{t.chip}_*_final.mlir"):
             stale.unlink()
         found[f"{m.name}/{t.id}"] = row
-        print(f"  {m.name}/{t.id}: {row['ms']:.4f} ms (TIU {row['tiu_ms']:.4f}, GDMA {row['gdma_ms']:.4f}, "
-              f"{row['ddr_mb']:.2f} MB, {row['groups']} groups){' with our quantize table' if table else ''}; "
-              f"deploy {spent.wall:.1f} s", flush=True)
+        print(
+            f"  {m.name}/{t.id}: {row['ms']:.4f} ms (TIU {row['tiu_ms']:.4f}, GDMA {row['gdma_ms']:.4f}, "
+            f"{row['ddr_mb']:.2f} MB, {row['groups']} groups){' with our quantize table' if table else ''}; "
+            f"deploy {spent.wall:.1f} s",
+            flush=True,
+        )
     return found
 
 
@@ -132,8 +139,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("manifests", nargs="*")
     ap.add_argument("--venv", default=str(REPO / ".anchors" / "tpumlir-venv"))
-    ap.add_argument("--build-dir", default=str(REPO / "build"),
-                    help="our build tree: the fetched ONNX files, test inputs and searched quantize tables")
+    ap.add_argument(
+        "--build-dir",
+        default=str(REPO / "build"),
+        help="our build tree: the fetched ONNX files, test inputs and searched quantize tables",
+    )
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"JSON to update (default {DEFAULT_OUT.relative_to(REPO)})")
     ap.add_argument("--work", help="TPU-MLIR's folder (default: a temporary one, removed after)")
     args = ap.parse_args()

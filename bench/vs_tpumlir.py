@@ -141,10 +141,16 @@ def tail(log: Path, lines: int = 12) -> str:
 
 # ---- tpubuild -----------------------------------------------------------------------------------
 
+
 def ours_env(manifest: Path, build_dir: Path) -> dict:
-    return {**os.environ, "TPUBUILD_MANIFESTS": str(manifest), "TPUBUILD_BUILD_DIR": str(build_dir),
-            "TPUBUILD_ARTIFACT_CACHE": "off", "TPUBUILD_PROGRESS": "off",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "TPUBUILD_MANIFESTS": str(manifest),
+        "TPUBUILD_BUILD_DIR": str(build_dir),
+        "TPUBUILD_ARTIFACT_CACHE": "off",
+        "TPUBUILD_PROGRESS": "off",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
 
 
 JOBS = os.cpu_count() or 1  # doit's -n for our builds; --jobs
@@ -168,6 +174,7 @@ def ours_outputs(paths, target_id: str) -> list[np.ndarray]:
 
 # ---- TPU-MLIR -----------------------------------------------------------------------------------
 
+
 class TpuMlir:
     """TPU-MLIR's tools in its venv, run in one folder per model."""
 
@@ -181,19 +188,49 @@ class TpuMlir:
         return run([str(self.venv / "bin" / name), *args], self.work, self.env, self.log)
 
     def transform(self, shapes: list[list[int]]) -> tuple[Timing, bool]:
-        return self.tool("model_transform", "--model_name", self.name, "--model_def", f"{self.name}.onnx",
-                         "--input_shapes", str(shapes).replace(" ", ""), "--test_input", "input.npz",
-                         "--test_result", f"{self.name}_top_outputs.npz", "--mlir", f"{self.name}.mlir")
+        return self.tool(
+            "model_transform",
+            "--model_name",
+            self.name,
+            "--model_def",
+            f"{self.name}.onnx",
+            "--input_shapes",
+            str(shapes).replace(" ", ""),
+            "--test_input",
+            "input.npz",
+            "--test_result",
+            f"{self.name}_top_outputs.npz",
+            "--mlir",
+            f"{self.name}.mlir",
+        )
 
     def calibrate(self, samples: int) -> tuple[Timing, bool]:
-        return self.tool("run_calibration", f"{self.name}.mlir", "--dataset", "cali", "--input_num", str(samples),
-                         "-o", f"{self.name}_cali_table")
+        return self.tool(
+            "run_calibration",
+            f"{self.name}.mlir",
+            "--dataset",
+            "cali",
+            "--input_num",
+            str(samples),
+            "-o",
+            f"{self.name}_cali_table",
+        )
 
     def deploy(self, chip: str, mode: str, asymmetric: bool, tolerance: str | None = None) -> tuple[Timing, bool]:
         args = ([f"--tolerance={tolerance}"] if tolerance else []) + [
-                "--mlir", f"{self.name}.mlir", "--quantize", mode, "--chip", chip,
-                "--test_input", f"{self.name}_in_f32.npz", "--test_reference", f"{self.name}_top_outputs.npz",
-                "--model", f"{self.name}_{chip}_{mode.lower()}{'_asym' if asymmetric else ''}.{model_suffix(chip)}"]
+            "--mlir",
+            f"{self.name}.mlir",
+            "--quantize",
+            mode,
+            "--chip",
+            chip,
+            "--test_input",
+            f"{self.name}_in_f32.npz",
+            "--test_reference",
+            f"{self.name}_top_outputs.npz",
+            "--model",
+            f"{self.name}_{chip}_{mode.lower()}{'_asym' if asymmetric else ''}.{model_suffix(chip)}",
+        ]
         if mode == "INT8":
             args += ["--calibration_table", f"{self.name}_cali_table"] + (["--asymmetric"] if asymmetric else [])
         return self.tool("model_deploy", *args)
@@ -202,13 +239,17 @@ class TpuMlir:
         """The INT8 symmetric target's graph outputs on the test input by model_runner (not timed: model_deploy
         ran it too, then removed its files): kind "model" runs the .bmodel on the cmodel, "tpu" TPU inference of its
         final (addressed) tpu.mlir, whose weights model_deploy keeps."""
-        model = (self.work / f"{self.name}_{chip}_int8.bmodel" if kind == "model"
-                 else self.work / f"{self.name}_{chip}_int8_sym_final.mlir")
+        model = (
+            self.work / f"{self.name}_{chip}_int8.bmodel"
+            if kind == "model"
+            else self.work / f"{self.name}_{chip}_int8_sym_final.mlir"
+        )
         if not model.is_file():
             return None
         out = self.work / f"bench_{kind}_outputs.npz"
-        _, ok = self.tool("model_runner", "--input", f"{self.name}_in_f32.npz", "--model", model.name,
-                          "--output", out.name)
+        _, ok = self.tool(
+            "model_runner", "--input", f"{self.name}_in_f32.npz", "--model", model.name, "--output", out.name
+        )
         if not ok or not out.is_file():
             return None
         with np.load(out) as data:
@@ -255,6 +296,7 @@ def prepare_tpumlir(m, paths, work: Path) -> int:
 
 # ---- comparison ---------------------------------------------------------------------------------
 
+
 def float_outputs(onnx_path: Path, input_npz: Path) -> list[np.ndarray]:
     import onnxruntime as ort
 
@@ -281,8 +323,10 @@ def largest_error(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float
     saturates, as on a two-class softmax, this still tells the two apart)."""
     if lowest_cos(test, ref) is None:
         return None
-    return max(float(np.max(np.abs(np.ravel(t).astype(np.float64) - np.ravel(r)))) / max(float(np.max(np.abs(r))), 1e-30)
-               for t, r in zip(test, ref))
+    return max(
+        float(np.max(np.abs(np.ravel(t).astype(np.float64) - np.ravel(r)))) / max(float(np.max(np.abs(r))), 1e-30)
+        for t, r in zip(test, ref)
+    )
 
 
 def _num(value: float | None) -> str:
@@ -291,17 +335,25 @@ def _num(value: float | None) -> str:
 
 # ---- one model ----------------------------------------------------------------------------------
 
+
 def side_json(side: Side) -> dict:
     return dataclasses.asdict(side)
 
 
 def side_of(doc: dict) -> Side:
-    return Side(**{**doc, "flow": Timing(**doc["flow"]), "matrix": Timing(**doc["matrix"]),
-                   "steps": {k: Timing(**v) for k, v in doc["steps"].items()}})
+    return Side(
+        **{
+            **doc,
+            "flow": Timing(**doc["flow"]),
+            "matrix": Timing(**doc["matrix"]),
+            "steps": {k: Timing(**v) for k, v in doc["steps"].items()},
+        }
+    )
 
 
-def bench_model(name: str, venv: Path, work: Path, matrix: bool,
-                cached: Side | None = None) -> tuple[Side, Side, list[str]]:
+def bench_model(
+    name: str, venv: Path, work: Path, matrix: bool, cached: Side | None = None
+) -> tuple[Side, Side, list[str]]:
     """Both sides on one model; ``cached``: TPU-MLIR's figures of an earlier run, its tools not run."""
     from tpubuild.build.manifest import load_manifest
     from tpubuild.build.paths import ModelPaths
@@ -317,8 +369,11 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
     print(f"== {m.name}: {len(m.targets)} targets ({', '.join(t.id for t in m.targets)})", flush=True)
 
     ours.flow, ok = doit([f"report:{m.name}/{target.id}"], manifest, build, log)
-    print(f"  tpubuild  INT8 flow (doit report:{m.name}/{target.id})  {ours.flow.wall:7.1f} s wall "
-          f"{ours.flow.cpu:7.1f} s CPU" + ("" if ok else "  FAILED:\n" + tail(log)), flush=True)
+    print(
+        f"  tpubuild  INT8 flow (doit report:{m.name}/{target.id})  {ours.flow.wall:7.1f} s wall "
+        f"{ours.flow.cpu:7.1f} s CPU" + ("" if ok else "  FAILED:\n" + tail(log)),
+        flush=True,
+    )
     if not ok:
         ours.failed.append(target.id)
         return ours, theirs, []
@@ -342,8 +397,11 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
             # a tolerance nothing fails, to time the whole flow and measure what it would ship; the first,
             # stopped run is not counted
             theirs.failed.append(f"{target.id} (its own TPU-vs-TOP check failed)")
-            print(f"  TPU-MLIR deploy stopped at its own check ({theirs.steps[step].wall:.1f} s); again with "
-                  f"--tolerance {NO_TOLERANCE}", flush=True)
+            print(
+                f"  TPU-MLIR deploy stopped at its own check ({theirs.steps[step].wall:.1f} s); again with "
+                f"--tolerance {NO_TOLERANCE}",
+                flush=True,
+            )
             theirs.steps[step], ok = tm.deploy(CHIP, MODE, False, NO_TOLERANCE)
         theirs.flow += theirs.steps[step]
         if not ok:
@@ -351,17 +409,23 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
             theirs.failed.append(target.id)
             return ours, theirs, []
     theirs.done = True
-    print(f"  TPU-MLIR  INT8 flow ({', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})  "
-          f"{theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
-          f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU", flush=True)
+    print(
+        f"  TPU-MLIR  INT8 flow ({', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})  "
+        f"{theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
+        f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU",
+        flush=True,
+    )
 
     ref = float_outputs(source_file(m, paths), paths.input_npz)
     ours_out, theirs_out = ours_outputs(paths, target.id), tm.outputs(CHIP, "model")
     ours.cos, theirs.cos = lowest_cos(ours_out, ref), lowest_cos(theirs_out, ref)
     theirs.cos_tpu = lowest_cos(tm.outputs(CHIP, "tpu"), ref)
-    print(f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
-          f"(bmodel), {_cos(theirs.cos_tpu)} (final.mlir); largest |error| / largest |float output|: "
-          f"ours {_num(largest_error(ours_out, ref))}, theirs {_num(largest_error(theirs_out, ref))}", flush=True)
+    print(
+        f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
+        f"(bmodel), {_cos(theirs.cos_tpu)} (final.mlir); largest |error| / largest |float output|: "
+        f"ours {_num(largest_error(ours_out, ref))}, theirs {_num(largest_error(theirs_out, ref))}",
+        flush=True,
+    )
 
     others = [t for t in m.targets if t is not target]
     if not matrix:
@@ -374,11 +438,17 @@ def bench_model(name: str, venv: Path, work: Path, matrix: bool,
         theirs.matrix += spent
         if not ok:
             theirs.failed.append(t.id)
-    print(f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
-          f"   TPU-MLIR {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
-          f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
-          + (f"\n  failed targets: tpubuild {ours.failed or 'none'}, TPU-MLIR {theirs.failed or 'none'}"
-             if ours.failed or theirs.failed else ""), flush=True)
+    print(
+        f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
+        f"   TPU-MLIR {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
+        f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
+        + (
+            f"\n  failed targets: tpubuild {ours.failed or 'none'}, TPU-MLIR {theirs.failed or 'none'}"
+            if ours.failed or theirs.failed
+            else ""
+        ),
+        flush=True,
+    )
     return ours, theirs, [t.id for t in m.targets]
 
 
@@ -392,28 +462,38 @@ def _our_matrix(m, manifest: Path, work: Path, log: Path):
     return spent, [] if ok else [t.id for t in m.targets if not built.target(t.id).verify.is_file()]
 
 
-def _ours_against(theirs: Side, m, paths, target, ours: Side, manifest: Path, work: Path, log: Path,
-                  matrix: bool) -> tuple[Side, Side, list[str]]:
+def _ours_against(
+    theirs: Side, m, paths, target, ours: Side, manifest: Path, work: Path, log: Path, matrix: bool
+) -> tuple[Side, Side, list[str]]:
     """The rest of bench_model with TPU-MLIR's figures taken from an earlier run."""
     from tpubuild.build.tasks import source_file
 
-    print(f"  TPU-MLIR  INT8 flow (an earlier run: {', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})"
-          f"  {theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
-          f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU", flush=True)
+    print(
+        f"  TPU-MLIR  INT8 flow (an earlier run: {', '.join(f'{s} {t.wall:.1f}' for s, t in theirs.steps.items())})"
+        f"  {theirs.flow.wall:7.1f} s wall {theirs.flow.cpu:7.1f} s CPU   ours/theirs "
+        f"{ours.flow.wall / theirs.flow.wall:.3f}x wall, {ours.flow.cpu / theirs.flow.cpu:.3f}x CPU",
+        flush=True,
+    )
     ref = float_outputs(source_file(m, paths), paths.input_npz)
     ours.cos = lowest_cos(ours_outputs(paths, target.id), ref)
-    print(f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
-          f"(bmodel, earlier run)", flush=True)
+    print(
+        f"  INT8 output cosine vs onnxruntime float: ours {_cos(ours.cos)}, theirs {_cos(theirs.cos)} "
+        f"(bmodel, earlier run)",
+        flush=True,
+    )
     if not matrix or not theirs.matrix.wall:
         if matrix:
             print("  matrix: the earlier run of TPU-MLIR has none (it was run with --no-matrix)", flush=True)
         return ours, theirs, [target.id]
     ours.matrix, failed = _our_matrix(m, manifest, work, log)
     ours.failed += failed
-    print(f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
-          f"   TPU-MLIR (earlier run) {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
-          f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
-          + (f"\n  failed targets: tpubuild {ours.failed}" if ours.failed else ""), flush=True)
+    print(
+        f"  matrix ({len(m.targets)} targets)  tpubuild {ours.matrix.wall:7.1f} s wall {ours.matrix.cpu:7.1f} s CPU"
+        f"   TPU-MLIR (earlier run) {theirs.matrix.wall:7.1f} s wall {theirs.matrix.cpu:7.1f} s CPU   ours/theirs "
+        f"{ours.matrix.wall / theirs.matrix.wall:.3f}x wall, {ours.matrix.cpu / theirs.matrix.cpu:.3f}x CPU"
+        + (f"\n  failed targets: tpubuild {ours.failed}" if ours.failed else ""),
+        flush=True,
+    )
     return ours, theirs, [t.id for t in m.targets]
 
 
@@ -430,19 +510,25 @@ def _ratio(a: float, b: float) -> str:
 
 
 def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> None:
-    print(f"\n{'model':<21}{'INT8 flow s: ours':>18}{'theirs':>8}{'ratio':>8}{'CPU ratio':>10}"
-          f"{'1-cos ours':>11}{'theirs':>9}{'':>3}" + (f"{'matrix s: ours':>16}{'theirs':>8}{'ratio':>8}{'CPU ratio':>10}"
-                                                     if matrix else ""))
+    print(
+        f"\n{'model':<21}{'INT8 flow s: ours':>18}{'theirs':>8}{'ratio':>8}{'CPU ratio':>10}"
+        f"{'1-cos ours':>11}{'theirs':>9}{'':>3}"
+        + (f"{'matrix s: ours':>16}{'theirs':>8}{'ratio':>8}{'CPU ratio':>10}" if matrix else "")
+    )
     for name, ours, theirs, _ in rows:
         if not (ours.done and theirs.done):
             print(f"{name:<21}  {'tpubuild' if not ours.done else 'TPU-MLIR'} failed (see above)")
             continue
-        better = ("" if ours.cos is None or theirs.cos is None else ">=" if ours.cos >= theirs.cos else "<")
-        line = (f"{name:<21}{ours.flow.wall:>18.1f}{theirs.flow.wall:>8.1f}{_ratio(ours.flow.wall, theirs.flow.wall):>8}"
-                f"{_ratio(ours.flow.cpu, theirs.flow.cpu):>10}{_loss(ours.cos):>11}{_loss(theirs.cos):>9}{better:>3}")
+        better = "" if ours.cos is None or theirs.cos is None else ">=" if ours.cos >= theirs.cos else "<"
+        line = (
+            f"{name:<21}{ours.flow.wall:>18.1f}{theirs.flow.wall:>8.1f}{_ratio(ours.flow.wall, theirs.flow.wall):>8}"
+            f"{_ratio(ours.flow.cpu, theirs.flow.cpu):>10}{_loss(ours.cos):>11}{_loss(theirs.cos):>9}{better:>3}"
+        )
         if matrix and ours.matrix.wall:
-            line += (f"{ours.matrix.wall:>16.1f}{theirs.matrix.wall:>8.1f}{_ratio(ours.matrix.wall, theirs.matrix.wall):>8}"
-                     f"{_ratio(ours.matrix.cpu, theirs.matrix.cpu):>10}")
+            line += (
+                f"{ours.matrix.wall:>16.1f}{theirs.matrix.wall:>8.1f}{_ratio(ours.matrix.wall, theirs.matrix.wall):>8}"
+                f"{_ratio(ours.matrix.cpu, theirs.matrix.cpu):>10}"
+            )
         print(line)
     done = [r for r in rows if r[1].done and r[2].done]
     if not done:
@@ -457,8 +543,10 @@ def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> 
     print(line)
     flow_ok = [r[0] for r in done if r[1].flow.wall / r[2].flow.wall <= FLOW_GOAL]
     cos_ok = [r[0] for r in done if r[1].cos is not None and r[2].cos is not None and r[1].cos >= r[2].cos]
-    print(f"\nINT8 flow within {FLOW_GOAL}x of TPU-MLIR's wall time: {len(flow_ok)} of {len(done)} models; "
-          f"INT8 cosine at least TPU-MLIR's: {len(cos_ok)} of {len(done)}")
+    print(
+        f"\nINT8 flow within {FLOW_GOAL}x of TPU-MLIR's wall time: {len(flow_ok)} of {len(done)} models; "
+        f"INT8 cosine at least TPU-MLIR's: {len(cos_ok)} of {len(done)}"
+    )
     if matrix:
         matrix_ok = [r[0] for r in done if r[1].matrix.wall and r[1].matrix.wall / r[2].matrix.wall <= MATRIX_GOAL]
         print(f"matrix within {MATRIX_GOAL}x: {len(matrix_ok)} of {len(done)} models")
@@ -467,30 +555,47 @@ def print_table(rows: list[tuple[str, Side, Side, list[str]]], matrix: bool) -> 
 def main() -> int:
     global JOBS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated manifests (default {DEFAULT_MODELS}; "
-                        "ppocrv4_det works too, slowly)")
-    parser.add_argument("--venv", default=os.environ.get("TPUMLIR_VENV", str(REPO / ".anchors" / "tpumlir-venv")),
-                        help="TPU-MLIR's venv (default .anchors/tpumlir-venv, or $TPUMLIR_VENV)")
+    parser.add_argument(
+        "--models",
+        default=DEFAULT_MODELS,
+        help=f"comma-separated manifests (default {DEFAULT_MODELS}; ppocrv4_det works too, slowly)",
+    )
+    parser.add_argument(
+        "--venv",
+        default=os.environ.get("TPUMLIR_VENV", str(REPO / ".anchors" / "tpumlir-venv")),
+        help="TPU-MLIR's venv (default .anchors/tpumlir-venv, or $TPUMLIR_VENV)",
+    )
     parser.add_argument("--no-matrix", action="store_true", help="only the bm1684x INT8 flow")
-    parser.add_argument("--jobs", type=int, default=JOBS,
-                        help=f"doit -n for our builds (default {JOBS}, the cores: TPU-MLIR's tools thread too)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=JOBS,
+        help=f"doit -n for our builds (default {JOBS}, the cores: TPU-MLIR's tools thread too)",
+    )
     parser.add_argument("--work", help="folder for both sides' builds (default: a temporary one, removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     figures = parser.add_mutually_exclusive_group()
     figures.add_argument("--save-theirs", metavar="JSON", help="write TPU-MLIR's figures of this run to JSON")
-    figures.add_argument("--theirs-from", metavar="JSON",
-                         help="take TPU-MLIR's figures from JSON (written by --save-theirs) instead of running it: "
-                              "the ratios are then against that earlier run")
+    figures.add_argument(
+        "--theirs-from",
+        metavar="JSON",
+        help="take TPU-MLIR's figures from JSON (written by --save-theirs) instead of running it: "
+        "the ratios are then against that earlier run",
+    )
     args = parser.parse_args()
     JOBS = args.jobs
     earlier = json.loads(Path(args.theirs_from).read_text()) if args.theirs_from else {}
     if args.theirs_from:
-        print(f"TPU-MLIR's figures: the run of {earlier.get('measured', '?')} kept in {args.theirs_from} "
-              "(its tools are not run)")
+        print(
+            f"TPU-MLIR's figures: the run of {earlier.get('measured', '?')} kept in {args.theirs_from} "
+            "(its tools are not run)"
+        )
     venv = Path(args.venv).resolve()
     if not args.theirs_from and not (venv / "bin" / "model_deploy").is_file():
-        print(f"vs_tpumlir: skipped: no TPU-MLIR in {venv} (install it with ../shared/anchors/tpumlir-setup.sh "
-              f"{venv}, or name another venv with --venv)")
+        print(
+            f"vs_tpumlir: skipped: no TPU-MLIR in {venv} (install it with ../shared/anchors/tpumlir-setup.sh "
+            f"{venv}, or name another venv with --venv)"
+        )
         return 0
     root = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="vs_tpumlir-"))
     rows = []
@@ -507,8 +612,11 @@ def main() -> int:
             rows.append((name, *bench_model(name, venv, work, not args.no_matrix, cached)))
         print_table(rows, not args.no_matrix)
         if args.save_theirs:
-            saved = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "matrix": not args.no_matrix,
-                     "models": {name: side_json(theirs) for name, _, theirs, _ in rows if theirs.done}}
+            saved = {
+                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "matrix": not args.no_matrix,
+                "models": {name: side_json(theirs) for name, _, theirs, _ in rows if theirs.done},
+            }
             Path(args.save_theirs).write_text(json.dumps(saved, indent=1) + "\n")
             print(f"TPU-MLIR's figures kept in {args.save_theirs}")
     finally:

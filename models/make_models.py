@@ -61,8 +61,9 @@ class Graph:
 
     def model(self, name: str, inputs, outputs) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="tpubuild-models", producer_version="1")
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tpubuild-models", producer_version="1"
+        )
         onnx.checker.check_model(model, full_check=True)
         return model
 
@@ -70,8 +71,10 @@ class Graph:
 def conv_bn_relu(g: Graph, x: str, cin: int, cout: int, name: str, stride: int = 1, relu: bool = True) -> str:
     w = g.rand(f"{name}.weight", (cout, cin, 3, 3), np.sqrt(2.0 / (cin * 9)))
     y = g.node("Conv", [x, w], f"{name}.conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride])
-    bn = [g.init(f"{name}.bn.{k}", g.rng.uniform(lo, hi, cout).astype(np.float32))
-          for k, lo, hi in (("scale", 0.5, 1.5), ("bias", -0.2, 0.2), ("mean", -0.2, 0.2), ("var", 0.5, 1.5))]
+    bn = [
+        g.init(f"{name}.bn.{k}", g.rng.uniform(lo, hi, cout).astype(np.float32))
+        for k, lo, hi in (("scale", 0.5, 1.5), ("bias", -0.2, 0.2), ("mean", -0.2, 0.2), ("var", 0.5, 1.5))
+    ]
     y = g.node("BatchNormalization", [y, *bn], f"{name}.bn", epsilon=1e-5)
     return g.node("Relu", [y], f"{name}.relu") if relu else y
 
@@ -99,8 +102,11 @@ def demo_cnn() -> onnx.ModelProto:
     b = g.rand("fc.bias", (10,), 0.1)
     x = g.node("Gemm", [x, w, b], "logits", transB=1)
     x = g.node("Softmax", [x], "probs", axis=-1)
-    return g.model("demo_cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 32])],
-                   [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])])
+    return g.model(
+        "demo_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])],
+    )
 
 
 def tiny_transformer(seq: int = 16, dim: int = 64, heads: int = 4, ffn: int = 128) -> onnx.ModelProto:
@@ -136,15 +142,27 @@ def tiny_transformer(seq: int = 16, dim: int = 64, heads: int = 4, ffn: int = 12
     h = layernorm(x, "ln2")
     h = g.node("Relu", [linear(h, dim, ffn, "mlp.fc1")], "mlp.act")
     x = g.node("Add", [x, linear(h, ffn, dim, "mlp.fc2")], "encoded")
-    return g.model("tiny_transformer",
-                   [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, dim])],
-                   [helper.make_tensor_value_info("encoded", TensorProto.FLOAT, [1, seq, dim])])
+    return g.model(
+        "tiny_transformer",
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, dim])],
+        [helper.make_tensor_value_info("encoded", TensorProto.FLOAT, [1, seq, dim])],
+    )
 
 
 PHOTOS = Path(__file__).resolve().parent / "calib" / "photos"
 # one crop of each of the ten photographs: statistics over every kind of image the zoo is fed
-PROBE_PHOTOS = ("astronaut_0", "brick_0", "camera_0", "chelsea_0", "coffee_0", "coins_0", "gravel_0",
-                "hubble_deep_field_0", "retina_0", "rocket_0")
+PROBE_PHOTOS = (
+    "astronaut_0",
+    "brick_0",
+    "camera_0",
+    "chelsea_0",
+    "coffee_0",
+    "coins_0",
+    "gravel_0",
+    "hubble_deep_field_0",
+    "retina_0",
+    "rocket_0",
+)
 IMAGENET = {"mean": [123.675, 116.28, 103.53], "scale": [0.0171, 0.0175, 0.0174], "pixel_format": "rgb"}
 
 
@@ -152,7 +170,7 @@ def _significant(a: np.ndarray, digits: int = 3) -> np.ndarray:
     """Rounded to 3 significant digits: last-bit differences between CPUs' kernels rarely survive it."""
     a = np.asarray(a, np.float64)
     exponent = np.floor(np.log10(np.where(a == 0, 1.0, np.abs(a)))) - (digits - 1)
-    return np.round(a / 10.0 ** exponent) * 10.0 ** exponent
+    return np.round(a / 10.0**exponent) * 10.0**exponent
 
 
 def fit_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -188,8 +206,9 @@ def fit_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     opts.intra_op_num_threads = 1
     session = ort.InferenceSession(work.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     for node in norms:
-        x = np.concatenate([session.run([node.input[0]], {graph_input.name: image, **stats})[0]
-                            for image in images]).astype(np.float64)
+        x = np.concatenate(
+            [session.run([node.input[0]], {graph_input.name: image, **stats})[0] for image in images]
+        ).astype(np.float64)
         stats[node.input[3]] = _significant(x.mean(axis=(0, 2, 3))).astype(np.float32)
         stats[node.input[4]] = _significant(x.var(axis=(0, 2, 3))).astype(np.float32)
     for name, value in stats.items():
@@ -199,8 +218,10 @@ def fit_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def batchnorm(g: Graph, x: str, c: int, name: str) -> str:
     """Trained-like statistics: a unit-ish scale and a small shift around the conv output's own scale."""
-    bn = [g.init(f"{name}.bn.{k}", g.rng.uniform(lo, hi, c).astype(np.float32))
-          for k, lo, hi in (("scale", 0.7, 1.3), ("bias", -0.1, 0.1), ("mean", -0.1, 0.1), ("var", 0.7, 1.3))]
+    bn = [
+        g.init(f"{name}.bn.{k}", g.rng.uniform(lo, hi, c).astype(np.float32))
+        for k, lo, hi in (("scale", 0.7, 1.3), ("bias", -0.1, 0.1), ("mean", -0.1, 0.1), ("var", 0.7, 1.3))
+    ]
     return g.node("BatchNormalization", [x, *bn], f"{name}.bn", epsilon=1e-5)
 
 
@@ -218,14 +239,26 @@ def activation(g: Graph, x: str, kind: str | None, name: str) -> str:
     return x
 
 
-def conv(g: Graph, x: str, cin: int, cout: int, name: str, k: int = 3, stride: int = 1, groups: int = 1,
-         act: str | None = None, bn: bool = True, gain: float = 2.0) -> str:
+def conv(
+    g: Graph,
+    x: str,
+    cin: int,
+    cout: int,
+    name: str,
+    k: int = 3,
+    stride: int = 1,
+    groups: int = 1,
+    act: str | None = None,
+    bn: bool = True,
+    gain: float = 2.0,
+) -> str:
     """Conv (+ BatchNormalization) (+ activation); a conv without BN has a bias."""
     fan_in = cin // groups * k * k
     w = g.rand(f"{name}.weight", (cout, cin // groups, k, k), np.sqrt(gain / fan_in))
     inputs = [x, w] if bn else [x, w, g.rand(f"{name}.bias", (cout,), 0.05)]
-    y = g.node("Conv", inputs, f"{name}.conv", kernel_shape=[k, k], pads=[k // 2] * 4, strides=[stride] * 2,
-               group=groups)
+    y = g.node(
+        "Conv", inputs, f"{name}.conv", kernel_shape=[k, k], pads=[k // 2] * 4, strides=[stride] * 2, group=groups
+    )
     if bn:
         y = batchnorm(g, y, cout, name)
     return activation(g, y, act, name)
@@ -240,8 +273,18 @@ def squeeze_excite(g: Graph, x: str, c: int, name: str) -> str:
     return g.node("Mul", [x, s], f"{name}.scale")
 
 
-def inverted_residual(g: Graph, x: str, cin: int, wide: int, cout: int, name: str, k: int = 3, stride: int = 1,
-                      act: str = "relu6", se: bool = False) -> str:
+def inverted_residual(
+    g: Graph,
+    x: str,
+    cin: int,
+    wide: int,
+    cout: int,
+    name: str,
+    k: int = 3,
+    stride: int = 1,
+    act: str = "relu6",
+    se: bool = False,
+) -> str:
     """MobileNetV2/V3 block: 1x1 expand, depthwise kxk, (squeeze-excite), 1x1 project, residual if shapes allow."""
     y = conv(g, x, cin, wide, f"{name}.expand", k=1, act=act)
     y = conv(g, y, wide, wide, f"{name}.dw", k=k, stride=stride, groups=wide, act=act)
@@ -253,11 +296,11 @@ def inverted_residual(g: Graph, x: str, cin: int, wide: int, cout: int, name: st
 
 def mini_mobilenet(size: int = 96, classes: int = 100) -> onnx.ModelProto:
     g = Graph(seed=11)
-    x = conv(g, "input", 3, 16, "stem", stride=2, act="hardswish")                      # 48 x 48
-    y = conv(g, x, 16, 16, "b1.dw", groups=16, act="relu6")                             # depthwise-separable
+    x = conv(g, "input", 3, 16, "stem", stride=2, act="hardswish")  # 48 x 48
+    y = conv(g, x, 16, 16, "b1.dw", groups=16, act="relu6")  # depthwise-separable
     y = conv(g, y, 16, 16, "b1.pw", k=1, gain=1.0)
     x = g.node("Add", [x, y], "b1.add")
-    x = inverted_residual(g, x, 16, 64, 24, "b2", stride=2)                             # 24 x 24
+    x = inverted_residual(g, x, 16, 64, 24, "b2", stride=2)  # 24 x 24
     x = inverted_residual(g, x, 24, 72, 24, "b3")
     x = inverted_residual(g, x, 24, 72, 40, "b4", k=5, stride=2, act="hardswish", se=True)  # 12 x 12
     x = inverted_residual(g, x, 40, 120, 40, "b5", k=5, act="hardswish", se=True)
@@ -266,14 +309,27 @@ def mini_mobilenet(size: int = 96, classes: int = 100) -> onnx.ModelProto:
     x = g.node("GlobalAveragePool", [x], "head.pool")
     x = g.node("Flatten", [x], "head.flat", axis=1)
     # pooled features are small: gains that give the logits the spread of a confident classifier's
-    x = g.node("Gemm", [x, g.rand("head.fc1.weight", (256, 192), 4.0 / np.sqrt(192)),
-                        g.rand("head.fc1.bias", (256,), 0.05)], "head.fc1", transB=1)
+    x = g.node(
+        "Gemm",
+        [x, g.rand("head.fc1.weight", (256, 192), 4.0 / np.sqrt(192)), g.rand("head.fc1.bias", (256,), 0.05)],
+        "head.fc1",
+        transB=1,
+    )
     x = g.node("HardSwish", [x], "head.fc1.hswish")
-    x = g.node("Gemm", [x, g.rand("head.fc2.weight", (classes, 256), 2.5 / np.sqrt(256)),
-                        g.rand("head.fc2.bias", (classes,), 0.05)], "logits", transB=1)
+    x = g.node(
+        "Gemm",
+        [x, g.rand("head.fc2.weight", (classes, 256), 2.5 / np.sqrt(256)), g.rand("head.fc2.bias", (classes,), 0.05)],
+        "logits",
+        transB=1,
+    )
     x = g.node("Softmax", [x], "probs", axis=-1)
-    return fit_batchnorm(g.model("mini_mobilenet", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])],
-                   [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", classes])]))
+    return fit_batchnorm(
+        g.model(
+            "mini_mobilenet",
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])],
+            [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", classes])],
+        )
+    )
 
 
 def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.ModelProto:
@@ -287,8 +343,12 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
         """CSP bottleneck with two convolutions: split, n bottlenecks on one half, concat every stage, fuse."""
         c = cout // 2
         y = cbs(x, cin, 2 * c, f"{name}.cv1", k=1)
-        parts = g.nodes_out("Split", [y, g.const(f"split.{c}", np.array([c, c], np.int64))],
-                            [f"{name}.split.0", f"{name}.split.1"], axis=1)
+        parts = g.nodes_out(
+            "Split",
+            [y, g.const(f"split.{c}", np.array([c, c], np.int64))],
+            [f"{name}.split.0", f"{name}.split.1"],
+            axis=1,
+        )
         for i in range(n):
             b = cbs(cbs(parts[-1], c, c, f"{name}.m{i}.cv1"), c, c, f"{name}.m{i}.cv2")
             parts.append(g.node("Add", [parts[-1], b], f"{name}.m{i}.add") if shortcut else b)
@@ -300,17 +360,19 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
             y.append(g.node("MaxPool", [y[-1]], f"{name}.pool{i}", kernel_shape=[5, 5], pads=[2, 2, 2, 2]))
         return cbs(g.node("Concat", y, f"{name}.cat", axis=1), 2 * c, c, f"{name}.cv2", k=1)
 
-    x = cbs("images", 3, 16, "stem", stride=2)                                   # 64 x 64
-    x = c2f(cbs(x, 16, 24, "down1", stride=2), 24, 24, "c2f1")                   # 32 x 32
-    p3 = c2f(cbs(x, 24, 32, "down2", stride=2), 32, 32, "c2f2")                  # 16 x 16, stride 8
-    p4 = c2f(cbs(p3, 32, 48, "down3", stride=2), 48, 48, "c2f3")                 # 8 x 8, stride 16
+    x = cbs("images", 3, 16, "stem", stride=2)  # 64 x 64
+    x = c2f(cbs(x, 16, 24, "down1", stride=2), 24, 24, "c2f1")  # 32 x 32
+    p3 = c2f(cbs(x, 24, 32, "down2", stride=2), 32, 32, "c2f2")  # 16 x 16, stride 8
+    p4 = c2f(cbs(p3, 32, 48, "down3", stride=2), 48, 48, "c2f3")  # 8 x 8, stride 16
     p5 = sppf(c2f(cbs(p4, 48, 64, "down4", stride=2), 64, 64, "c2f4"), 64, "sppf")  # 4 x 4, stride 32
     # FPN top-down: nearest 2x upsampling, by scales and by sizes (both forms exporters write)
-    up = g.node("Resize", [p5, "", g.const("fpn.scales", np.array([1, 1, 2, 2], np.float32))], "fpn.up5",
-                mode="nearest")
+    up = g.node(
+        "Resize", [p5, "", g.const("fpn.scales", np.array([1, 1, 2, 2], np.float32))], "fpn.up5", mode="nearest"
+    )
     n4 = c2f(g.node("Concat", [up, p4], "fpn.cat4", axis=1), 112, 48, "fpn4", shortcut=False)
-    up = g.node("Resize", [n4, "", "", g.const("fpn.sizes", np.array([1, 48, 16, 16], np.int64))], "fpn.up4",
-                mode="nearest")
+    up = g.node(
+        "Resize", [n4, "", "", g.const("fpn.sizes", np.array([1, 48, 16, 16], np.int64))], "fpn.up4", mode="nearest"
+    )
     n3 = c2f(g.node("Concat", [up, p3], "fpn.cat3", axis=1), 80, 32, "fpn3", shortcut=False)
     # PAN bottom-up
     down = cbs(n3, 32, 32, "pan.down3", stride=2)
@@ -328,22 +390,32 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
         w = g.rand(f"{name}.box.pred.weight", (4 * reg_max, 24, 1, 1), 2.0 / np.sqrt(24))
         bias = g.init(f"{name}.box.pred.bias", np.tile(-0.4 * np.arange(reg_max, dtype=np.float32), 4))
         b = g.node("Conv", [b, w, bias], f"{name}.box.pred", kernel_shape=[1, 1])
-        boxes.append(g.node("Reshape", [b, g.const(f"head.shape{4 * reg_max}.{hw}",
-                                                   np.array([1, 4 * reg_max, hw], np.int64))], f"{name}.box.flat"))
+        boxes.append(
+            g.node(
+                "Reshape",
+                [b, g.const(f"head.shape{4 * reg_max}.{hw}", np.array([1, 4 * reg_max, hw], np.int64))],
+                f"{name}.box.flat",
+            )
+        )
         s = cbs(cbs(feat, c, 24, f"{name}.cls.cv1"), 24, 24, f"{name}.cls.cv2")
         w = g.rand(f"{name}.cls.pred.weight", (classes, 24, 1, 1), 3.0 / np.sqrt(24))
         # a prior of 1% per class (YOLOv8 starts from less): most scores come out between 1e-4 and 0.1, while
         # boxes reach the input size, the spread that makes one shared INT8 scale for both erase the scores
         bias = g.init(f"{name}.cls.pred.bias", np.full(classes, np.log(0.01 / 0.99), np.float32))
         s = g.node("Conv", [s, w, bias], f"{name}.cls.pred", kernel_shape=[1, 1])
-        scores.append(g.node("Reshape", [s, g.const(f"head.shape{classes}.{hw}",
-                                                    np.array([1, classes, hw], np.int64))], f"{name}.cls.flat"))
+        scores.append(
+            g.node(
+                "Reshape",
+                [s, g.const(f"head.shape{classes}.{hw}", np.array([1, classes, hw], np.int64))],
+                f"{name}.cls.flat",
+            )
+        )
         side = size // stride
         ys, xs = np.meshgrid(np.arange(side) + 0.5, np.arange(side) + 0.5, indexing="ij")
         anchors.append(np.stack([xs.ravel(), ys.ravel()]))
         strides.append(np.full(hw, stride))
-    box = g.node("Concat", boxes, "head.box", axis=2)                         # [1, 4 * reg_max, A]
-    cls = g.node("Concat", scores, "head.cls", axis=2)                        # [1, classes, A]
+    box = g.node("Concat", boxes, "head.box", axis=2)  # [1, 4 * reg_max, A]
+    cls = g.node("Concat", scores, "head.cls", axis=2)  # [1, classes, A]
     count = sum(a.shape[1] for a in anchors)
     # DFL: softmax over each side's bins, expectation by a fixed 1x1 conv with weights 0..reg_max-1
     d = g.node("Reshape", [box, g.init("dfl.shape", np.array([1, 4, reg_max, count], np.int64))], "dfl.split")
@@ -352,9 +424,8 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
     proj = g.init("dfl.conv.weight", np.arange(reg_max, dtype=np.float32).reshape(1, reg_max, 1, 1))
     d = g.node("Conv", [d, proj], "dfl.conv", kernel_shape=[1, 1])
     d = g.node("Reshape", [d, g.init("dfl.out_shape", np.array([1, 4, count], np.int64))], "dfl.dist")
-    lt, rb = g.nodes_out("Split", [d, g.const("split.2", np.array([2, 2], np.int64))], ["dist.lt", "dist.rb"],
-                         axis=1)
-    grid = g.init("anchors", np.concatenate(anchors, axis=1)[None].astype(np.float32))    # [1, 2, A]
+    lt, rb = g.nodes_out("Split", [d, g.const("split.2", np.array([2, 2], np.int64))], ["dist.lt", "dist.rb"], axis=1)
+    grid = g.init("anchors", np.concatenate(anchors, axis=1)[None].astype(np.float32))  # [1, 2, A]
     x1y1 = g.node("Sub", [grid, lt], "box.x1y1")
     x2y2 = g.node("Add", [grid, rb], "box.x2y2")
     cxy = g.node("Div", [g.node("Add", [x1y1, x2y2], "box.sum"), g.init("two", np.float32(2))], "box.cxy")
@@ -362,21 +433,27 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
     xywh = g.node("Concat", [cxy, wh], "box.xywh", axis=1)
     pixels = g.node("Mul", [xywh, g.init("strides", np.concatenate(strides)[None].astype(np.float32))], "box.pixels")
     out = g.node("Concat", [pixels, g.node("Sigmoid", [cls], "cls.scores")], "output0", axis=1)
-    return fit_batchnorm(g.model("mini_yolo",
-                                 [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
-                                 [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + classes, count])]))
+    return fit_batchnorm(
+        g.model(
+            "mini_yolo",
+            [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+            [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + classes, count])],
+        )
+    )
 
 
-def mini_vit(size: int = 64, patch: int = 8, dim: int = 96, heads: int = 3, depth: int = 2, mlp: int = 192,
-             classes: int = 10) -> onnx.ModelProto:
+def mini_vit(
+    size: int = 64, patch: int = 8, dim: int = 96, heads: int = 3, depth: int = 2, mlp: int = 192, classes: int = 10
+) -> onnx.ModelProto:
     g = Graph(seed=17)
     n = (size // patch) ** 2
     tokens, hd = n + 1, dim // heads
 
     def linear(x: str, din: int, dout: int, name: str) -> str:
         w = g.rand(f"{name}.weight", (din, dout), np.sqrt(1.0 / din))
-        return g.node("Add", [g.node("MatMul", [x, w], f"{name}.matmul"), g.rand(f"{name}.bias", (dout,), 0.02)],
-                      f"{name}.out")
+        return g.node(
+            "Add", [g.node("MatMul", [x, w], f"{name}.matmul"), g.rand(f"{name}.bias", (dout,), 0.02)], f"{name}.out"
+        )
 
     def layernorm(x: str, name: str) -> str:
         scale = g.init(f"{name}.weight", g.rng.uniform(0.8, 1.2, dim).astype(np.float32))
@@ -385,15 +462,22 @@ def mini_vit(size: int = 64, patch: int = 8, dim: int = 96, heads: int = 3, dept
 
     def gelu(x: str, name: str) -> str:
         """torch's exact GELU as exported before opset 20: x * 0.5 * (1 + erf(x / sqrt(2)))."""
-        e = g.node("Erf", [g.node("Div", [x, g.const("gelu.sqrt2", np.float32(np.sqrt(2)))], f"{name}.div")],
-                   f"{name}.erf")
+        e = g.node(
+            "Erf", [g.node("Div", [x, g.const("gelu.sqrt2", np.float32(np.sqrt(2)))], f"{name}.div")], f"{name}.erf"
+        )
         e = g.node("Add", [e, g.const("gelu.one", np.float32(1))], f"{name}.add")
-        return g.node("Mul", [g.node("Mul", [x, e], f"{name}.mul"), g.const("gelu.half", np.float32(0.5))],
-                      f"{name}.gelu")
+        return g.node(
+            "Mul", [g.node("Mul", [x, e], f"{name}.mul"), g.const("gelu.half", np.float32(0.5))], f"{name}.gelu"
+        )
 
     w = g.rand("patch_embed.weight", (dim, 3, patch, patch), np.sqrt(1.0 / (3 * patch * patch)))
-    x = g.node("Conv", ["input", w, g.rand("patch_embed.bias", (dim,), 0.02)], "patch_embed.conv",
-               kernel_shape=[patch, patch], strides=[patch, patch])
+    x = g.node(
+        "Conv",
+        ["input", w, g.rand("patch_embed.bias", (dim,), 0.02)],
+        "patch_embed.conv",
+        kernel_shape=[patch, patch],
+        strides=[patch, patch],
+    )
     x = g.node("Reshape", [x, g.init("patch_embed.shape", np.array([1, dim, n], np.int64))], "patch_embed.flat")
     x = g.node("Transpose", [x], "patch_embed.tokens", perm=[0, 2, 1])
     x = g.node("Concat", [g.rand("cls_token", (1, 1, dim), 0.02), x], "tokens", axis=1)
@@ -402,32 +486,50 @@ def mini_vit(size: int = 64, patch: int = 8, dim: int = 96, heads: int = 3, dept
         name = f"blocks.{i}"
         h = layernorm(x, f"{name}.norm1")
         qkv = linear(h, dim, 3 * dim, f"{name}.attn.qkv")
-        qkv = g.node("Reshape", [qkv, g.const("qkv.shape", np.array([1, tokens, 3, heads, hd], np.int64))],
-                     f"{name}.attn.qkv.split")
+        qkv = g.node(
+            "Reshape",
+            [qkv, g.const("qkv.shape", np.array([1, tokens, 3, heads, hd], np.int64))],
+            f"{name}.attn.qkv.split",
+        )
         qkv = g.node("Transpose", [qkv], f"{name}.attn.qkv.heads", perm=[2, 0, 3, 1, 4])  # [3, 1, heads, T, hd]
-        q, k, v = (g.node("Gather", [qkv, g.const(f"index.{j}", np.array(j, np.int64))], f"{name}.attn.{part}",
-                          axis=0) for j, part in enumerate("qkv"))
-        s = g.node("MatMul", [q, g.node("Transpose", [k], f"{name}.attn.k.t", perm=[0, 1, 3, 2])],
-                   f"{name}.attn.scores")
-        s = g.node("Mul", [s, g.const("attn.scale", np.float32(hd ** -0.5))], f"{name}.attn.scaled")
+        q, k, v = (
+            g.node("Gather", [qkv, g.const(f"index.{j}", np.array(j, np.int64))], f"{name}.attn.{part}", axis=0)
+            for j, part in enumerate("qkv")
+        )
+        s = g.node(
+            "MatMul", [q, g.node("Transpose", [k], f"{name}.attn.k.t", perm=[0, 1, 3, 2])], f"{name}.attn.scores"
+        )
+        s = g.node("Mul", [s, g.const("attn.scale", np.float32(hd**-0.5))], f"{name}.attn.scaled")
         p = g.node("Softmax", [s], f"{name}.attn.probs", axis=-1)
-        o = g.node("Transpose", [g.node("MatMul", [p, v], f"{name}.attn.context")], f"{name}.attn.merge",
-                   perm=[0, 2, 1, 3])
-        o = g.node("Reshape", [o, g.const("merged.shape", np.array([1, tokens, dim], np.int64))],
-                   f"{name}.attn.merged")
+        o = g.node(
+            "Transpose", [g.node("MatMul", [p, v], f"{name}.attn.context")], f"{name}.attn.merge", perm=[0, 2, 1, 3]
+        )
+        o = g.node("Reshape", [o, g.const("merged.shape", np.array([1, tokens, dim], np.int64))], f"{name}.attn.merged")
         x = g.node("Add", [x, linear(o, dim, dim, f"{name}.attn.proj")], f"{name}.res1")
         h = gelu(linear(layernorm(x, f"{name}.norm2"), dim, mlp, f"{name}.mlp.fc1"), f"{name}.mlp.act")
         x = g.node("Add", [x, linear(h, mlp, dim, f"{name}.mlp.fc2")], f"{name}.res2")
     x = layernorm(x, "norm")
-    x = g.node("Gather", [x, g.const("index.0", np.array(0, np.int64))], "cls", axis=1)   # [1, dim]
-    x = g.node("Gemm", [x, g.rand("head.weight", (classes, dim), np.sqrt(1.0 / dim)),
-                        g.rand("head.bias", (classes,), 0.02)], "logits", transB=1)
-    return g.model("mini_vit", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
-                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])])
+    x = g.node("Gather", [x, g.const("index.0", np.array(0, np.int64))], "cls", axis=1)  # [1, dim]
+    x = g.node(
+        "Gemm",
+        [x, g.rand("head.weight", (classes, dim), np.sqrt(1.0 / dim)), g.rand("head.bias", (classes,), 0.02)],
+        "logits",
+        transB=1,
+    )
+    return g.model(
+        "mini_vit",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
+    )
 
 
-MODELS = {"demo_cnn": demo_cnn, "tiny_transformer": tiny_transformer, "mini_mobilenet": mini_mobilenet,
-          "mini_yolo": mini_yolo, "mini_vit": mini_vit}
+MODELS = {
+    "demo_cnn": demo_cnn,
+    "tiny_transformer": tiny_transformer,
+    "mini_mobilenet": mini_mobilenet,
+    "mini_yolo": mini_yolo,
+    "mini_vit": mini_vit,
+}
 
 
 def main(out_dir: str | None = None) -> None:

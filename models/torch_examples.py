@@ -18,10 +18,16 @@ class _Block(nn.Module):
         super().__init__()
         wide = channels * expand
         self.expand = nn.Sequential(nn.Conv2d(channels, wide, 1, bias=False), nn.BatchNorm2d(wide), nn.Hardswish())
-        self.depthwise = nn.Sequential(nn.Conv2d(wide, wide, 3, padding=1, groups=wide, bias=False),
-                                       nn.BatchNorm2d(wide), nn.Hardswish())
-        self.excite = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(wide, wide // 4, 1), nn.ReLU(),
-                                    nn.Conv2d(wide // 4, wide, 1), nn.Hardsigmoid())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(wide, wide, 3, padding=1, groups=wide, bias=False), nn.BatchNorm2d(wide), nn.Hardswish()
+        )
+        self.excite = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(wide, wide // 4, 1),
+            nn.ReLU(),
+            nn.Conv2d(wide // 4, wide, 1),
+            nn.Hardsigmoid(),
+        )
         self.project = nn.Sequential(nn.Conv2d(wide, channels, 1, bias=False), nn.BatchNorm2d(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,10 +16,16 @@ from onnx import helper, numpy_helper
 os.environ["TPUBUILD_ARTIFACT_CACHE"] = "off"
 
 
-def make_onnx(nodes: Sequence[onnx.NodeProto] | onnx.NodeProto, inputs: Mapping[str, np.ndarray],
-              outputs: Sequence[str] | None = None, *, initializers: Mapping[str, np.ndarray] | None = None,
-              opset: int = 17, input_dims: Mapping[str, Sequence] | None = None,
-              domains: Mapping[str, int] | None = None) -> onnx.ModelProto:
+def make_onnx(
+    nodes: Sequence[onnx.NodeProto] | onnx.NodeProto,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str] | None = None,
+    *,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = 17,
+    input_dims: Mapping[str, Sequence] | None = None,
+    domains: Mapping[str, int] | None = None,
+) -> onnx.ModelProto:
     """A model of ``nodes`` whose graph inputs are typed from ``inputs``.
 
     ``input_dims`` overrides a graph input's declared dims (e.g. ``["N", 3]`` to make
@@ -28,9 +34,10 @@ def make_onnx(nodes: Sequence[onnx.NodeProto] | onnx.NodeProto, inputs: Mapping[
     """
     nodes = [nodes] if isinstance(nodes, onnx.NodeProto) else list(nodes)
     input_dims = input_dims or {}
-    graph_inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype),
-                                                  input_dims.get(name, a.shape))
-                    for name, a in inputs.items()]
+    graph_inputs = [
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), input_dims.get(name, a.shape))
+        for name, a in inputs.items()
+    ]
     inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in (initializers or {}).items()]
     outs = [onnx.ValueInfoProto(name=o) for o in (outputs or [o for o in nodes[-1].output if o])]
     graph = helper.make_graph(nodes, "test", graph_inputs, outs, initializer=inits)
@@ -59,8 +66,12 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) ->
     return dict(zip(names, sess.run(names, dict(inputs))))
 
 
-def run_ours(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], tmp_path: Path,
-             input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+def run_ours(
+    model: onnx.ModelProto,
+    inputs: Mapping[str, np.ndarray],
+    tmp_path: Path,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, np.ndarray]:
     """Frontend -> TOP module (printed and re-parsed, as a stage file is) -> TOP inference."""
     from tpubuild.frontend import convert_onnx
     from tpubuild.ir import mlir
@@ -74,8 +85,9 @@ def run_ours(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], tmp_path:
     return run(module, weights, inputs)
 
 
-def check_model(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], tmp_path: Path, *,
-                rtol: float = 1e-4, atol: float = 1e-5) -> dict[str, np.ndarray]:
+def check_model(
+    model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], tmp_path: Path, *, rtol: float = 1e-4, atol: float = 1e-5
+) -> dict[str, np.ndarray]:
     """Assert our TOP inference equals onnxruntime on every graph output (values and dtype)."""
     if all(o.type.HasField("tensor_type") for o in model.graph.output):
         onnx.checker.check_model(model)
@@ -97,9 +109,11 @@ def check_model(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], tmp_pa
 def check_onnx(tmp_path):
     """``check_onnx(nodes, inputs, initializers=..., opset=..., rtol=..., atol=...)``: build a
     model of ``nodes`` and assert TOP inference matches onnxruntime on its outputs."""
+
     def check(nodes, inputs, outputs=None, *, initializers=None, opset=17, rtol=1e-4, atol=1e-5):
         model = make_onnx(nodes, inputs, outputs, initializers=initializers, opset=opset)
         return check_model(model, inputs, tmp_path, rtol=rtol, atol=atol)
+
     return check
 
 
@@ -113,6 +127,7 @@ def make_model():
 def attention_model():
     """``attention_model(batch)``: a transformer-ish block (q.k^T, softmax, residual add, LayerNorm, GELU,
     projection) on x [batch, 6, 16], for the lowering and chip tests."""
+
     def build(batch: int) -> onnx.ModelProto:
         rng = np.random.default_rng(11)
 
@@ -122,30 +137,47 @@ def attention_model():
         def randn(*shape):
             return (rng.standard_normal(shape) * 0.3).astype(np.float32)
 
-        nodes = [node("MatMul", ["x", "wq"], "q"), node("MatMul", ["x", "wk"], "k"),
-                 node("Transpose", ["k"], "kt", perm=[0, 2, 1]), node("MatMul", ["q", "kt"], "scores"),
-                 node("Softmax", ["scores"], "attn", axis=-1), node("MatMul", ["attn", "x"], "ctx"),
-                 node("Add", ["ctx", "x"], "res"), node("LayerNormalization", ["res", "g", "beta"], "ln", axis=-1),
-                 node("Gelu", ["ln"], "act"), node("MatMul", ["act", "wo"], "out")]
-        inits = {"wq": randn(16, 16), "wk": randn(16, 16), "g": np.ones(16, np.float32),
-                 "beta": np.zeros(16, np.float32), "wo": randn(16, 8)}
+        nodes = [
+            node("MatMul", ["x", "wq"], "q"),
+            node("MatMul", ["x", "wk"], "k"),
+            node("Transpose", ["k"], "kt", perm=[0, 2, 1]),
+            node("MatMul", ["q", "kt"], "scores"),
+            node("Softmax", ["scores"], "attn", axis=-1),
+            node("MatMul", ["attn", "x"], "ctx"),
+            node("Add", ["ctx", "x"], "res"),
+            node("LayerNormalization", ["res", "g", "beta"], "ln", axis=-1),
+            node("Gelu", ["ln"], "act"),
+            node("MatMul", ["act", "wo"], "out"),
+        ]
+        inits = {
+            "wq": randn(16, 16),
+            "wk": randn(16, 16),
+            "g": np.ones(16, np.float32),
+            "beta": np.zeros(16, np.float32),
+            "wo": randn(16, 8),
+        }
         return make_onnx(nodes, {"x": np.zeros((batch, 6, 16), np.float32)}, initializers=inits, opset=20)
+
     return build
 
 
 @pytest.fixture
 def check_against_ort(tmp_path):
     """``check_against_ort(model, inputs, rtol=..., atol=...)`` for a model built by hand."""
+
     def check(model, inputs, *, rtol=1e-4, atol=1e-5):
         return check_model(model, inputs, tmp_path, rtol=rtol, atol=atol)
+
     return check
 
 
 @pytest.fixture
 def run_top(tmp_path):
     """``run_top(model, inputs) -> {tensor: array}``: frontend and TOP inference, no reference run."""
+
     def run(model, inputs):
         return run_ours(model, inputs, tmp_path)
+
     return run
 
 
@@ -158,6 +190,7 @@ def convert(tmp_path):
         path = tmp_path / "model.onnx"
         onnx.save(model, path)
         return convert_onnx(path, shapes, "test", "test_weights.npz")
+
     return run
 
 

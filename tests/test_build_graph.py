@@ -37,11 +37,18 @@ tolerance:
 def tiny_onnx(path: Path, op: str = "Relu") -> None:
     """y = op(x @ w + b), batch dimension dynamic."""
     rng = np.random.default_rng(7)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Add", ["mm", "b"], ["add"], name="add"),
-             helper.make_node(op, ["add"], ["y"], name="act")]
-    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": rng.standard_normal((4, 3)).astype(np.float32),
-                                                             "b": rng.standard_normal(3).astype(np.float32)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "b"], ["add"], name="add"),
+        helper.make_node(op, ["add"], ["y"], name="act"),
+    ]
+    save_onnx(
+        path,
+        nodes,
+        {"x": ["N", 4]},
+        {"y": ["N", 3]},
+        {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)},
+    )
 
 
 class Zoo:
@@ -107,8 +114,18 @@ def test_list_shows_stage_tasks(zoo):
 
 def test_build_outputs_and_summary(built):
     root = built.build / "a"
-    for name in ("origin.mlir", "origin_weights.npz", "input.npz", "onnx_outs.npz", "canonical.mlir",
-                 "canonical_weights.npz", "origin_outs.npz", "top_outs.npz", "verify_top.json", "summary.txt"):
+    for name in (
+        "origin.mlir",
+        "origin_weights.npz",
+        "input.npz",
+        "onnx_outs.npz",
+        "canonical.mlir",
+        "canonical_weights.npz",
+        "origin_outs.npz",
+        "top_outs.npz",
+        "verify_top.json",
+        "summary.txt",
+    ):
         assert (root / name).is_file(), name
     summary = (root / "summary.txt").read_text()
     assert summary.count("PASS") == 2 and "FAIL" not in summary
@@ -204,8 +221,10 @@ def test_parallel_build(zoo):
 def test_two_concurrent_runs_keep_the_db_sound(zoo):
     zoo.manifest("a")
     zoo.manifest("b")
-    procs = [subprocess.Popen(zoo.cmd("compile"), env=zoo.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(zoo.cmd("compile"), env=zoo.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     again = zoo.doit("compile")
@@ -219,7 +238,9 @@ def test_sigterm_keeps_finished_tasks(zoo, jobs):
     zoo.manifest("a")
     zoo.manifest("b")
     env = zoo.env(TPUBUILD_DEBUG_DELAY="compile:b=60")
-    proc = subprocess.Popen(zoo.cmd(*jobs, "compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        zoo.cmd(*jobs, "compile"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     seen = []
     deadline = time.monotonic() + 300
     for line in proc.stdout:
@@ -276,8 +297,12 @@ def test_first_stages_are_dispatched_before_other_ready_tasks(tmp_path, first):
     def task_x():
         yield {"basename": "c", "actions": [lambda: order.append("c")]}
         for name in ("a", "b", "d"):
-            yield {"basename": name, "actions": [lambda name=name: order.append(name)], "task_dep": ["c"],
-                   **({"meta": {"priority": 1}} if name == first else {})}
+            yield {
+                "basename": name,
+                "actions": [lambda name=name: order.append(name)],
+                "task_dep": ["c"],
+                **({"meta": {"priority": 1}} if name == first else {}),
+            }
         yield {"basename": "all", "actions": None, "task_dep": ["a", "b", "d"]}
 
     config = {**doit_config(tmp_path), "reporter": "zero", "default_tasks": ["all"]}
@@ -299,8 +324,10 @@ def test_next_by_priority_takes_the_highest_priority_first_then_doits_order():
             return super().get(key, default)
 
     def node(name, priority=None):
-        return SimpleNamespace(name=name, task=SimpleNamespace(
-            meta=Meta(name=name, **({} if priority is None else {"priority": priority}))))
+        return SimpleNamespace(
+            name=name,
+            task=SimpleNamespace(meta=Meta(name=name, **({} if priority is None else {"priority": priority}))),
+        )
 
     dispatcher = SimpleNamespace()
     ready = deque([node("report", -1), node("lg"), node("search", 1), node("assign"), node("cal", 1)])
@@ -331,8 +358,12 @@ def test_a_task_runs_in_the_process_that_made_its_inputs(tmp_path):
         yield {"basename": "a", "actions": [(stamp, [tmp_path / "a", 0.0])], "targets": [str(tmp_path / "a")]}
         previous = "a"
         for name in ("b", "c", "d"):
-            yield {"basename": name, "actions": [(stamp, [tmp_path / name, 0.3])], "targets": [str(tmp_path / name)],
-                   "file_dep": [str(tmp_path / previous)]}
+            yield {
+                "basename": name,
+                "actions": [(stamp, [tmp_path / name, 0.3])],
+                "targets": [str(tmp_path / name)],
+                "file_dep": [str(tmp_path / previous)],
+            }
             previous = name
         # ready with b, short: the other process is free (held) each time one of b, c, d becomes ready
         yield {"basename": "side", "actions": [(stamp, [tmp_path / "side", 0.1])], "task_dep": ["a"]}
@@ -357,8 +388,16 @@ def test_processes_get_tasks_by_what_they_made_and_ran():
     def task(name, deps=(), meta=None):
         return SimpleNamespace(name=name, file_dep=set(deps), targets=[f"{name}.out"], meta=meta)
 
-    tasks = {t.name: t for t in (task("lower:m/I"), task("lg:m/I", ["lower:m/I.out"]), task("verify:m/I", ["lower:m/I.out"]),
-                                 task("lg:m/F"), task("report:m/I", ["verify:m/I.out"], {"warm": True}))}
+    tasks = {
+        t.name: t
+        for t in (
+            task("lower:m/I"),
+            task("lg:m/I", ["lower:m/I.out"]),
+            task("verify:m/I", ["lower:m/I.out"]),
+            task("lg:m/F"),
+            task("report:m/I", ["verify:m/I.out"], {"warm": True}),
+        )
+    }
     history = History(3)
     history.ran(2, tasks["lg:m/F"])
     history.ran(0, tasks["lower:m/I"])

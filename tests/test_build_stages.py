@@ -24,14 +24,21 @@ SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]
 
 
 def tiny_onnx(path: Path) -> None:
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
-    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Relu", ["mm"], ["y"], name="relu"),
+    ]
+    save_onnx(
+        path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}
+    )
 
 
 def outputs(tmp_path: Path) -> dict[str, str]:
-    return {"out_mlir": str(tmp_path / "origin.mlir"), "out_weights": str(tmp_path / "origin_weights.npz"),
-            "out_input": str(tmp_path / "input.npz")}
+    return {
+        "out_mlir": str(tmp_path / "origin.mlir"),
+        "out_weights": str(tmp_path / "origin_weights.npz"),
+        "out_input": str(tmp_path / "input.npz"),
+    }
 
 
 def test_default_input_is_deterministic_and_in_range():
@@ -46,10 +53,19 @@ def test_default_input_is_deterministic_and_in_range():
 
 def test_default_input_is_the_same_in_every_process():
     """Seeded from crc32, not hash(): a different PYTHONHASHSEED gives the same bytes."""
-    code = ("from tpubuild.build.testinput import default_input; "
-            f"print(default_input('m', {SPECS[0]!r}).tobytes().hex())")
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    code = (
+        f"from tpubuild.build.testinput import default_input; print(default_input('m', {SPECS[0]!r}).tobytes().hex())"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    ]
     assert runs[0] == runs[1] == default_input("m", SPECS[0]).tobytes().hex() + "\n"
 
 
@@ -70,8 +86,12 @@ def test_test_input_image(tmp_path):
     rgb = np.zeros((4, 6, 3), np.uint8)
     rgb[..., 0], rgb[..., 1], rgb[..., 2] = 200, 100, 50  # R, G, B
     Image.fromarray(rgb).save(tmp_path / "in.png")
-    spec = {"name": "img", "shape": [2, 3, 4, 6], "dtype": "float32",
-            "preprocess": {"mean": [10, 20, 30], "scale": [0.5], "pixel_format": "bgr"}}
+    spec = {
+        "name": "img",
+        "shape": [2, 3, 4, 6],
+        "dtype": "float32",
+        "preprocess": {"mean": [10, 20, 30], "scale": [0.5], "pixel_format": "bgr"},
+    }
     got = make_inputs("m", [spec], str(tmp_path / "in.png"))["img"]
     assert got.shape == (2, 3, 4, 6) and got.dtype == np.float32
     expected = np.array([(50 - 10) * 0.5, (100 - 20) * 0.5, (200 - 30) * 0.5], np.float32)  # B, G, R planes
@@ -99,6 +119,7 @@ def test_failing_stage_leaves_no_target_not_even_a_stale_one(tmp_path, monkeypat
     def broken_save(self, path):
         Path(path).write_bytes(b"half a file")
         raise OSError("disk full")
+
     monkeypatch.setattr(WeightStore, "save", broken_save)
     with pytest.raises(OSError):
         stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, **outputs(tmp_path))
@@ -119,15 +140,36 @@ def test_verify_top_and_summary(tmp_path):
     """The whole model-level chain on a tiny model, through the stage functions."""
     onnx_path = str(tmp_path / "m.onnx")
     tiny_onnx(tmp_path / "m.onnx")
-    p = {k: str(tmp_path / v) for k, v in {
-        "origin": "origin.mlir", "ow": "origin_weights.npz", "input": "input.npz", "ref": "onnx_outs.npz",
-        "canon": "canonical.mlir", "cw": "canonical_weights.npz", "oo": "origin_outs.npz", "to": "top_outs.npz",
-        "json": "verify_top.json", "summary": "summary.txt"}.items()}
+    p = {
+        k: str(tmp_path / v)
+        for k, v in {
+            "origin": "origin.mlir",
+            "ow": "origin_weights.npz",
+            "input": "input.npz",
+            "ref": "onnx_outs.npz",
+            "canon": "canonical.mlir",
+            "cw": "canonical_weights.npz",
+            "oo": "origin_outs.npz",
+            "to": "top_outs.npz",
+            "json": "verify_top.json",
+            "summary": "summary.txt",
+        }.items()
+    }
     stages.transform(onnx_path, SPECS, "m", None, p["origin"], p["ow"], p["input"])
     stages.reference(onnx_path, p["input"], p["ref"])
     stages.canonicalize(p["origin"], p["ow"], p["canon"], p["cw"])
-    stages.verify_top("m", onnx_path, p["origin"], p["canon"], p["input"], p["ref"], {"cos": 0.99999, "euc": 0.999},
-                      p["oo"], p["to"], p["json"])
+    stages.verify_top(
+        "m",
+        onnx_path,
+        p["origin"],
+        p["canon"],
+        p["input"],
+        p["ref"],
+        {"cos": 0.99999, "euc": 0.999},
+        p["oo"],
+        p["to"],
+        p["json"],
+    )
     doc = json.loads(Path(p["json"]).read_text())
     assert [c["passed"] for c in doc["comparisons"]] == [True, True]
     assert all(c["compared"] >= 1 for c in doc["comparisons"])
@@ -144,8 +186,14 @@ def test_verify_top_fails_below_tolerance(tmp_path):
     """Tamper with the reference: the stage fails, names the tensor and publishes nothing."""
     onnx_path = str(tmp_path / "m.onnx")
     tiny_onnx(tmp_path / "m.onnx")
-    names = ["origin.mlir", "origin_weights.npz", "input.npz", "onnx_outs.npz", "canonical.mlir",
-             "canonical_weights.npz"]
+    names = [
+        "origin.mlir",
+        "origin_weights.npz",
+        "input.npz",
+        "onnx_outs.npz",
+        "canonical.mlir",
+        "canonical_weights.npz",
+    ]
     o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
     stages.transform(onnx_path, SPECS, "m", None, o, ow, inp)
     stages.reference(onnx_path, inp, ref)
@@ -176,9 +224,14 @@ def test_npz_files_are_deterministic_zips_numpy_reads(tmp_path):
     from tpubuild.build.files import npz_bytes
 
     rng = np.random.default_rng(0)
-    arrays = {"b": rng.normal(size=(2, 3, 5)).astype(np.float32), "a": np.arange(4, dtype=np.int8),
-              "bf": np.ones(3, ml_dtypes.bfloat16), "f": np.asfortranarray(rng.normal(size=(3, 4))),
-              "scalar": np.float32(2.5), "empty": np.zeros((0, 3))}
+    arrays = {
+        "b": rng.normal(size=(2, 3, 5)).astype(np.float32),
+        "a": np.arange(4, dtype=np.int8),
+        "bf": np.ones(3, ml_dtypes.bfloat16),
+        "f": np.asfortranarray(rng.normal(size=(3, 4))),
+        "scalar": np.float32(2.5),
+        "empty": np.zeros((0, 3)),
+    }
     write_npz(tmp_path / "x.npz", arrays)
     write_npz(tmp_path / "y.npz", dict(reversed(list(arrays.items()))))
     data = (tmp_path / "x.npz").read_bytes()

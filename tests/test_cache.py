@@ -20,7 +20,6 @@ from tpubuild.cli import main as cli_main
 from tpubuild.testing import run_doit, save_onnx, snapshot_code
 
 
-
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "cache"
@@ -42,8 +41,13 @@ def toy(tmp: Path, calls: list, content: bytes = b"weights", scale: int = 2):
     (tmp / "out").mkdir(parents=True, exist_ok=True)
     inp = tmp / "in.bin"
     inp.write_bytes(content)
-    kwargs = {"calls": calls, "inp": str(inp), "out_a": str(tmp / "out" / "a"), "out_b": str(tmp / "out" / "b"),
-              "scale": scale}
+    kwargs = {
+        "calls": calls,
+        "inp": str(inp),
+        "out_a": str(tmp / "out" / "a"),
+        "out_b": str(tmp / "out" / "b"),
+        "scale": scale,
+    }
     spec = {"inputs": [str(inp)], "targets": [kwargs["out_a"], kwargs["out_b"]], "config": {"scale": scale}}
     return kwargs, spec
 
@@ -282,8 +286,9 @@ def test_size_limit_evicts_least_recently_used_per_group(tmp_path, cache_dir, mo
     kept = {e.key for e in cache.entries() if e.key[0] == protected.key[0]}
     assert kept == {protected.key, group[-1].key}  # and the most recently used other one
     assert cache.events().get("evict") == len(group) - 2
-    assert {e.key for e in cache.entries() if e.key[0] != protected.key[0]} == \
-        {e.key for e in everything if e.key[0] != protected.key[0]}  # other groups untouched
+    assert {e.key for e in cache.entries() if e.key[0] != protected.key[0]} == {
+        e.key for e in everything if e.key[0] != protected.key[0]
+    }  # other groups untouched
     assert cache.trim_group(protected.key, 0) == 0  # 0: no limit
 
     monkeypatch.setenv("TPUBUILD_CACHE_MAX_SIZE", str(limit))  # a store trims its own group
@@ -320,17 +325,31 @@ for _name, _func in list(vars(stages).items()):
 
 
 def tiny_onnx(path: Path) -> None:
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Relu", ["mm"], ["y"], name="act")]
-    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]},
-              {"w": np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Relu", ["mm"], ["y"], name="act"),
+    ]
+    save_onnx(
+        path,
+        nodes,
+        {"x": ["N", 4]},
+        {"y": ["N", 3]},
+        {"w": np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)},
+    )
 
 
-def doit(code: Path, models: Path, build: Path, cache: Path, *, trap: Path | None = None
-         ) -> subprocess.CompletedProcess:
+def doit(
+    code: Path, models: Path, build: Path, cache: Path, *, trap: Path | None = None
+) -> subprocess.CompletedProcess:
     # the compiler version (in every key) digests the sources: run on a snapshot of them (snapshot_code)
-    return run_doit("compile", manifests=models, build=build, code=code, TPUBUILD_ARTIFACT_CACHE=str(cache),
-                    PYTHONPATH=os.pathsep.join([str(trap)] * bool(trap) + [str(code)]))
+    return run_doit(
+        "compile",
+        manifests=models,
+        build=build,
+        code=code,
+        TPUBUILD_ARTIFACT_CACHE=str(cache),
+        PYTHONPATH=os.pathsep.join([str(trap)] * bool(trap) + [str(code)]),
+    )
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -371,5 +390,6 @@ def test_fresh_build_tree_from_cache_runs_no_stage(tmp_path):
     again = doit(code, models, tmp_path / "b1", cache, trap=trap)
     assert again.returncode == 0, again.stdout + again.stderr
     assert ArtifactCache(cache).events().get("hit") == before + 2  # verify_top and compile
-    assert json.loads((tmp_path / "b1" / "a" / "verify_top.json").read_text()) == \
-        json.loads((tmp_path / "b2" / "a" / "verify_top.json").read_text())
+    assert json.loads((tmp_path / "b1" / "a" / "verify_top.json").read_text()) == json.loads(
+        (tmp_path / "b2" / "a" / "verify_top.json").read_text()
+    )

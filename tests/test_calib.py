@@ -25,8 +25,12 @@ from tpubuild.testing import upstream_check
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((REPO / "models" / "calib" / "photos").glob("*.jpg"))
-PREPROCESS = {"mean": [123.675, 116.28, 103.53], "scale": [0.0171, 0.0175, 0.0174], "pixel_format": "rgb",
-              "resize": [32, 32]}
+PREPROCESS = {
+    "mean": [123.675, 116.28, 103.53],
+    "scale": [0.0171, 0.0175, 0.0174],
+    "pixel_format": "rgb",
+    "resize": [32, 32],
+}
 INPUTS = [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32", "preprocess": PREPROCESS}]
 
 
@@ -34,11 +38,21 @@ INPUTS = [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32", "prepro
 def demo(tmp_path_factory) -> Path:
     """build/demo_cnn/canonical.mlir (+ weights) of the shipped demo CNN."""
     root = tmp_path_factory.mktemp("demo")
-    stages.transform(str(REPO / "models" / "demo_cnn.onnx"), [{k: v for k, v in INPUTS[0].items() if k != "preprocess"}],
-                     "demo_cnn", None, str(root / "origin.mlir"), str(root / "origin_weights.npz"),
-                     str(root / "input.npz"))
-    stages.canonicalize(str(root / "origin.mlir"), str(root / "origin_weights.npz"), str(root / "canonical.mlir"),
-                        str(root / "canonical_weights.npz"))
+    stages.transform(
+        str(REPO / "models" / "demo_cnn.onnx"),
+        [{k: v for k, v in INPUTS[0].items() if k != "preprocess"}],
+        "demo_cnn",
+        None,
+        str(root / "origin.mlir"),
+        str(root / "origin_weights.npz"),
+        str(root / "input.npz"),
+    )
+    stages.canonicalize(
+        str(root / "origin.mlir"),
+        str(root / "origin_weights.npz"),
+        str(root / "canonical.mlir"),
+        str(root / "canonical_weights.npz"),
+    )
     return root / "canonical.mlir"
 
 
@@ -46,14 +60,26 @@ def calibrate_stage(demo: Path, out: Path, *, method="kl", count=8, files=PHOTOS
     out.mkdir(exist_ok=True)
     shutil.copy(demo.parent / "canonical_weights.npz", out / "canonical_weights.npz")
     cali, tab = out / "cali.mlir", out / "cali_table"
-    stages.calibrate("demo_cnn", str(demo), INPUTS, [str(f) for f in files], count, method,
-                     str(table) if table else None, str(cali), str(tab))
+    stages.calibrate(
+        "demo_cnn",
+        str(demo),
+        INPUTS,
+        [str(f) for f in files],
+        count,
+        method,
+        str(table) if table else None,
+        str(cali),
+        str(tab),
+    )
     return cali, tab
 
 
 def calibrated_types(module) -> dict[str, CalibratedType]:
-    return {name: v.type.element_type for name, v in activation_values(module).items()
-            if isinstance(v.type.element_type, CalibratedType)}
+    return {
+        name: v.type.element_type
+        for name, v in activation_values(module).items()
+        if isinstance(v.type.element_type, CalibratedType)
+    }
 
 
 def test_shipped_photos_exist():
@@ -131,8 +157,13 @@ def test_two_processes_give_the_same_statistics_and_outputs(demo):
     assert n1 == n2 == 5 and list(one) == list(two)
     for name in one:
         np.testing.assert_array_equal(one[name].hist, two[name].hist, err_msg=name)
-        assert (one[name].min, one[name].max, one[name].range, one[name].zeros, one[name].samples) == \
-            (two[name].min, two[name].max, two[name].range, two[name].zeros, two[name].samples), name
+        assert (one[name].min, one[name].max, one[name].range, one[name].zeros, one[name].samples) == (
+            two[name].min,
+            two[name].max,
+            two[name].range,
+            two[name].zeros,
+            two[name].samples,
+        ), name
     assert len(two_out) == 5
     for (s1, o1), (s2, o2) in zip(one_out, two_out):
         np.testing.assert_array_equal(s1["input"], s2["input"])
@@ -175,6 +206,7 @@ def test_changing_method_changes_thresholds(demo, tmp_path):
 
 # ---- user tables -------------------------------------------------------------
 
+
 def test_user_table_entries_win(demo, tmp_path):
     _, computed = calibrate_stage(demo, tmp_path / "first")
     user = tmp_path / "user_table"
@@ -214,11 +246,21 @@ def test_no_data_is_a_clear_error(demo, tmp_path):
 def test_non_f32_module_is_refused(demo, tmp_path):
     cali, _ = calibrate_stage(demo, tmp_path / "a")
     with pytest.raises(TpuBuildError, match="TOP_F32"):
-        stages.calibrate("demo_cnn", str(cali), INPUTS, [str(PHOTOS[0])], 1, "kl", None,
-                         str(tmp_path / "b.mlir"), str(tmp_path / "b_table"))
+        stages.calibrate(
+            "demo_cnn",
+            str(cali),
+            INPUTS,
+            [str(PHOTOS[0])],
+            1,
+            "kl",
+            None,
+            str(tmp_path / "b.mlir"),
+            str(tmp_path / "b_table"),
+        )
 
 
 # ---- calibration data --------------------------------------------------------
+
 
 def test_find_files_sorted_and_filtered(tmp_path):
     for name in ("b.npz", "a.npy", "c.png", "notes.txt"):
@@ -262,13 +304,20 @@ def test_image_preprocess(tmp_path, fmt):
 
     pixels = np.arange(18, dtype=np.uint8).reshape(2, 3, 3) * 10
     Image.fromarray(pixels, "RGB").save(tmp_path / "img.png")
-    spec = InputSpec.of({"name": "x", "shape": [1, 3, 2, 3],
-                         "preprocess": {"mean": [1, 2, 3], "scale": [0.5, 0.25, 2.0], "pixel_format": fmt}})
+    spec = InputSpec.of(
+        {
+            "name": "x",
+            "shape": [1, 3, 2, 3],
+            "preprocess": {"mean": [1, 2, 3], "scale": [0.5, 0.25, 2.0], "pixel_format": fmt},
+        }
+    )
     got = preprocess_image(tmp_path / "img.png", spec)
     chw = pixels.astype(np.float32).transpose(2, 0, 1)
     if fmt == "bgr":
         chw = chw[::-1]
-    expect = (chw - np.array([1, 2, 3], np.float32)[:, None, None]) * np.array([0.5, 0.25, 2.0], np.float32)[:, None, None]
+    expect = (chw - np.array([1, 2, 3], np.float32)[:, None, None]) * np.array([0.5, 0.25, 2.0], np.float32)[
+        :, None, None
+    ]
     np.testing.assert_allclose(got, expect, rtol=1e-6)
 
 
@@ -277,8 +326,9 @@ def test_image_gray_resize_and_crop(tmp_path):
 
     Image.new("RGB", (40, 20), (90, 90, 90)).save(tmp_path / "img.png")
     spec = InputSpec.of({"name": "x", "shape": [2, 1, 8, 8], "preprocess": {"pixel_format": "gray", "resize": [8, 12]}})
-    got = list(Samples.of([tmp_path / "img.png"] * 4, [{"name": "x", "shape": [2, 1, 8, 8],
-                                                         "preprocess": spec.preprocess}]))
+    got = list(
+        Samples.of([tmp_path / "img.png"] * 4, [{"name": "x", "shape": [2, 1, 8, 8], "preprocess": spec.preprocess}])
+    )
     assert len(got) == 2 and got[0]["x"].shape == (2, 1, 8, 8)
     np.testing.assert_array_equal(got[0]["x"], np.full((2, 1, 8, 8), 90.0, np.float32))
 
@@ -298,6 +348,7 @@ def test_unreadable_image_names_the_file(tmp_path):
 
 
 # ---- memory ------------------------------------------------------------------
+
 
 def _peak_bytes(demo: Path, samples: Path, count: int) -> int:
     module = mlir.load_module(demo)
@@ -324,6 +375,7 @@ def test_memory_does_not_grow_with_samples(demo, tmp_path):
 
 
 # ---- auto: the tuning step ---------------------------------------------------
+
 
 def test_tune_prefers_the_candidate_that_disturbs_consumers_least(make_model, convert):
     """x -> Relu -> Mul by 2: a far too wide (all rounds to 0) or far too narrow range loses to a sane one."""
@@ -391,13 +443,21 @@ def test_saturating_readers_bound_the_threshold(make_model, convert):
     # input calibrated to 95)
     offsets = np.where(np.arange(64) < 4, 100.0, 0.0).astype(np.float32) * np.array([1, -1] * 32, np.float32)
 
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
-             helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1.0 / 6, beta=0.5),
-             helper.make_node("Conv", ["x", "w", "b"], ["d"]), helper.make_node("Sigmoid", ["d"], ["s"]),
-             helper.make_node("Conv", ["x", "w", "b"], ["e"]), helper.make_node("HardSigmoid", ["e"], ["h"]),
-             helper.make_node("Relu", ["e"], ["r"])]
-    model = make_model(nodes, sample(), outputs=["g", "s", "h", "r", "c"],
-                       initializers={"w": np.eye(64, dtype=np.float32).reshape(64, 64, 1, 1), "b": offsets})
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+        helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1.0 / 6, beta=0.5),
+        helper.make_node("Conv", ["x", "w", "b"], ["d"]),
+        helper.make_node("Sigmoid", ["d"], ["s"]),
+        helper.make_node("Conv", ["x", "w", "b"], ["e"]),
+        helper.make_node("HardSigmoid", ["e"], ["h"]),
+        helper.make_node("Relu", ["e"], ["r"]),
+    ]
+    model = make_model(
+        nodes,
+        sample(),
+        outputs=["g", "s", "h", "r", "c"],
+        initializers={"w": np.eye(64, dtype=np.float32).reshape(64, 64, 1, 1), "b": offsets},
+    )
     module, weights = convert(model, {"x": [1, 64, 8, 8]})
     samples = [sample() for _ in range(4)]
     stats, _ = collect_stats(module, weights, samples)

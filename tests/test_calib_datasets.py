@@ -14,14 +14,19 @@ SHIPPED = REPO / "models" / "calib"
 
 
 def test_regenerated_sets_are_byte_identical(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "models" / "make_calib.py"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "models" / "make_calib.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     # models/calib also holds sets other scripts make (e.g. MiniLM's sentences): compare make_calib.py's own folders
     folders = {rel.parts[0] for rel in made}
-    shipped = sorted(rel for rel in (p.relative_to(SHIPPED) for p in SHIPPED.rglob("*") if p.is_file())
-                     if rel.parts[0] in folders)
+    shipped = sorted(
+        rel for rel in (p.relative_to(SHIPPED) for p in SHIPPED.rglob("*") if p.is_file()) if rel.parts[0] in folders
+    )
     assert made == shipped
     for rel in made:
         assert (tmp_path / rel).read_bytes() == (SHIPPED / rel).read_bytes(), rel

@@ -38,10 +38,18 @@ def tiny_onnx(path: Path) -> None:
     """y = Relu(x @ w + b) with a heavy-tailed x making KL and max disagree (more than
     calibrate.VECTOR_SIZE values per sample: smaller tensors take their max whatever the method)."""
     rng = np.random.default_rng(7)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["add"]),
-             helper.make_node("Relu", ["add"], ["y"])]
-    save_onnx(path, nodes, {"x": [ROWS, 4]}, {"y": [ROWS, 3]}, {"w": rng.standard_normal((4, 3)).astype(np.float32),
-                                                         "b": rng.standard_normal(3).astype(np.float32)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["add"]),
+        helper.make_node("Relu", ["add"], ["y"]),
+    ]
+    save_onnx(
+        path,
+        nodes,
+        {"x": [ROWS, 4]},
+        {"y": [ROWS, 3]},
+        {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)},
+    )
 
 
 class Zoo:
@@ -58,7 +66,9 @@ class Zoo:
 
     def manifest(self, name: str, *, method: str | None = "kl", targets: str = INT8) -> None:
         cal = CALIBRATION.format(method=method) if method else ""
-        (self.models / f"{name}.yaml").write_text(MANIFEST.format(name=name, calibration=cal, targets=targets, rows=ROWS))
+        (self.models / f"{name}.yaml").write_text(
+            MANIFEST.format(name=name, calibration=cal, targets=targets, rows=ROWS)
+        )
 
     def doit(self, *args: str) -> subprocess.CompletedProcess:
         return run_doit(*args, manifests=self.models, build=self.build, code=self.code)

@@ -54,13 +54,16 @@ conv_0_weight 2 0.1 0.2
     assert header[1] == "# histogram number: 2048"
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("a 1.0 0.0", "expected 4 fields"),
-    ("a one 0.0 1.0", "must be numbers"),
-    ("a 0 -1 1", "threshold must be > 0"),
-    ("a 1 2 1", "min is greater than max"),
-    ("a nan 0 1", "finite"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("a 1.0 0.0", "expected 4 fields"),
+        ("a one 0.0 1.0", "must be numbers"),
+        ("a 0 -1 1", "threshold must be > 0"),
+        ("a 1 2 1", "min is greater than max"),
+        ("a nan 0 1", "finite"),
+    ],
+)
 def test_bad_lines_name_the_line(line, problem):
     with pytest.raises(TpuBuildError, match=f"line 2: .*{problem}"):
         parse_table(f"# header\n{line}\n", file="t.txt")

@@ -25,6 +25,7 @@ def rng():
 
 # ---- streaming statistics ----------------------------------------------------
 
+
 def test_streaming_equals_batch_with_growing_range(rng):
     """Later samples exceed the range (re-binning by 2^k): still bit-equal to the all-at-once histogram."""
     samples = [rng.standard_normal((2, 3, 17)).astype(np.float32) * scale for scale in (0.01, 1.0, 0.3, 250.0, 7.0)]
@@ -53,8 +54,14 @@ def test_merged_halves_equal_one_stream(rng, split):
     mine.merge(streamed([x for i, x in enumerate(samples) if i not in split]))
     whole = batch_stats(samples)
     np.testing.assert_array_equal(mine.hist, whole.hist)
-    assert (mine.min, mine.max, mine.range, mine.zeros, mine.count, mine.samples) == \
-        (whole.min, whole.max, whole.range, whole.zeros, whole.count, whole.samples)
+    assert (mine.min, mine.max, mine.range, mine.zeros, mine.count, mine.samples) == (
+        whole.min,
+        whole.max,
+        whole.range,
+        whole.zeros,
+        whole.count,
+        whole.samples,
+    )
 
 
 def test_range_is_the_power_of_two_above_the_max():
@@ -80,6 +87,7 @@ def test_memory_does_not_depend_on_sample_count(rng):
 
 
 # ---- threshold methods -------------------------------------------------------
+
 
 def test_methods_are_registered():
     assert set(METHODS) == {"max", "percentile", "kl", "mse"}

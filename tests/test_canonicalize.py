@@ -85,8 +85,11 @@ def canon_onnx(tmp_path: Path, nodes, inputs: dict, outputs=None, initializers=N
     graph_inputs = [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
     outs = [onnx.ValueInfoProto(name=o) for o in (outputs or [nodes[-1].output[0]])]
     inits = [onnx.numpy_helper.from_array(a, k) for k, a in (initializers or {}).items()]
-    model = helper.make_model(helper.make_graph(nodes, "t", graph_inputs, outs, inits),
-                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = helper.make_model(
+        helper.make_graph(nodes, "t", graph_inputs, outs, inits),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     origin, weights = convert_onnx(path, {k: v.shape for k, v in inputs.items()}, "t", "origin_weights.npz")
@@ -119,6 +122,7 @@ CONV = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
 
 # ---- ReLU fusion ----------------------------------------------------------------
 
+
 def test_relu_fused_into_conv(tmp_path):
     x = {"x": randn(1, 3, 8, 8)}
     nodes = [node("Conv", ["x", "w", "b"], "conv", **CONV), node("Relu", ["conv"], "relu")]
@@ -145,8 +149,11 @@ def test_relu6_clip_fused_with_limit(tmp_path):
 
 
 def test_relu_then_clip_with_negative_min_fuses_both(tmp_path):
-    nodes = [node("Conv", ["x", "w"], "conv", **CONV), node("Relu", ["conv"], "relu"),
-             node("Clip", ["relu", "lo", "hi"], "clip")]
+    nodes = [
+        node("Conv", ["x", "w"], "conv", **CONV),
+        node("Relu", ["conv"], "relu"),
+        node("Clip", ["relu", "lo", "hi"], "clip"),
+    ]
     inits = {"w": randn(4, 3, 3, 3), "lo": np.float32(-1), "hi": np.float32(2)}
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 8, 8, scale=3)}, initializers=inits)
     assert kinds(canonical) == [("top.Conv", "clip")]
@@ -163,8 +170,9 @@ def test_clip_with_negative_min_alone_is_not_a_relu(tmp_path):
 
 def test_relu_not_fused_when_conv_has_another_user(tmp_path):
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), node("Relu", ["conv"], "relu")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 8, 8)}, outputs=["relu", "conv"],
-                                 initializers={"w": randn(4, 3, 3, 3)})
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(1, 3, 8, 8)}, outputs=["relu", "conv"], initializers={"w": randn(4, 3, 3, 3)}
+    )
     assert kinds(canonical) == [("top.Conv", "conv"), ("top.Relu", "relu")]
     assert not only(canonical, top.ConvOp).params.do_relu
 
@@ -185,16 +193,20 @@ def test_relu_after_sigmoid_stays(tmp_path):
 
 # ---- BatchNorm ----------------------------------------------------------------
 
+
 def bn_inits(c: int, prefix: str = "bn") -> dict:
-    return {f"{prefix}.scale": R.uniform(0.5, 1.5, c).astype(np.float32),
-            f"{prefix}.bias": randn(c, scale=0.2),
-            f"{prefix}.mean": randn(c, scale=0.2),
-            f"{prefix}.var": R.uniform(0.5, 1.5, c).astype(np.float32)}
+    return {
+        f"{prefix}.scale": R.uniform(0.5, 1.5, c).astype(np.float32),
+        f"{prefix}.bias": randn(c, scale=0.2),
+        f"{prefix}.mean": randn(c, scale=0.2),
+        f"{prefix}.var": R.uniform(0.5, 1.5, c).astype(np.float32),
+    }
 
 
 def bn_node(x: str, out: str, prefix: str = "bn"):
-    return node("BatchNormalization", [x] + [f"{prefix}.{k}" for k in ("scale", "bias", "mean", "var")], out,
-                epsilon=1e-3)
+    return node(
+        "BatchNormalization", [x] + [f"{prefix}.{k}" for k in ("scale", "bias", "mean", "var")], out, epsilon=1e-3
+    )
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -228,8 +240,13 @@ def test_batchnorm_folded_into_grouped_conv_then_relu(tmp_path):
 def test_shared_filter_folded_separately(tmp_path):
     """Two convs share a filter; each BN makes its own copy, the shared original goes."""
     inits = {"w": randn(4, 3, 3, 3), **bn_inits(4, "bn1"), **bn_inits(4, "bn2")}
-    nodes = [node("Conv", ["x", "w"], "c1", **CONV), bn_node("c1", "n1", "bn1"),
-             node("Conv", ["x", "w"], "c2", **CONV), bn_node("c2", "n2", "bn2"), node("Add", ["n1", "n2"], "out")]
+    nodes = [
+        node("Conv", ["x", "w"], "c1", **CONV),
+        bn_node("c1", "n1", "bn1"),
+        node("Conv", ["x", "w"], "c2", **CONV),
+        bn_node("c2", "n2", "bn2"),
+        node("Add", ["n1", "n2"], "out"),
+    ]
     canonical, _, weights = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, initializers=inits)
     assert kinds(canonical) == [("top.Conv", "n1"), ("top.Conv", "n2"), ("top.Add", "out")]
     assert "w" not in weights and len(weights) == 4
@@ -238,8 +255,9 @@ def test_shared_filter_folded_separately(tmp_path):
 def test_batchnorm_after_conv_with_two_users_becomes_depthwise_conv(tmp_path):
     inits = {"w": randn(4, 3, 3, 3), **bn_inits(4)}
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), bn_node("conv", "bn"), node("Relu", ["bn"], "relu")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, outputs=["relu", "conv"],
-                                 initializers=inits)
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, outputs=["relu", "conv"], initializers=inits
+    )
     assert kinds(canonical) == [("top.Conv", "conv"), ("top.Conv", "relu")]
     dw = [op for op in canonical.walk() if isinstance(op, top.ConvOp)][1]
     assert dw.params.group == 4 and dw.params.kernel_shape == (1, 1) and dw.params.do_relu
@@ -247,14 +265,16 @@ def test_batchnorm_after_conv_with_two_users_becomes_depthwise_conv(tmp_path):
 
 def test_batchnorm_after_conv_with_runtime_filter_becomes_depthwise_conv(tmp_path):
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), bn_node("conv", "bn")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6), "w": randn(4, 3, 3, 3)},
-                                 initializers=bn_inits(4))
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(1, 3, 6, 6), "w": randn(4, 3, 3, 3)}, initializers=bn_inits(4)
+    )
     assert kinds(canonical) == [("top.Conv", "conv"), ("top.Conv", "bn")]
 
 
 def test_lone_batchnorm_becomes_depthwise_conv(tmp_path):
-    canonical, _, weights = canon_onnx(tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 4, 3)},
-                                       initializers=bn_inits(5))
+    canonical, _, weights = canon_onnx(
+        tmp_path, [bn_node("x", "bn")], {"x": randn(2, 5, 4, 3)}, initializers=bn_inits(5)
+    )
     assert kinds(canonical) == [("top.Conv", "bn")]
     conv = only(canonical, top.ConvOp)
     assert conv.params.group == 5 and weights[mlir.value_name(conv.operands[1])].shape == (5, 1, 1, 1)
@@ -268,14 +288,22 @@ def test_lone_batchnorm_not_nchw_becomes_mul_add(tmp_path):
 def test_densenet_preactivation_is_one_depthwise_conv(tmp_path):
     """Concat -> BatchNorm -> Caffe-style Scale (Mul, Add of Unsqueezed per-channel vectors) -> ReLU:
     a single depthwise Conv with the ReLU fused (one INT8 requantization instead of four)."""
-    inits = {**bn_inits(6), "g": R.uniform(0.5, 1.5, 6).astype(np.float32), "t": randn(6, scale=0.1),
-             "axes": np.array([1, 2], np.int64)}
-    nodes = [node("Concat", ["x", "y"], "cat", axis=1), bn_node("cat", "bn"),
-             node("Unsqueeze", ["g", "axes"], "g3"), node("Mul", ["bn", "g3"], "scaled"),
-             node("Unsqueeze", ["t", "axes"], "t3"), node("Add", ["scaled", "t3"], "shifted"),
-             node("Relu", ["shifted"], "out")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 2, 5, 5), "y": randn(1, 4, 5, 5)},
-                                 initializers=inits)
+    inits = {
+        **bn_inits(6),
+        "g": R.uniform(0.5, 1.5, 6).astype(np.float32),
+        "t": randn(6, scale=0.1),
+        "axes": np.array([1, 2], np.int64),
+    }
+    nodes = [
+        node("Concat", ["x", "y"], "cat", axis=1),
+        bn_node("cat", "bn"),
+        node("Unsqueeze", ["g", "axes"], "g3"),
+        node("Mul", ["bn", "g3"], "scaled"),
+        node("Unsqueeze", ["t", "axes"], "t3"),
+        node("Add", ["scaled", "t3"], "shifted"),
+        node("Relu", ["shifted"], "out"),
+    ]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 2, 5, 5), "y": randn(1, 4, 5, 5)}, initializers=inits)
     assert kinds(canonical) == [("top.Concat", "cat"), ("top.Conv", "out")]
     assert only(canonical, top.ConvOp).params.do_relu
 
@@ -289,9 +317,14 @@ def test_batchnorm_on_2d_folded_into_matmul(tmp_path):
 
 # ---- Identity / Dropout ----------------------------------------------------------
 
+
 def test_identity_and_dropout_removed(tmp_path):
-    nodes = [node("Identity", ["x"], "i1"), node("Sigmoid", ["i1"], "s"), node("Dropout", ["s"], "d"),
-             node("Tanh", ["d"], "out")]
+    nodes = [
+        node("Identity", ["x"], "i1"),
+        node("Sigmoid", ["i1"], "s"),
+        node("Dropout", ["s"], "d"),
+        node("Tanh", ["d"], "out"),
+    ]
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(2, 3)})
     assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
 
@@ -329,6 +362,7 @@ def test_identity_of_graph_input_as_output_kept(tmp_path):
 
 # ---- constant folding and dead code --------------------------------------------------
 
+
 def _const_graph():
     """y = x * (a + b) * transpose(c): the Add and the Permute only read weights."""
     rng = np.random.default_rng(5)  # the test rebuilds the graph for its expectations: same arrays
@@ -336,10 +370,12 @@ def _const_graph():
     weights = WeightStore({"a": a, "b": b, "c": c})
     g = GraphBuilder([tensor_type((2, 4))])
     x = g.add(top.InputOp.make([g.args[0]], name="x")).results[0]
-    s = g.add(top.AddOp.make([g.weight("a", tensor_type((4,))), g.weight("b", tensor_type((4,)))],
-                             name="a_plus_b")).results[0]
-    ct = g.add(top.PermuteOp.make([g.weight("c", tensor_type((4, 1)))], top.PermuteParams((1, 0)),
-                                  name="c_t")).results[0]
+    s = g.add(
+        top.AddOp.make([g.weight("a", tensor_type((4,))), g.weight("b", tensor_type((4,)))], name="a_plus_b")
+    ).results[0]
+    ct = g.add(top.PermuteOp.make([g.weight("c", tensor_type((4, 1)))], top.PermuteParams((1, 0)), name="c_t")).results[
+        0
+    ]
     y = g.add(top.MulOp.make([x, s], name="xs")).results[0]
     y = g.add(top.MulOp.make([y, ct], name="y")).results[0]
     return g.finish([y], name="t", weight_file="w.npz"), weights
@@ -353,16 +389,21 @@ def test_constant_ops_folded_into_weights(tmp_path):
     assert sorted(weights) == ["a_plus_b", "c_t"]
     np.testing.assert_array_equal(weights["a_plus_b"], original["a"] + original["b"])
     np.testing.assert_array_equal(weights["c_t"], original["c"].T)
-    np.testing.assert_allclose(run(canonical, weights, {"x": x})["y"],
-                               x * (original["a"] + original["b"]) * original["c"].T, rtol=1e-6)
+    np.testing.assert_allclose(
+        run(canonical, weights, {"x": x})["y"], x * (original["a"] + original["b"]) * original["c"].T, rtol=1e-6
+    )
 
 
 def test_dead_ops_and_their_weights_removed(tmp_path):
     """A dangling branch (its output is no graph output) goes, with the weight only it used."""
-    nodes = [node("Mul", ["x", "unused_w"], "dead1"), node("Sigmoid", ["dead1"], "dead2"),
-             node("Add", ["x", "kept_w"], "out")]
-    canonical, origin, weights = canon_onnx(tmp_path, nodes, {"x": randn(2, 3)}, outputs=["out"],
-                                            initializers={"unused_w": randn(3), "kept_w": randn(3)})
+    nodes = [
+        node("Mul", ["x", "unused_w"], "dead1"),
+        node("Sigmoid", ["dead1"], "dead2"),
+        node("Add", ["x", "kept_w"], "out"),
+    ]
+    canonical, origin, weights = canon_onnx(
+        tmp_path, nodes, {"x": randn(2, 3)}, outputs=["out"], initializers={"unused_w": randn(3), "kept_w": randn(3)}
+    )
     assert ("top.Sigmoid", "dead2") in kinds(origin)
     assert kinds(canonical) == [("top.Add", "out")]
     assert sorted(weights) == ["kept_w"]
@@ -375,10 +416,15 @@ def test_unused_graph_input_kept(tmp_path):
 
 # ---- Mul/Add/Sub by constants into Conv/MatMul --------------------------------------
 
+
 def test_conv_mul_add_folded(tmp_path):
     inits = {"w": randn(4, 3, 3, 3), "b": randn(4), "s": randn(1, 4, 1, 1), "t": randn(4, 1, 1)}
-    nodes = [node("Conv", ["x", "w", "b"], "conv", **CONV), node("Mul", ["s", "conv"], "scaled"),
-             node("Add", ["scaled", "t"], "shifted"), node("Relu", ["shifted"], "out")]
+    nodes = [
+        node("Conv", ["x", "w", "b"], "conv", **CONV),
+        node("Mul", ["s", "conv"], "scaled"),
+        node("Add", ["scaled", "t"], "shifted"),
+        node("Relu", ["shifted"], "out"),
+    ]
     canonical, _, weights = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, initializers=inits)
     assert kinds(canonical) == [("top.Conv", "out")]
     conv = only(canonical, top.ConvOp)
@@ -404,33 +450,44 @@ def test_matmul_add_bias_with_runtime_right_operand(tmp_path):
 @pytest.mark.parametrize("const_shape", [(8,), (1, 1, 8, 1)], ids=["along_w", "along_h"])
 def test_add_not_per_channel_stays(tmp_path, const_shape):
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), node("Add", ["conv", "c"], "out")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 8, 8)},
-                                 initializers={"w": randn(4, 3, 3, 3), "c": randn(*const_shape)})
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(1, 3, 8, 8)}, initializers={"w": randn(4, 3, 3, 3), "c": randn(*const_shape)}
+    )
     assert kinds(canonical) == [("top.Conv", "conv"), ("top.Add", "out")]
 
 
 def test_mul_that_broadcasts_result_larger_stays(tmp_path):
     nodes = [node("MatMul", ["x", "w"], "mm"), node("Mul", ["mm", "c"], "out")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(3, 4)},
-                                 initializers={"w": randn(4, 5), "c": randn(2, 1, 5)})
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(3, 4)}, initializers={"w": randn(4, 5), "c": randn(2, 1, 5)}
+    )
     assert kinds(canonical) == [("top.MatMul", "mm"), ("top.Mul", "out")]
 
 
 def test_mul_not_folded_through_relu(tmp_path):
     nodes = [node("Conv", ["x", "w"], "conv", **CONV), node("Relu", ["conv"], "r"), node("Mul", ["r", "s"], "out")]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 5, 5)},
-                                 initializers={"w": randn(4, 3, 3, 3), "s": randn(1, 4, 1, 1)})
+    canonical, _, _ = canon_onnx(
+        tmp_path, nodes, {"x": randn(1, 3, 5, 5)}, initializers={"w": randn(4, 3, 3, 3), "s": randn(1, 4, 1, 1)}
+    )
     assert kinds(canonical) == [("top.Conv", "r"), ("top.Mul", "out")]
 
 
 # ---- Softmax with a preceding scale -----------------------------------------------------
 
+
 @pytest.mark.parametrize("op, c, beta", [("Div", 3.0, 1 / 3.0), ("Mul", 0.125, 0.125), ("Mul", -2.0, -2.0)])
 def test_scalar_scale_folded_into_softmax(tmp_path, op, c, beta):
-    nodes = [node("MatMul", ["q", "k"], "scores"), node(op, ["scores", "c"], "scaled"),
-             node("Softmax", ["scaled"], "probs", axis=-1)]
-    canonical, _, _ = canon_onnx(tmp_path, nodes, {"q": randn(2, 4, 8, scale=2), "k": randn(2, 8, 4, scale=2)},
-                                 initializers={"c": np.array(c, np.float32)})
+    nodes = [
+        node("MatMul", ["q", "k"], "scores"),
+        node(op, ["scores", "c"], "scaled"),
+        node("Softmax", ["scaled"], "probs", axis=-1),
+    ]
+    canonical, _, _ = canon_onnx(
+        tmp_path,
+        nodes,
+        {"q": randn(2, 4, 8, scale=2), "k": randn(2, 8, 4, scale=2)},
+        initializers={"c": np.array(c, np.float32)},
+    )
     assert kinds(canonical) == [("top.MatMul", "scores"), ("top.Softmax", "probs")]
     assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(beta)
 
@@ -443,13 +500,19 @@ def test_per_element_scale_not_folded_into_softmax(tmp_path):
 
 # ---- Reshape / Permute / Concat ------------------------------------------------------
 
+
 def _shape(*dims):
     return np.array(dims, np.int64)
 
 
 def test_reshape_chain_merged_and_noop_removed(tmp_path):
-    nodes = [node("Sigmoid", ["x"], "s"), node("Reshape", ["s", "s1"], "r1"), node("Reshape", ["r1", "s2"], "r2"),
-             node("Reshape", ["r2", "s3"], "r3"), node("Tanh", ["r3"], "out")]
+    nodes = [
+        node("Sigmoid", ["x"], "s"),
+        node("Reshape", ["s", "s1"], "r1"),
+        node("Reshape", ["r1", "s2"], "r2"),
+        node("Reshape", ["r2", "s3"], "r3"),
+        node("Tanh", ["r3"], "out"),
+    ]
     inits = {"s1": _shape(6, 4), "s2": _shape(2, 12), "s3": _shape(2, 3, 4)}
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(2, 3, 4)}, initializers=inits)
     assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
@@ -474,8 +537,11 @@ def test_permute_chain_composed(tmp_path):
 
 
 def test_inverse_permutes_cancel_with_output_name_kept(tmp_path):
-    nodes = [node("Sigmoid", ["x"], "s"), node("Transpose", ["s"], "t1", perm=[0, 2, 3, 1]),
-             node("Transpose", ["t1"], "out", perm=[0, 3, 1, 2])]
+    nodes = [
+        node("Sigmoid", ["x"], "s"),
+        node("Transpose", ["s"], "t1", perm=[0, 2, 3, 1]),
+        node("Transpose", ["t1"], "out", perm=[0, 3, 1, 2]),
+    ]
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(2, 3, 4, 5)})
     assert kinds(canonical) == [("top.Sigmoid", "out")]
 
@@ -494,10 +560,14 @@ def test_single_input_concat_removed(tmp_path):
 
 # ---- whole models ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, input_name, shape", [
-    ("demo_cnn", "input", (1, 3, 32, 32)),
-    ("tiny_transformer", "tokens", (1, 16, 64)),
-])
+
+@pytest.mark.parametrize(
+    "model, input_name, shape",
+    [
+        ("demo_cnn", "input", (1, 3, 32, 32)),
+        ("tiny_transformer", "tokens", (1, 16, 64)),
+    ],
+)
 def test_shipped_models_match_onnxruntime(tmp_path, model, input_name, shape):
     path = MODELS / f"{model}.onnx"
     origin, weights = convert_onnx(path, {input_name: shape}, model, "origin_weights.npz")

@@ -84,8 +84,11 @@ def canon(tmp_path: Path, nodes, inputs: dict, outputs=None, initializers=None, 
     graph_inputs = [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
     outs = [onnx.ValueInfoProto(name=o) for o in (outputs or [nodes[-1].output[0]])]
     inits = [onnx.numpy_helper.from_array(np.asarray(a), k) for k, a in (initializers or {}).items()]
-    model = helper.make_model(helper.make_graph(nodes, "t", graph_inputs, outs, inits),
-                              opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    model = helper.make_model(
+        helper.make_graph(nodes, "t", graph_inputs, outs, inits),
+        opset_imports=[helper.make_opsetid("", opset)],
+        ir_version=8,
+    )
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     origin, weights = convert_onnx(path, {k: v.shape for k, v in inputs.items()}, "t", "origin_weights.npz")
@@ -107,6 +110,7 @@ def canon(tmp_path: Path, nodes, inputs: dict, outputs=None, initializers=None, 
 
 # ---- SiLU ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("order", [("x", "s"), ("s", "x")])
 def test_x_times_sigmoid_is_silu(tmp_path, order):
     nodes = [node("Sigmoid", ["x"], "s"), node("Mul", order, "out")]
@@ -117,12 +121,21 @@ def test_x_times_sigmoid_is_silu(tmp_path, order):
 def test_paddle_swish_after_conv_bn_is_silu(tmp_path):
     """Paddle2ONNX writes swish as Mul(x, Sigmoid(Mul(x, 1.0))); the BN still folds into the Conv."""
     c = 4
-    inits = {"w": randn(c, 3, 3, 3), "g": R.uniform(0.5, 1.5, c).astype(np.float32), "b": randn(c),
-             "m": randn(c, scale=0.1), "v": R.uniform(0.5, 1.5, c).astype(np.float32), "one": f32([1.0])}
-    nodes = [node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"),
-             node("Mul", ["bn", "one"], "bn_x1"), node("Sigmoid", ["bn_x1"], "sig"),
-             node("Mul", ["bn", "sig"], "swish")]
+    inits = {
+        "w": randn(c, 3, 3, 3),
+        "g": R.uniform(0.5, 1.5, c).astype(np.float32),
+        "b": randn(c),
+        "m": randn(c, scale=0.1),
+        "v": R.uniform(0.5, 1.5, c).astype(np.float32),
+        "one": f32([1.0]),
+    }
+    nodes = [
+        node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"),
+        node("Mul", ["bn", "one"], "bn_x1"),
+        node("Sigmoid", ["bn_x1"], "sig"),
+        node("Mul", ["bn", "sig"], "swish"),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 8, 8)}, initializers=inits)
     assert kinds(canonical) == [("top.Conv", "bn"), ("top.SiLU", "swish")]
 
@@ -157,21 +170,43 @@ def test_not_silu(tmp_path, case):
 
 # ---- GELU --------------------------------------------------------------------------------
 
+
 def _gelu_erf(form: str) -> tuple[list, dict]:
     """The exporters' erf forms of GELU on x, the last node named 'out'."""
     c = {"sqrt2": SQRT2, "inv_sqrt2": f32(1 / math.sqrt(2)), "one": f32(1.0), "half": f32(0.5)}
     if form == "torch":  # x * (erf(x / sqrt2) + 1) * 0.5, as torch.onnx exports nn.GELU
-        nodes = [node("Div", ["x", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "a"),
-                 node("Mul", ["x", "a"], "m"), node("Mul", ["m", "half"], "out")]
+        nodes = [
+            node("Div", ["x", "sqrt2"], "d"),
+            node("Erf", ["d"], "e"),
+            node("Add", ["e", "one"], "a"),
+            node("Mul", ["x", "a"], "m"),
+            node("Mul", ["m", "half"], "out"),
+        ]
     elif form == "half_first":  # (0.5 * x) * (1 + erf(x * 0.7071))
-        nodes = [node("Mul", ["half", "x"], "h"), node("Mul", ["x", "inv_sqrt2"], "d"), node("Erf", ["d"], "e"),
-                 node("Add", ["one", "e"], "a"), node("Mul", ["h", "a"], "out")]
+        nodes = [
+            node("Mul", ["half", "x"], "h"),
+            node("Mul", ["x", "inv_sqrt2"], "d"),
+            node("Erf", ["d"], "e"),
+            node("Add", ["one", "e"], "a"),
+            node("Mul", ["h", "a"], "out"),
+        ]
     elif form == "half_of_sum":  # x * (0.5 * (erf(x / sqrt2) + 1))
-        nodes = [node("Div", ["x", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "a"),
-                 node("Mul", ["a", "half"], "h"), node("Mul", ["x", "h"], "out")]
+        nodes = [
+            node("Div", ["x", "sqrt2"], "d"),
+            node("Erf", ["d"], "e"),
+            node("Add", ["e", "one"], "a"),
+            node("Mul", ["a", "half"], "h"),
+            node("Mul", ["x", "h"], "out"),
+        ]
     else:  # x * 0.5 + x * 0.5 * erf(x / sqrt2), each product on its own
-        nodes = [node("Mul", ["x", "half"], "h1"), node("Mul", ["x", "half"], "h2"), node("Div", ["x", "sqrt2"], "d"),
-                 node("Erf", ["d"], "e"), node("Mul", ["h2", "e"], "he"), node("Add", ["h1", "he"], "out")]
+        nodes = [
+            node("Mul", ["x", "half"], "h1"),
+            node("Mul", ["x", "half"], "h2"),
+            node("Div", ["x", "sqrt2"], "d"),
+            node("Erf", ["d"], "e"),
+            node("Mul", ["h2", "e"], "he"),
+            node("Add", ["h1", "he"], "out"),
+        ]
     return nodes, c
 
 
@@ -188,9 +223,16 @@ def test_gelu_matches_onnx_gelu_op(tmp_path):
     x = randn(3, 40, scale=3)
     nodes, inits = _gelu_erf("torch")
     canonical, cw = canon(tmp_path, nodes, {"x": x}, initializers=inits)
-    gelu = helper.make_model(helper.make_graph(
-        [node("Gelu", ["x"], "out")], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
-        [onnx.ValueInfoProto(name="out")]), opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    gelu = helper.make_model(
+        helper.make_graph(
+            [node("Gelu", ["x"], "out")],
+            "g",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+            [onnx.ValueInfoProto(name="out")],
+        ),
+        opset_imports=[helper.make_opsetid("", 20)],
+        ir_version=9,
+    )
     onnx.save(gelu, tmp_path / "gelu.onnx")
     expect = onnx_tensors(tmp_path / "gelu.onnx", {"x": x})["out"]
     np.testing.assert_allclose(run(canonical, cw, {"x": x})["out"], expect, rtol=1e-5, atol=1e-6)
@@ -198,16 +240,30 @@ def test_gelu_matches_onnx_gelu_op(tmp_path):
 
 def _gelu_tanh(form: str) -> tuple[list, dict]:
     k = math.sqrt(2 / math.pi)
-    c = {"k": f32(k), "c": f32(0.044715), "three": f32(3.0), "one": f32(1.0), "half": f32(0.5),
-         "kc": f32(0.044715)}
+    c = {"k": f32(k), "c": f32(0.044715), "three": f32(3.0), "one": f32(1.0), "half": f32(0.5), "kc": f32(0.044715)}
     if form == "pow":  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), HF's gelu_new
-        nodes = [node("Pow", ["x", "three"], "p"), node("Mul", ["c", "p"], "cp"), node("Add", ["x", "cp"], "s"),
-                 node("Mul", ["s", "k"], "ks"), node("Tanh", ["ks"], "t"), node("Add", ["one", "t"], "a"),
-                 node("Mul", ["half", "x"], "h"), node("Mul", ["h", "a"], "out")]
+        nodes = [
+            node("Pow", ["x", "three"], "p"),
+            node("Mul", ["c", "p"], "cp"),
+            node("Add", ["x", "cp"], "s"),
+            node("Mul", ["s", "k"], "ks"),
+            node("Tanh", ["ks"], "t"),
+            node("Add", ["one", "t"], "a"),
+            node("Mul", ["half", "x"], "h"),
+            node("Mul", ["h", "a"], "out"),
+        ]
     else:  # x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), Megatron's bias_gelu
-        nodes = [node("Mul", ["x", "x"], "xx"), node("Mul", ["kc", "xx"], "cxx"), node("Add", ["one", "cxx"], "s"),
-                 node("Mul", ["k", "x"], "kx"), node("Mul", ["kx", "s"], "arg"), node("Tanh", ["arg"], "t"),
-                 node("Add", ["t", "one"], "a"), node("Mul", ["x", "half"], "h"), node("Mul", ["h", "a"], "out")]
+        nodes = [
+            node("Mul", ["x", "x"], "xx"),
+            node("Mul", ["kc", "xx"], "cxx"),
+            node("Add", ["one", "cxx"], "s"),
+            node("Mul", ["k", "x"], "kx"),
+            node("Mul", ["kx", "s"], "arg"),
+            node("Tanh", ["arg"], "t"),
+            node("Add", ["t", "one"], "a"),
+            node("Mul", ["x", "half"], "h"),
+            node("Mul", ["h", "a"], "out"),
+        ]
     return nodes, c
 
 
@@ -248,6 +304,7 @@ def test_not_gelu(tmp_path, case):
 
 # ---- HardSwish -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("order", [("x", "hs"), ("hs", "x")])
 def test_hardsigmoid_times_x_is_hardswish(tmp_path, order):
     nodes = [node("HardSigmoid", ["x"], "hs", alpha=1 / 6, beta=0.5), node("Mul", order, "out")]
@@ -273,13 +330,26 @@ def test_clip_hardswish_forms(tmp_path, form):
 def test_paddle_hardswish_after_conv(tmp_path):
     """The cls model's block: Conv -> BN -> x * Clip(x + 3, 0, 6) / 6 -> Conv."""
     c = 6
-    inits = {"w": randn(c, 3, 3, 3), "g": R.uniform(0.5, 1.5, c).astype(np.float32), "b": randn(c),
-             "m": randn(c, scale=0.1), "v": R.uniform(0.5, 1.5, c).astype(np.float32), "w2": randn(4, c, 1, 1),
-             "three": f32(3.0), "zero": f32(0.0), "six": f32(6.0)}
-    nodes = [node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"), node("Add", ["bn", "three"], "a"),
-             node("Clip", ["a", "zero", "six"], "clip"), node("Mul", ["bn", "clip"], "mul"),
-             node("Div", ["mul", "six"], "hswish"), node("Conv", ["hswish", "w2"], "out", kernel_shape=[1, 1])]
+    inits = {
+        "w": randn(c, 3, 3, 3),
+        "g": R.uniform(0.5, 1.5, c).astype(np.float32),
+        "b": randn(c),
+        "m": randn(c, scale=0.1),
+        "v": R.uniform(0.5, 1.5, c).astype(np.float32),
+        "w2": randn(4, c, 1, 1),
+        "three": f32(3.0),
+        "zero": f32(0.0),
+        "six": f32(6.0),
+    }
+    nodes = [
+        node("Conv", ["x", "w"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        node("BatchNormalization", ["conv", "g", "b", "m", "v"], "bn"),
+        node("Add", ["bn", "three"], "a"),
+        node("Clip", ["a", "zero", "six"], "clip"),
+        node("Mul", ["bn", "clip"], "mul"),
+        node("Div", ["mul", "six"], "hswish"),
+        node("Conv", ["hswish", "w2"], "out", kernel_shape=[1, 1]),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 8, 8, scale=2)}, initializers=inits)
     assert kinds(canonical) == [("top.Conv", "bn"), ("top.HardSwish", "hswish"), ("top.Conv", "out")]
 
@@ -293,18 +363,28 @@ def test_not_hardswish(tmp_path, case):
     elif case == "gate":  # squeeze-excitation: x * hardsigmoid(y)
         nodes = [node("HardSigmoid", ["y"], "hs", alpha=1 / 6, beta=0.5), node("Mul", ["x", "hs"], "out")]
     else:  # x * relu6(x) / 6
-        nodes = [node("Clip", ["x", "zero", "six"], "hs"), node("Mul", ["x", "hs"], "m"),
-                 node("Div", ["m", "six"], "out")]
+        nodes = [
+            node("Clip", ["x", "zero", "six"], "hs"),
+            node("Mul", ["x", "hs"], "m"),
+            node("Div", ["m", "six"], "out"),
+        ]
     canonical, _ = canon(tmp_path, nodes, inputs, initializers=inits)
     assert "top.HardSwish" not in [k for k, _ in kinds(canonical)]
 
 
 # ---- x*1, x+0 --------------------------------------------------------------------------------
 
+
 def test_neutral_arithmetic_removed(tmp_path):
     inits = {"one": f32([1.0]), "zero": f32(0.0)}
-    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["one", "s"], "m"), node("Add", ["m", "zero"], "a"),
-             node("Div", ["a", "one"], "d"), node("Sub", ["d", "zero"], "sb"), node("Tanh", ["sb"], "out")]
+    nodes = [
+        node("Sigmoid", ["x"], "s"),
+        node("Mul", ["one", "s"], "m"),
+        node("Add", ["m", "zero"], "a"),
+        node("Div", ["a", "one"], "d"),
+        node("Sub", ["d", "zero"], "sb"),
+        node("Tanh", ["sb"], "out"),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3)}, initializers=inits)
     assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
 
@@ -324,10 +404,17 @@ def test_neutral_arithmetic_output_keeps_its_name(tmp_path):
 
 # ---- LayerNorm ----------------------------------------------------------------------------------
 
+
 def _layernorm(square="pow", rstd="div", axes=(-1,), eps=1e-5, scale=True, bias=True, d=16):
     """The decomposed LayerNorm exporters write, on input 'x', last node named 'out'."""
-    inits = {"two": f32(2.0), "eps": f32(eps), "g": R.uniform(0.5, 1.5, d).astype(np.float32), "b": randn(d),
-             "half": f32(0.5), "mhalf": f32(-0.5)}
+    inits = {
+        "two": f32(2.0),
+        "eps": f32(eps),
+        "g": R.uniform(0.5, 1.5, d).astype(np.float32),
+        "b": randn(d),
+        "half": f32(0.5),
+        "mhalf": f32(-0.5),
+    }
     nodes = [node("ReduceMean", ["x"], "mean", axes=list(axes)), node("Sub", ["x", "mean"], "d")]
     nodes.append(node("Pow", ["d", "two"], "sq") if square == "pow" else node("Mul", ["d", "d"], "sq"))
     nodes += [node("ReduceMean", ["sq"], "var", axes=list(axes)), node("Add", ["var", "eps"], "ve")]
@@ -412,8 +499,11 @@ def test_not_layernorm(tmp_path, case):
 def test_onnx_layernorm_absorbs_following_affine(tmp_path):
     """LayerNormalization(x, g, b) * s + t -> one LayerNorm with scale g*s and bias b*s + t."""
     g, b, s, t = (randn(8) for _ in range(4))
-    nodes = [node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1), node("Mul", ["s", "ln"], "m"),
-             node("Sub", ["m", "t"], "out")]
+    nodes = [
+        node("LayerNormalization", ["x", "g", "b"], "ln", axis=-1),
+        node("Mul", ["s", "ln"], "m"),
+        node("Sub", ["m", "t"], "out"),
+    ]
     canonical, w = canon(tmp_path, nodes, {"x": randn(3, 8)}, initializers={"g": g, "b": b, "s": s, "t": t})
     assert kinds(canonical) == [("top.LayerNorm", "out")]
     ln = only(canonical, top.LayerNormOp)
@@ -423,6 +513,7 @@ def test_onnx_layernorm_absorbs_following_affine(tmp_path):
 
 # ---- Pad into Conv / pools ---------------------------------------------------------------------
 
+
 def _pads(*spatial):
     """ONNX Pad's pads for NCHW: none on N and C, ``spatial`` = (h_begin, w_begin, h_end, w_end)."""
     h0, w0, h1, w1 = spatial
@@ -430,10 +521,13 @@ def _pads(*spatial):
 
 
 def test_zero_pad_folded_into_conv(tmp_path):
-    nodes = [node("Pad", ["x", "p"], "padded"), node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3],
-                                                       pads=[1, 0, 1, 0])]
-    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 7, 7)},
-                         initializers={"p": _pads(1, 2, 0, 1), "w": randn(4, 3, 3, 3)})
+    nodes = [
+        node("Pad", ["x", "p"], "padded"),
+        node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3], pads=[1, 0, 1, 0]),
+    ]
+    canonical, _ = canon(
+        tmp_path, nodes, {"x": randn(1, 3, 7, 7)}, initializers={"p": _pads(1, 2, 0, 1), "w": randn(4, 3, 3, 3)}
+    )
     assert kinds(canonical) == [("top.Conv", "conv")]
     assert only(canonical, top.ConvOp).params.pads == (2, 2, 1, 1)
 
@@ -458,25 +552,36 @@ def test_pad_not_folded_into_conv(tmp_path, case):
 
 
 def test_pad_with_another_user_stays_for_it(tmp_path):
-    nodes = [node("Pad", ["x", "p"], "padded"), node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3]),
-             node("Sigmoid", ["padded"], "s")]
-    canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 6, 6)}, outputs=["conv", "s"],
-                         initializers={"p": _pads(1, 1, 1, 1), "w": randn(4, 3, 3, 3)})
+    nodes = [
+        node("Pad", ["x", "p"], "padded"),
+        node("Conv", ["padded", "w"], "conv", kernel_shape=[3, 3]),
+        node("Sigmoid", ["padded"], "s"),
+    ]
+    canonical, _ = canon(
+        tmp_path,
+        nodes,
+        {"x": randn(1, 3, 6, 6)},
+        outputs=["conv", "s"],
+        initializers={"p": _pads(1, 1, 1, 1), "w": randn(4, 3, 3, 3)},
+    )
     assert kinds(canonical) == [("top.Pad", "padded"), ("top.Conv", "conv"), ("top.Sigmoid", "s")]
     conv = only(canonical, top.ConvOp)
     assert conv.params.pads == (1, 1, 1, 1) and isinstance(conv.operands[0].owner, top.InputOp)
 
 
-@pytest.mark.parametrize("case, folds", [("minus_inf", True), ("zero_after_relu", True), ("zero_on_raw", False),
-                                         ("too_wide", False), ("ceil_mode", False)])
+@pytest.mark.parametrize(
+    "case, folds",
+    [("minus_inf", True), ("zero_after_relu", True), ("zero_on_raw", False), ("too_wide", False), ("ceil_mode", False)],
+)
 def test_pad_into_maxpool(tmp_path, case, folds):
     """MaxPool's own padding never wins the max: a Pad folds only if its value cannot either."""
     value = -np.inf if case == "minus_inf" else 0.0
     pads = _pads(2, 2, 2, 2) if case == "too_wide" else _pads(1, 0, 1, 1)
-    nodes = [node("Relu", ["x"], "r") if case == "zero_after_relu" else node("Identity", ["x"], "r"),
-             node("Pad", ["r", "p", "v"], "padded"),
-             node("MaxPool", ["padded"], "pool", kernel_shape=[2, 2], strides=[2, 2],
-                  ceil_mode=int(case == "ceil_mode"))]
+    nodes = [
+        node("Relu", ["x"], "r") if case == "zero_after_relu" else node("Identity", ["x"], "r"),
+        node("Pad", ["r", "p", "v"], "padded"),
+        node("MaxPool", ["padded"], "pool", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=int(case == "ceil_mode")),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 7, 7)}, initializers={"p": pads, "v": f32(value)})
     found = [k for k, _ in kinds(canonical)]
     assert ("top.Pad" not in found) == folds, found
@@ -484,8 +589,10 @@ def test_pad_into_maxpool(tmp_path, case, folds):
         assert only(canonical, top.MaxPoolOp).params.pads == (1, 0, 1, 1)
 
 
-@pytest.mark.parametrize("case, folds", [("no_own_pads", True), ("own_pads_counted", True),
-                                         ("own_pads_not_counted", False), ("nonzero", False)])
+@pytest.mark.parametrize(
+    "case, folds",
+    [("no_own_pads", True), ("own_pads_counted", True), ("own_pads_not_counted", False), ("nonzero", False)],
+)
 def test_pad_into_avgpool(tmp_path, case, folds):
     """Explicit zeros count in the average: they fold only where the pool counts all its padding."""
     attrs = dict(kernel_shape=[3, 3], strides=[2, 2])
@@ -503,17 +610,22 @@ def test_pad_into_avgpool(tmp_path, case, folds):
 
 # ---- Softmax with a preceding scale ----------------------------------------------------------------
 
+
 def test_attention_scale_from_folded_constant_into_softmax(tmp_path):
     """Scores / sqrt(d) where sqrt(d) is computed in the graph: folded to a constant, then into beta."""
-    nodes = [node("MatMul", ["q", "k"], "scores"), node("Sqrt", ["dk"], "sqrt_dk"),
-             node("Div", ["scores", "sqrt_dk"], "scaled"), node("Softmax", ["scaled"], "probs", axis=-1)]
-    canonical, _ = canon(tmp_path, nodes, {"q": randn(2, 4, 16), "k": randn(2, 16, 4)},
-                         initializers={"dk": f32(16.0)})
+    nodes = [
+        node("MatMul", ["q", "k"], "scores"),
+        node("Sqrt", ["dk"], "sqrt_dk"),
+        node("Div", ["scores", "sqrt_dk"], "scaled"),
+        node("Softmax", ["scaled"], "probs", axis=-1),
+    ]
+    canonical, _ = canon(tmp_path, nodes, {"q": randn(2, 4, 16), "k": randn(2, 16, 4)}, initializers={"dk": f32(16.0)})
     assert kinds(canonical) == [("top.MatMul", "scores"), ("top.Softmax", "probs")]
     assert only(canonical, top.SoftmaxOp).params.beta == pytest.approx(0.25)
 
 
 # ---- a transformer block's worth of patterns together ------------------------------------------------
+
 
 def test_encoder_mlp_block(tmp_path):
     """Decomposed LayerNorm -> Linear -> erf GELU -> Linear -> residual: everything recognised."""
@@ -523,20 +635,33 @@ def test_encoder_mlp_block(tmp_path):
     internal = {n.output[0] for n in gelu}
     rename = {"x": "fc1", "out": "act"} | {n: f"gelu_{n}" for n in internal - {"out"}}
     gelu = [node(n.op_type, [rename.get(i, i) for i in n.input], rename[n.output[0]]) for n in gelu]
-    nodes = ln[:-1] + [node("MatMul", ["shifted", "w1"], "mm1"), node("Add", ["mm1", "b1"], "fc1")] + gelu + [
-        node("MatMul", ["act", "w2"], "mm2"), node("Add", ["mm2", "b2"], "fc2"), node("Add", ["x", "fc2"], "out")]
+    nodes = (
+        ln[:-1]
+        + [node("MatMul", ["shifted", "w1"], "mm1"), node("Add", ["mm1", "b1"], "fc1")]
+        + gelu
+        + [node("MatMul", ["act", "w2"], "mm2"), node("Add", ["mm2", "b2"], "fc2"), node("Add", ["x", "fc2"], "out")]
+    )
     inits |= ginits | {"w1": randn(d, h, scale=0.3), "b1": randn(h), "w2": randn(h, d, scale=0.3), "b2": randn(d)}
     canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 6, d)}, initializers=inits)
-    assert kinds(canonical) == [("top.LayerNorm", "shifted"), ("top.MatMul", "fc1"), ("top.GELU", "act"),
-                                ("top.MatMul", "fc2"), ("top.Add", "out")]
+    assert kinds(canonical) == [
+        ("top.LayerNorm", "shifted"),
+        ("top.MatMul", "fc1"),
+        ("top.GELU", "act"),
+        ("top.MatMul", "fc2"),
+        ("top.Add", "out"),
+    ]
 
 
 @pytest.mark.parametrize("side, op, c, beta", [(0, "Mul", 0.25, 0.25), (1, "Mul", -0.5, -0.5), (0, "Div", 4.0, 0.25)])
 def test_query_scale_folded_through_scores_into_softmax(tmp_path, side, op, c, beta):
     """SVTR's attention scales q before q @ k^T: the scale still ends up in the Softmax's beta."""
     operands = ["q", "k"]
-    nodes = [node(op, [operands[side], "c"], "scaled"), None, node("Softmax", ["scores"], "probs", axis=-1),
-             node("MatMul", ["probs", "v"], "out")]
+    nodes = [
+        node(op, [operands[side], "c"], "scaled"),
+        None,
+        node("Softmax", ["scores"], "probs", axis=-1),
+        node("MatMul", ["probs", "v"], "out"),
+    ]
     operands[side] = "scaled"
     nodes[1] = node("MatMul", operands, "scores")
     inputs = {"q": randn(2, 4, 8, scale=2), "k": randn(2, 8, 4, scale=2), "v": randn(2, 4, 8)}
@@ -549,8 +674,11 @@ def test_query_scale_folded_through_scores_into_softmax(tmp_path, side, op, c, b
 def test_query_scale_not_folded(tmp_path, case):
     inputs = {"q": randn(2, 4, 8), "k": randn(2, 8, 4)}
     inits = {"c": randn(8) if case == "per_element" else f32(0.5), "b": randn(4)}
-    nodes = [node("Mul", ["q", "c"], "scaled"), node("MatMul", ["scaled", "k"], "scores"),
-             node("Softmax", ["scores"], "probs")]
+    nodes = [
+        node("Mul", ["q", "c"], "scaled"),
+        node("MatMul", ["scaled", "k"], "scores"),
+        node("Softmax", ["scores"], "probs"),
+    ]
     outputs = ["probs", "scores"] if case == "scores_used" else None
     if case == "matmul_bias":  # (q*s) @ k + b: the bias is not scaled, so s is not a temperature
         nodes[2:] = [node("Add", ["scores", "b"], "biased"), node("Softmax", ["biased"], "probs")]
@@ -561,16 +689,24 @@ def test_query_scale_not_folded(tmp_path, case):
 
 # ---- an input's constant scale and shift into the Conv / MatMul reading it --------------------------
 
+
 @pytest.mark.parametrize("group, per_channel", [(1, False), (1, True), (2, True), (4, True)])
 def test_input_affine_folded_into_unpadded_conv(tmp_path, group, per_channel):
     """PP-LCNetV3's learnable affine after HardSwish, before a 1x1 conv: W*(a*x+b) = (W*a)*x + W*b."""
     c = 4
     shape = (1, c, 1, 1) if per_channel else (1,)
-    inits = {"a": randn(*shape), "b": randn(*shape), "w": randn(6 if group != 4 else 8, c // group, 1, 3),
-             "bias": randn(6 if group != 4 else 8)}
-    nodes = [node("HardSwish", ["x"], "hs"), node("Mul", ["a", "hs"], "scaled"),
-             node("Add", ["scaled", "b"], "shifted"),
-             node("Conv", ["shifted", "w", "bias"], "conv", kernel_shape=[1, 3], group=group)]
+    inits = {
+        "a": randn(*shape),
+        "b": randn(*shape),
+        "w": randn(6 if group != 4 else 8, c // group, 1, 3),
+        "bias": randn(6 if group != 4 else 8),
+    }
+    nodes = [
+        node("HardSwish", ["x"], "hs"),
+        node("Mul", ["a", "hs"], "scaled"),
+        node("Add", ["scaled", "b"], "shifted"),
+        node("Conv", ["shifted", "w", "bias"], "conv", kernel_shape=[1, 3], group=group),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, c, 5, 6, scale=3)}, initializers=inits)
     assert kinds(canonical) == [("top.HardSwish", "hs"), ("top.Conv", "conv")]
 
@@ -579,22 +715,45 @@ def test_input_affine_into_padded_conv(tmp_path):
     """A padded conv takes a scale (0 * a is still 0) but not a shift (its padding would need b)."""
     inits = {"a": randn(1, 3, 1, 1), "b": randn(1, 3, 1, 1), "w": randn(4, 3, 3, 3)}
     conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-    nodes = [node("Sigmoid", ["x"], "s"), node("Mul", ["s", "a"], "scaled"),
-             node("Conv", ["scaled", "w"], "c1", **conv), node("Sigmoid", ["x"], "s2"),
-             node("Mul", ["s2", "a"], "scaled2"), node("Add", ["scaled2", "b"], "shifted"),
-             node("Conv", ["shifted", "w"], "c2", **conv), node("Add", ["c1", "c2"], "out")]
+    nodes = [
+        node("Sigmoid", ["x"], "s"),
+        node("Mul", ["s", "a"], "scaled"),
+        node("Conv", ["scaled", "w"], "c1", **conv),
+        node("Sigmoid", ["x"], "s2"),
+        node("Mul", ["s2", "a"], "scaled2"),
+        node("Add", ["scaled2", "b"], "shifted"),
+        node("Conv", ["shifted", "w"], "c2", **conv),
+        node("Add", ["c1", "c2"], "out"),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 5, 5)}, initializers=inits)
-    assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Conv", "c1"), ("top.Sigmoid", "s2"), ("top.Mul", "scaled2"),
-                                ("top.Add", "shifted"), ("top.Conv", "c2"), ("top.Add", "out")]
+    assert kinds(canonical) == [
+        ("top.Sigmoid", "s"),
+        ("top.Conv", "c1"),
+        ("top.Sigmoid", "s2"),
+        ("top.Mul", "scaled2"),
+        ("top.Add", "shifted"),
+        ("top.Conv", "c2"),
+        ("top.Add", "out"),
+    ]
 
 
 def test_input_affine_with_another_user_stays_for_it(tmp_path):
     inits = {"a": f32([2.0]), "b": f32([0.5]), "w": randn(4, 3, 1, 1)}
-    nodes = [node("Tanh", ["x"], "t"), node("Mul", ["t", "a"], "scaled"), node("Add", ["scaled", "b"], "shifted"),
-             node("Conv", ["shifted", "w"], "conv", kernel_shape=[1, 1]), node("Sigmoid", ["shifted"], "gate")]
+    nodes = [
+        node("Tanh", ["x"], "t"),
+        node("Mul", ["t", "a"], "scaled"),
+        node("Add", ["scaled", "b"], "shifted"),
+        node("Conv", ["shifted", "w"], "conv", kernel_shape=[1, 1]),
+        node("Sigmoid", ["shifted"], "gate"),
+    ]
     canonical, _ = canon(tmp_path, nodes, {"x": randn(1, 3, 4, 4)}, outputs=["conv", "gate"], initializers=inits)
-    assert kinds(canonical) == [("top.Tanh", "t"), ("top.Mul", "scaled"), ("top.Add", "shifted"), ("top.Conv", "conv"),
-                                ("top.Sigmoid", "gate")]
+    assert kinds(canonical) == [
+        ("top.Tanh", "t"),
+        ("top.Mul", "scaled"),
+        ("top.Add", "shifted"),
+        ("top.Conv", "conv"),
+        ("top.Sigmoid", "gate"),
+    ]
     assert isinstance(only(canonical, top.ConvOp).operands[0].owner, top.TanhOp)
 
 
@@ -604,9 +763,12 @@ def test_input_affine_folded_into_matmul(tmp_path, case, folds):
     inputs = {"x": randn(2, 3, 8)}
     if case == "runtime_weight":
         inputs["w"] = inits.pop("w")
-    nodes = [node("Tanh", ["x"], "t"), node("Mul", ["a", "t"], "scaled"),
-             node("Sub" if case == "sub_shift" else "Add", ["scaled", "b"], "shifted"),
-             node("MatMul", ["shifted", "w"], "out")]
+    nodes = [
+        node("Tanh", ["x"], "t"),
+        node("Mul", ["a", "t"], "scaled"),
+        node("Sub" if case == "sub_shift" else "Add", ["scaled", "b"], "shifted"),
+        node("MatMul", ["shifted", "w"], "out"),
+    ]
     canonical, w = canon(tmp_path, nodes, inputs, initializers=inits)
     if folds:
         assert kinds(canonical) == [("top.Tanh", "t"), ("top.MatMul", "out")]
@@ -638,9 +800,10 @@ def _fetch(manifest: str, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("manifest, shape", [("ppocr_mobile_v2_cls", (1, 3, 48, 192)),
-                                             ("ppocrv4_rec", (1, 3, 48, 320)),
-                                             ("ppocrv4_det", (1, 3, 96, 96))])
+@pytest.mark.parametrize(
+    "manifest, shape",
+    [("ppocr_mobile_v2_cls", (1, 3, 48, 192)), ("ppocrv4_rec", (1, 3, 48, 320)), ("ppocrv4_det", (1, 3, 96, 96))],
+)
 def test_ppocr_models(tmp_path, manifest, shape):
     """Every hard-swish, swish and decomposed LayerNorm of the PP-OCR models is recognised, and TOP
     inference of the canonical module still matches onnxruntime."""
@@ -673,6 +836,7 @@ def test_ppocr_models(tmp_path, manifest, shape):
 
 
 # ---- Mish -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("order", [("x", "t"), ("t", "x")])
 def test_x_times_tanh_softplus_is_mish(tmp_path, order):

@@ -18,8 +18,18 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import tpu
 from tpubuild.kernels import get_kernel
 
-CHIP = ChipParams(name="toy", lanes=4, lane_bytes=8192, banks=2, eu_bytes=16, ddr_bandwidth=8e9, clock_hz=5e8,
-                  macs_per_lane_per_cycle={"INT8": 32, "F32": 4}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
+CHIP = ChipParams(
+    name="toy",
+    lanes=4,
+    lane_bytes=8192,
+    banks=2,
+    eu_bytes=16,
+    ddr_bandwidth=8e9,
+    clock_hz=5e8,
+    macs_per_lane_per_cycle={"INT8": 32, "F32": 4},
+    gdma_latency_cycles=10,
+    bdc_overhead_cycles=5,
+)
 ADD = tpu.AddOp.PARAMS(multiplier=(21000, 17000), rshift=(15,), in_zp=(2, -3), out_zp=1)
 SHAPE = (1, 6, 5, 7)
 
@@ -37,8 +47,13 @@ def _add_model(path):
         la, lb, ly = asm.local(blk, "int8", lane), asm.local(blk, "int8", lane), asm.local(blk, "int8", lane)
         asm.load(a.ddr_addr + off, strides, la, blk, "int8", lane_start=lane, wait_bdc=half and 1)
         g = asm.load(b.ddr_addr + off, strides, lb, blk, "int8", lane_start=lane, wait_bdc=half and 1)
-        c = asm.compute(tpu.AddOp, ADD, [Tensor.local(la, lane, blk, "int8"), Tensor.local(lb, lane, blk, "int8")],
-                        [Tensor.local(ly, lane, blk, "int8")], wait_gdma=g)
+        c = asm.compute(
+            tpu.AddOp,
+            ADD,
+            [Tensor.local(la, lane, blk, "int8"), Tensor.local(lb, lane, blk, "int8")],
+            [Tensor.local(ly, lane, blk, "int8")],
+            wait_gdma=g,
+        )
         asm.store(ly, y.ddr_addr + off, strides, blk, "int8", lane_start=lane, wait_bdc=c)
     write_model(path, asm.build())
 
@@ -61,8 +76,18 @@ def files(tmp_path):
 
 def test_cli_run_writes_outputs_and_profile(files, capsys):
     d, expect = files
-    code = main(["run", str(d / "adder.model"), "--input", str(d / "input.npz"), "--output", str(d / "out.npz"),
-                 "--profile", str(d / "profile.json")])
+    code = main(
+        [
+            "run",
+            str(d / "adder.model"),
+            "--input",
+            str(d / "input.npz"),
+            "--output",
+            str(d / "out.npz"),
+            "--profile",
+            str(d / "profile.json"),
+        ]
+    )
     assert code == 0
     np.testing.assert_array_equal(read_npz(d / "out.npz")["y"], expect)
     profile = json.loads((d / "profile.json").read_text())
@@ -81,9 +106,19 @@ def test_cli_run_reports_a_bad_file_without_traceback(files, capsys):
 
 def _verify(d, mode="INT8"):
     stages.run_chip(str(d / "adder.model"), str(d / "input.npz"), str(d / "chip_outs.npz"), str(d / "profile.json"))
-    stages.verify_chip("adder", "toy-int8", mode, str(d / "adder.model"), str(d / "chip_outs.npz"),
-                       str(d / "tpu_raw.npz"), str(d / "verify_top.json"), str(d / "verify_tpu.json"),
-                       str(d / "profile.json"), {"cos": 0.99, "euc": 0.9}, str(d / "verify.json"))
+    stages.verify_chip(
+        "adder",
+        "toy-int8",
+        mode,
+        str(d / "adder.model"),
+        str(d / "chip_outs.npz"),
+        str(d / "tpu_raw.npz"),
+        str(d / "verify_top.json"),
+        str(d / "verify_tpu.json"),
+        str(d / "profile.json"),
+        {"cos": 0.99, "euc": 0.9},
+        str(d / "verify.json"),
+    )
     return json.loads((d / "verify.json").read_text())
 
 

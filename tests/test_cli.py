@@ -20,8 +20,9 @@ SPECS = [{"name": "x", "shape": [2, 4], "dtype": "float32", "range": [-1.0, 1.0]
 
 
 def tpubuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpubuild.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tpubuild.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def assert_user_error(run: subprocess.CompletedProcess, *needles: str, code: int = 2) -> None:
@@ -33,17 +34,28 @@ def assert_user_error(run: subprocess.CompletedProcess, *needles: str, code: int
 
 
 def tiny_onnx(path: Path) -> None:
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
-    save_onnx(path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Relu", ["mm"], ["y"], name="relu"),
+    ]
+    save_onnx(
+        path, nodes, {"x": ["N", 4]}, {"y": ["N", 3]}, {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}
+    )
 
 
 @pytest.fixture
 def origin(tmp_path) -> Path:
     """origin.mlir (+ weights, input.npz) of the tiny model."""
     tiny_onnx(tmp_path / "m.onnx")
-    stages.transform(str(tmp_path / "m.onnx"), SPECS, "m", None, str(tmp_path / "origin.mlir"),
-                     str(tmp_path / "origin_weights.npz"), str(tmp_path / "input.npz"))
+    stages.transform(
+        str(tmp_path / "m.onnx"),
+        SPECS,
+        "m",
+        None,
+        str(tmp_path / "origin.mlir"),
+        str(tmp_path / "origin_weights.npz"),
+        str(tmp_path / "input.npz"),
+    )
     return tmp_path / "origin.mlir"
 
 
@@ -67,9 +79,33 @@ def test_ops_lists_the_issue_op_set():
     run = tpubuild("ops")
     assert run.returncode == 0, run.stderr
     listed = {line.split()[0] for line in run.stdout.splitlines()[:-1]}
-    first_set = {"Conv", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Softmax",
-                 "LayerNormalization", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Concat",
-                 "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Clip", "Identity", "Dropout"}
+    first_set = {
+        "Conv",
+        "MatMul",
+        "Gemm",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Softmax",
+        "LayerNormalization",
+        "BatchNormalization",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Clip",
+        "Identity",
+        "Dropout",
+    }
     # (Constant has no converter: the frontend folds it into a weight before conversion)
     assert first_set <= listed, first_set - listed
 
@@ -92,13 +128,35 @@ def test_infer_outputs_and_all_tensors(origin, tmp_path):
 def test_infer_real_values_of_an_int8_tpu_mlir(origin, tmp_path):
     """A tpu.mlir's tensors: stored int8/uint8 by default, real values with --real (what TOP's compare with)."""
     inp = str(tmp_path / "input.npz")
-    stages.canonicalize(str(origin), str(tmp_path / "origin_weights.npz"), str(tmp_path / "canonical.mlir"),
-                        str(tmp_path / "canonical_weights.npz"))
-    stages.calibrate("m", str(tmp_path / "canonical.mlir"), SPECS, [inp], None, "max", None,
-                     str(tmp_path / "cali.mlir"), str(tmp_path / "cali_table"))
+    stages.canonicalize(
+        str(origin),
+        str(tmp_path / "origin_weights.npz"),
+        str(tmp_path / "canonical.mlir"),
+        str(tmp_path / "canonical_weights.npz"),
+    )
+    stages.calibrate(
+        "m",
+        str(tmp_path / "canonical.mlir"),
+        SPECS,
+        [inp],
+        None,
+        "max",
+        None,
+        str(tmp_path / "cali.mlir"),
+        str(tmp_path / "cali_table"),
+    )
     tpu_mlir = tmp_path / "tpu.mlir"
-    stages.lower("m", str(tmp_path / "cali.mlir"), str(tmp_path / "cali_table"), None, "bm1684x", "INT8", False,
-                 str(tpu_mlir), str(tmp_path / "tpu_weights.npz"))
+    stages.lower(
+        "m",
+        str(tmp_path / "cali.mlir"),
+        str(tmp_path / "cali_table"),
+        None,
+        "bm1684x",
+        "INT8",
+        False,
+        str(tpu_mlir),
+        str(tmp_path / "tpu_weights.npz"),
+    )
     for flags, out in (((), "stored.npz"), (("--real",), "real.npz")):
         run = tpubuild("infer", str(tpu_mlir), "--input", inp, "--output", str(tmp_path / out), "--all-tensors", *flags)
         assert run.returncode == 0, run.stderr
@@ -124,8 +182,14 @@ def test_infer_truncated_mlir(origin, tmp_path):
 
 
 def test_infer_missing_files(origin, tmp_path):
-    run = tpubuild("infer", str(tmp_path / "nope.mlir"), "--input", str(tmp_path / "input.npz"),
-                   "--output", str(tmp_path / "o.npz"))
+    run = tpubuild(
+        "infer",
+        str(tmp_path / "nope.mlir"),
+        "--input",
+        str(tmp_path / "input.npz"),
+        "--output",
+        str(tmp_path / "o.npz"),
+    )
     assert_user_error(run, "nope.mlir")
     run = tpubuild("infer", str(origin), "--input", str(tmp_path / "nope.npz"), "--output", str(tmp_path / "o.npz"))
     assert_user_error(run, "nope.npz", "not found")
@@ -149,8 +213,9 @@ def test_compare(tmp_path):
     assert loose.returncode == 0, loose.stdout
     nothing = tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "other.npz"))
     assert_user_error(nothing, "no tensor name", code=1)
-    assert_user_error(tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--tolerance", "0.9"),
-                      "COS,EUC")
+    assert_user_error(
+        tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--tolerance", "0.9"), "COS,EUC"
+    )
     assert_user_error(tpubuild("compare", str(tmp_path / "a.npz"), str(tmp_path / "missing.npz")), "missing.npz")
 
 
@@ -162,8 +227,9 @@ def test_compile_manifest_outside_configs(tmp_path):
     (tmp_path / "one.yaml").write_text(MANIFEST.format(name="one"))
     (tmp_path / "two.yaml").write_text(MANIFEST.format(name="two"))
     build = tmp_path / "out"
-    run = tpubuild("compile", str(tmp_path / "one.yaml"), str(tmp_path / "two.yaml"), "--build-dir", str(build),
-                   "-j", "2")
+    run = tpubuild(
+        "compile", str(tmp_path / "one.yaml"), str(tmp_path / "two.yaml"), "--build-dir", str(build), "-j", "2"
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (build / "one" / "summary.txt").is_file() and (build / "two" / "summary.txt").is_file()
     again = tpubuild("compile", str(tmp_path / "one.yaml"), "--build-dir", str(build))
@@ -176,8 +242,9 @@ def test_compile_bad_inputs_fail_with_a_message(tmp_path):
     (tmp_path / "typo.yaml").write_text(MANIFEST.format(name="typo").replace("[2, 4]", "[2, '4']"))
     (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 10)
     (tmp_path / "corrupt.yaml").write_text(MANIFEST.format(name="corrupt").replace("m.onnx", "corrupt.onnx"))
-    run = tpubuild("compile", str(tmp_path / "typo.yaml"), str(tmp_path / "corrupt.yaml"),
-                   "--build-dir", str(tmp_path / "out"))
+    run = tpubuild(
+        "compile", str(tmp_path / "typo.yaml"), str(tmp_path / "corrupt.yaml"), "--build-dir", str(tmp_path / "out")
+    )
     assert run.returncode != 0
     out = run.stdout + run.stderr
     assert "Traceback" not in out

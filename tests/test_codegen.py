@@ -60,13 +60,21 @@ def cnn(make_model, size: int = 24):
         node("Flatten", ["gap"], "flat"),
         node("Gemm", ["flat", "wf", "bf"], "logits", transB=1),
     ]
-    inits = {"w1": randn(rng, 8, 3, 3, 3, scale=0.4), "b1": randn(rng, 8, scale=0.1),
-             "wd": randn(rng, 8, 1, 3, 3, scale=0.4), "bd": randn(rng, 8, scale=0.1),
-             "w2": randn(rng, 8, 8, 3, 3, scale=0.15), "b2": randn(rng, 8, scale=0.1),
-             "w3": randn(rng, 4, 8, 1, 1, scale=0.4), "b3": randn(rng, 4, scale=0.1),
-             "w4": randn(rng, 6, 12, 3, 3, scale=0.2), "b4": randn(rng, 6, scale=0.1),
-             "wf": randn(rng, 5, 6, scale=0.8), "bf": randn(rng, 5, scale=0.1),
-             "scales": np.array([1, 1, 2, 2], np.float32)}
+    inits = {
+        "w1": randn(rng, 8, 3, 3, 3, scale=0.4),
+        "b1": randn(rng, 8, scale=0.1),
+        "wd": randn(rng, 8, 1, 3, 3, scale=0.4),
+        "bd": randn(rng, 8, scale=0.1),
+        "w2": randn(rng, 8, 8, 3, 3, scale=0.15),
+        "b2": randn(rng, 8, scale=0.1),
+        "w3": randn(rng, 4, 8, 1, 1, scale=0.4),
+        "b3": randn(rng, 4, scale=0.1),
+        "w4": randn(rng, 6, 12, 3, 3, scale=0.2),
+        "b4": randn(rng, 6, scale=0.1),
+        "wf": randn(rng, 5, 6, scale=0.8),
+        "bf": randn(rng, 5, scale=0.1),
+        "scales": np.array([1, 1, 2, 2], np.float32),
+    }
     return make_model(nodes, {"x": np.zeros((2, 3, size, size), np.float32)}, initializers=inits)
 
 
@@ -88,8 +96,7 @@ def compile_and_run(tm, tw, inputs, chip, *, prefetch: bool = True):
     """tpu.mlir -> lg -> addr -> .model bytes -> simulator; each stage file printed and parsed back."""
     lg, groups = layer_group(mlir.parse_module(mlir.print_module(tm)), chip)
     addr, _ = memory_assign(mlir.parse_module(mlir.print_module(lg)), chip)
-    model = decode_model(encode_model(codegen(mlir.parse_module(mlir.print_module(addr)), tw, chip,
-                                              prefetch=prefetch)))
+    model = decode_model(encode_model(codegen(mlir.parse_module(mlir.print_module(addr)), tw, chip, prefetch=prefetch)))
     return simulate(model, inputs), groups
 
 
@@ -151,12 +158,21 @@ def test_model_file_is_deterministic(make_model, tmp_path):
 def channel_shuffle(make_model):
     """ShuffleNet's channel shuffle: conv, reshape to 5-D, transpose the group dims, reshape back, conv."""
     rng = np.random.default_rng(7)
-    nodes = [node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]),
-             node("Reshape", ["c1", "s5"], "r5"), node("Transpose", ["r5"], "t5", perm=[0, 2, 1, 3, 4]),
-             node("Reshape", ["t5", "s4"], "r4"), node("Conv", ["r4", "w2", "b2"], "c2", pads=[1, 1, 1, 1])]
-    inits = {"w1": randn(rng, 8, 3, 3, 3, scale=0.4), "b1": randn(rng, 8, scale=0.1),
-             "s5": np.array([1, 2, 4, 10, 10], np.int64), "s4": np.array([1, 8, 10, 10], np.int64),
-             "w2": randn(rng, 4, 8, 3, 3, scale=0.3), "b2": randn(rng, 4, scale=0.1)}
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]),
+        node("Reshape", ["c1", "s5"], "r5"),
+        node("Transpose", ["r5"], "t5", perm=[0, 2, 1, 3, 4]),
+        node("Reshape", ["t5", "s4"], "r4"),
+        node("Conv", ["r4", "w2", "b2"], "c2", pads=[1, 1, 1, 1]),
+    ]
+    inits = {
+        "w1": randn(rng, 8, 3, 3, 3, scale=0.4),
+        "b1": randn(rng, 8, scale=0.1),
+        "s5": np.array([1, 2, 4, 10, 10], np.int64),
+        "s4": np.array([1, 8, 10, 10], np.int64),
+        "w2": randn(rng, 4, 8, 3, 3, scale=0.3),
+        "b2": randn(rng, 4, scale=0.1),
+    }
     return make_model(nodes, {"x": np.zeros((1, 3, 10, 10), np.float32)}, initializers=inits)
 
 
@@ -208,8 +224,18 @@ def test_a_view_reads_rows_of_a_taller_tile_through_its_plane_stride():
     from tpubuild.codegen.model_file import ChipParams
     from tpubuild.ir import tpu
 
-    chip = ChipParams(name="toy", lanes=4, lane_bytes=4096, banks=4, eu_bytes=16, ddr_bandwidth=16e9, clock_hz=1e9,
-                      macs_per_lane_per_cycle={"F32": 8}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
+    chip = ChipParams(
+        name="toy",
+        lanes=4,
+        lane_bytes=4096,
+        banks=4,
+        eu_bytes=16,
+        ddr_bandwidth=16e9,
+        clock_hz=1e9,
+        macs_per_lane_per_cycle={"F32": 8},
+        gdma_latency_cycles=10,
+        bdc_overhead_cycles=5,
+    )
     x = np.arange(8 * 6 * 5, dtype=np.float32).reshape(1, 8, 6, 5) - 100
     asm = Assembler(chip)
     xin, yout = asm.input("x", x.shape, "float32"), asm.output("y", (1, 8, 4, 5), "float32")
@@ -218,8 +244,9 @@ def test_a_view_reads_rows_of_a_taller_tile_through_its_plane_stride():
     out = asm.local((1, 8, 4, 5), "float32")
     loaded = asm.load(xin.ddr_addr, cmd.contiguous_strides(x.shape), tile, x.shape, "float32")
     view = Tensor.local(tile + 2 * 5 * 4, 0, (1, 8, 4, 5), "float32", plane=plane)
-    done = asm.compute(tpu.ReluOp, tpu.ReluOp.PARAMS(), [view], [Tensor.local(out, 0, (1, 8, 4, 5), "float32")],
-                       wait_gdma=loaded)
+    done = asm.compute(
+        tpu.ReluOp, tpu.ReluOp.PARAMS(), [view], [Tensor.local(out, 0, (1, 8, 4, 5), "float32")], wait_gdma=loaded
+    )
     asm.store(out, yout.ddr_addr, cmd.contiguous_strides((1, 8, 4, 5)), (1, 8, 4, 5), "float32", wait_bdc=done)
     model = decode_model(encode_model(asm.build()))
     assert cmd.local_bytes((1, 8, 4, 5), "float32", 0, 4, 16, plane) == plane + 4 * 5 * 4
@@ -231,10 +258,13 @@ def test_a_weight_two_ops_share_is_loaded_once(make_model, tmp_path, mode):
     """YOLO's box decode: one anchors constant read by a Sub and an Add in one group. Loading it again for
     the second op would race with the first op reading it (the simulator refuses unordered access)."""
     rng = np.random.default_rng(3)
-    nodes = [node("Conv", ["x", "w", "b"], "c", pads=[1, 1, 1, 1]), node("Sub", ["anchors", "c"], "lt"),
-             node("Add", ["anchors", "c"], "rb"), node("Mul", ["lt", "rb"], "y")]
-    inits = {"w": randn(rng, 4, 3, 3, 3, scale=0.4), "b": randn(rng, 4, scale=0.1),
-             "anchors": randn(rng, 1, 4, 8, 8)}
+    nodes = [
+        node("Conv", ["x", "w", "b"], "c", pads=[1, 1, 1, 1]),
+        node("Sub", ["anchors", "c"], "lt"),
+        node("Add", ["anchors", "c"], "rb"),
+        node("Mul", ["lt", "rb"], "y"),
+    ]
+    inits = {"w": randn(rng, 4, 3, 3, 3, scale=0.4), "b": randn(rng, 4, scale=0.1), "anchors": randn(rng, 1, 4, 8, 8)}
     model = make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits)
     tm, tw, inputs = lowered(model, {"x": (1, 3, 8, 8)}, tmp_path, mode)
     ref = run(tm, tw, inputs)
@@ -247,10 +277,17 @@ def test_a_weight_two_ops_share_is_loaded_once(make_model, tmp_path, mode):
 def test_an_activation_named_weight_is_read_as_an_activation(make_model, tmp_path):
     """Tensor names are the user's: a conv output called "weight" is a sliced activation, not a weight."""
     rng = np.random.default_rng(4)
-    nodes = [node("Conv", ["x", "w1", "b1"], "c", pads=[1, 1, 1, 1]), node("Relu", ["c"], "weight"),
-             node("Conv", ["weight", "w2", "b2"], "y", pads=[1, 1, 1, 1])]
-    inits = {"w1": randn(rng, 4, 3, 3, 3, scale=0.4), "b1": randn(rng, 4, scale=0.1),
-             "w2": randn(rng, 4, 4, 3, 3, scale=0.4), "b2": randn(rng, 4, scale=0.1)}
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], "c", pads=[1, 1, 1, 1]),
+        node("Relu", ["c"], "weight"),
+        node("Conv", ["weight", "w2", "b2"], "y", pads=[1, 1, 1, 1]),
+    ]
+    inits = {
+        "w1": randn(rng, 4, 3, 3, 3, scale=0.4),
+        "b1": randn(rng, 4, scale=0.1),
+        "w2": randn(rng, 4, 4, 3, 3, scale=0.4),
+        "b2": randn(rng, 4, scale=0.1),
+    }
     model = make_model(nodes, {"x": np.zeros((1, 3, 16, 16), np.float32)}, initializers=inits)
     tm, tw, inputs = lowered(model, {"x": (1, 3, 16, 16)}, tmp_path, "INT8")
     ref = run(tm, tw, inputs)
@@ -273,18 +310,27 @@ def test_nearest_upsample_slices_along_h_on_the_chip(coord_mode, nearest_mode):
     x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
     skip = b.add(InputOp.make([b.args[1]], name="skip")).results[0]
     interp = tpu.MIRROR[top.InterpOp]
-    p = interp.PARAMS(shape=(2, 8, 48, 64), scales=(1.0, 1.0, 2.0, 2.0), mode="nearest", coord_mode=coord_mode,
-                      nearest_mode=nearest_mode)
+    p = interp.PARAMS(
+        shape=(2, 8, 48, 64),
+        scales=(1.0, 1.0, 2.0, 2.0),
+        mode="nearest",
+        coord_mode=coord_mode,
+        nearest_mode=nearest_mode,
+    )
     y = b.add(interp.make([x], p, name="up")).results[0]
     y = b.add(tpu.AddOp.make([y, skip], name="add")).results[0]
     y = b.add(tpu.ReluOp.make([y], name="relu")).results[0]
     module = b.finish([y], name="up", weight_file="w.npz", state="TPU_LOWERED")
-    inputs = {"x": rng.standard_normal((2, 8, 24, 32)).astype(np.float32),
-              "skip": rng.standard_normal((2, 8, 48, 64)).astype(np.float32)}
+    inputs = {
+        "x": rng.standard_normal((2, 8, 24, 32)).astype(np.float32),
+        "skip": rng.standard_normal((2, 8, 48, 64)).astype(np.float32),
+    }
     ref = run(module, WeightStore(), inputs)
     chip = small(24 * 1024, 4)
     lg, groups = layer_group(mlir.parse_module(mlir.print_module(module)), chip)
-    assert any(g.kind == LOCAL and g.h_secs > 1 and len(g.ops) == 3 for g in groups), [(g.kind, g.ops, g.n_secs, g.h_secs) for g in groups]
+    assert any(g.kind == LOCAL and g.h_secs > 1 and len(g.ops) == 3 for g in groups), [
+        (g.kind, g.ops, g.n_secs, g.h_secs) for g in groups
+    ]
     addr, _ = memory_assign(mlir.parse_module(mlir.print_module(lg)), chip)
     model = decode_model(encode_model(codegen(mlir.parse_module(mlir.print_module(addr)), WeightStore(), chip)))
     np.testing.assert_array_equal(simulate(model, inputs).outputs["relu"], ref["relu"])
@@ -372,8 +418,9 @@ def test_slice_and_constant_gather_of_rank_5_run_as_copies():
     gather = tpu.MIRROR[top.GatherOp]
     g = b.add(gather.make([x, idx], gather.PARAMS(axis=0), name="g")).results[0]
     slice_ = tpu.MIRROR[top.SliceOp]
-    s = b.add(slice_.make([x], slice_.PARAMS(offset=(2, 0, 1, 0, 0), ends=(3, 1, 2, 5, 4), steps=(1, 1, 1, 2, 1)),
-                          name="s")).results[0]
+    s = b.add(
+        slice_.make([x], slice_.PARAMS(offset=(2, 0, 1, 0, 0), ends=(3, 1, 2, 5, 4), steps=(1, 1, 1, 2, 1)), name="s")
+    ).results[0]
     module = b.finish([g, s], name="copies", weight_file="w.npz", state="TPU_LOWERED")
     inputs = {"x": rng.standard_normal(shape).astype(np.float32)}
     ref = run(module, weights, inputs)
@@ -522,10 +569,18 @@ def test_a_folded_conv_pads_with_the_input_zero_point():
     weights.add("b", rng.integers(-500, 500, (8,)).astype(np.int32))
     w = b.weight("w", tensor_type((8, 3, 3, 3), np.int8))
     bias = b.weight("b", tensor_type((8,), np.int32))
-    params = tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1),
-                               multiplier=(3,) * 8, rshift=(8,) * 8, in_zp=(7,))
-    y = b.add(tpu.ConvOp.make([x, w, bias], params, name="conv",
-                              result_types=[tensor_type((1, 8, 64, 64), np.int8)])).results[0]
+    params = tpu.ConvOp.PARAMS(
+        kernel_shape=(3, 3),
+        strides=(2, 2),
+        pads=(1, 1, 1, 1),
+        dilations=(1, 1),
+        multiplier=(3,) * 8,
+        rshift=(8,) * 8,
+        in_zp=(7,),
+    )
+    y = b.add(
+        tpu.ConvOp.make([x, w, bias], params, name="conv", result_types=[tensor_type((1, 8, 64, 64), np.int8)])
+    ).results[0]
     module = b.finish([y], name="zp", weight_file="w.npz", state="TPU_LOWERED")
     inputs = {"x": rng.integers(-128, 128, (1, 3, 128, 128)).astype(np.int8)}
     ref = run(module, weights, inputs)

@@ -25,7 +25,9 @@ def test_an_error_there_is_raised_here():
 
 
 def test_a_child_that_stops_without_its_answer_is_a_clear_error():
-    with pytest.raises(TpuBuildError, match=r"a test's second process stopped \(exit code 7\)(.|\n)*TPUBUILD_PROCESSES=1"):
+    with pytest.raises(
+        TpuBuildError, match=r"a test's second process stopped \(exit code 7\)(.|\n)*TPUBUILD_PROCESSES=1"
+    ):
         forked.alongside(lambda: 1, lambda: os._exit(7), "a test")
 
 

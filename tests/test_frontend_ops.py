@@ -71,8 +71,10 @@ POOL_CASES = {
     "asym_pads": ((1, 1, 6, 7), dict(kernel_shape=[3, 2], strides=[1, 2], pads=[0, 1, 2, 0])),
     "ceil": ((1, 2, 8, 8), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
     "ceil_pads": ((1, 2, 9, 10), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)),
-    "ceil_last_window_dropped": ((1, 1, 5, 5), dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1],
-                                                    ceil_mode=1)),
+    "ceil_last_window_dropped": (
+        (1, 1, 5, 5),
+        dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+    ),
     "same_upper": ((1, 2, 7, 8), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
     "same_lower": ((1, 2, 7, 8), dict(kernel_shape=[3, 2], strides=[2, 3], auto_pad="SAME_LOWER")),
     "valid": ((1, 2, 7, 8), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="VALID")),
@@ -95,23 +97,28 @@ def test_maxpool_dtypes(check_onnx, dtype):
 
 
 def test_maxpool_dilations(check_onnx):
-    check_onnx(node("MaxPool", ["x"], kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1]),
-               {"x": randn(1, 2, 7, 7)}, opset=12)
+    check_onnx(
+        node("MaxPool", ["x"], kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1]),
+        {"x": randn(1, 2, 7, 7)},
+        opset=12,
+    )
 
 
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_averagepool(check_onnx, case, count_include_pad):
     xs, attrs = POOL_CASES[case]
-    check_onnx(node("AveragePool", ["x"], count_include_pad=count_include_pad, **attrs), {"x": randn(*xs)},
-               opset=11)
+    check_onnx(node("AveragePool", ["x"], count_include_pad=count_include_pad, **attrs), {"x": randn(*xs)}, opset=11)
 
 
 @pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
 @pytest.mark.parametrize("ceil_mode", [0, 1])
 def test_pool_dilations_opset19(check_onnx, op, ceil_mode):
-    check_onnx(node(op, ["x"], kernel_shape=[2, 3], dilations=[2, 1], strides=[2, 2], pads=[1, 0, 1, 1],
-                    ceil_mode=ceil_mode), {"x": randn(1, 2, 8, 9)}, opset=19)
+    check_onnx(
+        node(op, ["x"], kernel_shape=[2, 3], dilations=[2, 1], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=ceil_mode),
+        {"x": randn(1, 2, 8, 9)},
+        opset=19,
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 4, 9), (1, 2, 3, 4, 5)])
@@ -125,13 +132,13 @@ MATMUL_SHAPES = [
     ((3, 4), (4, 5)),
     ((2, 3, 4), (4, 5)),
     ((2, 3, 4), (2, 4, 5)),
-    ((2, 1, 3, 4), (5, 4, 6)),      # batch broadcast
+    ((2, 1, 3, 4), (5, 4, 6)),  # batch broadcast
     ((1, 3, 4), (6, 4, 2)),
-    ((4,), (4, 5)),                 # 1-D left: prepended 1 removed
-    ((3, 4), (4,)),                 # 1-D right
+    ((4,), (4, 5)),  # 1-D left: prepended 1 removed
+    ((3, 4), (4,)),  # 1-D right
     ((2, 3, 4), (4,)),
     ((4,), (2, 4, 5)),
-    ((4,), (4,)),                   # dot product -> scalar
+    ((4,), (4,)),  # dot product -> scalar
 ]
 
 
@@ -181,14 +188,24 @@ def test_gemm_runtime_operands(check_onnx, case):
 
 
 def test_gemm_opset_9_without_c(check_onnx):
-    check_onnx(node("Gemm", ["a", "b", "c"], transB=1), {"a": randn(2, 6)},
-               initializers={"b": randn(3, 6), "c": randn(3)}, opset=9)
+    check_onnx(
+        node("Gemm", ["a", "b", "c"], transB=1),
+        {"a": randn(2, 6)},
+        initializers={"b": randn(3, 6), "c": randn(3)},
+        opset=9,
+    )
 
 
 # ---- elementwise ----------------------------------------------------------------
 
-BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 3, 4), ()), ((2, 1, 4), (3, 1)),
-              ((1, 3, 1, 5), (2, 1, 4, 1)), ((5,), (2, 3, 5))]
+BROADCASTS = [
+    ((2, 3, 4), (2, 3, 4)),
+    ((2, 3, 4), (4,)),
+    ((2, 3, 4), ()),
+    ((2, 1, 4), (3, 1)),
+    ((1, 3, 1, 5), (2, 1, 4, 1)),
+    ((5,), (2, 3, 5)),
+]
 
 
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
@@ -245,16 +262,25 @@ def test_clip_inputs(check_onnx, bounds, opset):
 
 def test_clip_int32(check_onnx):
     x = R.integers(-10, 10, (4, 5)).astype(np.int32)
-    check_onnx(node("Clip", ["x", "lo", "hi"]), {"x": x},
-               initializers={"lo": np.array(-3, np.int32), "hi": np.array(4, np.int32)}, opset=13)
+    check_onnx(
+        node("Clip", ["x", "lo", "hi"]),
+        {"x": x},
+        initializers={"lo": np.array(-3, np.int32), "hi": np.array(4, np.int32)},
+        opset=13,
+    )
 
 
 def test_clip_relu6(check_onnx):
-    check_onnx(node("Clip", ["x", "lo", "hi"]), {"x": randn(2, 8) * 5},
-               initializers={"lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}, opset=13)
+    check_onnx(
+        node("Clip", ["x", "lo", "hi"]),
+        {"x": randn(2, 8) * 5},
+        initializers={"lo": np.array(0, np.float32), "hi": np.array(6, np.float32)},
+        opset=13,
+    )
 
 
 # ---- softmax / norms ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1, -2])
 def test_softmax_opset11_flattens(check_onnx, axis):
@@ -299,11 +325,16 @@ def test_layer_normalization_runtime_scale(check_onnx):
 def test_batch_normalization(check_onnx, shape, opset):
     c = shape[1]
     inits = {"s": randn(c), "b": randn(c), "m": randn(c), "v": np.abs(randn(c)) + 0.1}
-    check_onnx(node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3), {"x": randn(*shape)},
-               initializers=inits, opset=opset)
+    check_onnx(
+        node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3),
+        {"x": randn(*shape)},
+        initializers=inits,
+        opset=opset,
+    )
 
 
 # ---- shape and layout ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
 def test_concat(check_onnx, axis):
@@ -322,20 +353,32 @@ def test_concat_with_const(check_onnx):
     check_onnx(node("Concat", ["x", "c"], axis=1), {"x": randn(2, 3)}, initializers={"c": randn(2, 2)})
 
 
-RESHAPES = [((2, 3, 4), [6, 4]), ((2, 3, 4), [0, -1]), ((2, 3, 4), [-1]), ((2, 3, 4), [0, 0, 2, 2]),
-            ((2, 3, 4), [4, 0, -1]), ((6,), [2, 1, 3]), ((1, 12), [-1, 0]),
-            ((1, 1), [])]
+RESHAPES = [
+    ((2, 3, 4), [6, 4]),
+    ((2, 3, 4), [0, -1]),
+    ((2, 3, 4), [-1]),
+    ((2, 3, 4), [0, 0, 2, 2]),
+    ((2, 3, 4), [4, 0, -1]),
+    ((6,), [2, 1, 3]),
+    ((1, 12), [-1, 0]),
+    ((1, 1), []),
+]
 
 
 @pytest.mark.parametrize("shape,target", RESHAPES)
 def test_reshape(check_onnx, shape, target):
-    check_onnx(node("Reshape", ["x", "s"]), {"x": randn(*shape)},
-               initializers={"s": np.array(target, np.int64)}, opset=13)
+    check_onnx(
+        node("Reshape", ["x", "s"]), {"x": randn(*shape)}, initializers={"s": np.array(target, np.int64)}, opset=13
+    )
 
 
 def test_reshape_allowzero(check_onnx):
-    check_onnx(node("Reshape", ["x", "s"], allowzero=1), {"x": randn(2, 3)},
-               initializers={"s": np.array([3, 2], np.int64)}, opset=14)
+    check_onnx(
+        node("Reshape", ["x", "s"], allowzero=1),
+        {"x": randn(2, 3)},
+        initializers={"s": np.array([3, 2], np.int64)},
+        opset=14,
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, 3, -1])
@@ -343,8 +386,7 @@ def test_flatten(check_onnx, axis):
     check_onnx(node("Flatten", ["x"], axis=axis), {"x": randn(2, 3, 4)}, opset=13)
 
 
-SQUEEZES = [((1, 3, 1, 4), [0]), ((1, 3, 1, 4), [0, 2]), ((1, 3, 1, 4), [-2]), ((1, 3, 1, 4), None),
-            ((1,), None)]
+SQUEEZES = [((1, 3, 1, 4), [0]), ((1, 3, 1, 4), [0, 2]), ((1, 3, 1, 4), [-2]), ((1, 3, 1, 4), None), ((1,), None)]
 
 
 @pytest.mark.parametrize("shape,axes", SQUEEZES)
@@ -372,8 +414,12 @@ def test_unsqueeze_opset11(check_onnx, shape, axes):
 
 @pytest.mark.parametrize("shape,axes", UNSQUEEZES)
 def test_unsqueeze_opset13(check_onnx, shape, axes):
-    check_onnx(node("Unsqueeze", ["x", "axes"]), {"x": randn(*shape)},
-               initializers={"axes": np.array(axes, np.int64)}, opset=13)
+    check_onnx(
+        node("Unsqueeze", ["x", "axes"]),
+        {"x": randn(*shape)},
+        initializers={"axes": np.array(axes, np.int64)},
+        opset=13,
+    )
 
 
 @pytest.mark.parametrize("perm", [None, [0, 2, 1], [2, 0, 1], [1, 0, 2]])
@@ -417,20 +463,46 @@ def test_shape_subgraph_folds(make_model, check_against_ort, convert):
 def test_every_first_set_converter_is_registered():
     """The op list of the foundation issue is covered by converters (and so by the tests above)."""
     table = registry.supported()
-    wanted = ["Conv", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Softmax",
-              "LayerNormalization", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool",
-              "Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Clip", "Identity", "Dropout"]
+    wanted = [
+        "Conv",
+        "MatMul",
+        "Gemm",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Softmax",
+        "LayerNormalization",
+        "BatchNormalization",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Clip",
+        "Identity",
+        "Dropout",
+    ]
     missing = [op for op in wanted if ("", op) not in table]
     assert not missing
 
 
 def test_constant_node_feeds_op(check_onnx):
-    const = helper.make_node("Constant", [], ["c"], name="const",
-                             value=helper.make_tensor("v", TensorProto.FLOAT, [3], [1.0, -2.0, 0.5]))
+    const = helper.make_node(
+        "Constant", [], ["c"], name="const", value=helper.make_tensor("v", TensorProto.FLOAT, [3], [1.0, -2.0, 0.5])
+    )
     check_onnx([const, node("Mul", ["x", "c"])], {"x": randn(2, 3)})
 
 
 # ---- refusals -------------------------------------------------------------------
+
 
 def _convert_error(convert, model, shapes) -> str:
     from tpubuild.errors import TpuBuildError
@@ -489,13 +561,23 @@ def test_unsupported_ops_listed_in_one_error(make_model, convert):
 
 
 def test_control_flow_refused_naming_the_node(make_model, convert):
-    then = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
-    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
-                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
-             helper.make_node("Greater", ["s", "zero"], ["cond"], name="positive"),
-             helper.make_node("If", ["cond"], ["y"], name="branch_on_sign", then_branch=then, else_branch=other)]
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["cond"], name="positive"),
+        helper.make_node("If", ["cond"], ["y"], name="branch_on_sign", then_branch=then, else_branch=other),
+    ]
     model = make_model(nodes, {"x": randn(2)}, initializers={"zero": np.array(0, np.float32)}, opset=13)
     message = _convert_error(convert, model, {"x": [2]})
     assert "control flow" in message and "If 'branch_on_sign'" in message
@@ -503,8 +585,9 @@ def test_control_flow_refused_naming_the_node(make_model, convert):
 
 def test_dynamic_input_not_fixed(make_model, convert):
     """An input with a symbolic dim and no manifest shape: the error names it and the manifest fix."""
-    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3), "other": randn(4)}, ["y"],
-                       input_dims={"x": ["batch", 3]})
+    model = make_model(
+        node("Relu", ["x"]), {"x": randn(2, 3), "other": randn(4)}, ["y"], input_dims={"x": ["batch", 3]}
+    )
     message = _convert_error(convert, model, {})
     assert "'x'" in message and "batch" in message and "'other'" not in message
     assert "inputs:" in message and "shape" in message

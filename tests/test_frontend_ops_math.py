@@ -33,15 +33,23 @@ def wide(*shape):
 # ---- activations --------------------------------------------------------------
 
 ACTIVATIONS = [
-    ("LeakyRelu", {}, 6), ("LeakyRelu", {"alpha": 0.2}, 16),
-    ("Elu", {}, 6), ("Elu", {"alpha": 0.5}, 6),
-    ("Selu", {}, 6), ("Selu", {"alpha": 1.5, "gamma": 2.0}, 6),
-    ("Softplus", {}, 1), ("Softplus", {}, 22),
-    ("Erf", {}, 9), ("Erf", {}, 13),
-    ("HardSigmoid", {}, 6), ("HardSigmoid", {"alpha": 0.1, "beta": 0.6}, 22),
+    ("LeakyRelu", {}, 6),
+    ("LeakyRelu", {"alpha": 0.2}, 16),
+    ("Elu", {}, 6),
+    ("Elu", {"alpha": 0.5}, 6),
+    ("Selu", {}, 6),
+    ("Selu", {"alpha": 1.5, "gamma": 2.0}, 6),
+    ("Softplus", {}, 1),
+    ("Softplus", {}, 22),
+    ("Erf", {}, 9),
+    ("Erf", {}, 13),
+    ("HardSigmoid", {}, 6),
+    ("HardSigmoid", {"alpha": 0.1, "beta": 0.6}, 22),
     ("HardSwish", {}, 14),
     ("Mish", {}, 18),
-    ("Gelu", {}, 20), ("Gelu", {"approximate": "none"}, 20), ("Gelu", {"approximate": "tanh"}, 20),
+    ("Gelu", {}, 20),
+    ("Gelu", {"approximate": "none"}, 20),
+    ("Gelu", {"approximate": "tanh"}, 20),
 ]
 
 
@@ -61,8 +69,9 @@ PRELU_SLOPES = [(1,), (3, 1, 1), (1, 3, 1, 1), (5,), (3, 4, 5), ()]
 @pytest.mark.parametrize("slope_shape", PRELU_SLOPES, ids=str)
 @pytest.mark.parametrize("opset", [9, 16])
 def test_prelu(check_onnx, slope_shape, opset):
-    check_onnx(node("PRelu", ["x", "slope"]), {"x": wide(2, 3, 4, 5)},
-               initializers={"slope": randn(*slope_shape)}, opset=opset)
+    check_onnx(
+        node("PRelu", ["x", "slope"]), {"x": wide(2, 3, 4, 5)}, initializers={"slope": randn(*slope_shape)}, opset=opset
+    )
 
 
 def test_prelu_runtime_slope(check_onnx):
@@ -71,13 +80,20 @@ def test_prelu_runtime_slope(check_onnx):
 
 # ---- unary math ------------------------------------------------------------------
 
+
 def positive(*shape):
     return np.abs(randn(*shape)) * 3 + 0.05
 
 
 UNARY_MATH = {
-    "Exp": wide, "Log": positive, "Sqrt": positive, "Reciprocal": wide, "Abs": wide, "Neg": wide,
-    "Floor": wide, "Ceil": wide,
+    "Exp": wide,
+    "Log": positive,
+    "Sqrt": positive,
+    "Reciprocal": wide,
+    "Abs": wide,
+    "Neg": wide,
+    "Floor": wide,
+    "Ceil": wide,
 }
 
 
@@ -103,8 +119,12 @@ def test_unary_integer(check_onnx, op, dtype):
 @pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5, -1.0, 0.0])
 @pytest.mark.parametrize("opset", [7, 15])
 def test_pow_scalar_exponent(check_onnx, exponent, opset):
-    check_onnx(node("Pow", ["x", "e"]), {"x": positive(2, 3, 4)},
-               initializers={"e": np.array(exponent, np.float32)}, opset=opset)
+    check_onnx(
+        node("Pow", ["x", "e"]),
+        {"x": positive(2, 3, 4)},
+        initializers={"e": np.array(exponent, np.float32)},
+        opset=opset,
+    )
 
 
 def test_pow_integer_exponent_negative_base(check_onnx):
@@ -118,8 +138,7 @@ def test_pow_tensor_exponent(check_onnx, e_shape):
 
 
 def test_pow_constant_base(check_onnx):
-    check_onnx(node("Pow", ["b", "x"]), {"x": randn(3, 4)}, initializers={"b": np.array(2.0, np.float32)},
-               opset=15)
+    check_onnx(node("Pow", ["b", "x"]), {"x": randn(3, 4)}, initializers={"b": np.array(2.0, np.float32)}, opset=15)
 
 
 # ---- variadic ------------------------------------------------------------------
@@ -149,23 +168,36 @@ def test_max_min_int(check_onnx, op):
 
 # ---- where / compare / logic / cast ----------------------------------------------
 
-@pytest.mark.parametrize("shapes", [((2, 3), (2, 3), (2, 3)), ((3,), (2, 3), ()), ((2, 1), (1, 3), (2, 3))],
-                         ids=str)
+
+@pytest.mark.parametrize("shapes", [((2, 3), (2, 3), (2, 3)), ((3,), (2, 3), ()), ((2, 1), (1, 3), (2, 3))], ids=str)
 @pytest.mark.parametrize("opset", [9, 16])
 def test_where(check_onnx, shapes, opset):
     c, a, b = shapes
-    check_onnx(node("Where", ["c", "a", "b"]),
-               {"c": R.random(c) > 0.5, "a": randn(*a), "b": randn(*b)}, opset=opset)
+    check_onnx(node("Where", ["c", "a", "b"]), {"c": R.random(c) > 0.5, "a": randn(*a), "b": randn(*b)}, opset=opset)
 
 
 def test_where_int64(check_onnx):
     a = R.integers(0, 9, (4,)).astype(np.int64)
-    check_onnx(node("Where", ["c", "a", "b"]), {"c": R.random(4) > 0.5, "a": a},
-               initializers={"b": np.array(-1, np.int64)}, opset=16)
+    check_onnx(
+        node("Where", ["c", "a", "b"]),
+        {"c": R.random(4) > 0.5, "a": a},
+        initializers={"b": np.array(-1, np.int64)},
+        opset=16,
+    )
 
 
-COMPARES = [("Equal", 11), ("Equal", 19), ("Less", 9), ("Less", 13), ("Greater", 7), ("Greater", 13),
-            ("LessOrEqual", 12), ("LessOrEqual", 16), ("GreaterOrEqual", 12), ("GreaterOrEqual", 16)]
+COMPARES = [
+    ("Equal", 11),
+    ("Equal", 19),
+    ("Less", 9),
+    ("Less", 13),
+    ("Greater", 7),
+    ("Greater", 13),
+    ("LessOrEqual", 12),
+    ("LessOrEqual", 16),
+    ("GreaterOrEqual", 12),
+    ("GreaterOrEqual", 16),
+]
 
 
 @pytest.mark.parametrize("op,opset", COMPARES)
@@ -180,8 +212,9 @@ def test_compare(check_onnx, op, opset, dtype):
 
 
 def test_compare_with_constant(check_onnx):
-    check_onnx(node("Greater", ["x", "zero"]), {"x": randn(3, 4)},
-               initializers={"zero": np.array(0.0, np.float32)}, opset=13)
+    check_onnx(
+        node("Greater", ["x", "zero"]), {"x": randn(3, 4)}, initializers={"zero": np.array(0.0, np.float32)}, opset=13
+    )
 
 
 @pytest.mark.parametrize("op", ["And", "Or", "Xor"])
@@ -201,11 +234,20 @@ def test_compare_chain_into_where(check_onnx):
 
 
 CASTS = [
-    (np.float32, TensorProto.INT64), (np.float32, TensorProto.INT32), (np.float32, TensorProto.FLOAT16),
-    (np.float32, TensorProto.BOOL), (np.float32, TensorProto.DOUBLE), (np.float32, TensorProto.FLOAT),
-    (np.float32, TensorProto.INT8), (np.float32, TensorProto.UINT8),
-    (np.int64, TensorProto.FLOAT), (np.int32, TensorProto.INT64), (np.bool_, TensorProto.FLOAT),
-    (np.bool_, TensorProto.INT64), (np.float16, TensorProto.FLOAT), (np.int64, TensorProto.BOOL),
+    (np.float32, TensorProto.INT64),
+    (np.float32, TensorProto.INT32),
+    (np.float32, TensorProto.FLOAT16),
+    (np.float32, TensorProto.BOOL),
+    (np.float32, TensorProto.DOUBLE),
+    (np.float32, TensorProto.FLOAT),
+    (np.float32, TensorProto.INT8),
+    (np.float32, TensorProto.UINT8),
+    (np.int64, TensorProto.FLOAT),
+    (np.int32, TensorProto.INT64),
+    (np.bool_, TensorProto.FLOAT),
+    (np.bool_, TensorProto.INT64),
+    (np.float16, TensorProto.FLOAT),
+    (np.int64, TensorProto.BOOL),
 ]
 
 
@@ -246,8 +288,18 @@ def test_cast_to_string_refused(make_model, convert):
 
 # ---- reductions ------------------------------------------------------------------
 
-REDUCE_OPS = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+REDUCE_OPS = [
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+]
 AXES_INPUT_SINCE = {op: 18 for op in REDUCE_OPS} | {"ReduceSum": 13}
 REDUCE_AXES = [[1], [0, 2], [-1], [-3, -1], None]
 
@@ -299,15 +351,15 @@ def test_reduce_integer(check_onnx, op, dtype):
 
 def test_reduce_sum_opset13_int64(check_onnx):
     x = R.integers(-9, 9, (3, 4)).astype(np.int64)
-    check_onnx(node("ReduceSum", ["x", "axes"], keepdims=0), {"x": x},
-               initializers={"axes": np.array([1], np.int64)}, opset=13)
+    check_onnx(
+        node("ReduceSum", ["x", "axes"], keepdims=0), {"x": x}, initializers={"axes": np.array([1], np.int64)}, opset=13
+    )
 
 
 def test_reduce_axes_from_graph_input_refused(make_model, convert):
     from tpubuild.errors import TpuBuildError
 
-    model = make_model(node("ReduceSum", ["x", "axes"]), {"x": randn(2, 3), "axes": np.array([1], np.int64)},
-                       opset=13)
+    model = make_model(node("ReduceSum", ["x", "axes"]), {"x": randn(2, 3), "axes": np.array([1], np.int64)}, opset=13)
     with pytest.raises(TpuBuildError, match="axes.*compile time"):
         convert(model, {"x": [2, 3], "axes": [1]})
 
@@ -332,6 +384,7 @@ def test_arg_ties(check_onnx, op, select_last_index):
 
 # ---- pooling, normalisation, softmax ---------------------------------------------
 
+
 @pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 4, 9), (1, 2, 3, 4, 5)], ids=str)
 def test_global_max_pool(check_onnx, shape):
     check_onnx(node("GlobalMaxPool", ["x"]), {"x": randn(*shape)})
@@ -341,36 +394,55 @@ def test_global_max_pool(check_onnx, shape):
 @pytest.mark.parametrize("opset", [6, 22])
 def test_instance_normalization(check_onnx, shape, opset):
     c = shape[1]
-    check_onnx(node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3), {"x": randn(*shape) * 3 + 1},
-               initializers={"s": randn(c), "b": randn(c)}, opset=opset)
+    check_onnx(
+        node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3),
+        {"x": randn(*shape) * 3 + 1},
+        initializers={"s": randn(c), "b": randn(c)},
+        opset=opset,
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2, 6])
 @pytest.mark.parametrize("shape", [(2, 6, 4, 3), (1, 6, 5)], ids=str)
 def test_group_normalization_opset18_per_group_scale(check_onnx, shape, groups):
     """Opset 18: scale and bias have one value per group."""
-    check_onnx(node("GroupNormalization", ["x", "s", "b"], num_groups=groups, epsilon=1e-4),
-               {"x": randn(*shape) * 2 + 1}, initializers={"s": randn(groups), "b": randn(groups)}, opset=18)
+    check_onnx(
+        node("GroupNormalization", ["x", "s", "b"], num_groups=groups, epsilon=1e-4),
+        {"x": randn(*shape) * 2 + 1},
+        initializers={"s": randn(groups), "b": randn(groups)},
+        opset=18,
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 3, 6])
 @pytest.mark.parametrize("shape", [(2, 6, 4, 3), (1, 6, 5)], ids=str)
 def test_group_normalization_opset21_per_channel_scale(check_onnx, shape, groups):
     """Opset 21: scale and bias have one value per channel."""
-    check_onnx(node("GroupNormalization", ["x", "s", "b"], num_groups=groups), {"x": randn(*shape) * 2 + 1},
-               initializers={"s": randn(6), "b": randn(6)}, opset=21)
+    check_onnx(
+        node("GroupNormalization", ["x", "s", "b"], num_groups=groups),
+        {"x": randn(*shape) * 2 + 1},
+        initializers={"s": randn(6), "b": randn(6)},
+        opset=21,
+    )
 
 
 def test_group_normalization_opset21_runtime_scale(check_onnx):
-    check_onnx(node("GroupNormalization", ["x", "s", "b"], num_groups=2),
-               {"x": randn(2, 4, 3), "s": randn(4), "b": randn(4)}, opset=21)
+    check_onnx(
+        node("GroupNormalization", ["x", "s", "b"], num_groups=2),
+        {"x": randn(2, 4, 3), "s": randn(4), "b": randn(4)},
+        opset=21,
+    )
 
 
 def test_group_normalization_bad_groups_refused(make_model, convert):
     from tpubuild.errors import TpuBuildError
 
-    model = make_model(node("GroupNormalization", ["x", "s", "b"], num_groups=4), {"x": randn(1, 6, 3)},
-                       initializers={"s": randn(6), "b": randn(6)}, opset=21)
+    model = make_model(
+        node("GroupNormalization", ["x", "s", "b"], num_groups=4),
+        {"x": randn(1, 6, 3)},
+        initializers={"s": randn(6), "b": randn(6)},
+        opset=21,
+    )
     with pytest.raises(TpuBuildError, match="6 channels do not split into 4 groups"):
         convert(model, {"x": [1, 6, 3]})
 
@@ -394,7 +466,7 @@ def test_lrn_even_size(make_model, run_top, size):
     expect = np.empty_like(x)
     for c in range(x.shape[1]):
         lo, hi = max(0, c - (size - 1) // 2), min(x.shape[1] - 1, c + -(-(size - 1) // 2))
-        square_sum = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+        square_sum = (x[:, lo : hi + 1] ** 2).sum(axis=1)
         expect[:, c] = x[:, c] / (bias + alpha / size * square_sum) ** beta
     model = make_model(node("LRN", ["x"], size=size, alpha=alpha), {"x": x.astype(np.float32)}, opset=13)
     got = run_top(model, {"x": x.astype(np.float32)})["y"]
@@ -418,43 +490,111 @@ def test_log_softmax_large_values(check_onnx):
 
 # ---- the IR they produce ----------------------------------------------------------
 
+
 def test_new_ops_parse_upstream(make_model, convert, tmp_path):
     """A model using every new TOP op prints in generic form that upstream MLIR parses and verifies."""
 
     nodes = [
-        node("LeakyRelu", ["x"], ["a"]), node("PRelu", ["a", "slope"], ["b"]), node("Elu", ["b"], ["c"]),
-        node("Softplus", ["c"], ["d"]), node("Erf", ["d"], ["e"]), node("Gelu", ["e"], ["f"], approximate="tanh"),
-        node("HardSigmoid", ["f"], ["g"]), node("HardSwish", ["g"], ["h"]), node("Mish", ["h"], ["i"]),
-        node("Exp", ["i"], ["j"]), node("Log", ["j"], ["k"]), node("Pow", ["k", "two"], ["l"]),
-        node("Pow", ["l", "x"], ["l3"]), node("Sqrt", ["l3"], ["m"]), node("Reciprocal", ["m"], ["n"]),
-        node("Abs", ["n"], ["o"]), node("Floor", ["o"], ["p"]), node("Ceil", ["p"], ["q"]),
-        node("Max", ["q", "x", "a"], ["r"]), node("Min", ["r", "x"], ["s"]), node("Greater", ["s", "x"], ["gt"]),
-        node("Not", ["gt"], ["ngt"]), node("Where", ["ngt", "s", "x"], ["t"]),
-        node("ArgMax", ["t"], ["am"], axis=1), node("Cast", ["am"], ["amf"], to=TensorProto.FLOAT),
-        node("ReduceMean", ["t"], ["u"], axes=[2, 3]), node("GlobalMaxPool", ["t"], ["v"]),
+        node("LeakyRelu", ["x"], ["a"]),
+        node("PRelu", ["a", "slope"], ["b"]),
+        node("Elu", ["b"], ["c"]),
+        node("Softplus", ["c"], ["d"]),
+        node("Erf", ["d"], ["e"]),
+        node("Gelu", ["e"], ["f"], approximate="tanh"),
+        node("HardSigmoid", ["f"], ["g"]),
+        node("HardSwish", ["g"], ["h"]),
+        node("Mish", ["h"], ["i"]),
+        node("Exp", ["i"], ["j"]),
+        node("Log", ["j"], ["k"]),
+        node("Pow", ["k", "two"], ["l"]),
+        node("Pow", ["l", "x"], ["l3"]),
+        node("Sqrt", ["l3"], ["m"]),
+        node("Reciprocal", ["m"], ["n"]),
+        node("Abs", ["n"], ["o"]),
+        node("Floor", ["o"], ["p"]),
+        node("Ceil", ["p"], ["q"]),
+        node("Max", ["q", "x", "a"], ["r"]),
+        node("Min", ["r", "x"], ["s"]),
+        node("Greater", ["s", "x"], ["gt"]),
+        node("Not", ["gt"], ["ngt"]),
+        node("Where", ["ngt", "s", "x"], ["t"]),
+        node("ArgMax", ["t"], ["am"], axis=1),
+        node("Cast", ["am"], ["amf"], to=TensorProto.FLOAT),
+        node("ReduceMean", ["t"], ["u"], axes=[2, 3]),
+        node("GlobalMaxPool", ["t"], ["v"]),
         node("InstanceNormalization", ["t", "sc", "bi"], ["w"]),
         node("GroupNormalization", ["w", "sc", "bi"], ["gn"], num_groups=2),
-        node("LRN", ["gn"], ["z"], size=3), node("LogSoftmax", ["z"], ["y"], axis=1),
-        node("Sign", ["x"], ["e1"]), node("Round", ["e1"], ["e2"]), node("Sin", ["e2"], ["e3"]),
-        node("Cos", ["e3"], ["e4"]), node("Softsign", ["e4"], ["e5"]), node("Celu", ["e5"], ["e6"]),
-        node("ThresholdedRelu", ["e6"], ["e7"]), node("Shrink", ["e7"], ["e8"]), node("Swish", ["e8"], ["e9"]),
-        node("Mod", ["e9", "two"], ["e10"], fmod=1), node("RMSNormalization", ["e10", "rms_scale"], ["e11"], axis=1),
-        node("IsInf", ["e11"], ["inf"]), node("IsNaN", ["e11"], ["nan"]),
+        node("LRN", ["gn"], ["z"], size=3),
+        node("LogSoftmax", ["z"], ["y"], axis=1),
+        node("Sign", ["x"], ["e1"]),
+        node("Round", ["e1"], ["e2"]),
+        node("Sin", ["e2"], ["e3"]),
+        node("Cos", ["e3"], ["e4"]),
+        node("Softsign", ["e4"], ["e5"]),
+        node("Celu", ["e5"], ["e6"]),
+        node("ThresholdedRelu", ["e6"], ["e7"]),
+        node("Shrink", ["e7"], ["e8"]),
+        node("Swish", ["e8"], ["e9"]),
+        node("Mod", ["e9", "two"], ["e10"], fmod=1),
+        node("RMSNormalization", ["e10", "rms_scale"], ["e11"], axis=1),
+        node("IsInf", ["e11"], ["inf"]),
+        node("IsNaN", ["e11"], ["nan"]),
     ]
     inits = {"slope": randn(4, 1, 1), "two": np.array(2.0, np.float32), "sc": randn(4), "bi": randn(4)}
     inits["rms_scale"] = randn(4, 3, 3)
-    model = make_model(nodes, {"x": randn(1, 4, 3, 3)}, ["y", "u", "v", "amf", "inf", "nan"], initializers=inits,
-                       opset=24)
+    model = make_model(
+        nodes, {"x": randn(1, 4, 3, 3)}, ["y", "u", "v", "amf", "inf", "nan"], initializers=inits, opset=24
+    )
     module, _ = convert(model, {"x": [1, 4, 3, 3]})
     names = {op.name for op in mlir.body_ops(module)}
-    wanted = {cls.name for cls in (top.LeakyReluOp, top.PReluOp, top.EluOp, top.SoftplusOp, top.ErfOp, top.GELUOp,
-                                   top.HardSigmoidOp, top.HardSwishOp, top.MishOp, top.ExpOp, top.LogOp, top.PowOp,
-                                   top.Pow3Op, top.SqrtOp, top.ReciprocalOp, top.AbsOp, top.FloorOp, top.CeilOp,
-                                   top.MaxOp, top.MinOp, top.CompareOp, top.WhereOp, top.ArgOp, top.CastOp,
-                                   top.ReduceOp, top.MaxPoolOp, top.InstanceNormOp, top.GroupNormOp, top.LRNOp,
-                                   top.SoftmaxOp, top.SignOp, top.RoundOp, top.SinOp, top.CosOp, top.SoftsignOp,
-                                   top.CeluOp, top.ThresholdedReluOp, top.ShrinkOp, top.SwishOp, top.ModOp,
-                                   top.RMSNormOp, top.IsInfOp, top.IsNaNOp)}
+    wanted = {
+        cls.name
+        for cls in (
+            top.LeakyReluOp,
+            top.PReluOp,
+            top.EluOp,
+            top.SoftplusOp,
+            top.ErfOp,
+            top.GELUOp,
+            top.HardSigmoidOp,
+            top.HardSwishOp,
+            top.MishOp,
+            top.ExpOp,
+            top.LogOp,
+            top.PowOp,
+            top.Pow3Op,
+            top.SqrtOp,
+            top.ReciprocalOp,
+            top.AbsOp,
+            top.FloorOp,
+            top.CeilOp,
+            top.MaxOp,
+            top.MinOp,
+            top.CompareOp,
+            top.WhereOp,
+            top.ArgOp,
+            top.CastOp,
+            top.ReduceOp,
+            top.MaxPoolOp,
+            top.InstanceNormOp,
+            top.GroupNormOp,
+            top.LRNOp,
+            top.SoftmaxOp,
+            top.SignOp,
+            top.RoundOp,
+            top.SinOp,
+            top.CosOp,
+            top.SoftsignOp,
+            top.CeluOp,
+            top.ThresholdedReluOp,
+            top.ShrinkOp,
+            top.SwishOp,
+            top.ModOp,
+            top.RMSNormOp,
+            top.IsInfOp,
+            top.IsNaNOp,
+        )
+    }
     assert wanted <= names
     text = mlir.print_module(module)
     assert mlir.print_module(mlir.parse_module(text)) == text
@@ -465,11 +605,50 @@ def test_new_ops_parse_upstream(make_model, convert, tmp_path):
 
 def test_every_issue3_math_op_is_registered():
     table = registry.supported()
-    wanted = ["LeakyRelu", "PRelu", "Elu", "Selu", "Softplus", "Erf", "Gelu", "HardSigmoid", "HardSwish", "Mish",
-              "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Abs", "Neg", "Floor", "Ceil", "Max", "Min", "Sum", "Mean",
-              "Where", "Equal", "Less", "Greater", "Not", "And", "Cast", "ReduceMean", "ReduceSum", "ReduceMax",
-              "ReduceMin", "ReduceProd", "ReduceL2", "ArgMax", "GlobalMaxPool", "InstanceNormalization",
-              "GroupNormalization", "LRN", "LogSoftmax"]
+    wanted = [
+        "LeakyRelu",
+        "PRelu",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "Erf",
+        "Gelu",
+        "HardSigmoid",
+        "HardSwish",
+        "Mish",
+        "Exp",
+        "Log",
+        "Pow",
+        "Sqrt",
+        "Reciprocal",
+        "Abs",
+        "Neg",
+        "Floor",
+        "Ceil",
+        "Max",
+        "Min",
+        "Sum",
+        "Mean",
+        "Where",
+        "Equal",
+        "Less",
+        "Greater",
+        "Not",
+        "And",
+        "Cast",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL2",
+        "ArgMax",
+        "GlobalMaxPool",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LRN",
+        "LogSoftmax",
+    ]
     assert [op for op in wanted if ("", op) not in table] == []
     assert table[("", "ReduceSum")] == [1, 13] and table[("", "ReduceMean")] == [1, 18]
     assert table[("", "GroupNormalization")] == [18, 21] and table[("", "LogSoftmax")] == [1, 13]
@@ -499,18 +678,26 @@ def test_cast_through_4bit(check_onnx, to):
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceLogSumExp"])
 def test_reduce_empty_set(check_onnx, op):
     """Reducing over an empty axis gives the reduction's identity (-inf for max, 1 for prod...)."""
-    check_onnx(node(op, ["x", "axes"], keepdims=1), {"x": np.zeros((2, 0, 3), np.float32)},
-               initializers={"axes": np.array([1], np.int64)}, opset=18)
+    check_onnx(
+        node(op, ["x", "axes"], keepdims=1),
+        {"x": np.zeros((2, 0, 3), np.float32)},
+        initializers={"axes": np.array([1], np.int64)},
+        opset=18,
+    )
 
 
 # ---- further activations and math ---------------------------------------------------
 
 EXTRA_ACTIVATIONS = [
-    ("Celu", {}, 12), ("Celu", {"alpha": 2.0}, 12),
-    ("ThresholdedRelu", {}, 10), ("ThresholdedRelu", {"alpha": -0.5}, 22),
-    ("Shrink", {}, 9), ("Shrink", {"bias": 1.5, "lambd": 2.0}, 9),
+    ("Celu", {}, 12),
+    ("Celu", {"alpha": 2.0}, 12),
+    ("ThresholdedRelu", {}, 10),
+    ("ThresholdedRelu", {"alpha": -0.5}, 22),
+    ("Shrink", {}, 9),
+    ("Shrink", {"bias": 1.5, "lambd": 2.0}, 9),
     ("Softsign", {}, 1),
-    ("Swish", {}, 24), ("Swish", {"alpha": 1.702}, 24),
+    ("Swish", {}, 24),
+    ("Swish", {"alpha": 1.702}, 24),
 ]
 
 
@@ -550,8 +737,9 @@ def test_mod_int(check_onnx, fmod):
 
 
 def test_mod_float_fmod(check_onnx):
-    check_onnx(node("Mod", ["a", "b"], fmod=1), {"a": wide(3, 4), "b": np.array([1.5, -2.0, 0.7, -3.3], np.float32)},
-               opset=13)
+    check_onnx(
+        node("Mod", ["a", "b"], fmod=1), {"a": wide(3, 4), "b": np.array([1.5, -2.0, 0.7, -3.3], np.float32)}, opset=13
+    )
 
 
 @pytest.mark.parametrize("target", [np.int64, np.float16, np.bool_])
@@ -565,8 +753,12 @@ def test_castlike_constant_to_runtime_type_folds(make_model, check_against_ort, 
     (here it feeds Pad's constant_value, which must be known at compile time)."""
     nodes = [node("CastLike", ["neg", "x"], ["value"]), node("Pad", ["x", "pads", "value"])]
     x = randn(2, 3)
-    model = make_model(nodes, {"x": x}, initializers={"neg": np.array(-7, np.int64),
-                                                      "pads": np.array([0, 1, 0, 2], np.int64)}, opset=19)
+    model = make_model(
+        nodes,
+        {"x": x},
+        initializers={"neg": np.array(-7, np.int64), "pads": np.array([0, 1, 0, 2], np.int64)},
+        opset=19,
+    )
     check_against_ort(model, {"x": x})
     module, _ = convert(model, {"x": [2, 3]})
     assert not any(isinstance(op, top.CastOp) for op in mlir.body_ops(module))
@@ -575,5 +767,9 @@ def test_castlike_constant_to_runtime_type_folds(make_model, check_against_ort, 
 @pytest.mark.parametrize("axis", [-1, 1, 0])
 def test_rms_normalization(check_onnx, axis):
     x = randn(2, 3, 4) * 2
-    check_onnx(node("RMSNormalization", ["x", "s"], axis=axis, epsilon=1e-4), {"x": x},
-               initializers={"s": randn(*x.shape[axis:])}, opset=23)
+    check_onnx(
+        node("RMSNormalization", ["x", "s"], axis=axis, epsilon=1e-4),
+        {"x": x},
+        initializers={"s": randn(*x.shape[axis:])},
+        opset=23,
+    )

@@ -42,8 +42,11 @@ def test_a_dead_filter_keeps_its_bias_in_int8(make_model, tmp_path):
     w = (rng.standard_normal((3, 2, 3, 3)) * 0.5).astype(np.float32)
     w[1] = 1e-40  # a dead filter, as trained networks have
     b = np.array([0.1, 0.7, -0.2], np.float32)
-    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="y", pads=[1, 1, 1, 1])],
-                       {"x": np.zeros((1, 2, 6, 6), np.float32)}, initializers={"w": w, "b": b})
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="y", pads=[1, 1, 1, 1])],
+        {"x": np.zeros((1, 2, 6, 6), np.float32)},
+        initializers={"w": w, "b": b},
+    )
     onnx.save(model, tmp_path / "m.onnx")
     module, weights = canonicalize(*convert_onnx(tmp_path / "m.onnx", {"x": (1, 2, 6, 6)}, "m", "w.npz"), "c.npz")
     samples = [{"x": rng.uniform(-1, 1, (1, 2, 6, 6)).astype(np.float32)} for _ in range(4)]

@@ -59,9 +59,16 @@ class Net:
             node("Flatten", ["gap"], "flat"),
             node("Gemm", ["flat", "wf", "bf"], "logits", transB=1),
         ]
-        inits = {"w1": w(8, 3, 3, 3, scale=0.4), "b1": w(8, scale=0.1), "w2": w(8, 8, 3, 3, scale=0.15),
-                 "b2": w(8, scale=0.1), "w3": w(6, 8, 1, 1, scale=0.4), "b3": w(6, scale=0.1),
-                 "wf": w(5, 6, scale=0.8), "bf": w(5, scale=0.1)}
+        inits = {
+            "w1": w(8, 3, 3, 3, scale=0.4),
+            "b1": w(8, scale=0.1),
+            "w2": w(8, 8, 3, 3, scale=0.15),
+            "b2": w(8, scale=0.1),
+            "w3": w(6, 8, 1, 1, scale=0.4),
+            "b3": w(6, scale=0.1),
+            "wf": w(5, 6, scale=0.8),
+            "bf": w(5, scale=0.1),
+        }
         path = tmp_path / "model.onnx"
         onnx.save(make_model(nodes, {"x": np.zeros(SHAPE, np.float32)}, initializers=inits), path)
         module, weights = convert_onnx(path, {"x": SHAPE}, "test", "origin_weights.npz")
@@ -76,11 +83,14 @@ class Net:
 
     def score(self, cali, qtable, samples) -> float:
         """The lowest output cosine of the INT8 lowering with ``qtable`` over ``samples``."""
-        tm, tw = lower_module(apply_table(self.module, cali), self.weights, chip=BM1684X, mode="INT8", cali=cali,
-                              qtable=qtable)
+        tm, tw = lower_module(
+            apply_table(self.module, cali), self.weights, chip=BM1684X, mode="INT8", cali=cali, qtable=qtable
+        )
         (top_out,), (tpu_out,) = mlir.output_names(self.module), mlir.output_names(tm)
-        return min(cosine(run(tm, tw, s, all_tensors=False)[tpu_out], run(self.module, self.weights, s)[top_out])
-                   for s in samples)
+        return min(
+            cosine(run(tm, tw, s, all_tensors=False)[tpu_out], run(self.module, self.weights, s)[top_out])
+            for s in samples
+        )
 
 
 @pytest.fixture
@@ -89,8 +99,16 @@ def net(make_model, tmp_path) -> Net:
 
 
 def run_search(net: Net, cali, user=None, **config):
-    return search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                  samples=net.samples[:3], config=SearchConfig(**config), user=user)
+    return search(
+        apply_table(net.module, cali),
+        net.weights,
+        chip=BM1684X,
+        cali=cali,
+        asymmetric=False,
+        samples=net.samples[:3],
+        config=SearchConfig(**config),
+        user=user,
+    )
 
 
 def test_a_wrecked_tensor_is_found_and_kept_in_float(net):
@@ -138,8 +156,15 @@ def test_the_samples_scored_are_those_where_int8_alone_is_worst(net):
     per_sample = [net.score(cali, None, [s]) for s in net.samples]
     worst = sorted(np.argsort(per_sample, kind="stable")[:2].tolist())
     assert len({round(c, 6) for c in per_sample}) == len(per_sample)  # no ties to decide
-    result = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                    samples=net.samples, config=SearchConfig(samples=2, target_cos=0.99))
+    result = search(
+        apply_table(net.module, cali),
+        net.weights,
+        chip=BM1684X,
+        cali=cali,
+        asymmetric=False,
+        samples=net.samples,
+        config=SearchConfig(samples=2, target_cos=0.99),
+    )
     assert result.pool == len(net.samples) and list(result.scored) == worst and result.samples == 2
     assert result.int8_score == pytest.approx(min(per_sample), abs=1e-9)
     assert "of the first 10 where INT8 alone is furthest from float" in format_result(result)
@@ -205,9 +230,19 @@ def test_steps_score_samples_hardest_first_and_stop_below_the_target(net, monkey
 def test_two_processes_find_the_same_table(net, target):
     """The pool scored in two processes (each its half of the samples): the same scores, samples and table."""
     cali = net.wreck("r1", 10.0)
-    results = [search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                      samples=net.samples, config=SearchConfig(samples=3, target_cos=target, max_lowerings=12),
-                      processes=processes) for processes in (1, 2)]
+    results = [
+        search(
+            apply_table(net.module, cali),
+            net.weights,
+            chip=BM1684X,
+            cali=cali,
+            asymmetric=False,
+            samples=net.samples,
+            config=SearchConfig(samples=3, target_cos=target, max_lowerings=12),
+            processes=processes,
+        )
+        for processes in (1, 2)
+    ]
     one, two = results
     assert one.scored == two.scored and one.int8_score == two.int8_score and one.score == two.score
     assert one.table == two.table and format_result(one) == format_result(two)
@@ -234,10 +269,20 @@ def test_the_greedy_and_pruning_steps_work_ahead_in_the_second_process(net, monk
     monkeypatch.setattr(search_module._Search, "_evaluate", counted)
     monkeypatch.setattr(search_module, "spare_core", lambda: True)  # whatever else runs on the machine now
     logs = [[], []]
-    results = [search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                      samples=net.samples, config=SearchConfig(samples=3, chunks=8, target_cos=target,
-                                                               max_lowerings=20),
-                      log=logs[processes - 1].append, processes=processes) for processes in (1, 2)]
+    results = [
+        search(
+            apply_table(net.module, cali),
+            net.weights,
+            chip=BM1684X,
+            cali=cali,
+            asymmetric=False,
+            samples=net.samples,
+            config=SearchConfig(samples=3, chunks=8, target_cos=target, max_lowerings=20),
+            log=logs[processes - 1].append,
+            processes=processes,
+        )
+        for processes in (1, 2)
+    ]
     one, two = results
     assert came["there"] > 0 and came["here"] > 0
     assert logs[0] == logs[1] and one.lowerings == two.lowerings and one.score == two.score
@@ -260,8 +305,19 @@ def test_no_work_ahead_without_a_spare_core(net, monkeypatch):
     monkeypatch.setattr(search_module, "spare_core", lambda: False)
     monkeypatch.setattr(search_module._Search, "_evaluate", watched)
     config = SearchConfig(samples=3, chunks=8, max_lowerings=20)
-    one, two = (search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                       samples=net.samples, config=config, processes=processes) for processes in (1, 2))
+    one, two = (
+        search(
+            apply_table(net.module, cali),
+            net.weights,
+            chip=BM1684X,
+            cali=cali,
+            asymmetric=False,
+            samples=net.samples,
+            config=config,
+            processes=processes,
+        )
+        for processes in (1, 2)
+    )
     assert sent == [] and one.table == two.table and one.lowerings == two.lowerings
 
 
@@ -278,8 +334,16 @@ def test_a_second_process_that_dies_ahead_is_a_clear_error(net, monkeypatch):
     monkeypatch.setattr(search_module, "_work_ahead", dies)
     monkeypatch.setattr(search_module, "spare_core", lambda: True)
     with pytest.raises(TpuBuildError, match=r"second process stopped \(exit code 3\).*\n.*TPUBUILD_PROCESSES=1"):
-        search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-               samples=net.samples, config=SearchConfig(samples=3, chunks=8, max_lowerings=20), processes=2)
+        search(
+            apply_table(net.module, cali),
+            net.weights,
+            chip=BM1684X,
+            cali=cali,
+            asymmetric=False,
+            samples=net.samples,
+            config=SearchConfig(samples=3, chunks=8, max_lowerings=20),
+            processes=2,
+        )
 
 
 def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
@@ -290,8 +354,16 @@ def test_an_error_in_the_second_process_is_raised_here(net, monkeypatch):
 
     monkeypatch.setattr(search_module.Evaluator, "sample_score", broken)
     with pytest.raises(TpuBuildError, match="sample 1 broke"):
-        search(apply_table(net.module, net.cali), net.weights, chip=BM1684X, cali=net.cali, asymmetric=False,
-               samples=net.samples[:4], config=SearchConfig(samples=2), processes=2)
+        search(
+            apply_table(net.module, net.cali),
+            net.weights,
+            chip=BM1684X,
+            cali=net.cali,
+            asymmetric=False,
+            samples=net.samples[:4],
+            config=SearchConfig(samples=2),
+            processes=2,
+        )
 
 
 def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path, monkeypatch):
@@ -313,11 +385,30 @@ def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path, 
         files.append(str(tmp_path / f"s{i}.npz"))
         np.savez(files[-1], **sample)
     inputs = [{"name": "x", "shape": list(SHAPE)}]
-    stages.calibrate("test", str(canonical), inputs, files, None, "max", None, str(tmp_path / "cali.mlir"),
-                     str(tmp_path / "cali_table"))
+    stages.calibrate(
+        "test",
+        str(canonical),
+        inputs,
+        files,
+        None,
+        "max",
+        None,
+        str(tmp_path / "cali.mlir"),
+        str(tmp_path / "cali_table"),
+    )
     assert not inference._OUTPUTS
-    stages.calibrate("test", str(canonical), inputs, files, None, "max", None, str(tmp_path / "cali.mlir"),
-                     str(tmp_path / "cali_table"), searched=True)
+    stages.calibrate(
+        "test",
+        str(canonical),
+        inputs,
+        files,
+        None,
+        "max",
+        None,
+        str(tmp_path / "cali.mlir"),
+        str(tmp_path / "cali_table"),
+        searched=True,
+    )
     cali_module = mlir.load_module(tmp_path / "cali.mlir")
     key = mlir.file_key(tmp_path / "cali.mlir")
     refs = {}
@@ -330,10 +421,25 @@ def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path, 
         refs[i] = kept
     assert kept_outputs(key, {"x": np.zeros(SHAPE, np.float32)}) is None
     cali = net.wreck("r1")
-    mine = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                  samples=net.samples[:4], config=SearchConfig(target_cos=0.99))
-    given = search(apply_table(net.module, cali), net.weights, chip=BM1684X, cali=cali, asymmetric=False,
-                   samples=net.samples[:4], config=SearchConfig(target_cos=0.99), refs=refs)
+    mine = search(
+        apply_table(net.module, cali),
+        net.weights,
+        chip=BM1684X,
+        cali=cali,
+        asymmetric=False,
+        samples=net.samples[:4],
+        config=SearchConfig(target_cos=0.99),
+    )
+    given = search(
+        apply_table(net.module, cali),
+        net.weights,
+        chip=BM1684X,
+        cali=cali,
+        asymmetric=False,
+        samples=net.samples[:4],
+        config=SearchConfig(target_cos=0.99),
+        refs=refs,
+    )
     assert mine.chosen and given.table == mine.table and given.score == mine.score
 
 

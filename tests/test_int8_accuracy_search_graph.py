@@ -34,10 +34,18 @@ calibration:
 
 def tiny_onnx(path: Path) -> None:
     rng = np.random.default_rng(7)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="h"), helper.make_node("Relu", ["h"], ["r"], name="r"),
-             helper.make_node("MatMul", ["r", "w2"], ["y"], name="y")]
-    save_onnx(path, nodes, {"x": [2, 4]}, {"y": [2, 3]}, {"w1": rng.standard_normal((4, 6)).astype(np.float32),
-                                                         "w2": rng.standard_normal((6, 3)).astype(np.float32)})
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="h"),
+        helper.make_node("Relu", ["h"], ["r"], name="r"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="y"),
+    ]
+    save_onnx(
+        path,
+        nodes,
+        {"x": [2, 4]},
+        {"y": [2, 3]},
+        {"w1": rng.standard_normal((4, 6)).astype(np.float32), "w2": rng.standard_normal((6, 3)).astype(np.float32)},
+    )
 
 
 class Zoo:

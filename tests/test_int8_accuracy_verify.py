@@ -29,8 +29,10 @@ def test_outputs_decide_and_the_rest_is_reported():
     ref = {"inner": b, "out": a}
     report = compare_tensors(test, ref, TOL, test_outputs=["out"], ref_outputs=["out"], decide="outputs")
     assert report["passed"] and report["failed"] == 1 and report["decided_by"] == "graph outputs"
-    assert {r["name"]: (r["passed"], r["output"]) for r in report["tensors"]} == {"inner": (False, False),
-                                                                                 "out": (True, True)}
+    assert {r["name"]: (r["passed"], r["output"]) for r in report["tensors"]} == {
+        "inner": (False, False),
+        "out": (True, True),
+    }
     # the same comparison judged on every tensor fails
     assert not compare_tensors(test, ref, TOL, test_outputs=["out"], ref_outputs=["out"])["passed"]
     # a failing output fails
@@ -41,8 +43,14 @@ def test_outputs_decide_and_the_rest_is_reported():
 def test_an_output_without_counterpart_is_a_failure_not_a_pass():
     a = np.ones(4)
     # the TPU output is renamed and its shape differs from TOP's: nothing pairs it
-    report = compare_tensors({"inner": a, "out_f32": np.ones(5)}, {"inner": a, "out": a}, TOL,
-                             test_outputs=["out_f32"], ref_outputs=["out"], decide="outputs")
+    report = compare_tensors(
+        {"inner": a, "out_f32": np.ones(5)},
+        {"inner": a, "out": a},
+        TOL,
+        test_outputs=["out_f32"],
+        ref_outputs=["out"],
+        decide="outputs",
+    )
     assert report["compared"] == 1 and not report["passed"]
     # no outputs named at all: nothing can decide
     assert not compare_tensors({"x": a}, {"x": a}, TOL, decide="outputs")["passed"]
@@ -55,35 +63,77 @@ def int8_target(tmp_path_factory):
     d = tmp_path_factory.mktemp("verify")
     rng = np.random.default_rng(5)
     w = rng.standard_normal((6, 5)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Relu", ["mm"], ["r"], name="r"),
-             helper.make_node("Softmax", ["r"], ["y"], name="y", axis=-1)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 5])],
-                              initializer=[numpy_helper.from_array(w, "w")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Relu", ["mm"], ["r"], name="r"),
+        helper.make_node("Softmax", ["r"], ["y"], name="y", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 5])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), d / "m.onnx")
     specs = [{"name": "x", "shape": [8, 6], "dtype": "float32", "range": [-1.0, 1.0]}]
-    p = {k: str(d / k) for k in ("origin.mlir", "origin_weights.npz", "input.npz", "canonical.mlir",
-                                 "canonical_weights.npz", "cali.mlir", "cali_table", "tpu.mlir", "tpu_weights.npz",
-                                 "top_outs.npz", "origin_outs.npz", "onnx_outs.npz", "verify_top.json")}
+    p = {
+        k: str(d / k)
+        for k in (
+            "origin.mlir",
+            "origin_weights.npz",
+            "input.npz",
+            "canonical.mlir",
+            "canonical_weights.npz",
+            "cali.mlir",
+            "cali_table",
+            "tpu.mlir",
+            "tpu_weights.npz",
+            "top_outs.npz",
+            "origin_outs.npz",
+            "onnx_outs.npz",
+            "verify_top.json",
+        )
+    }
     stages.transform(str(d / "m.onnx"), specs, "m", None, p["origin.mlir"], p["origin_weights.npz"], p["input.npz"])
     stages.reference(str(d / "m.onnx"), p["input.npz"], p["onnx_outs.npz"])
     stages.canonicalize(p["origin.mlir"], p["origin_weights.npz"], p["canonical.mlir"], p["canonical_weights.npz"])
-    stages.verify_top("m", str(d / "m.onnx"), p["origin.mlir"], p["canonical.mlir"], p["input.npz"],
-                      p["onnx_outs.npz"], {"cos": 0.99999, "euc": 0.999}, p["origin_outs.npz"], p["top_outs.npz"],
-                      p["verify_top.json"])
-    stages.calibrate("m", p["canonical.mlir"], specs, [p["input.npz"]], None, "max", None, p["cali.mlir"],
-                     p["cali_table"])
-    stages.lower("m", p["cali.mlir"], p["cali_table"], None, "bm1684x", "INT8", False, p["tpu.mlir"],
-                 p["tpu_weights.npz"])
+    stages.verify_top(
+        "m",
+        str(d / "m.onnx"),
+        p["origin.mlir"],
+        p["canonical.mlir"],
+        p["input.npz"],
+        p["onnx_outs.npz"],
+        {"cos": 0.99999, "euc": 0.999},
+        p["origin_outs.npz"],
+        p["top_outs.npz"],
+        p["verify_top.json"],
+    )
+    stages.calibrate(
+        "m", p["canonical.mlir"], specs, [p["input.npz"]], None, "max", None, p["cali.mlir"], p["cali_table"]
+    )
+    stages.lower(
+        "m", p["cali.mlir"], p["cali_table"], None, "bm1684x", "INT8", False, p["tpu.mlir"], p["tpu_weights.npz"]
+    )
     return d, p
 
 
 def verify(int8_target, tolerance: dict) -> dict:
     d, p = int8_target
     out = {k: str(d / f"{k}_{len(list(d.iterdir()))}") for k in ("outs.npz", "raw.npz", "v.json")}
-    stages.verify_tpu("m", "bm1684x-INT8", p["tpu.mlir"], p["canonical.mlir"], p["input.npz"], p["top_outs.npz"],
-                      tolerance, out["outs.npz"], out["raw.npz"], out["v.json"])
+    stages.verify_tpu(
+        "m",
+        "bm1684x-INT8",
+        p["tpu.mlir"],
+        p["canonical.mlir"],
+        p["input.npz"],
+        p["top_outs.npz"],
+        tolerance,
+        out["outs.npz"],
+        out["raw.npz"],
+        out["v.json"],
+    )
     return json.loads(open(out["v.json"]).read())["comparisons"][0]
 
 

@@ -37,10 +37,14 @@ QUANT_TYPES = {
     "uniform_i8": (UniformType.get("i8", f32, [0.0125], [-3]), "!quant.uniform<i8:f32, 0.0125:-3>"),
     "uniform_u8": (UniformType.get("u8", f32, [0.5], [128]), "!quant.uniform<u8:f32, 0.5:128>"),
     "uniform_i16": (UniformType.get("i16", f32, [1e-4], [0]), "!quant.uniform<i16:f32, 0.0001:0>"),
-    "per_axis_i8": (UniformType.get("i8", f32, [0.1, 0.2, 1e-5, 3.0], [0, 0, 0, 0], axis=1),
-                    "!quant.uniform<i8:f32:1, {0.1:0,0.2:0,1.0e-05:0,3.0:0}>"),
-    "per_axis_u8": (UniformType.get("u8", f32, [0.25, 0.125, 2.0, 1.0], [1, 128, 255, 0], axis=1),
-                    "!quant.uniform<u8:f32:1, {0.25:1,0.125:128,2.0:255,1.0:0}>"),
+    "per_axis_i8": (
+        UniformType.get("i8", f32, [0.1, 0.2, 1e-5, 3.0], [0, 0, 0, 0], axis=1),
+        "!quant.uniform<i8:f32:1, {0.1:0,0.2:0,1.0e-05:0,3.0:0}>",
+    ),
+    "per_axis_u8": (
+        UniformType.get("u8", f32, [0.25, 0.125, 2.0, 1.0], [1, 128, 255, 0], axis=1),
+        "!quant.uniform<u8:f32:1, {0.25:1,0.125:128,2.0:255,1.0:0}>",
+    ),
 }
 
 
@@ -92,10 +96,28 @@ def test_unknown_quant_storage_refused():
         UniformType.get("i4", f32, [1.0], [0])
 
 
-ELEMENT_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int64, np.int32, np.int16, np.int8,
-                  np.uint8, np.bool_, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz,
-                  ml_dtypes.float8_e5m2fnuz, ml_dtypes.float8_e8m0fnu, ml_dtypes.int4, ml_dtypes.uint4,
-                  ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.float4_e2m1fn]
+ELEMENT_DTYPES = [
+    np.float32,
+    np.float16,
+    ml_dtypes.bfloat16,
+    np.float64,
+    np.int64,
+    np.int32,
+    np.int16,
+    np.int8,
+    np.uint8,
+    np.bool_,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+    ml_dtypes.float8_e4m3fnuz,
+    ml_dtypes.float8_e5m2fnuz,
+    ml_dtypes.float8_e8m0fnu,
+    ml_dtypes.int4,
+    ml_dtypes.uint4,
+    ml_dtypes.int2,
+    ml_dtypes.uint2,
+    ml_dtypes.float4_e2m1fn,
+]
 
 
 def test_element_types_round_trip_and_parse_upstream(tmp_path):
@@ -112,13 +134,20 @@ def test_element_types_round_trip_and_parse_upstream(tmp_path):
 
 # ---- module attributes, printing, parsing ---------------------------------------
 
+
 def test_module_attrs_round_trip():
     module = quant_module([])
     mlir.set_module_attrs(module, chip="bm1684x", mode="INT8", asymmetric=True)
     parsed = mlir.parse_module(mlir.print_module(module))
     got = {k: mlir.module_attr(parsed, k) for k in ("name", "weight_file", "state", "chip", "mode", "asymmetric")}
-    assert got == {"name": "quant", "weight_file": "quant_weights.npz", "state": "TPU_LOWERED", "chip": "bm1684x",
-                   "mode": "INT8", "asymmetric": "true"}
+    assert got == {
+        "name": "quant",
+        "weight_file": "quant_weights.npz",
+        "state": "TPU_LOWERED",
+        "chip": "bm1684x",
+        "mode": "INT8",
+        "asymmetric": "true",
+    }
     mlir.set_module_attrs(parsed, asymmetric=False)
     assert mlir.module_attr(mlir.parse_module(mlir.print_module(parsed)), "asymmetric") == "false"
     assert mlir.module_attr(parsed, "absent", "default") == "default"
@@ -139,8 +168,9 @@ def transformer_module():
 def test_printing_is_deterministic(demo_module):
     """The same model converted twice prints to the same bytes, and a print/parse/print is stable."""
     module, _ = demo_module
-    again, _ = convert_onnx(ROOT / "models" / "demo_cnn.onnx", {"input": [2, 3, 32, 32]}, "demo_cnn",
-                            "demo_cnn_origin_weights.npz")
+    again, _ = convert_onnx(
+        ROOT / "models" / "demo_cnn.onnx", {"input": [2, 3, 32, 32]}, "demo_cnn", "demo_cnn_origin_weights.npz"
+    )
     text = mlir.print_module(module)
     assert mlir.print_module(again) == text
     assert mlir.print_module(mlir.parse_module(text)) == text
@@ -219,6 +249,7 @@ def test_broken_op_attribute_is_reported_with_its_location(demo_module):
 
 # ---- op parameters ---------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class AllKinds:
     ints: tuple[int, ...]
@@ -270,17 +301,20 @@ def test_op_verify_names_missing_attribute_and_location():
 
 # ---- weight store ------------------------------------------------------------------
 
+
 def weight_arrays():
     rng = np.random.default_rng(3)
-    return {"conv.w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-            "b": rng.integers(-128, 127, (4,)).astype(np.int8),
-            "scalar": np.array(2.5, np.float32),
-            "shape": np.array([1, -1], np.int64),
-            "half": rng.standard_normal(5).astype(np.float16),
-            "bf16": rng.standard_normal(6).astype(ml_dtypes.bfloat16),
-            "f8": rng.standard_normal(6).astype(ml_dtypes.float8_e4m3fn),
-            "i4": np.arange(-8, 8).astype(ml_dtypes.int4),
-            "mask": np.array([True, False])}
+    return {
+        "conv.w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "b": rng.integers(-128, 127, (4,)).astype(np.int8),
+        "scalar": np.array(2.5, np.float32),
+        "shape": np.array([1, -1], np.int64),
+        "half": rng.standard_normal(5).astype(np.float16),
+        "bf16": rng.standard_normal(6).astype(ml_dtypes.bfloat16),
+        "f8": rng.standard_normal(6).astype(ml_dtypes.float8_e4m3fn),
+        "i4": np.arange(-8, 8).astype(ml_dtypes.int4),
+        "mask": np.array([True, False]),
+    }
 
 
 def test_weight_store_save_is_byte_deterministic(tmp_path):

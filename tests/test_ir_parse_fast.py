@@ -16,7 +16,7 @@ from tpubuild.ir.quant import UniformType
 # a lowered-module-like op: i64 scalars (negative, past i64's signed range, in a dictionary) and arrays (negative,
 # single, empty), other integer and float widths, a per-axis type with negative zero points and exponents, a
 # per-tensor type
-TEXT = '''"builtin.module"() ({
+TEXT = """"builtin.module"() ({
   "func.func"() <{sym_name = "main", function_type = (tensor<1x3xf32>) -> tensor<1x3xf32>}> ({
   ^bb0(%0: tensor<1x3xf32> loc(unknown)):
     %1 = "top.Input"(%0) : (tensor<1x3xf32>) -> tensor<1x3xf32> loc("x")
@@ -25,16 +25,25 @@ TEXT = '''"builtin.module"() ({
     "func.return"(%1) : (tensor<1x3xf32>) -> () loc(unknown)
   }) : () -> () loc(unknown)
 }) {module.name = "m"} : () -> () loc(unknown)
-'''
+"""
 
 
 def described(module) -> list:
     """Everything of each op that a stage can read, with the Python types of the values."""
+
     def attr(a):
         return (type(a).__name__, repr(a))
-    return [(type(op).__name__, sorted((k, attr(v)) for k, v in op.attributes.items()),
-             sorted((k, attr(v)) for k, v in op.properties.items()), [attr(r.type) for r in op.results],
-             repr(op.location)) for op in module.walk()]
+
+    return [
+        (
+            type(op).__name__,
+            sorted((k, attr(v)) for k, v in op.attributes.items()),
+            sorted((k, attr(v)) for k, v in op.properties.items()),
+            [attr(r.type) for r in op.results],
+            repr(op.location),
+        )
+        for op in module.walk()
+    ]
 
 
 def test_fast_paths_give_the_generic_parsers_attributes():
@@ -51,8 +60,10 @@ def test_fast_paths_give_the_generic_parsers_attributes():
 
 def test_tensor_types_read_once_per_text_stay_distinct():
     # the same text twice shares its type; a per-axis type differing in one scale does not
-    text = TEXT.replace('%3 = "top.Weight"() : () -> tensor<3x!quant.uniform<u8:f32, 0.0078125:128>>',
-                        '%3 = "top.Weight"() : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.5:12}>>')
+    text = TEXT.replace(
+        '%3 = "top.Weight"() : () -> tensor<3x!quant.uniform<u8:f32, 0.0078125:128>>',
+        '%3 = "top.Weight"() : () -> tensor<3x1x!quant.uniform<i8:f32:0, {0.5:0,1.25e-07:-3,3.5:12}>>',
+    )
     for _ in range(2):
         fast = mlir._parse(text, "t.mlir")
         generic = Parser(mlir.context(), text, name="t.mlir").parse_module()
@@ -90,10 +101,12 @@ def test_a_saved_module_is_read_back_without_parsing_as_parsing_would_give_it(ma
     from tpubuild.lower.lowering import lower_module
 
     rng = np.random.default_rng(3)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])]
-    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-             "b": rng.standard_normal(4).astype(np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Sigmoid", ["r"], ["y"]),
+    ]
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
     model = tmp_path / "m.onnx"
     onnx.save(make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits), model)
     module, weights = convert_onnx(model, {"x": (1, 3, 8, 8)}, "m", "w.npz")
@@ -130,7 +143,7 @@ def test_fast_printing_writes_what_the_generic_printer_writes():
 
     from xdsl.printer import Printer
 
-    text = TEXT.replace("l = 7}", 'l = 7, m = [3 : i64, 4 : i32], n = {o = [-1 : i64, 2 : i64]}}')
+    text = TEXT.replace("l = 7}", "l = 7, m = [3 : i64, 4 : i32], n = {o = [-1 : i64, 2 : i64]}}")
     for module in (mlir._parse(text, "t.mlir"), Parser(mlir.context(), text, name="t.mlir").parse_module()):
         out = io.StringIO()
         Printer(stream=out, print_generic_format=True, print_debuginfo=True).print_op(module)

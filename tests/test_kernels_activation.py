@@ -20,8 +20,22 @@ def plain_sigmoid(x):
 def plain_erf(x):
     z = np.abs(x.astype(np.float64))
     t = 1.0 / (1.0 + 0.5 * z)
-    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+    poly = -1.26551223 + t * (
+        1.00002368
+        + t
+        * (
+            0.37409196
+            + t
+            * (
+                0.09678418
+                + t
+                * (
+                    -0.18628806
+                    + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))
+                )
+            )
+        )
+    )
     far = 1.0 - t * np.exp(-z * z + poly)
     z2 = z * z
     series = np.zeros_like(z)
@@ -34,18 +48,23 @@ def plain_erf(x):
 
 def plain_gelu(x, tanh):
     x64 = x.astype(np.float64)
-    inner = (np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64 ** 3)) if tanh
-             else plain_erf(x64 / math.sqrt(2.0)))
+    inner = np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)) if tanh else plain_erf(x64 / math.sqrt(2.0))
     return (0.5 * x64 * (1.0 + inner)).astype(x.dtype)
 
 
 PLAIN = {
     "sigmoid": (top.SigmoidOp, top.SigmoidOp.PARAMS(), plain_sigmoid),
     "silu": (top.SiLUOp, top.SiLUOp.PARAMS(), lambda x: x * plain_sigmoid(x)),
-    "hardswish": (top.HardSwishOp, top.HardSwishOp.PARAMS(),
-                  lambda x: x * np.clip(x / np.asarray(6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1)),
-    "hardsigmoid": (top.HardSigmoidOp, top.HardSigmoidParams(alpha=0.3, beta=0.4),
-                    lambda x: np.clip(x * np.asarray(0.3, x.dtype) + np.asarray(0.4, x.dtype), 0, 1)),
+    "hardswish": (
+        top.HardSwishOp,
+        top.HardSwishOp.PARAMS(),
+        lambda x: x * np.clip(x / np.asarray(6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1),
+    ),
+    "hardsigmoid": (
+        top.HardSigmoidOp,
+        top.HardSigmoidParams(alpha=0.3, beta=0.4),
+        lambda x: np.clip(x * np.asarray(0.3, x.dtype) + np.asarray(0.4, x.dtype), 0, 1),
+    ),
     "erf": (top.ErfOp, top.ErfOp.PARAMS(), lambda x: plain_erf(x).astype(x.dtype)),
     "gelu_tanh": (top.GELUOp, top.GeluParams("tanh"), lambda x: plain_gelu(x, True)),
 }
@@ -53,8 +72,30 @@ PLAIN = {
 
 def arrays(dtype):
     rng = np.random.default_rng(3)
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 88.7, -88.7, 1e30, -1e30, 0.5, -0.5,
-                        0.7071, -0.7071, 3, -3, 6, -6], np.float64)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            1e-40,
+            -1e-40,
+            88.7,
+            -88.7,
+            1e30,
+            -1e30,
+            0.5,
+            -0.5,
+            0.7071,
+            -0.7071,
+            3,
+            -3,
+            6,
+            -6,
+        ],
+        np.float64,
+    )
     with np.errstate(over="ignore"):
         yield special.astype(dtype)
     for n in (1, 17, 4099):
@@ -80,8 +121,9 @@ def test_activation_is_its_plain_formula_bit_for_bit(name, dtype):
 def exact_gelu(x: np.ndarray) -> np.ndarray:
     """x Phi(x) in float64 from libm's erfc, element by element (-inf * 0: nan, as 0.5 x (1 + erf) gives)."""
     with np.errstate(invalid="ignore"):
-        return np.array([v * 0.5 * math.erfc(-v / math.sqrt(2.0)) if not math.isnan(v) else v
-                         for v in x.astype(np.float64).ravel()]).reshape(x.shape)
+        return np.array(
+            [v * 0.5 * math.erfc(-v / math.sqrt(2.0)) if not math.isnan(v) else v for v in x.astype(np.float64).ravel()]
+        ).reshape(x.shape)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])

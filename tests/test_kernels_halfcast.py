@@ -36,9 +36,29 @@ def edge_floats() -> np.ndarray:
     wide = bits(numpy_cast(halves[np.isfinite(halves)], np.float32)).astype(np.int64)
     # each float16 value as float32 and its neighbours: +-1 ulp, the midpoint to the next and +-1 ulp of it
     near = np.concatenate([wide + d for d in (-1, 0, 1, 0x1000 - 1, 0x1000, 0x1000 + 1)])
-    special = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FA00000, 0x7FBFFFFF,
-                        0x7FFFFFFF, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x33000000, 0x33000001, 0x32FFFFFF,
-                        0x00000001, 0x80000001, 0x00000000, 0x80000000], np.int64)
+    special = np.array(
+        [
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0xFFC00000,
+            0x7F800001,
+            0x7FA00000,
+            0x7FBFFFFF,
+            0x7FFFFFFF,
+            0x477FEFFF,
+            0x477FF000,
+            0x477FF001,
+            0x33000000,
+            0x33000001,
+            0x32FFFFFF,
+            0x00000001,
+            0x80000001,
+            0x00000000,
+            0x80000000,
+        ],
+        np.int64,
+    )
     return (np.concatenate([near, special]) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
 
 

@@ -35,9 +35,17 @@ def small_chip(lmem: int = 16 * 1024, lanes: int = 4):
 
 # ---- halo math ----------------------------------------------------------------------------------
 
+
 @settings(max_examples=200, deadline=None)
-@given(k=st.integers(1, 5), s=st.integers(1, 3), d=st.integers(1, 2), pb=st.integers(0, 3), pe=st.integers(0, 3),
-       h=st.integers(1, 20), data=st.data())
+@given(
+    k=st.integers(1, 5),
+    s=st.integers(1, 3),
+    d=st.integers(1, 2),
+    pb=st.integers(0, 3),
+    pe=st.integers(0, 3),
+    h=st.integers(1, 20),
+    data=st.data(),
+)
 def test_window_need_covers_the_rows_the_windows_touch(k, s, d, pb, pe, h, data):
     span = (k - 1) * d + 1
     out_h = (h + pb + pe - span) // s + 1
@@ -58,8 +66,14 @@ def test_window_need_covers_the_rows_the_windows_touch(k, s, d, pb, pe, h, data)
 
 
 @settings(max_examples=40, deadline=None)
-@given(k=st.sampled_from([1, 3, 5]), s=st.integers(1, 2), pad=st.integers(0, 2), h=st.integers(10, 16),
-       pieces=st.integers(1, 4), d=st.integers(1, 2))
+@given(
+    k=st.sampled_from([1, 3, 5]),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 2),
+    h=st.integers(10, 16),
+    pieces=st.integers(1, 4),
+    d=st.integers(1, 2),
+)
 def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 3, h, 12)).astype(np.float32)
@@ -90,8 +104,10 @@ def _one_op_graph(op_cls, params, x_shape, w_shape):
 
 
 # long sums over small pixel counts: the shapes where BLAS's small-matrix kernel summed otherwise
-@pytest.mark.parametrize("ic,oc,k,s,h,pieces", [(32, 8, 5, 1, 20, 3), (64, 8, 3, 1, 20, 2), (64, 8, 3, 2, 40, 3),
-                                                (32, 96, 5, 2, 8, 2), (64, 16, 3, 1, 40, 5)])
+@pytest.mark.parametrize(
+    "ic,oc,k,s,h,pieces",
+    [(32, 8, 5, 1, 20, 3), (64, 8, 3, 1, 20, 2), (64, 8, 3, 2, 40, 3), (32, 96, 5, 2, 8, 2), (64, 16, 3, 1, 40, 5)],
+)
 def test_f32_conv_slices_as_exact_f32_allows_give_the_whole_tensors_bits(ic, oc, k, s, h, pieces):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, ic, h, h)).astype(np.float32)
@@ -124,7 +140,7 @@ def test_f32_pointwise_conv_slices_keep_two_rows_and_the_whole_tensors_bits():
     kernel = get_kernel(tpu.ConvOp)
     full = kernel(p, x, w, None)
     for lo in range(0, 6, 2):
-        np.testing.assert_array_equal(kernel(p, x[:, :, lo:lo + 2], w, None), full[:, :, lo:lo + 2])
+        np.testing.assert_array_equal(kernel(p, x[:, :, lo : lo + 2], w, None), full[:, :, lo : lo + 2])
 
 
 def test_f32_conv_slices_keep_every_tap_live():
@@ -147,10 +163,11 @@ def test_f32_deconv_slices_give_the_whole_tensors_bits():
     kernel = get_kernel(deconv)
     full = kernel(p, x, w, None)
     for lo, hi in [(0, 3), (3, 4), (4, 10)]:  # input rows r make output rows 2r, 2r + 1
-        np.testing.assert_array_equal(kernel(p, x[:1, :, lo:hi], w, None), full[:1, :, 2 * lo:2 * hi])
+        np.testing.assert_array_equal(kernel(p, x[:1, :, lo:hi], w, None), full[:1, :, 2 * lo : 2 * hi])
 
 
 # ---- executing a plan tile by tile ----------------------------------------------------------------
+
 
 def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[str, np.ndarray]:
     """Run an lg.mlir as the chip would: each local group slice by slice on tiles holding only the planned
@@ -171,8 +188,10 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
             continue
         planner = channel.layout(group)
         stored = {o: np.full(graph.tensors[o].shape, np.nan).astype(graph.tensors[o].dtype) for o in group.outputs}
-        sources = {t: _folded(planner.folded[t], ddr[t], planner.t[t].shape4) if t in planner.folded else ddr[t]
-                   for t in group.inputs}
+        sources = {
+            t: _folded(planner.folded[t], ddr[t], planner.t[t].shape4) if t in planner.folded else ddr[t]
+            for t in group.inputs
+        }
         folded_weights = {f.weight: f.weight_data(arrays[f.weight]) for f in planner.folded.values()}
         for s in range(group.slices):
             tiles = {}
@@ -191,9 +210,10 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
                     else:
                         t, (n_lo, n_hi, h_lo, h_hi) = operand
                         have, tile = tiles[t]
-                        assert have[0] <= n_lo and n_hi <= have[1] and have[2] <= h_lo and h_hi <= have[3], \
+                        assert have[0] <= n_lo and n_hi <= have[1] and have[2] <= h_lo and h_hi <= have[3], (
                             f"{node.name} reads {t} rows outside its tile"
-                        view = tile[n_lo - have[0]:n_hi - have[0], :, h_lo - have[2]:h_hi - have[2]]
+                        )
+                        view = tile[n_lo - have[0] : n_hi - have[0], :, h_lo - have[2] : h_hi - have[2]]
                         args.append(view.reshape(logical_shape(planner.g.tensors[t].shape, operand[1])))
                 result = np.asarray(get_kernel(type(node.op))(params, *args)).astype(graph.tensors[node.name].dtype)
                 tiles[node.name] = (out_r, result.reshape(nchw(result.shape)))
@@ -201,8 +221,9 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
                 own = group.own[o][s]
                 have, tile = tiles[o]
                 view = stored[o].reshape(planner.t[o].shape4)
-                view[own[0]:own[1], :, own[2]:own[3]] = tile[own[0] - have[0]:own[1] - have[0], :,
-                                                             own[2] - have[2]:own[3] - have[2]]
+                view[own[0] : own[1], :, own[2] : own[3]] = tile[
+                    own[0] - have[0] : own[1] - have[0], :, own[2] - have[2] : own[3] - have[2]
+                ]
         ddr.update(stored)
     return ddr
 
@@ -214,14 +235,15 @@ def _folded(fold, x, shape4):
     folded = np.full(shape4, fold.zp, x.dtype)
     for dy, first, rows, source in fold.pieces(0, shape4[2]):
         if source is not None:
-            folded[:, dy * fold.ic:(dy + 1) * fold.ic, first:first + rows] = \
-                x[:, :, source:source + (rows - 1) * fold.sh + 1:fold.sh]
+            folded[:, dy * fold.ic : (dy + 1) * fold.ic, first : first + rows] = x[
+                :, :, source : source + (rows - 1) * fold.sh + 1 : fold.sh
+            ]
     return folded
 
 
 def _tile(array, r, shape4):
     a = np.asarray(array).reshape(shape4)
-    return a[r[0]:r[1], :, r[2]:r[3]].copy()
+    return a[r[0] : r[1], :, r[2] : r[3]].copy()
 
 
 def conv_chain(h: int = 24, c: int = 4) -> tuple:
@@ -242,8 +264,11 @@ def conv_chain(h: int = 24, c: int = 4) -> tuple:
     y = conv(x, "c1", 3, 1, 1, c)
     y = b.add(tpu.ReluOp.make([y], name="r1")).results[0]
     y = conv(y, "c2", 3, 2, 1, c)
-    pool = b.add(tpu.MaxPoolOp.make([y], tpu.MaxPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1),
-                                                                 pads=(1, 1, 1, 1)), name="pool")).results[0]
+    pool = b.add(
+        tpu.MaxPoolOp.make(
+            [y], tpu.MaxPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1)), name="pool"
+        )
+    ).results[0]
     z = conv(pool, "c3", 1, 1, 0, c)
     z = b.add(tpu.AddOp.make([z, pool], name="add")).results[0]
     z = conv(z, "c4", 5, 1, 2, c)
@@ -279,7 +304,7 @@ def test_slices_cover_outputs_and_halos_grow_backwards():
             n, _, h, _ = nchw(graph.tensors[o].shape)
             covered = np.zeros((n, h), int)
             for r in g.own[o]:
-                covered[r[0]:r[1], r[2]:r[3]] += 1
+                covered[r[0] : r[1], r[2] : r[3]] += 1
             assert covered.min() >= 1, f"{o}: some rows are never stored"
         # every conv 3x3 (stride 1, pad 1) input tile holds one more row than the output tile on each
         # inner border, and conv 5x5 two
@@ -299,8 +324,9 @@ def test_slices_cover_outputs_and_halos_grow_backwards():
 
 # ---- local memory --------------------------------------------------------------------------------
 
-buffers_strategy = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6), st.integers(0, 5000)),
-                            min_size=1, max_size=40)
+buffers_strategy = st.lists(
+    st.tuples(st.integers(0, 12), st.integers(0, 6), st.integers(0, 5000)), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -352,8 +378,11 @@ def test_plan_merges_neighbours_whose_exact_plan_is_cheaper():
     graph = build_graph(module)
     planner = Planner(graph, chip, exact_f32=False)
     chosen = planner.search()
-    split = sum(g.cycles for i, j, kind, est in chosen
-                for g in (planner._place(0, i, j, est) if kind == LOCAL else [planner._single(0, i, kind)]))
+    split = sum(
+        g.cycles
+        for i, j, kind, est in chosen
+        for g in (planner._place(0, i, j, est) if kind == LOCAL else [planner._single(0, i, kind)])
+    )
     groups = planner.plan()
     assert sum(g.cycles for g in groups) < split
     assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
@@ -368,8 +397,9 @@ def test_a_run_with_no_exact_plan_is_searched_around_not_split_op_by_op(monkeypa
     graph = build_graph(module)
     assert max(j - i for i, j, _, _ in Planner(graph, BM1684X, exact_f32=False).search()) > 6
     finalize = Planner.finalize
-    monkeypatch.setattr(Planner, "finalize", lambda self, gid, i, j, ns, hs:
-                        None if j - i > 6 else finalize(self, gid, i, j, ns, hs))
+    monkeypatch.setattr(
+        Planner, "finalize", lambda self, gid, i, j, ns, hs: None if j - i > 6 else finalize(self, gid, i, j, ns, hs)
+    )
     groups = Planner(graph, BM1684X, exact_f32=False).plan()
     assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
     local = [g for g in groups if g.kind == LOCAL]
@@ -381,6 +411,7 @@ def test_a_run_with_no_exact_plan_is_searched_around_not_split_op_by_op(monkeypa
 
 
 # ---- memory assign -------------------------------------------------------------------------------
+
 
 def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
     module, _ = residual_net(120, size=64)
@@ -400,8 +431,10 @@ def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
     # each weight, or each pack of an op's weights (one region of interleaved rows), apart and aligned
     packs = packs_of(graph, groups, BM1684X)
     assert packs  # the convs' filters and biases
-    regions = {(a.weights[packs[w].key], packs[w].nbytes) if w in packs else (addr, graph.tensors[w].nbytes)
-               for w, addr in a.weights.items()}
+    regions = {
+        (a.weights[packs[w].key], packs[w].nbytes) if w in packs else (addr, graph.tensors[w].nbytes)
+        for w, addr in a.weights.items()
+    }
     ws = sorted(regions)
     for (a1, n1), (a2, _) in zip(ws, ws[1:]):
         assert a1 + n1 <= a2 and a2 % BM1684X.ddr_align == 0
@@ -412,6 +445,7 @@ def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
 
 
 # ---- files ---------------------------------------------------------------------------------------
+
 
 def test_lg_and_addr_mlir_parse_upstream_and_are_deterministic(tmp_path):
     texts = []
@@ -451,12 +485,30 @@ def test_every_lowered_op_kind_has_a_rule_or_runs_global():
 def test_assign_search_reaches_the_bound_where_greedy_fragments():
     """A ViT block's DDR tensors (from mini_vit): largest-first greedy leaves a hole one q/k/v wide; the
     order search closes it."""
-    spec = [("input", 0, 0, 49152), ("embed", 0, 2, 24576), ("tokens", 2, 3, 24576), ("qkv", 3, 5, 74880),
-            ("pos", 3, 13, 24960), ("heads", 5, 8, 74880), ("q", 6, 10, 24960), ("k", 7, 9, 24960),
-            ("v", 8, 10, 24960), ("kt", 9, 10, 24960), ("ctx", 10, 11, 24960), ("merge", 11, 13, 24960),
-            ("res2", 13, 23, 24960), ("qkv1", 13, 15, 74880), ("heads1", 15, 18, 74880), ("q1", 16, 20, 24960),
-            ("k1", 17, 19, 24960), ("v1", 18, 20, 24960), ("kt1", 19, 20, 24960), ("ctx1", 20, 21, 24960),
-            ("merge1", 21, 23, 24960), ("logits", 23, 24, 64)]
+    spec = [
+        ("input", 0, 0, 49152),
+        ("embed", 0, 2, 24576),
+        ("tokens", 2, 3, 24576),
+        ("qkv", 3, 5, 74880),
+        ("pos", 3, 13, 24960),
+        ("heads", 5, 8, 74880),
+        ("q", 6, 10, 24960),
+        ("k", 7, 9, 24960),
+        ("v", 8, 10, 24960),
+        ("kt", 9, 10, 24960),
+        ("ctx", 10, 11, 24960),
+        ("merge", 11, 13, 24960),
+        ("res2", 13, 23, 24960),
+        ("qkv1", 13, 15, 74880),
+        ("heads1", 15, 18, 74880),
+        ("q1", 16, 20, 24960),
+        ("k1", 17, 19, 24960),
+        ("v1", 18, 20, 24960),
+        ("kt1", 19, 20, 24960),
+        ("ctx1", 20, 21, 24960),
+        ("merge1", 21, 23, 24960),
+        ("logits", 23, 24, 64),
+    ]
     bufs = [alloc.Buffer(*s) for s in spec]
     greedy = alloc.place(bufs, align=64)
     assert alloc.peak(bufs, greedy) > alloc.live_bound(bufs)
@@ -466,6 +518,7 @@ def test_assign_search_reaches_the_bound_where_greedy_fragments():
 
 
 # ---- the chip roofline's per-op floor -----------------------------------------------------------
+
 
 def test_attainable_cycles_spread_work_over_every_lane():
     """A conv's floor is its MACs over every lane at the dtype's cube rate plus requantising its int32 result
@@ -529,15 +582,17 @@ def test_each_backend_stage_refuses_a_module_of_another_state():
     from tpubuild.errors import TpuBuildError
 
     module, weights, _ = conv_chain()  # TPU_LOWERED
-    with pytest.raises(TpuBuildError, match="memory assign reads a grouped module .state TPU_GROUPED., "
-                                            "this one is TPU_LOWERED") as err:
+    with pytest.raises(
+        TpuBuildError, match="memory assign reads a grouped module .state TPU_GROUPED., this one is TPU_LOWERED"
+    ) as err:
         memory_assign(module, BM1684X)
     assert err.value.hint == "run the layergroup stage first"
     with pytest.raises(TpuBuildError, match="codegen reads an addressed module .state TPU_ADDRESSED."):
         codegen(module, weights, BM1684X)
     grouped, _ = layer_group(module, BM1684X)
-    with pytest.raises(TpuBuildError, match="layer group reads a lowered module .state TPU_LOWERED., "
-                                            "this one is TPU_GROUPED"):
+    with pytest.raises(
+        TpuBuildError, match="layer group reads a lowered module .state TPU_LOWERED., this one is TPU_GROUPED"
+    ):
         layer_group(grouped, BM1684X)
 
 
@@ -560,8 +615,14 @@ def test_spread_shape_holds_the_same_elements_in_no_more_per_lane(shape, lanes):
 
 
 @settings(max_examples=300, deadline=None)
-@given(h=st.integers(1, 40), kh=st.integers(2, 5), sh=st.integers(1, 3), dh=st.integers(1, 2), pt=st.integers(0, 3),
-       data=st.data())
+@given(
+    h=st.integers(1, 40),
+    kh=st.integers(2, 5),
+    sh=st.integers(1, 3),
+    dh=st.integers(1, 2),
+    pt=st.integers(0, 3),
+    data=st.data(),
+)
 def test_fold_pieces_make_every_row_of_the_folded_input_once(h, kh, sh, dh, pt, data):
     """Per kernel row dy, rows [lo, hi) of X' come from X's row r * sh + dy * dh - pt where that is
     inside X, and from the zero-point fill where it is padding; each row exactly once."""

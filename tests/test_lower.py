@@ -64,10 +64,16 @@ def cnn_model(make_model):
         node("Gemm", ["flat", "wf", "bf"], "logits", transB=1),
         node("Softmax", ["logits"], "probs", axis=-1),
     ]
-    inits = {"w1": randn(rng, 8, 3, 3, 3, scale=0.4), "b1": randn(rng, 8, scale=0.1),
-             "w2": randn(rng, 8, 8, 3, 3, scale=0.15), "b2": randn(rng, 8, scale=0.1),
-             "w3": randn(rng, 4, 8, 1, 1, scale=0.4), "b3": randn(rng, 4, scale=0.1),
-             "wf": randn(rng, 5, 12, scale=0.8), "bf": randn(rng, 5, scale=0.1)}
+    inits = {
+        "w1": randn(rng, 8, 3, 3, 3, scale=0.4),
+        "b1": randn(rng, 8, scale=0.1),
+        "w2": randn(rng, 8, 8, 3, 3, scale=0.15),
+        "b2": randn(rng, 8, scale=0.1),
+        "w3": randn(rng, 4, 8, 1, 1, scale=0.4),
+        "b3": randn(rng, 4, scale=0.1),
+        "wf": randn(rng, 5, 12, scale=0.8),
+        "bf": randn(rng, 5, scale=0.1),
+    }
     return make_model(nodes, {"x": x}, initializers=inits)
 
 
@@ -80,8 +86,9 @@ class Built:
         module, weights = convert_onnx(path, shapes, "test", "origin_weights.npz")
         self.module, self.weights = canonicalize(module, weights, "canonical_weights.npz")
         rng = np.random.default_rng(seed)
-        self.samples = [{k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
-                        for _ in range(samples)]
+        self.samples = [
+            {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()} for _ in range(samples)
+        ]
         self.cali, _ = calibrate(self.module, self.weights, self.samples, "max")
         self.inputs = {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
         self.top = run(self.module, self.weights, self.inputs)
@@ -89,8 +96,15 @@ class Built:
 
     def lower(self, mode: str, *, asymmetric=False, chip=BM1684X, qtable=None, module=None):
         """Lowered, printed and parsed back (as a stage file is), with its weights saved and reloaded."""
-        tm, tw = lower_module(module or self.module, self.weights, chip=chip, mode=mode, asymmetric=asymmetric,
-                              cali=self.cali, qtable=qtable)
+        tm, tw = lower_module(
+            module or self.module,
+            self.weights,
+            chip=chip,
+            mode=mode,
+            asymmetric=asymmetric,
+            cali=self.cali,
+            qtable=qtable,
+        )
         tag = f"{chip.name}-{mode}{'-asym' if asymmetric else ''}"
         tw.save(self.tmp / f"{tag}.npz")
         return mlir.parse_module(mlir.print_module(tm)), WeightStore.load(self.tmp / f"{tag}.npz")
@@ -123,6 +137,7 @@ def similarity_by_name(real: dict, ref: dict) -> dict[str, tuple[float, float]]:
 
 # ---- F32 -----------------------------------------------------------------------------
 
+
 def test_f32_is_bit_equal_to_top(cnn):
     tm, raw, real = cnn.tpu("F32")
     compared = sorted(set(real) & set(cnn.top))
@@ -130,14 +145,19 @@ def test_f32_is_bit_equal_to_top(cnn):
     for name in compared:
         np.testing.assert_array_equal(real[name], cnn.top[name], err_msg=name)
     assert not ops_of(tm, tpu.CastOp)
-    assert {op.name for op in mlir.body_ops(tm)} <= {"top.Input", "top.Weight", "top.None", "func.return"} | \
-        {c.name for c in tpu.TPU_OPS}
+    assert {op.name for op in mlir.body_ops(tm)} <= {"top.Input", "top.Weight", "top.None", "func.return"} | {
+        c.name for c in tpu.TPU_OPS
+    }
     assert mlir.module_attr(tm, "state") == "TPU_LOWERED"
-    assert (mlir.module_attr(tm, "chip"), mlir.module_attr(tm, "mode"), mlir.module_attr(tm, "asymmetric")) == \
-        ("bm1684x", "F32", "false")
+    assert (mlir.module_attr(tm, "chip"), mlir.module_attr(tm, "mode"), mlir.module_attr(tm, "asymmetric")) == (
+        "bm1684x",
+        "F32",
+        "false",
+    )
 
 
 # ---- BF16 / F16 ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode, elem, dtype", [("BF16", bf16, ml_dtypes.bfloat16), ("F16", f16, np.float16)])
 def test_half_modes_meet_tolerance(cnn, mode, elem, dtype):
@@ -164,6 +184,7 @@ def test_half_mode_rounds_every_op_result(cnn):
 
 
 # ---- INT8 ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("asymmetric", [False, True])
 def test_int8_meets_tolerance(cnn, asymmetric):
@@ -201,14 +222,23 @@ def test_int8_structure(cnn):
     assert p1.result_types[0].element_type == p1.operands[0].type.element_type
 
 
-@pytest.mark.parametrize("op, fn", [("Sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("Tanh", np.tanh),
-                                     ("Exp", np.exp), ("Softplus", lambda x: np.log1p(np.exp(x)))])
+@pytest.mark.parametrize(
+    "op, fn",
+    [
+        ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+        ("Tanh", np.tanh),
+        ("Exp", np.exp),
+        ("Softplus", lambda x: np.log1p(np.exp(x))),
+    ],
+)
 def test_int8_lut_is_exact_to_half_a_step(make_model, tmp_path, op, fn):
     """A table entry is f(real input) rounded once: within half an output step of the float function."""
     rng = np.random.default_rng(2)
-    model = make_model([node("Conv", ["x", "w", "b"], "c"), node(op, ["c"], "y")],
-                       {"x": np.zeros((1, 3, 6, 6), np.float32)},
-                       initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1)})
+    model = make_model(
+        [node("Conv", ["x", "w", "b"], "c"), node(op, ["c"], "y")],
+        {"x": np.zeros((1, 3, 6, 6), np.float32)},
+        initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1)},
+    )
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
     tm, raw, real = built.tpu("INT8")
     lut = op_named(tm, "y")
@@ -223,12 +253,24 @@ def test_int8_chain_of_table_ops_is_one_table(make_model, tmp_path):
     """hardswish, then x * a + b (PP-LCNetV3's learnable affine block): one table over the conv output,
     computed in float, so one rounding; a tensor with a second user is materialized."""
     rng = np.random.default_rng(4)
-    nodes = [node("Conv", ["x", "w", "b"], "c"), node("HardSwish", ["c"], "hs"),
-             node("Mul", ["hs", "a"], "scaled"), node("Add", ["scaled", "beta"], "affine"),
-             node("Sigmoid", ["affine"], "gate"), node("Add", ["affine", "gate"], "out")]
-    model = make_model(nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)},
-                       initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1),
-                                     "a": np.array(0.7, np.float32), "beta": np.array(0.2, np.float32)})
+    nodes = [
+        node("Conv", ["x", "w", "b"], "c"),
+        node("HardSwish", ["c"], "hs"),
+        node("Mul", ["hs", "a"], "scaled"),
+        node("Add", ["scaled", "beta"], "affine"),
+        node("Sigmoid", ["affine"], "gate"),
+        node("Add", ["affine", "gate"], "out"),
+    ]
+    model = make_model(
+        nodes,
+        {"x": np.zeros((1, 3, 6, 6), np.float32)},
+        initializers={
+            "w": randn(rng, 4, 3, 1, 1),
+            "b": randn(rng, 4, scale=0.1),
+            "a": np.array(0.7, np.float32),
+            "beta": np.array(0.2, np.float32),
+        },
+    )
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
     tm, raw, real = built.tpu("INT8")
     affine = op_named(tm, "affine")
@@ -242,16 +284,25 @@ def test_int8_chain_of_table_ops_is_one_table(make_model, tmp_path):
 
 def test_int8_data_movement_keeps_the_quantization_and_is_exact(make_model, tmp_path):
     rng = np.random.default_rng(6)
-    nodes = [node("Conv", ["x", "w", "b"], "c"),
-             helper.make_node("Pad", ["c", "pads", "pv"], ["pad"], name="pad", mode="constant"),
-             node("Transpose", ["pad"], "t", perm=[0, 2, 3, 1]), node("Reshape", ["t", "shape"], "r"),
-             helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"], name="s"),
-             helper.make_node("Resize", ["c", "", "scales"], ["up"], name="up", mode="nearest")]
-    inits = {"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1),
-             "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pv": np.array(0.5, np.float32),
-             "shape": np.array([1, 64, 4], np.int64), "starts": np.array([3], np.int64),
-             "ends": np.array([40], np.int64), "axes": np.array([1], np.int64),
-             "scales": np.array([1, 1, 2, 2], np.float32)}
+    nodes = [
+        node("Conv", ["x", "w", "b"], "c"),
+        helper.make_node("Pad", ["c", "pads", "pv"], ["pad"], name="pad", mode="constant"),
+        node("Transpose", ["pad"], "t", perm=[0, 2, 3, 1]),
+        node("Reshape", ["t", "shape"], "r"),
+        helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"], name="s"),
+        helper.make_node("Resize", ["c", "", "scales"], ["up"], name="up", mode="nearest"),
+    ]
+    inits = {
+        "w": randn(rng, 4, 3, 1, 1),
+        "b": randn(rng, 4, scale=0.1),
+        "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+        "pv": np.array(0.5, np.float32),
+        "shape": np.array([1, 64, 4], np.int64),
+        "starts": np.array([3], np.int64),
+        "ends": np.array([40], np.int64),
+        "axes": np.array([1], np.int64),
+        "scales": np.array([1, 1, 2, 2], np.float32),
+    }
     model = make_model(nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)}, ["s", "up"], initializers=inits)
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
     tm, raw, real = built.tpu("INT8")
@@ -259,9 +310,12 @@ def test_int8_data_movement_keeps_the_quantization_and_is_exact(make_model, tmp_
     for name in ("pad", "t", "r", "s", "up"):
         assert op_named(tm, name).result_types[0].element_type == c_type, name
     # exact: moving stored values around commutes with dequantization
-    np.testing.assert_array_equal(real["s"], np.transpose(np.pad(real["c"], [(0, 0), (0, 0), (1, 1), (1, 1)],
-                                                                 constant_values=real["pad"][0, 0, 0, 0]),
-                                                          (0, 2, 3, 1)).reshape(1, 64, 4)[:, 3:40])
+    np.testing.assert_array_equal(
+        real["s"],
+        np.transpose(
+            np.pad(real["c"], [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=real["pad"][0, 0, 0, 0]), (0, 2, 3, 1)
+        ).reshape(1, 64, 4)[:, 3:40],
+    )
     np.testing.assert_array_equal(real["up"], real["c"].repeat(2, axis=2).repeat(2, axis=3))
     # the pad value 0.5 in stored units: the nearest representable value
     assert abs(real["pad"][0, 0, 0, 0] - 0.5) <= c_type.scale_list[0] / 2
@@ -301,12 +355,21 @@ def test_int8_missing_tensor_names_it(cnn):
 
 # ---- Concat: per-branch requantization, and float where one scale cannot hold both --------------
 
+
 def concat_model(make_model, ratio: float):
     rng = np.random.default_rng(5)
-    nodes = [node("Conv", ["x", "wa", "ba"], "a"), node("Conv", ["x", "wb", "bb"], "b"),
-             node("Concat", ["a", "b"], "cat", axis=1), node("Relu", ["cat"], "out")]
-    inits = {"wa": randn(rng, 4, 3, 1, 1), "ba": randn(rng, 4, scale=0.1),
-             "wb": randn(rng, 4, 3, 1, 1, scale=1 / ratio), "bb": randn(rng, 4, scale=0.1 / ratio)}
+    nodes = [
+        node("Conv", ["x", "wa", "ba"], "a"),
+        node("Conv", ["x", "wb", "bb"], "b"),
+        node("Concat", ["a", "b"], "cat", axis=1),
+        node("Relu", ["cat"], "out"),
+    ]
+    inits = {
+        "wa": randn(rng, 4, 3, 1, 1),
+        "ba": randn(rng, 4, scale=0.1),
+        "wb": randn(rng, 4, 3, 1, 1, scale=1 / ratio),
+        "bb": randn(rng, 4, scale=0.1 / ratio),
+    }
     return make_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, initializers=inits)
 
 
@@ -334,6 +397,7 @@ def test_concat_of_disparate_ranges_stays_float(make_model, tmp_path):
 
 # ---- transformer-ish: matmul of two activations, layernorm, GELU table ------------------------
 
+
 @pytest.mark.parametrize("mode", ["BF16", "F16", "INT8"])
 def test_attention_block(attention_model, tmp_path, mode):
     built = Built(attention_model(1), {"x": (1, 6, 16)}, tmp_path)
@@ -348,6 +412,7 @@ def test_attention_block(attention_model, tmp_path, mode):
 
 
 # ---- quantize table ------------------------------------------------------------------------
+
 
 def test_quantize_table_pins_ops_to_a_float_mode(cnn):
     qtable = parse_quantize_table("# keep the residual path exact\nc2 F32\nres_relu f16\n")
@@ -376,7 +441,9 @@ def test_quantize_table_never_lowers_a_target_s_precision(cnn):
     assert op_named(tm, "c2").result_types[0].element_type == bf16
 
 
-@pytest.mark.parametrize("text, match", [("c2 INT8\n", "line 1"), ("c2\n", "line 1"), ("# ok\nc2 F16 extra\n", "line 2")])
+@pytest.mark.parametrize(
+    "text, match", [("c2 INT8\n", "line 1"), ("c2\n", "line 1"), ("# ok\nc2 F16 extra\n", "line 2")]
+)
 def test_quantize_table_syntax_errors(text, match):
     with pytest.raises(TpuBuildError, match=match):
         parse_quantize_table(text)
@@ -394,6 +461,7 @@ def test_quantize_table_mode_the_chip_lacks_refused(cnn):
 
 # ---- chips -----------------------------------------------------------------------------
 
+
 def test_unsupported_mode_refused_with_the_supported_list(cnn):
     with pytest.raises(TpuBuildError, match="cv183x does not support mode F32; it supports BF16, INT8"):
         cnn.lower("F32", chip=load_chip("cv183x"))
@@ -405,6 +473,7 @@ def test_unknown_chip_lists_known_ones():
 
 
 # ---- upstream MLIR parses every mode's file ------------------------------------------------------
+
 
 def test_every_mode_parses_upstream(cnn, tmp_path):
     for mode, asym in (("F32", False), ("BF16", False), ("F16", False), ("INT8", False), ("INT8", True)):

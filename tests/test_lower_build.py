@@ -46,15 +46,24 @@ def target_lines(*targets: str) -> str:
 def tiny_onnx(path: Path) -> None:
     """y = softmax(relu(x @ w1 + b1) @ w2), batch fixed by the manifest."""
     rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.5, n)
-             for n, s in (("w1", (8, 16)), ("b1", (16,)), ("w2", (16, 4)))]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["mm"], name="mm"),
-             helper.make_node("Add", ["mm", "b1"], ["add"], name="add"),
-             helper.make_node("Relu", ["add"], ["act"], name="act"),
-             helper.make_node("MatMul", ["act", "w2"], ["logits"], name="logits"),
-             helper.make_node("Softmax", ["logits"], ["y"], name="y", axis=-1)]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], initializer=inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.5, n)
+        for n, s in (("w1", (8, 16)), ("b1", (16,)), ("w2", (16, 4)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "b1"], ["add"], name="add"),
+        helper.make_node("Relu", ["add"], ["act"], name="act"),
+        helper.make_node("MatMul", ["act", "w2"], ["logits"], name="logits"),
+        helper.make_node("Softmax", ["logits"], ["y"], name="y", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
@@ -70,8 +79,7 @@ class Zoo:
             np.savez(self.models / "calib" / f"s{i}.npz", x=rng.uniform(-1, 1, (2, 8)).astype(np.float32))
 
     def manifest(self, *targets: str, method: str = "max", extra: str = "") -> None:
-        (self.models / "m.yaml").write_text(MANIFEST.format(method=method, extra=extra,
-                                                            targets=target_lines(*targets)))
+        (self.models / "m.yaml").write_text(MANIFEST.format(method=method, extra=extra, targets=target_lines(*targets)))
 
     def doit(self, *args: str) -> subprocess.CompletedProcess:
         return run_doit(*args, manifests=self.models, build=self.build, code=self.code)
@@ -100,16 +108,31 @@ def test_targets_build_verify_and_summarize(zoo):
     assert target_tasks("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16") <= ran
     for t in ("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16"):
         root = zoo.build / "m" / t
-        assert {p.name for p in root.iterdir()} == {"tpu.mlir", "tpu_weights.npz", "tpu_outs.npz", "tpu_raw.npz",
-                                                   "verify_tpu.json", "lg.mlir", "addr.mlir", "m.model",
-                                                   "chip_outs.npz", "profile.json", "verify.json", "report.html"}
+        assert {p.name for p in root.iterdir()} == {
+            "tpu.mlir",
+            "tpu_weights.npz",
+            "tpu_outs.npz",
+            "tpu_raw.npz",
+            "verify_tpu.json",
+            "lg.mlir",
+            "addr.mlir",
+            "m.model",
+            "chip_outs.npz",
+            "profile.json",
+            "verify.json",
+            "report.html",
+        }
         (comp,) = json.loads((root / "verify_tpu.json").read_text())["comparisons"]
         assert comp["passed"] and comp["compared"] >= 4, comp
         assert comp["min_cos"] >= 0.99, (t, comp["min_cos"])
         (out,) = comp["outputs"]
         assert out["ref_name"] == "y" and out["top1_agreement"] == 1.0 and out["max_abs"] < 0.05
-    labels = {row["label"] for row in json.loads((zoo.build / "m" / "bm1684x-F32" / "verify_tpu.json").read_text())
-              ["comparisons"][0]["tensors"]}
+    labels = {
+        row["label"]
+        for row in json.loads((zoo.build / "m" / "bm1684x-F32" / "verify_tpu.json").read_text())["comparisons"][0][
+            "tensors"
+        ]
+    }
     assert labels == {"EQUAL"}
     raw = np.load(zoo.build / "m" / "bm1684x-INT8" / "tpu_raw.npz")
     assert raw["logits"].dtype == np.int8  # the stored bits, for the chip simulation to match
@@ -157,7 +180,7 @@ def test_quantize_table_content_reruns_lowering(zoo):
     assert zoo.compile() == {"compile:m", "lower:m/bm1684x-F32"} | target_tasks("bm1684x-INT8")
     assert (zoo.build / "m" / "bm1684x-F32" / "tpu.mlir").read_bytes() == f32
     text = (zoo.build / "m" / "bm1684x-INT8" / "tpu.mlir").read_text()
-    assert '"tpu.MatMul"' in text and "xf16> loc(\"logits\")" in text
+    assert '"tpu.MatMul"' in text and 'xf16> loc("logits")' in text
 
 
 def test_unsupported_mode_is_refused_before_any_work(zoo):
@@ -173,8 +196,9 @@ def test_unsupported_mode_is_refused_before_any_work(zoo):
 def test_unknown_chip_is_refused(zoo):
     zoo.manifest("bm9999-INT8")
     run = zoo.doit("compile")
-    assert run.returncode != 0 and "unknown chip 'bm9999'; known chips: bm1684x, bm1688, cv183x" in run.stdout + \
-        run.stderr
+    assert (
+        run.returncode != 0 and "unknown chip 'bm9999'; known chips: bm1684x, bm1688, cv183x" in run.stdout + run.stderr
+    )
 
 
 def test_shipped_demo_cnn_int8_and_transformer(tmp_path):

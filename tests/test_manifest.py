@@ -54,7 +54,11 @@ def test_defaults_applied(tmp_path):
 
 
 def test_full_manifest(tmp_path):
-    m = load_manifest(write(tmp_path, GOOD + """\
+    m = load_manifest(
+        write(
+            tmp_path,
+            GOOD
+            + """\
     dtype: float32
     range: [-1, 1]
     preprocess: {mean: [1, 2, 3], scale: [0.5], pixel_format: bgr, resize: [8, 8]}
@@ -67,7 +71,9 @@ targets:
 tolerance:
   top: {cos: 0.9999}
   tpu: {INT8: {cos: 0.95, euc: 0.85}}
-"""))
+""",
+        )
+    )
     assert m.inputs[0].range == (-1.0, 1.0)
     assert m.test_input == (tmp_path / "data" / "in.npz").resolve()
     assert [t.id for t in m.targets] == ["bm1684x-INT8-asym", "bm1684x-BF16"]
@@ -77,30 +83,46 @@ tolerance:
 
 
 def test_pypi_and_torch_sources(tmp_path):
-    pypi = load_manifest(write(tmp_path, GOOD.replace(
-        "source: model.onnx", f"source: {{pypi: 'six==1.16.0', member: six.py, sha256: {'a' * 64}}}"), "p.yaml"))
+    pypi = load_manifest(
+        write(
+            tmp_path,
+            GOOD.replace("source: model.onnx", f"source: {{pypi: 'six==1.16.0', member: six.py, sha256: {'a' * 64}}}"),
+            "p.yaml",
+        )
+    )
     assert pypi.source_kind == "pypi"
-    torch = load_manifest(write(tmp_path, GOOD.replace(
-        "source: model.onnx", "source: {torch: 'pkg.models:make', example_shape: [1, 3, 8, 8]}"), "t.yaml"))
+    torch = load_manifest(
+        write(
+            tmp_path,
+            GOOD.replace("source: model.onnx", "source: {torch: 'pkg.models:make', example_shape: [1, 3, 8, 8]}"),
+            "t.yaml",
+        )
+    )
     assert torch.source_kind == "torch"
 
 
-@pytest.mark.parametrize("edit, path, expected", [
-    (("[1, 3, 8, 8]", "[1, x, 8, 8]"), "inputs[0].shape[1]", "integer >= 1"),
-    (("[1, 3, 8, 8]", "[1, 0, 8, 8]"), "inputs[0].shape[1]", "integer >= 1"),
-    (("name: m1", "name: 'm 1'"), "name", "identifier"),
-    (("source: model.onnx", "source: 5"), "source", "path to an .onnx"),
-    (("source: model.onnx", "source: {pypi: six==1.16.0}"), "source", "sha256"),
-    (("source: model.onnx", "source: {pypi: six==1.16.0, member: a, sha256: abc}"), "source.sha256", "64"),
-    (("source: model.onnx", "source: {torch: 'a:b'}"), "source", "example_shape"),
-    (("    shape: [1, 3, 8, 8]", "    shape: [1, 3, 8, 8]\n    dtype: float64"), "inputs[0].dtype", "float32"),
-    (("inputs:", "targets: [{chip: bm1684x, mode: INT4}]\ninputs:"), "targets[0].mode", "F32, BF16, F16, INT8"),
-    (("inputs:", "targets: [{chip: bm1684x, mode: F32, asymmetric: 'yes'}]\ninputs:"), "targets[0].asymmetric",
-     "true or false"),
-    (("inputs:", "tolerance: {top: {cos: high}}\ninputs:"), "tolerance.top.cos", "number"),
-    (("inputs:", "calibration: {data: x, method: median}\ninputs:"), "calibration.method", "max, percentile"),
-    (("inputs:", "colour: blue\ninputs:"), "(top level)", "'colour' was unexpected"),
-])
+@pytest.mark.parametrize(
+    "edit, path, expected",
+    [
+        (("[1, 3, 8, 8]", "[1, x, 8, 8]"), "inputs[0].shape[1]", "integer >= 1"),
+        (("[1, 3, 8, 8]", "[1, 0, 8, 8]"), "inputs[0].shape[1]", "integer >= 1"),
+        (("name: m1", "name: 'm 1'"), "name", "identifier"),
+        (("source: model.onnx", "source: 5"), "source", "path to an .onnx"),
+        (("source: model.onnx", "source: {pypi: six==1.16.0}"), "source", "sha256"),
+        (("source: model.onnx", "source: {pypi: six==1.16.0, member: a, sha256: abc}"), "source.sha256", "64"),
+        (("source: model.onnx", "source: {torch: 'a:b'}"), "source", "example_shape"),
+        (("    shape: [1, 3, 8, 8]", "    shape: [1, 3, 8, 8]\n    dtype: float64"), "inputs[0].dtype", "float32"),
+        (("inputs:", "targets: [{chip: bm1684x, mode: INT4}]\ninputs:"), "targets[0].mode", "F32, BF16, F16, INT8"),
+        (
+            ("inputs:", "targets: [{chip: bm1684x, mode: F32, asymmetric: 'yes'}]\ninputs:"),
+            "targets[0].asymmetric",
+            "true or false",
+        ),
+        (("inputs:", "tolerance: {top: {cos: high}}\ninputs:"), "tolerance.top.cos", "number"),
+        (("inputs:", "calibration: {data: x, method: median}\ninputs:"), "calibration.method", "max, percentile"),
+        (("inputs:", "colour: blue\ninputs:"), "(top level)", "'colour' was unexpected"),
+    ],
+)
 def test_schema_errors_name_file_path_and_form(tmp_path, edit, path, expected):
     old, new = edit
     assert old in GOOD
@@ -147,7 +169,7 @@ def test_loading_manifests_imports_no_heavy_modules():
         import sys
         from pathlib import Path
         from tpubuild.build.tasks import find_manifests, zoo_tasks
-        tasks = list(zoo_tasks(find_manifests([{str(REPO / 'configs' / 'models')!r}]), Path({str(REPO / 'build')!r})))
+        tasks = list(zoo_tasks(find_manifests([{str(REPO / "configs" / "models")!r}]), Path({str(REPO / "build")!r})))
         assert tasks
         print(sorted(m for m in ("numpy", "onnx", "onnxruntime", "xdsl") if m in sys.modules))
     """)

@@ -14,14 +14,33 @@ from hypothesis import strategies as st
 from tpubuild.codegen import commands as cmd
 from tpubuild.codegen.asm import Assembler
 from tpubuild.codegen.commands import Direction, Gdma, Tensor
-from tpubuild.codegen.model_file import (FILE_HEAD, FORMAT_VERSION, SECTION_ENTRY, ChipParams, ModelFileError,
-                                         decode_model, encode_model, read_model, write_model)
+from tpubuild.codegen.model_file import (
+    FILE_HEAD,
+    FORMAT_VERSION,
+    SECTION_ENTRY,
+    ChipParams,
+    ModelFileError,
+    decode_model,
+    encode_model,
+    read_model,
+    write_model,
+)
 from tpubuild.ir import tpu
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.sim.chip import Program, simulate
 
-CHIP = ChipParams(name="toy", lanes=4, lane_bytes=4096, banks=2, eu_bytes=16, ddr_bandwidth=8e9, clock_hz=1e9,
-                  macs_per_lane_per_cycle={"F32": 4, "INT8": 32}, gdma_latency_cycles=10, bdc_overhead_cycles=5)
+CHIP = ChipParams(
+    name="toy",
+    lanes=4,
+    lane_bytes=4096,
+    banks=2,
+    eu_bytes=16,
+    ddr_bandwidth=8e9,
+    clock_hz=1e9,
+    macs_per_lane_per_cycle={"F32": 4, "INT8": 32},
+    gdma_latency_cycles=10,
+    bdc_overhead_cycles=5,
+)
 
 
 def _small_model():
@@ -33,15 +52,27 @@ def _small_model():
     w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
     w_addr = asm.weight(w)
     blk, w_blk = (1, 4, 6, 6), (1, 4, 4, 9)
-    x_loc, w_loc, c_loc, y_loc = (asm.local(blk, "float32"), asm.local(w_blk, "float32"),
-                                  asm.local(blk, "float32"), asm.local(blk, "float32"))
+    x_loc, w_loc, c_loc, y_loc = (
+        asm.local(blk, "float32"),
+        asm.local(w_blk, "float32"),
+        asm.local(blk, "float32"),
+        asm.local(blk, "float32"),
+    )
     asm.load(x_in.ddr_addr, cmd.contiguous_strides(blk), x_loc, blk, "float32")
     g = asm.load(w_addr, cmd.contiguous_strides(w_blk), w_loc, w_blk, "float32")
-    asm.compute(tpu.ConvOp, tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1)),
-                [Tensor.local(x_loc, 0, blk, "float32"), Tensor.local(w_loc, 0, w_blk, "float32", view=w.shape),
-                 Tensor.none()], [Tensor.local(c_loc, 0, blk, "float32")], wait_gdma=g)
-    r = asm.compute(tpu.ReluOp, tpu.ReluOp.PARAMS(), [Tensor.local(c_loc, 0, blk, "float32")],
-                    [Tensor.local(y_loc, 0, blk, "float32")])
+    asm.compute(
+        tpu.ConvOp,
+        tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1)),
+        [Tensor.local(x_loc, 0, blk, "float32"), Tensor.local(w_loc, 0, w_blk, "float32", view=w.shape), Tensor.none()],
+        [Tensor.local(c_loc, 0, blk, "float32")],
+        wait_gdma=g,
+    )
+    r = asm.compute(
+        tpu.ReluOp,
+        tpu.ReluOp.PARAMS(),
+        [Tensor.local(c_loc, 0, blk, "float32")],
+        [Tensor.local(y_loc, 0, blk, "float32")],
+    )
     asm.store(y_loc, y_out.ddr_addr, cmd.contiguous_strides(blk), blk, "float32", wait_bdc=r)
     return asm.build()
 
@@ -66,9 +97,9 @@ def _patch(data: bytes, section: str, pos: int, new: bytes, *, fix_checksum: boo
     """Replace payload bytes of a section (and re-sign it, so the reader looks past the checksum)."""
     at, off, size = _table(data)[section]
     buf = bytearray(data)
-    buf[off + pos:off + pos + len(new)] = new
+    buf[off + pos : off + pos + len(new)] = new
     if fix_checksum:
-        buf[at + 32:at + 64] = hashlib.sha256(bytes(buf[off:off + size])).digest()
+        buf[at + 32 : at + 64] = hashlib.sha256(bytes(buf[off : off + size])).digest()
     return bytes(buf)
 
 
@@ -102,7 +133,7 @@ def test_truncated_file(cut):
 def test_truncated_section_names_it():
     at, off, size = _table(DATA)["params"]
     with pytest.raises(ModelFileError, match=r"section 'params': truncated or misplaced"):
-        decode_model(DATA[:off + size - 3])
+        decode_model(DATA[: off + size - 3])
 
 
 def test_checksum_mismatch_names_the_section():
@@ -116,10 +147,10 @@ def test_checksum_mismatch_names_the_section():
 def test_missing_and_duplicate_sections():
     at, _, _ = _table(DATA)["params"]
     data = bytearray(DATA)
-    data[at:at + 16] = b"parameters".ljust(16, b"\0")
+    data[at : at + 16] = b"parameters".ljust(16, b"\0")
     with pytest.raises(ModelFileError, match="missing section"):
         decode_model(bytes(data))
-    data[at:at + 16] = b"bdc".ljust(16, b"\0")
+    data[at : at + 16] = b"bdc".ljust(16, b"\0")
     with pytest.raises(ModelFileError, match="section 'bdc': section appears twice"):
         decode_model(bytes(data))
 
@@ -128,8 +159,11 @@ def test_out_of_range_gdma_is_refused_with_its_index_and_range():
     # GDMA 1 (index 1) loads the weights; point it past the end of DDR
     ddr_size = MODEL.header.ddr_size
     data = _patch(DATA, "gdma", 4 + 1 * cmd.GDMA_RECORD.size + 16, struct.pack("<Q", ddr_size - 8))
-    with pytest.raises(ModelFileError, match=rf"section 'gdma', command 1: DDR side: DDR range \[{ddr_size - 8}, "
-                                             rf"{ddr_size - 8 + 576}\) is outside DDR \[0, {ddr_size}\)"):
+    with pytest.raises(
+        ModelFileError,
+        match=rf"section 'gdma', command 1: DDR side: DDR range \[{ddr_size - 8}, "
+        rf"{ddr_size - 8 + 576}\) is outside DDR \[0, {ddr_size}\)",
+    ):
         decode_model(data)
 
 
@@ -172,18 +206,20 @@ def test_header_figures_are_checked():
     import json
 
     at, off, size = _table(DATA)["header"]
-    doc = json.loads(DATA[off:off + size])
+    doc = json.loads(DATA[off : off + size])
     doc["chip"]["lanes"] = 0
     text = cmd.canonical_json(doc).encode()
     head = DATA[:off]
     # rebuild with a header of another length: re-encode through the dataclasses instead
     with pytest.raises(ModelFileError, match=r"section 'header': malformed header: expected an integer in \[1, "):
         from tpubuild.codegen.model_file import _header
+
         _header(text, "f")
     assert head  # (the file prefix is untouched)
 
 
 # ---- fuzz ---------------------------------------------------------------------------------------
+
 
 def _inputs_for(model) -> dict[str, np.ndarray]:
     return {t.name: np.ones(t.shape, dtype_from_name(t.dtype)) for t in model.header.inputs}
@@ -208,8 +244,12 @@ def _read_and_run(data: bytes) -> None:
 SECTION_NAMES = ["header", "weights", "gdma", "bdc", "params"]
 # garbage parameters may make a kernel compute NaN: numpy's warnings say so, the property is about exceptions
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-FUZZ = settings(max_examples=250, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=250,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @FUZZ
@@ -229,16 +269,19 @@ def test_fuzz_truncation(cut):
 
 
 @FUZZ
-@given(st.sampled_from(SECTION_NAMES), st.sampled_from(["name", "offset", "size"]),
-       st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(DATA) + 64)))
+@given(
+    st.sampled_from(SECTION_NAMES),
+    st.sampled_from(["name", "offset", "size"]),
+    st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(DATA) + 64)),
+)
 def test_fuzz_section_table_edits(section, field, value):
     at, _, _ = _table(DATA)[section]
     data = bytearray(DATA)
     if field == "name":
-        data[at:at + 16] = (value % 2**128).to_bytes(16, "little")
+        data[at : at + 16] = (value % 2**128).to_bytes(16, "little")
     else:
         pos = at + (16 if field == "offset" else 24)
-        data[pos:pos + 8] = struct.pack("<Q", value)
+        data[pos : pos + 8] = struct.pack("<Q", value)
     _read_and_run(bytes(data))
 
 
@@ -257,14 +300,16 @@ def test_fuzz_payload_edits_past_the_checksum(section, data):
         new = struct.pack("<I", data.draw(st.sampled_from([0, 1, 2, 3, 7, 255, 4095, 4096, 2**31, 2**32 - 1])))
     else:
         new = struct.pack("<Q", data.draw(st.sampled_from([0, 1, 64, 4096, 2**20, 2**40, 2**63, 2**64 - 1])))
-    new = new[:max(size - pos, 0)]
+    new = new[: max(size - pos, 0)]
     _read_and_run(_patch(DATA, section, pos, new))
 
 
 @FUZZ
-@given(st.integers(0, len(MODEL.gdma) - 1), st.sampled_from(["ddr_addr", "local_addr", "lane_start", "shape", "ddr_strides", "dtype",
-                                           "direction"]),
-       st.integers(0, 2**16))
+@given(
+    st.integers(0, len(MODEL.gdma) - 1),
+    st.sampled_from(["ddr_addr", "local_addr", "lane_start", "shape", "ddr_strides", "dtype", "direction"]),
+    st.integers(0, 2**16),
+)
 def test_fuzz_gdma_fields(index, field, value):
     g = MODEL.gdma[index]
     if field in ("shape", "ddr_strides"):

@@ -38,8 +38,16 @@ from tpubuild.testing import run_doit
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "configs" / "models" / "ppocrv4_rec.yaml"
 TARGET = "bm1684x-INT8"
-LINES = ["Hello World 2024", "quantize int8 model", "TPU-MLIR ONNX", "The lazy dog sleeps", "Invoice 7731-B",
-         "cosine 0.99 target", "Sophgo BM1684X chip", "error rate: 0.5%"]
+LINES = [
+    "Hello World 2024",
+    "quantize int8 model",
+    "TPU-MLIR ONNX",
+    "The lazy dog sleeps",
+    "Invoice 7731-B",
+    "cosine 0.99 target",
+    "Sophgo BM1684X chip",
+    "error rate: 0.5%",
+]
 
 
 def render(i: int, text: str) -> np.ndarray:

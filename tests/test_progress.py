@@ -17,7 +17,6 @@ from tpubuild.build.tasks import doit_config
 from tpubuild.testing import run_doit, save_onnx
 
 
-
 def task(name: str, deps=(), meta=None) -> Task:
     return Task(name, [(lambda: None)], task_dep=list(deps), meta=meta)
 
@@ -40,8 +39,13 @@ def test_split_task():
 
 def test_status_line_counts_and_running_stages(monkeypatch):
     monkeypatch.setenv("TPUBUILD_PROGRESS", "off")
-    tasks = [task("transform:a"), task("transform:b"), task("verify_top:a", ["transform:a"]),
-             task("lower:b/bm1684x-F32", ["transform:b"]), task("other:c")]
+    tasks = [
+        task("transform:a"),
+        task("transform:b"),
+        task("verify_top:a", ["transform:a"]),
+        task("lower:b/bm1684x-F32", ["transform:b"]),
+        task("other:c"),
+    ]
     rep, _ = reporter(tasks, ["verify_top:a", "lower:b/bm1684x-F32"])
     assert rep.total == 4  # other:c is not selected
     rep.skip_uptodate(tasks[0])
@@ -86,12 +90,21 @@ def write_json(path: Path, doc) -> None:
 
 def test_table_rows(tmp_path):
     root = tmp_path / "m"
-    write_json(root / "verify_top.json", {"comparisons": [{"level": "top", "min_cos": 0.99991},
-                                                           {"level": "top", "min_cos": 0.99995}]})
-    write_json(root / "chipA-INT8" / "verify.json", {
-        "comparisons": [{"level": "top", "min_cos": 0.99991}, {"level": "tpu", "min_cos": 0.987654321},
-                        {"level": "chip", "min_cos": 1.0}],
-        "chip": {"time_ms": 1.23456}})
+    write_json(
+        root / "verify_top.json",
+        {"comparisons": [{"level": "top", "min_cos": 0.99991}, {"level": "top", "min_cos": 0.99995}]},
+    )
+    write_json(
+        root / "chipA-INT8" / "verify.json",
+        {
+            "comparisons": [
+                {"level": "top", "min_cos": 0.99991},
+                {"level": "tpu", "min_cos": 0.987654321},
+                {"level": "chip", "min_cos": 1.0},
+            ],
+            "chip": {"time_ms": 1.23456},
+        },
+    )
     (root / "chipA-INT8" / "m.model").write_bytes(b"\0" * 2048)
     base = [task("transform:m"), task("verify_top:m", ["transform:m"])]
     chain = []
@@ -101,21 +114,32 @@ def test_table_rows(tmp_path):
         codegen = task(f"codegen:m/{t}", [lower.name])
         chip = task(f"verify_chip:m/{t}", [codegen.name, tpu.name, "verify_top:m"])
         chain += [lower, tpu, codegen, chip]
-    compile_ = task("compile:m", [t.name for t in chain if t.name.startswith("verify")] + ["verify_top:m"],
-                    meta={"summary": str(root / "summary.txt")})
+    compile_ = task(
+        "compile:m",
+        [t.name for t in chain if t.name.startswith("verify")] + ["verify_top:m"],
+        meta={"summary": str(root / "summary.txt")},
+    )
     broken = task("compile:broken")
     plan = {t.name: t for t in base + chain + [compile_, broken]}
     outcome = {name: "ok" for name in plan}
-    outcome.update({"verify_tpu:m/chipA-F32": "failed", "verify_chip:m/chipA-F32": "blocked",
-                    "compile:m": "blocked", "compile:broken": "failed"})
+    outcome.update(
+        {
+            "verify_tpu:m/chipA-F32": "failed",
+            "verify_chip:m/chipA-F32": "blocked",
+            "compile:m": "blocked",
+            "compile:broken": "failed",
+        }
+    )
     lines = zoo_table(plan, outcome)
     assert lines[0].startswith("summary: 1 of 3 model targets PASS")
     rows = {tuple(line.split()[:2]): line.split() for line in lines[3:6]}
     assert rows[("m", "chipA-INT8")][2:] == ["PASS", "0.999910", "0.987654", "1.000000", "1.235", "2.0", "KB"]
     assert rows[("m", "chipA-F32")][2:6] == ["FAIL", "verify_tpu", "0.999910", "-"]
     # the failed comparison the verify stage kept for the reports shows how far off it was
-    write_json(root / "chipA-F32" / "verify_tpu.failed.json",
-               {"comparisons": [{"level": "tpu", "min_cos": 0.75}], "passed": False})
+    write_json(
+        root / "chipA-F32" / "verify_tpu.failed.json",
+        {"comparisons": [{"level": "tpu", "min_cos": 0.75}], "passed": False},
+    )
     lines = zoo_table(plan, outcome)
     assert lines[4].split()[2:6] == ["FAIL", "verify_tpu", "0.999910", "0.750000!"]
     assert lines[-1].startswith("! the comparison that failed")
@@ -131,8 +155,13 @@ def test_doit_config_continues_past_failures(tmp_path):
 
 
 def tiny_onnx(path: Path) -> None:
-    save_onnx(path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], {"x": ["N", 4]}, {"y": ["N", 3]},
-              {"w": np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)})
+    save_onnx(
+        path,
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        {"x": ["N", 4]},
+        {"y": ["N", 3]},
+        {"w": np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)},
+    )
 
 
 MANIFEST = "name: {name}\nsource: {source}\ninputs:\n  - {{name: x, shape: [2, 4]}}\n"
@@ -151,7 +180,7 @@ def test_batch_build_carries_on_and_ends_with_the_table(tmp_path):
     assert run.returncode != 0
     assert ".  compile:good" in out, out
     assert (tmp_path / "build" / "good" / "summary.txt").is_file()
-    table = out[out.index("summary: 1 of 3 model targets PASS"):].splitlines()
+    table = out[out.index("summary: 1 of 3 model targets PASS") :].splitlines()
     rows = {line.split()[0]: line.split() for line in table[3:6]}
     assert rows["good"][1:4] == ["-", "PASS", "1.000000"]
     assert rows["bad"][1:4] == ["-", "FAIL", "transform"]

@@ -16,24 +16,47 @@ from tpubuild.build.noop import selects_compile
 from tpubuild.testing import run_doit, snapshot_code, tasks_marked
 
 FAST = "without doit's per-task checks"
-MANIFEST = "name: {name}\nsource: tiny.onnx\ninputs:\n  - {{name: x, shape: [2, 4]}}\ntolerance:\n  top: {{cos: {cos}}}\n"
+MANIFEST = (
+    "name: {name}\nsource: tiny.onnx\ninputs:\n  - {{name: x, shape: [2, 4]}}\ntolerance:\n  top: {{cos: {cos}}}\n"
+)
 
 
 def test_selects_compile():
-    for args in ([], ["compile"], ["run"], ["run", "compile"], ["-n", "2", "compile"], ["-n2", "--continue"],
-                 ["-f", "dodo.py", "compile"], ["--file=dodo.py", "-P", "thread", "compile"], ["run", "-n", "4", "compile"]):
+    for args in (
+        [],
+        ["compile"],
+        ["run"],
+        ["run", "compile"],
+        ["-n", "2", "compile"],
+        ["-n2", "--continue"],
+        ["-f", "dodo.py", "compile"],
+        ["--file=dodo.py", "-P", "thread", "compile"],
+        ["run", "-n", "4", "compile"],
+    ):
         assert selects_compile(args), args
-    for args in (["compile:a"], ["list"], ["-a", "compile"], ["-v", "2", "compile"], ["verify_top"], ["clean"],
-                 ["compile", "transform"], ["--always-execute"], ["-s", "compile"]):
+    for args in (
+        ["compile:a"],
+        ["list"],
+        ["-a", "compile"],
+        ["-v", "2", "compile"],
+        ["verify_top"],
+        ["clean"],
+        ["compile", "transform"],
+        ["--always-execute"],
+        ["-s", "compile"],
+    ):
         assert not selects_compile(args), args
 
 
 def tiny_onnx(path: Path) -> None:
     w = np.random.default_rng(9).standard_normal((4, 3)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-                              initializer=[numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
@@ -51,8 +74,9 @@ class Zoo:
 
     def doit(self, *args: str, **env: str) -> subprocess.CompletedProcess:
         # files younger than TPUBUILD_NOOP_SETTLE are never stamped: these tests change them just before
-        return run_doit(*args, manifests=self.models, build=self.build, code=self.code,
-                        **{"TPUBUILD_NOOP_SETTLE": "0", **env})
+        return run_doit(
+            *args, manifests=self.models, build=self.build, code=self.code, **{"TPUBUILD_NOOP_SETTLE": "0", **env}
+        )
 
 
 def lines(out: str, prefix: str) -> set[str]:
@@ -80,11 +104,18 @@ def test_fast_noop_prints_what_doit_would(zoo):
     full = zoo.doit("compile", TPUBUILD_NOOP="off")
     assert FAST not in full.stdout
     fast = fast_noop(zoo, "compile")
-    assert lines(fast, "-- ") == lines(full.stdout, "-- ") == {
-        f"{stage}:{m}" for m in "ab" for stage in ("transform", "reference", "canonicalize", "verify_top", "compile")}
+    assert (
+        lines(fast, "-- ")
+        == lines(full.stdout, "-- ")
+        == {
+            f"{stage}:{m}"
+            for m in "ab"
+            for stage in ("transform", "reference", "canonicalize", "verify_top", "compile")
+        }
+    )
     assert fast_noop(zoo, "-n", "2")  # the default task, in parallel
-    table = fast[fast.index("summary: 2 of 2 model targets PASS"):]
-    assert table.splitlines()[:5] == full.stdout[full.stdout.index("summary:"):].splitlines()[:5]
+    table = fast[fast.index("summary: 2 of 2 model targets PASS") :]
+    assert table.splitlines()[:5] == full.stdout[full.stdout.index("summary:") :].splitlines()[:5]
 
 
 def test_touched_source_checks_again(zoo):

@@ -16,25 +16,46 @@ from tpubuild.calib.table import Entry
 from tpubuild.ir import tpu
 from tpubuild.kernels import get_kernel
 from tpubuild.kernels.tpu_arith import requantize, requantize_sums, round_half_away, rshift_round
-from tpubuild.lower.quant import (QType, activation_qtype, channel_scales, multiplier_rshift, quantize_bias,
-                                  quantize_per_channel, round_half_away_exact, shared_rshift)
+from tpubuild.lower.quant import (
+    QType,
+    activation_qtype,
+    channel_scales,
+    multiplier_rshift,
+    quantize_bias,
+    quantize_per_channel,
+    round_half_away_exact,
+    shared_rshift,
+)
 
 M_HALF = 2**30  # with r = 31: x 0.5
 
 
 # ---- rounding --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("v, r, expect", [
-    (5, 1, 3), (-5, 1, -3),      # 2.5 -> 3, -2.5 -> -3 (ties away from zero)
-    (3, 1, 2), (-3, 1, -2),      # 1.5, -1.5
-    (1, 1, 1), (-1, 1, -1),      # 0.5, -0.5
-    (6, 2, 2), (-6, 2, -2),      # 1.5, -1.5
-    (2, 2, 1), (-2, 2, -1),      # 0.5, -0.5
-    (-7, 2, -2), (7, 2, 2),      # -1.75, 1.75
-    (5, 2, 1), (-5, 2, -1),      # 1.25, -1.25
-    (4, 0, 4), (-4, 0, -4),      # no shift
-    (2**62 - 1, 62, 1), (-(2**62 - 1), 62, -1),  # largest magnitudes: no int64 overflow
-])
+
+@pytest.mark.parametrize(
+    "v, r, expect",
+    [
+        (5, 1, 3),
+        (-5, 1, -3),  # 2.5 -> 3, -2.5 -> -3 (ties away from zero)
+        (3, 1, 2),
+        (-3, 1, -2),  # 1.5, -1.5
+        (1, 1, 1),
+        (-1, 1, -1),  # 0.5, -0.5
+        (6, 2, 2),
+        (-6, 2, -2),  # 1.5, -1.5
+        (2, 2, 1),
+        (-2, 2, -1),  # 0.5, -0.5
+        (-7, 2, -2),
+        (7, 2, 2),  # -1.75, 1.75
+        (5, 2, 1),
+        (-5, 2, -1),  # 1.25, -1.25
+        (4, 0, 4),
+        (-4, 0, -4),  # no shift
+        (2**62 - 1, 62, 1),
+        (-(2**62 - 1), 62, -1),  # largest magnitudes: no int64 overflow
+    ],
+)
 def test_rshift_rounds_half_away_from_zero(v, r, expect):
     assert int(rshift_round(np.int64(v), r)) == expect
 
@@ -43,7 +64,7 @@ def test_rshift_matches_exact_integer_rounding():
     """Many values and shifts (per channel, zeros included) against Python's exact integers: |v| / 2^r
     rounded half up, the sign put back."""
     rng = np.random.default_rng(3)
-    v = rng.integers(-2**40, 2**40, size=(3, 6, 50))
+    v = rng.integers(-(2**40), 2**40, size=(3, 6, 50))
     v[0, :, :21] = np.arange(-10, 11)  # ties and small values around zero
     shift = np.array([0, 1, 2, 7, 20, 40]).reshape(1, 6, 1)
     got = rshift_round(v, shift)
@@ -58,8 +79,20 @@ def test_rshift_per_channel_broadcast():
     assert rshift_round(v, np.array([1, 2])).tolist() == [[3, 1], [-3, -1]]
 
 
-@pytest.mark.parametrize("x, expect", [(0.5, 1), (-0.5, -1), (1.5, 2), (-1.5, -2), (2.5, 3), (-2.5, -3),
-                                       (0.49999999999999994, 0), (2.4999999, 2), (-0.0, 0)])
+@pytest.mark.parametrize(
+    "x, expect",
+    [
+        (0.5, 1),
+        (-0.5, -1),
+        (1.5, 2),
+        (-1.5, -2),
+        (2.5, 3),
+        (-2.5, -3),
+        (0.49999999999999994, 0),
+        (2.4999999, 2),
+        (-0.0, 0),
+    ],
+)
 def test_round_half_away(x, expect):
     assert int(round_half_away(x)) == expect
     assert round_half_away_exact(x) == expect
@@ -67,17 +100,21 @@ def test_round_half_away(x, expect):
 
 # ---- multiplier and shift --------------------------------------------------------------
 
-@pytest.mark.parametrize("scale, m, r", [
-    (0.5, 2**30, 31),                    # 0.5 = 2^30 / 2^31
-    (0.75, 1610612736, 31),              # 0.75 * 2^31
-    (1 / 3, 1431655765, 32),             # 2/3 * 2^31 = 1431655765.33 -> down
-    (1.0, 2**30, 30),
-    (3.0, 1610612736, 29),               # 0.75 * 2^31 / 2^29
-    (0.5 + 2**-32, 2**30 + 1, 31),       # exactly 2^30 + 0.5 at r = 31: the tie rounds up
-    (2.0**-40, 2**23, 63),               # r capped at 63: m = 2^-40 * 2^63
-    (2.0**31, 2**31 - 1, 0),             # too large: saturated
-    (0.0, 0, 0),
-])
+
+@pytest.mark.parametrize(
+    "scale, m, r",
+    [
+        (0.5, 2**30, 31),  # 0.5 = 2^30 / 2^31
+        (0.75, 1610612736, 31),  # 0.75 * 2^31
+        (1 / 3, 1431655765, 32),  # 2/3 * 2^31 = 1431655765.33 -> down
+        (1.0, 2**30, 30),
+        (3.0, 1610612736, 29),  # 0.75 * 2^31 / 2^29
+        (0.5 + 2**-32, 2**30 + 1, 31),  # exactly 2^30 + 0.5 at r = 31: the tie rounds up
+        (2.0**-40, 2**23, 63),  # r capped at 63: m = 2^-40 * 2^63
+        (2.0**31, 2**31 - 1, 0),  # too large: saturated
+        (0.0, 0, 0),
+    ],
+)
 def test_multiplier_and_rshift(scale, m, r):
     assert multiplier_rshift(scale) == (m, r)
 
@@ -100,6 +137,7 @@ def test_negative_scale_refused():
 
 # ---- requantization and saturation --------------------------------------------------------
 
+
 def test_requantize_halves_with_ties_away_and_saturates():
     acc = np.array([100, 101, -101, 13, -7, 5, 1000, -1000], np.int64)
     y = requantize(acc, M_HALF, 31, 0, -128, 127)
@@ -113,9 +151,14 @@ def test_requantize_unsigned_with_zero_point():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]), st.integers(1, 40),
-       st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 37), (-128, 127, -5), (-(2**20), 2**20, 3)]),
-       st.booleans(), st.booleans())
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([np.float32, np.float64]),
+    st.integers(1, 40),
+    st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 37), (-128, 127, -5), (-(2**20), 2**20, 3)]),
+    st.booleans(),
+    st.booleans(),
+)
 def test_requantize_sums_is_the_integer_form(seed, acc_dtype, size, bounds, with_bias, big):
     """The float64 path (and its fallback) gives requantize's bits on saturated int32 sums: ties made on purpose
     (sums that are odd multiples of 2^(r - 1) / m), sums past int32 with the bias, multipliers near 2^31."""
@@ -127,16 +170,20 @@ def test_requantize_sums_is_the_integer_form(seed, acc_dtype, size, bounds, with
     shift = rng.integers(0, 45, channels)
     mult = np.where(rng.random(channels) < 0.5, rng.integers(2**30, 2**31, channels), rng.integers(1, 9, channels))
     ties = mult == 1  # 2^(r - 1) itself: exactly half of 2^r
-    acc[:, ties] = (np.where(rng.random((size, int(ties.sum()))) < 0.5, -1, 1)
-                    * np.ldexp(1.0, np.maximum(shift[ties] - 1, 0)) * rng.choice([1, 3, 5], (size, int(ties.sum()))))
+    acc[:, ties] = (
+        np.where(rng.random((size, int(ties.sum()))) < 0.5, -1, 1)
+        * np.ldexp(1.0, np.maximum(shift[ties] - 1, 0))
+        * rng.choice([1, 3, 5], (size, int(ties.sum())))
+    )
     acc = acc.astype(acc_dtype)
-    bias = rng.integers(-2**31, 2**31, channels).astype(np.int32) if with_bias else None
+    bias = rng.integers(-(2**31), 2**31, channels).astype(np.int32) if with_bias else None
     wide = acc.astype(np.float64) + (0 if bias is None else bias)
-    want = requantize(np.clip(np.rint(wide), -2**31, 2**31 - 1).astype(np.int64), mult, shift, zp, qmin, qmax)
+    want = requantize(np.clip(np.rint(wide), -(2**31), 2**31 - 1).astype(np.int64), mult, shift, zp, qmin, qmax)
     got = requantize_sums(acc, bias, mult, shift, zp, qmin, qmax)
     assert got.tolist() == want.tolist()
-    assert got.dtype == (np.int8 if qmin >= -128 and qmax <= 127 else np.uint8 if qmin >= 0 and qmax <= 255
-                         else np.int64)
+    assert got.dtype == (
+        np.int8 if qmin >= -128 and qmax <= 127 else np.uint8 if qmin >= 0 and qmax <= 255 else np.int64
+    )
 
 
 def test_requantize_per_channel():
@@ -146,6 +193,7 @@ def test_requantize_per_channel():
 
 
 # ---- activation and weight quantization ------------------------------------------------------
+
 
 def test_symmetric_activation_scales():
     assert activation_qtype(Entry(12.7, -3.0, 12.7), False) == QType("i8", 12.7 / 127)
@@ -193,11 +241,15 @@ def test_per_channel_scales_along_last_axis_and_zero_channel():
 
 
 def test_bias_in_accumulator_units_saturates():
-    assert quantize_bias(np.array([1.0, -0.125, 1e9]), np.array([0.01, 0.25, 1e-3])).tolist() == \
-        [100, -1, 2**31 - 1]  # -0.5 -> -1 (away from zero); 1e12 saturates
+    assert quantize_bias(np.array([1.0, -0.125, 1e9]), np.array([0.01, 0.25, 1e-3])).tolist() == [
+        100,
+        -1,
+        2**31 - 1,
+    ]  # -0.5 -> -1 (away from zero); 1e12 saturates
 
 
 # ---- kernels: the integer paths on hand-computed cases ----------------------------------------
+
 
 def params(cls, **kw):
     return cls.PARAMS(**kw)
@@ -205,8 +257,15 @@ def params(cls, **kw):
 
 def test_conv_int8_path():
     # 1x1 conv, one channel: acc = 2x + 3, then x 0.5: [13, -7, 5] -> [6.5, -3.5, 2.5] -> [7, -4, 3]
-    p = params(tpu.ConvOp, kernel_shape=(1, 1), strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-               multiplier=(M_HALF,), rshift=(31,))
+    p = params(
+        tpu.ConvOp,
+        kernel_shape=(1, 1),
+        strides=(1, 1),
+        pads=(0, 0, 0, 0),
+        dilations=(1, 1),
+        multiplier=(M_HALF,),
+        rshift=(31,),
+    )
     x = np.array([5, -5, 1], np.int8).reshape(1, 1, 1, 3)
     w = np.array([2], np.int8).reshape(1, 1, 1, 1)
     b = np.array([3], np.int32)
@@ -215,8 +274,16 @@ def test_conv_int8_path():
 
 def test_conv_int8_zero_point_and_padding_is_real_zero():
     # asymmetric input (zp 10): a 3-wide window over [zp] padded with real zeros sums to (12-10) = 2
-    p = params(tpu.ConvOp, kernel_shape=(1, 3), strides=(1, 1), pads=(0, 1, 0, 1), dilations=(1, 1),
-               multiplier=(2**30,), rshift=(30,), in_zp=(10,))
+    p = params(
+        tpu.ConvOp,
+        kernel_shape=(1, 3),
+        strides=(1, 1),
+        pads=(0, 1, 0, 1),
+        dilations=(1, 1),
+        multiplier=(2**30,),
+        rshift=(30,),
+        in_zp=(10,),
+    )
     x = np.array([12], np.int8).reshape(1, 1, 1, 1)
     w = np.ones((1, 1, 1, 3), np.int8)
     assert get_kernel(tpu.ConvOp)(p, x, w, None).ravel().tolist() == [2]
@@ -236,8 +303,19 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
     b = rng.integers(-(2**30), 2**30, channels).astype(np.int32)
     zp = -7
     pads = tuple(k // 2 for k in kernel) * 2
-    p = params(tpu.ConvOp, kernel_shape=kernel, strides=(1, 1), pads=pads, dilations=(1, 1), group=group,
-               multiplier=(2**30,) * channels, rshift=(30,), in_zp=(zp,), qmin=-(2**31), qmax=2**31 - 1)
+    p = params(
+        tpu.ConvOp,
+        kernel_shape=kernel,
+        strides=(1, 1),
+        pads=pads,
+        dilations=(1, 1),
+        group=group,
+        multiplier=(2**30,) * channels,
+        rshift=(30,),
+        in_zp=(zp,),
+        qmin=-(2**31),
+        qmax=2**31 - 1,
+    )
     xs = np.pad(x.astype(np.int64) - zp, [(0, 0), (0, 0)] + [(k // 2, k // 2) for k in kernel])
     want = np.zeros((1, channels, 6, 7), np.int64)
     cg = channels // group
@@ -245,7 +323,9 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
         g = o // (channels // group)
         for i in range(kernel[0]):
             for j in range(kernel[1]):
-                want[0, o] += np.tensordot(w[o, :, i, j].astype(np.int64), xs[0, g * cg:(g + 1) * cg, i:i + 6, j:j + 7], 1)
+                want[0, o] += np.tensordot(
+                    w[o, :, i, j].astype(np.int64), xs[0, g * cg : (g + 1) * cg, i : i + 6, j : j + 7], 1
+                )
     want = np.clip(want + b.reshape(1, -1, 1, 1), -(2**31), 2**31 - 1)
     assert (_partial_sum_bound(x.dtype, zp, w) <= F32_EXACT) == (channels < 2048)
     assert np.array_equal(get_kernel(tpu.ConvOp)(p, x, w, b), want)
@@ -275,8 +355,11 @@ def test_add_int8_fused_relu_is_the_clamp():
 def test_mul_int8():
     p = params(tpu.MulOp, multiplier=(M_HALF,), rshift=(31,), in_zp=(0, 2))
     # 7 * (3-2) = 7 -> 3.5 -> 4; -7 -> -4; 100 * 100 saturates
-    assert get_kernel(tpu.MulOp)(p, np.array([7, -7, 100], np.int8), np.array([3, 3, 102], np.int8)).tolist() == \
-        [4, -4, 127]
+    assert get_kernel(tpu.MulOp)(p, np.array([7, -7, 100], np.int8), np.array([3, 3, 102], np.int8)).tolist() == [
+        4,
+        -4,
+        127,
+    ]
 
 
 def test_concat_requantizes_each_branch():
@@ -289,16 +372,32 @@ def test_concat_requantizes_each_branch():
 
 def test_avgpool_int8_by_window_count():
     # 2x2 window with no padding: count 4, multiplier 1/4 = 2^30 / 2^32
-    p = params(tpu.AvgPoolOp, kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0), multiplier=(2**30,),
-               rshift=(32,), counts=(4,), qmin=0, qmax=255)
+    p = params(
+        tpu.AvgPoolOp,
+        kernel_shape=(2, 2),
+        strides=(2, 2),
+        pads=(0, 0, 0, 0),
+        multiplier=(2**30,),
+        rshift=(32,),
+        counts=(4,),
+        qmin=0,
+        qmax=255,
+    )
     x = np.array([[1, 2], [3, 4]], np.uint8).reshape(1, 1, 2, 2)  # sum 10 -> 2.5 -> 3
     assert get_kernel(tpu.AvgPoolOp)(p, x).ravel().tolist() == [3]
 
 
 def test_avgpool_int8_padding_counts_real_elements():
     # 3-wide window over [8, 8] padded by 1 on each side, count_include_pad off: counts 2 and 2
-    p = params(tpu.AvgPoolOp, kernel_shape=(1, 3), strides=(1, 1), pads=(0, 1, 0, 1), multiplier=(2**30,),
-               rshift=(31,), counts=(2,))
+    p = params(
+        tpu.AvgPoolOp,
+        kernel_shape=(1, 3),
+        strides=(1, 1),
+        pads=(0, 1, 0, 1),
+        multiplier=(2**30,),
+        rshift=(31,),
+        counts=(2,),
+    )
     x = np.array([8, 7], np.int8).reshape(1, 1, 1, 2)
     assert get_kernel(tpu.AvgPoolOp)(p, x).ravel().tolist() == [8, 8]  # 15 / 2 = 7.5 -> 8 twice
 
@@ -317,6 +416,7 @@ def test_lut_indexes_by_stored_byte():
 
 
 # ---- casts ----------------------------------------------------------------------------
+
 
 def cast(x, **kw):
     return get_kernel(tpu.CastOp)(tpu.CastParams(**kw), x)

@@ -20,8 +20,18 @@ from tpubuild.testing import run_doit
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "configs" / "models"
 FAST = ["light_squeezenet", "ppocr_mobile_v2_cls"]
-SLOW = ["light_bvlc_alexnet", "light_zfnet512", "light_shufflenet", "light_inception_v1", "light_inception_v2",
-        "light_resnet50", "light_densenet121", "light_vgg19", "ppocrv4_rec", "ppocrv4_det"]
+SLOW = [
+    "light_bvlc_alexnet",
+    "light_zfnet512",
+    "light_shufflenet",
+    "light_inception_v1",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_densenet121",
+    "light_vgg19",
+    "ppocrv4_rec",
+    "ppocrv4_det",
+]
 GOAL = 0.99999
 
 
@@ -41,8 +51,12 @@ def onnxruntime_outputs(model: Path, inputs: dict[str, np.ndarray]) -> dict[str,
 
 def build_and_check(names: list[str], tmp_path: Path) -> None:
     build = tmp_path / "build"
-    run = run_doit(*[f"verify_top:{n}" for n in names], build=build, timeout=1800,
-                   manifests=os.pathsep.join(str(MODELS / f"{n}.yaml") for n in names))
+    run = run_doit(
+        *[f"verify_top:{n}" for n in names],
+        build=build,
+        timeout=1800,
+        manifests=os.pathsep.join(str(MODELS / f"{n}.yaml") for n in names),
+    )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     for name in names:
         folder = build / name

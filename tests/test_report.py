@@ -49,20 +49,36 @@ def cnn_onnx(path: Path) -> None:
     def w(*shape):
         return (rng.standard_normal(shape) * 0.3).astype(np.float32)
 
-    inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w(8, 3, 3, 3)), ("b1", w(8)), ("w2", w(8, 8, 3, 3)),
-                                                        ("b2", w(8)), ("wf", w(5, 8)), ("bf", w(5)))]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
-             helper.make_node("MaxPool", ["r1"], ["p1"], name="p1", kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="c2", pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["c2", "p1"], ["res"], name="res"),
-             helper.make_node("Relu", ["res"], ["r2"], name="r2"),
-             helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
-             helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),
-             helper.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="logits", transB=1),
-             helper.make_node("Softmax", ["logits"], ["y"], name="y", axis=-1)]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], initializer=inits)
+    inits = [
+        numpy_helper.from_array(a, n)
+        for n, a in (
+            ("w1", w(8, 3, 3, 3)),
+            ("b1", w(8)),
+            ("w2", w(8, 8, 3, 3)),
+            ("b2", w(8)),
+            ("wf", w(5, 8)),
+            ("bf", w(5)),
+        )
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], name="p1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="c2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "p1"], ["res"], name="res"),
+        helper.make_node("Relu", ["res"], ["r2"], name="r2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),
+        helper.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="logits", transB=1),
+        helper.make_node("Softmax", ["logits"], ["y"], name="y", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
+        initializer=inits,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
@@ -107,6 +123,7 @@ def _html(path: Path) -> str:
 
 # ---- the target page ---------------------------------------------------------------------------------
 
+
 def test_every_passing_target_has_a_report(zoo):
     for t in ("bm1684x-F32", "bm1684x-INT8"):
         page = _html(zoo.target("cnn", t) / "report.html")
@@ -139,8 +156,8 @@ def test_report_names_the_layer_groups_of_lg_mlir(zoo):
     t = zoo.target("cnn", "bm1684x-INT8")
     groups = read_groups(load_module(t / "lg.mlir"))
     page = _html(t / "report.html")
-    table = page[page.index('<table class="groups">'):]
-    table = table[:table.index("</table>")]
+    table = page[page.index('<table class="groups">') :]
+    table = table[: table.index("</table>")]
     assert table.count("<tr>") == len(groups) + 1  # header + one per group
     for g in groups:
         if g.kind == "local":
@@ -185,9 +202,18 @@ def test_timeline_replays_the_profile(zoo):
 def test_report_is_byte_identical_across_runs_and_hash_seeds(zoo, tmp_path):
     t = zoo.target("cnn", "bm1684x-INT8")
     m = zoo.build / "cnn"
-    args = [repr(a) for a in ("cnn", "bm1684x-INT8", str(t / "verify.json"), str(t / "profile.json"),
-                              str(t / "lg.mlir"), str(t / "cnn.model"),
-                              [str(m / "origin.mlir"), str(m / "canonical.mlir"), str(t / "tpu.mlir")])]
+    args = [
+        repr(a)
+        for a in (
+            "cnn",
+            "bm1684x-INT8",
+            str(t / "verify.json"),
+            str(t / "profile.json"),
+            str(t / "lg.mlir"),
+            str(t / "cnn.model"),
+            [str(m / "origin.mlir"), str(m / "canonical.mlir"), str(t / "tpu.mlir")],
+        )
+    ]
     outs = []
     for seed in ("1", "2"):
         out = tmp_path / f"r{seed}.html"
@@ -206,8 +232,12 @@ def test_graph_order_and_lines_match_the_parsed_module(zoo):
 
     path = zoo.target("cnn", "bm1684x-INT8") / "tpu.mlir"
     info = report.graph_info(path, "tpu.mlir")
-    expected = [(name, op.name) for op in body_ops(load_module(path))
-                if isinstance(op, TensorOp) and not isinstance(op, (WeightOp, NoneOp)) for name in op.names]
+    expected = [
+        (name, op.name)
+        for op in body_ops(load_module(path))
+        if isinstance(op, TensorOp) and not isinstance(op, (WeightOp, NoneOp))
+        for name in op.names
+    ]
     assert [(n, s.op) for n, s in sorted(info.sites.items(), key=lambda kv: kv[1].index)] == expected
     lines = path.read_text().splitlines()
     for name, site in info.sites.items():
@@ -215,6 +245,7 @@ def test_graph_order_and_lines_match_the_parsed_module(zoo):
 
 
 # ---- a failing target and the index ------------------------------------------------------------------
+
 
 def test_failing_verify_keeps_its_comparison_and_gets_a_failure_page(zoo):
     from tpubuild.ir.mlir import body_ops, load_module
@@ -229,8 +260,8 @@ def test_failing_verify_keeps_its_comparison_and_gets_a_failure_page(zoo):
     first = next(n for n in order if n in rows and not rows[n]["passed"])
     op = next(op for op in body_ops(load_module(t / "tpu.mlir")) if first in getattr(op, "names", []))
     page = _html(t / "failed.html")
-    callout = page[page.index('id="first-failure"'):]
-    callout = callout[:callout.index("</div>")]
+    callout = page[page.index('id="first-failure"') :]
+    callout = callout[: callout.index("</div>")]
     assert "First tensor below tolerance" in callout
     assert f"<code>{first}</code>: op <code>{op.name}</code>" in callout
     assert "bm1684x-INT8/tpu.mlir:" in callout
@@ -263,6 +294,7 @@ def test_index_lists_every_target_with_status_and_links(zoo):
 
 # ---- the charts on their own -------------------------------------------------------------------------
 
+
 def test_chart_marks_the_first_failure_and_is_deterministic():
     pts = [charts.Point(f"t{i}", c, 0.99, 30.0, c >= 0.99, False) for i, c in enumerate([1.0, 0.995, 0.9, 0.8])]
     a = charts.similarity_chart(pts, 0.99, 0.9, 2, True, salt="x")
@@ -276,17 +308,37 @@ def test_chart_marks_the_first_failure_and_is_deterministic():
 
 
 def _comp(level: str, passed: bool, rows: list[tuple[str, float]]) -> dict:
-    tensors = [{"name": n, "shape": [1], "label": "SIMILAR" if c >= 0.9 else "NOT SIMILAR", "passed": c >= 0.9,
-                "cos": c, "euc": c, "sqnr": 20.0, "max_abs": 0.1} for n, c in rows]
-    return {"level": level, "test": "t.mlir", "ref": "r.npz", "tolerance": {"cos": 0.9, "euc": 0.8},
-            "passed": passed, "decided_by": "graph outputs", "tensors": tensors}
+    tensors = [
+        {
+            "name": n,
+            "shape": [1],
+            "label": "SIMILAR" if c >= 0.9 else "NOT SIMILAR",
+            "passed": c >= 0.9,
+            "cos": c,
+            "euc": c,
+            "sqnr": 20.0,
+            "max_abs": 0.1,
+        }
+        for n, c in rows
+    ]
+    return {
+        "level": level,
+        "test": "t.mlir",
+        "ref": "r.npz",
+        "tolerance": {"cos": 0.9, "euc": 0.8},
+        "passed": passed,
+        "decided_by": "graph outputs",
+        "tensors": tensors,
+    }
 
 
 def test_callout_separates_deciding_failures_from_reported_ones():
     # Top vs Tpu passes on its outputs with an intermediate below tolerance; the chip level fails
     graph = report.GraphInfo("t.mlir", {"b": report.Site(0, "tpu.Conv", 7), "a": report.Site(1, "tpu.Add", 9)})
-    levels = [report.order_level(_comp("tpu", True, [("a", 0.5), ("b", 0.95)]), graph),
-              report.order_level(_comp("chip", False, [("y", 0.2)]), None)]
+    levels = [
+        report.order_level(_comp("tpu", True, [("a", 0.5), ("b", 0.95)]), graph),
+        report.order_level(_comp("chip", False, [("y", 0.2)]), None),
+    ]
     assert [r["name"] for r in levels[0].rows] == ["b", "a"]  # graph order, not by name
     text = report.first_failure(levels)
     first, second = text.split("\n")
@@ -305,9 +357,17 @@ def test_callout_separates_deciding_failures_from_reported_ones():
 
 # ---- in a browser ------------------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 # measured in the page itself: what the browser laid out, and every resource it fetched
 PROBE = """<script>
 (() => {
@@ -338,8 +398,12 @@ def chromium() -> str:
 
 def _browse(exe: str, page: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     profile = tmp / f"profile-{len(list(tmp.iterdir()))}"
-    return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, page.as_uri()],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def _probe(exe: str, page: Path, tmp: Path) -> dict:
@@ -394,6 +458,7 @@ def test_index_and_failure_page_in_chromium(zoo, chromium, tmp_path):
 
 
 # ---- last: it rebuilds a model ---------------------------------------------------------------------
+
 
 def test_fixing_the_manifest_clears_the_failure(zoo):
     """Last in the module: it rebuilds `strict` with the default tolerance."""

@@ -18,9 +18,18 @@ from tpubuild.kernels import get_kernel
 from tpubuild.sim.chip import simulate
 
 # 4 lanes: 8 and 16 channels take several slots per lane, and lane_start wraps
-CHIP = ChipParams(name="toy", lanes=4, lane_bytes=64 * 1024, banks=4, eu_bytes=16, ddr_bandwidth=16e9, clock_hz=1e9,
-                  macs_per_lane_per_cycle={"INT8": 64, "F32": 8, "BF16": 32, "F16": 32},
-                  gdma_latency_cycles=50, bdc_overhead_cycles=10)
+CHIP = ChipParams(
+    name="toy",
+    lanes=4,
+    lane_bytes=64 * 1024,
+    banks=4,
+    eu_bytes=16,
+    ddr_bandwidth=16e9,
+    clock_hz=1e9,
+    macs_per_lane_per_cycle={"INT8": 64, "F32": 8, "BF16": 32, "F16": 32},
+    gdma_latency_cycles=50,
+    bdc_overhead_cycles=10,
+)
 
 H = W = 16
 CIN, COUT = 8, 16
@@ -35,9 +44,16 @@ def _conv_relu_add(dtype: str, int8: bool, rng, slices=((0, 8), (8, 16)), *, dro
         z = rng.integers(-128, 128, (1, COUT, H, W), dtype=np.int8)
         w = rng.integers(-128, 128, (COUT, CIN, 3, 3), dtype=np.int8)
         b = rng.integers(-2000, 2000, (COUT,), dtype=np.int32)
-        conv_p = tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1),
-                                   multiplier=tuple(int(m) for m in rng.integers(1 << 14, 1 << 15, COUT)),
-                                   rshift=(26,) * COUT, in_zp=(3,), out_zp=-2)
+        conv_p = tpu.ConvOp.PARAMS(
+            kernel_shape=(3, 3),
+            strides=(1, 1),
+            pads=(1, 1, 1, 1),
+            dilations=(1, 1),
+            multiplier=tuple(int(m) for m in rng.integers(1 << 14, 1 << 15, COUT)),
+            rshift=(26,) * COUT,
+            in_zp=(3,),
+            out_zp=-2,
+        )
         add_p = tpu.AddOp.PARAMS(multiplier=(19000, 23000), rshift=(15,), in_zp=(-2, 5), out_zp=1)
         bias_dtype = "int32"
     else:
@@ -64,9 +80,16 @@ def _conv_relu_add(dtype: str, int8: bool, rng, slices=((0, 8), (8, 16)), *, dro
 
     rows = max(h1 - h0 for h0, h1 in slices)
     # two buffers of each per-slice tensor: loads of slice i+1 overlap compute of slice i
-    bufs = [{"x": asm.local((1, CIN, rows + 2, W), dtype), "z": asm.local((1, COUT, rows, W), dtype, lane_start=2),
-             "c": asm.local((1, COUT, rows, W), dtype), "r": asm.local((1, COUT, rows, W), dtype),
-             "y": asm.local((1, COUT, rows, W), dtype, lane_start=1)} for _ in range(2)]
+    bufs = [
+        {
+            "x": asm.local((1, CIN, rows + 2, W), dtype),
+            "z": asm.local((1, COUT, rows, W), dtype, lane_start=2),
+            "c": asm.local((1, COUT, rows, W), dtype),
+            "r": asm.local((1, COUT, rows, W), dtype),
+            "y": asm.local((1, COUT, rows, W), dtype, lane_start=1),
+        }
+        for _ in range(2)
+    ]
     last_use = [0, 0]  # per buffer set: the last BDC reading it (its loads must wait for it)
 
     def geometry(s):
@@ -78,8 +101,7 @@ def _conv_relu_add(dtype: str, int8: bool, rng, slices=((0, 8), (8, 16)), *, dro
         buf, (h0, _, i0, xb, zb) = bufs[s % 2], geometry(s)
         wait = last_use[s % 2]
         gx = asm.load(xin.ddr_addr + i0 * W * cmd.itemsize(dtype), xs, buf["x"], xb, dtype, wait_bdc=wait)
-        gz = asm.load(zin.ddr_addr + h0 * W * cmd.itemsize(dtype), zs, buf["z"], zb, dtype, lane_start=2,
-                      wait_bdc=wait)
+        gz = asm.load(zin.ddr_addr + h0 * W * cmd.itemsize(dtype), zs, buf["z"], zb, dtype, lane_start=2, wait_bdc=wait)
         return gx, gz
 
     loads = {0: emit_loads(0)}
@@ -91,11 +113,17 @@ def _conv_relu_add(dtype: str, int8: bool, rng, slices=((0, 8), (8, 16)), *, dro
         c_t = Tensor.local(buf["c"], 0, yb, dtype)
         r_t = Tensor.local(buf["r"], 0, yb, dtype)
         y_t = Tensor.local(buf["y"], 1, yb, dtype)
-        asm.compute(tpu.ConvOp, dataclasses.replace(conv_p, pads=pads),
-                    [Tensor.local(buf["x"], 0, xb, dtype), w_t, b_t], [c_t], wait_gdma=max(gx, last_weight))
+        asm.compute(
+            tpu.ConvOp,
+            dataclasses.replace(conv_p, pads=pads),
+            [Tensor.local(buf["x"], 0, xb, dtype), w_t, b_t],
+            [c_t],
+            wait_gdma=max(gx, last_weight),
+        )
         asm.compute(tpu.ReluOp, relu_p, [c_t], [r_t])
-        add = asm.compute(tpu.AddOp, add_p, [r_t, Tensor.local(buf["z"], 2, zb, dtype)], [y_t],
-                          wait_gdma=0 if drop_wait else gz)
+        add = asm.compute(
+            tpu.AddOp, add_p, [r_t, Tensor.local(buf["z"], 2, zb, dtype)], [y_t], wait_gdma=0 if drop_wait else gz
+        )
         last_use[s % 2] = add
         if s + 1 < len(slices):  # software pipelining: the next slice loads while this one computes
             loads[s + 1] = emit_loads(s + 1)
@@ -152,8 +180,14 @@ def _matmul(dtype: str, int8: bool, rng):
         a = rng.integers(-128, 128, (1, M, K), dtype=np.int8)
         bm = rng.integers(-128, 128, (K, N), dtype=np.int8)
         bias = rng.integers(-5000, 5000, (N,), dtype=np.int32)
-        p = tpu.MatMulOp.PARAMS(multiplier=tuple(int(v) for v in rng.integers(1 << 14, 1 << 15, N)),
-                                rshift=(24,) * N, in_zp=(-1, 0), out_zp=4, do_relu=True, qmin=4)
+        p = tpu.MatMulOp.PARAMS(
+            multiplier=tuple(int(v) for v in rng.integers(1 << 14, 1 << 15, N)),
+            rshift=(24,) * N,
+            in_zp=(-1, 0),
+            out_zp=4,
+            do_relu=True,
+            qmin=4,
+        )
         bias_dtype = "int32"
     else:
         a = rng.standard_normal((1, M, K)).astype(np.float32)
@@ -170,10 +204,17 @@ def _matmul(dtype: str, int8: bool, rng):
     asm.load(ain.ddr_addr, cmd.contiguous_strides(a_blk), a_loc, a_blk, dtype)
     asm.load(b_addr, cmd.contiguous_strides(b_blk), b_loc, b_blk, dtype)
     g = asm.load(bias_addr, (N, N, N, 1), bias_loc, (1, 1, 1, N), bias_dtype)
-    m = asm.compute(tpu.MatMulOp, p, [Tensor.local(a_loc, 0, a_blk, dtype, view=a.shape),
-                                      Tensor.local(b_loc, 0, b_blk, dtype, view=bm.shape),
-                                      Tensor.local(bias_loc, 0, (1, 1, 1, N), bias_dtype, view=(N,))],
-                    [Tensor.local(o_loc, 0, o_blk, dtype, view=(1, M, N))], wait_gdma=g)
+    m = asm.compute(
+        tpu.MatMulOp,
+        p,
+        [
+            Tensor.local(a_loc, 0, a_blk, dtype, view=a.shape),
+            Tensor.local(b_loc, 0, b_blk, dtype, view=bm.shape),
+            Tensor.local(bias_loc, 0, (1, 1, 1, N), bias_dtype, view=(N,)),
+        ],
+        [Tensor.local(o_loc, 0, o_blk, dtype, view=(1, M, N))],
+        wait_gdma=g,
+    )
     asm.store(o_loc, out.ddr_addr, cmd.contiguous_strides(o_blk), o_blk, dtype, wait_bdc=m)
     expect = np.asarray(get_kernel(tpu.MatMulOp)(p, a, bm, bias)).astype(a.dtype)
     return asm.build(), {"a": a}, expect
@@ -197,9 +238,12 @@ def test_global_bdc_softmax_reads_and_writes_ddr_directly():
     xin = asm.input("x", x.shape, "float32")
     yout = asm.output("y", x.shape, "float32")
     blk = (1, 6, 1, 50)
-    asm.compute(tpu.SoftmaxOp, tpu.SoftmaxOp.PARAMS(axis=-1),
-                [Tensor.ddr(xin.ddr_addr, blk, "float32", view=x.shape)],
-                [Tensor.ddr(yout.ddr_addr, blk, "float32", view=x.shape)])
+    asm.compute(
+        tpu.SoftmaxOp,
+        tpu.SoftmaxOp.PARAMS(axis=-1),
+        [Tensor.ddr(xin.ddr_addr, blk, "float32", view=x.shape)],
+        [Tensor.ddr(yout.ddr_addr, blk, "float32", view=x.shape)],
+    )
     model = decode_model(encode_model(asm.build()))
     assert model.bdc[0].is_global
     run = simulate(model, {"x": x})
@@ -228,12 +272,13 @@ def test_local_layout_puts_channel_c_in_lane_lane_start_plus_c():
     scatter(mem.local_pieces(32, 3, data.shape, "float32", Where("gdma", 0)), data)
     lanes = mem.local.view(np.uint8)
     # channel 0 -> lane 3 slot 0; channel 1 -> lane 0 slot 1; plane = align_up(6 * 4, 16) = 32 bytes
-    first = lanes[3, 32:32 + 24].view(np.float32)
+    first = lanes[3, 32 : 32 + 24].view(np.float32)
     np.testing.assert_array_equal(first, data[0, 0].ravel())
-    second = lanes[0, 32 + 32:32 + 32 + 24].view(np.float32)
+    second = lanes[0, 32 + 32 : 32 + 32 + 24].view(np.float32)
     np.testing.assert_array_equal(second, data[0, 1].ravel())
-    np.testing.assert_array_equal(gather(mem.local_pieces(32, 3, data.shape, "float32", Where("bdc", 0)), data.shape,
-                                         data.dtype), data)
+    np.testing.assert_array_equal(
+        gather(mem.local_pieces(32, 3, data.shape, "float32", Where("bdc", 0)), data.shape, data.dtype), data
+    )
 
 
 def test_a_command_outside_local_memory_stops_with_its_index_and_range():
@@ -249,6 +294,7 @@ def test_a_command_outside_local_memory_stops_with_its_index_and_range():
 
 # ---- the cycle model ----------------------------------------------------------------------------
 
+
 def test_cycles_of_one_load_are_latency_plus_bytes_over_bandwidth():
     asm = Assembler(CHIP)
     xin = asm.input("x", (1, 4, 8, 8), "float32")
@@ -262,7 +308,9 @@ def test_cycles_of_one_load_are_latency_plus_bytes_over_bandwidth():
 
 
 def test_double_buffered_loads_overlap_compute():
-    model, inputs, _ = _conv_relu_add("int8", True, np.random.default_rng(0), slices=((0, 4), (4, 8), (8, 12), (12, 16)))
+    model, inputs, _ = _conv_relu_add(
+        "int8", True, np.random.default_rng(0), slices=((0, 4), (4, 8), (8, 12), (12, 16))
+    )
     p = simulate(model, inputs).profile
     busy = p["gdma"]["busy_cycles"] + p["bdc"]["busy_cycles"]
     assert p["total_cycles"] < busy  # the engines ran concurrently part of the time
@@ -289,6 +337,7 @@ def test_conv_cycles_scale_with_channel_rounds_over_lanes():
 
 # ---- a prepared program, run several times ---------------------------------------------------
 
+
 def test_a_program_runs_again_from_a_fresh_chip():
     """Each run starts from zeros and the weights: a run that reads a buffer before writing it, or
     that overwrites the weights, gives the next run the same result, as a fresh simulate does."""
@@ -306,8 +355,13 @@ def test_a_program_runs_again_from_a_fresh_chip():
     relu = tpu.ReluOp.PARAMS()
     # BDC 1 reads buf before anything wrote it in this run (zeros on a fresh chip)
     asm.compute(tpu.ReluOp, relu, [Tensor.local(buf, 3, shape, "float32")], [Tensor.local(out_a, 3, shape, "float32")])
-    b2 = asm.compute(tpu.ReluOp, relu, [Tensor.local(w_loc, 3, shape, "float32")],
-                     [Tensor.local(out_b, 3, shape, "float32")], wait_gdma=1)
+    b2 = asm.compute(
+        tpu.ReluOp,
+        relu,
+        [Tensor.local(w_loc, 3, shape, "float32")],
+        [Tensor.local(out_b, 3, shape, "float32")],
+        wait_gdma=1,
+    )
     asm.load(xin.ddr_addr, strides, buf, shape, "float32", lane_start=3, wait_bdc=b2)
     asm.store(buf, w_addr, strides, shape, "float32", lane_start=3)  # x over the weights in DDR
     asm.store(out_a, stale.ddr_addr, strides, shape, "float32", lane_start=3)
@@ -380,4 +434,7 @@ def test_a_result_goes_to_the_commands_reading_it_and_to_memory_only_when_read_t
     np.testing.assert_array_equal(run.outputs["y"], np.maximum(x, 0) + x)
     np.testing.assert_array_equal(run.outputs["y"], simulate(model, {"x": x}).outputs["y"])
     lanes = program.mem.local  # channel 0 of each tile: lane 3, the tile's first bytes
-    assert not lanes[3, r_loc:r_loc + 24].any() and lanes[3, y_loc:y_loc + 24].view(np.float32)[0] == run.outputs["y"].flat[0]
+    assert (
+        not lanes[3, r_loc : r_loc + 24].any()
+        and lanes[3, y_loc : y_loc + 24].view(np.float32)[0] == run.outputs["y"].flat[0]
+    )

@@ -69,10 +69,15 @@ def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
     first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
     fetch.prepare_file(str(SQUEEZENET), steps, str(first), samples)
     # again in a fresh process: no hash-seed or process state in the weights
-    code = ("import sys, json; from tpubuild.build import fetch; "
-            f"fetch.prepare_file(sys.argv[1], {list(steps)!r}, sys.argv[2], json.loads(sys.argv[3]))")
-    subprocess.run([sys.executable, "-c", code, str(SQUEEZENET), str(second), json.dumps(samples)], check=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"})
+    code = (
+        "import sys, json; from tpubuild.build import fetch; "
+        f"fetch.prepare_file(sys.argv[1], {list(steps)!r}, sys.argv[2], json.loads(sys.argv[3]))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(SQUEEZENET), str(second), json.dumps(samples)],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"},
+    )
     assert first.read_bytes() == second.read_bytes()
 
     original, prepared = onnx.load(str(SQUEEZENET)), onnx.load(str(first))
@@ -96,7 +101,7 @@ def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
     from tpubuild.calib.data import Samples
 
     held = list(Samples.of(PHOTOS[-8:], samples["inputs"]))
-    assert not set(PHOTOS[-8:]) & set(PHOTOS[:fetch.PREPARE_SAMPLES])
+    assert not set(PHOTOS[-8:]) & set(PHOTOS[: fetch.PREPARE_SAMPLES])
     convs = [n.output[0] for n in prepared.graph.node if n.op_type == "Conv"]
     prepared.graph.output.extend(onnx.ValueInfoProto(name=c) for c in convs)
     import onnxruntime as ort
@@ -121,9 +126,12 @@ def test_fetch_gives_normalize_activations_the_first_calibration_samples(tmp_pat
     assert kwargs["samples"]["count"] == fetch.PREPARE_SAMPLES <= m.calibration["count"]
     assert kwargs["samples"]["inputs"][0]["preprocess"] == m.inputs[0].preprocess
     filled = tmp_path / "m.yaml"
-    filled.write_text((REPO / "configs" / "models" / "light_squeezenet.yaml").read_text()
-                      .replace("prepare: [fill_weights, normalize_activations]", "prepare: [fill_weights]")
-                      .replace("../../models/", f"{REPO / 'models'}/"))
+    filled.write_text(
+        (REPO / "configs" / "models" / "light_squeezenet.yaml")
+        .read_text()
+        .replace("prepare: [fill_weights, normalize_activations]", "prepare: [fill_weights]")
+        .replace("../../models/", f"{REPO / 'models'}/")
+    )
     task = next(t for t in model_tasks(load_manifest(filled), tmp_path) if t["basename"] == "fetch")
     assert "samples" not in task["actions"][0][1][2] and not set(map(str, PHOTOS)) & set(task["file_dep"])
 
@@ -134,17 +142,28 @@ def test_fill_weights_filters_of_unbiased_convs_ignore_flat_regions():
     from onnx import TensorProto, helper
 
     def fill(name: str, shape: list[int]) -> list[onnx.NodeProto]:
-        return [helper.make_node("ConstantOfShape", [f"{name}_shape"], [name],
-                                 value=numpy_helper.from_array(np.array([0.02], np.float32)))]
+        return [
+            helper.make_node(
+                "ConstantOfShape",
+                [f"{name}_shape"],
+                [name],
+                value=numpy_helper.from_array(np.array([0.02], np.float32)),
+            )
+        ]
 
     shapes = {"w1": [8, 3, 3, 3], "w2": [8, 8, 3, 3], "b2": [8], "w3": [4, 8, 1, 1]}
     nodes = [n for k, v in shapes.items() for n in fill(k, v)] + [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Conv", ["c2", "w3"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [numpy_helper.from_array(np.array(v, np.int64), f"{k}_shape") for k, v in shapes.items()])
+        helper.make_node("Conv", ["c2", "w3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(np.array(v, np.int64), f"{k}_shape") for k, v in shapes.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     got = {t.name: numpy_helper.to_array(t) for t in prepare_model(model, ["fill_weights"]).graph.initializer}
     np.testing.assert_allclose(got["w1"].sum(axis=(2, 3)), 0, atol=1e-6)
@@ -159,22 +178,34 @@ def test_normalize_activations_makes_concat_parts_comparable_and_bn_gains_modera
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(1)
-    inits = {"wa": rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 100,
-             "wb": rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 0.01,
-             "scale": np.ones(12, np.float32), "shift": np.zeros(12, np.float32),
-             "mean": np.zeros(12, np.float32), "var": np.ones(12, np.float32)}
+    inits = {
+        "wa": rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 100,
+        "wb": rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 0.01,
+        "scale": np.ones(12, np.float32),
+        "shift": np.zeros(12, np.float32),
+        "mean": np.zeros(12, np.float32),
+        "var": np.ones(12, np.float32),
+    }
     # one channel of the second conv much smaller than its neighbours
     inits["wb"][0] *= 1e-3
-    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1]),
-             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
-             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 16, 16])],
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 16, 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    smooth = [{"x": np.cumsum(np.random.default_rng(i).standard_normal((1, 3, 16, 16)), axis=3).astype(np.float32)}
-              for i in range(4)]
+    smooth = [
+        {"x": np.cumsum(np.random.default_rng(i).standard_normal((1, 3, 16, 16)), axis=3).astype(np.float32)}
+        for i in range(4)
+    ]
     out = prepare_model(model, ["normalize_activations"], smooth)
     got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     out.graph.output.extend([onnx.ValueInfoProto(name="c")])
@@ -195,19 +226,31 @@ def test_normalize_activations_on_batchnorm_and_gemm():
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(0)
-    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 50, "b": np.full(8, 3.0, np.float32),
-             "scale": np.linspace(0.5, 1.5, 8).astype(np.float32), "shift": np.linspace(-1, 1, 8).astype(np.float32),
-             "mean": np.full(8, 7.0, np.float32), "var": np.full(8, 1e-4, np.float32),
-             "fc": rng.standard_normal((10, 8)).astype(np.float32), "fc_b": np.zeros(10, np.float32)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
-             helper.make_node("Relu", ["n"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc", "fc_b"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])],
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    inits = {
+        "w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 50,
+        "b": np.full(8, 3.0, np.float32),
+        "scale": np.linspace(0.5, 1.5, 8).astype(np.float32),
+        "shift": np.linspace(-1, 1, 8).astype(np.float32),
+        "mean": np.full(8, 7.0, np.float32),
+        "var": np.full(8, 1e-4, np.float32),
+        "fc": rng.standard_normal((10, 8)).astype(np.float32),
+        "fc_b": np.zeros(10, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fc_b"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     model.graph.output.extend([onnx.ValueInfoProto(name="c"), onnx.ValueInfoProto(name="n")])
     out = prepare_model(model, ["normalize_activations"])
@@ -241,16 +284,25 @@ def test_fill_weights_sees_through_unsqueeze():
 
     shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
     axes = numpy_helper.from_array(np.array([1, 2], np.int64), "axes")
-    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["gamma"],
-                              value=numpy_helper.from_array(np.array([0.02], np.float32))),
-             helper.make_node("ConstantOfShape", ["shape"], ["beta"],
-                              value=numpy_helper.from_array(np.array([0.02], np.float32))),
-             helper.make_node("Unsqueeze", ["gamma", "axes"], ["g3"]),
-             helper.make_node("Unsqueeze", ["beta", "axes"], ["b3"]),
-             helper.make_node("Mul", ["x", "g3"], ["m"]),
-             helper.make_node("Add", ["m", "b3"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 4])], [shape, axes])
+    nodes = [
+        helper.make_node(
+            "ConstantOfShape", ["shape"], ["gamma"], value=numpy_helper.from_array(np.array([0.02], np.float32))
+        ),
+        helper.make_node(
+            "ConstantOfShape", ["shape"], ["beta"], value=numpy_helper.from_array(np.array([0.02], np.float32))
+        ),
+        helper.make_node("Unsqueeze", ["gamma", "axes"], ["g3"]),
+        helper.make_node("Unsqueeze", ["beta", "axes"], ["b3"]),
+        helper.make_node("Mul", ["x", "g3"], ["m"]),
+        helper.make_node("Add", ["m", "b3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 4])],
+        [shape, axes],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     got = {t.name: numpy_helper.to_array(t) for t in prepare_model(model, ["fill_weights"]).graph.initializer}
     assert got["gamma"].min() >= 0.5 and got["gamma"].max() <= 1.5
@@ -285,23 +337,27 @@ def test_source_forms(tmp_path):
     assert prepared.source_path == (tmp_path / "sub" / "m.onnx").resolve()
     in_place = load_manifest(manifest(tmp_path, "{path: m.onnx, prepare: []}"))
     assert not in_place.needs_fetch
-    pypi = load_manifest(manifest(tmp_path, f"{{pypi: onnx==1.23.2, member: a.onnx, sha256: '{'0' * 64}', "
-                                            "prepare: [fill_weights]}"))
+    pypi = load_manifest(
+        manifest(tmp_path, f"{{pypi: onnx==1.23.2, member: a.onnx, sha256: '{'0' * 64}', prepare: [fill_weights]}}")
+    )
     assert (pypi.source_kind, pypi.prepare, pypi.source_path) == ("pypi", ("fill_weights",), None)
     torch = load_manifest(manifest(tmp_path, "{torch: 'nets/net.py:make', example_shape: [1, 3, 8, 8]}"))
     assert torch.source_kind == "torch" and torch.needs_fetch
 
 
-@pytest.mark.parametrize("source, where, expected", [
-    ("{path: m.onnx, prepare: [fill]}", "source.prepare[0]", "fill_weights"),
-    ("{path: m.onnx, prepare: fill_weights}", "source.prepare", "list of preparation steps"),
-    ("{path: m.txt}", "source.path", ".onnx"),
-    ("{path: m.onnx, sha256: abc}", "source", "'sha256' was unexpected"),
-    (f"{{pypi: a==1, member: b, sha256: '{'0' * 64}', prepare: [x]}}", "source.prepare[0]", "fill_weights"),
-    ("{torch: 'net:make', example_shape: [1], prepare: [x]}", "source.prepare[0]", "fill_weights"),
-    ("{torch: 'a b.py:make', example_shape: [1]}", None, None),
-    ("{torch: 'nets/net.pt:make', example_shape: [1]}", "source.torch", "file.py:factory"),
-])
+@pytest.mark.parametrize(
+    "source, where, expected",
+    [
+        ("{path: m.onnx, prepare: [fill]}", "source.prepare[0]", "fill_weights"),
+        ("{path: m.onnx, prepare: fill_weights}", "source.prepare", "list of preparation steps"),
+        ("{path: m.txt}", "source.path", ".onnx"),
+        ("{path: m.onnx, sha256: abc}", "source", "'sha256' was unexpected"),
+        (f"{{pypi: a==1, member: b, sha256: '{'0' * 64}', prepare: [x]}}", "source.prepare[0]", "fill_weights"),
+        ("{torch: 'net:make', example_shape: [1], prepare: [x]}", "source.prepare[0]", "fill_weights"),
+        ("{torch: 'a b.py:make', example_shape: [1]}", None, None),
+        ("{torch: 'nets/net.pt:make', example_shape: [1]}", "source.torch", "file.py:factory"),
+    ],
+)
 def test_bad_sources_name_the_field(tmp_path, source, where, expected):
     path = manifest(tmp_path, source)
     if where is None:  # accepted
@@ -334,7 +390,9 @@ def test_prepare_steps_are_fetch_config(tmp_path):
     assert "-- fetch:m" in doit(tmp_path, models, "fetch:m").stdout
 
     # same source, a step added: fetch runs again
-    yaml.write_text(yaml.read_text().replace("prepare: [fill_weights]", "prepare: [fill_weights, normalize_activations]"))
+    yaml.write_text(
+        yaml.read_text().replace("prepare: [fill_weights]", "prepare: [fill_weights, normalize_activations]")
+    )
     again = doit(tmp_path, models, "fetch:m")
     assert ".  fetch:m" in again.stdout, again.stdout
     assert fetched.read_bytes() != filled

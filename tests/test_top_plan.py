@@ -21,12 +21,21 @@ REPO = Path(__file__).resolve().parents[1]
 def demo(tmp_path_factory) -> Path:
     """canonical.mlir of the shipped demo CNN (fused conv activations, pools, matmul, softmax)."""
     root = tmp_path_factory.mktemp("demo")
-    stages.transform(str(REPO / "models" / "demo_cnn.onnx"),
-                     [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}],
-                     "demo_cnn", None, str(root / "origin.mlir"), str(root / "origin_weights.npz"),
-                     str(root / "input.npz"))
-    stages.canonicalize(str(root / "origin.mlir"), str(root / "origin_weights.npz"), str(root / "canonical.mlir"),
-                        str(root / "canonical_weights.npz"))
+    stages.transform(
+        str(REPO / "models" / "demo_cnn.onnx"),
+        [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}],
+        "demo_cnn",
+        None,
+        str(root / "origin.mlir"),
+        str(root / "origin_weights.npz"),
+        str(root / "input.npz"),
+    )
+    stages.canonicalize(
+        str(root / "origin.mlir"),
+        str(root / "origin_weights.npz"),
+        str(root / "canonical.mlir"),
+        str(root / "canonical_weights.npz"),
+    )
     return root / "canonical.mlir"
 
 
@@ -76,10 +85,14 @@ def test_plan_observer_sees_every_computed_op(demo):
     module = mlir.load_module(demo)
     plan = Plan(module, weights_for(module, demo))
     seen = []
-    plan.run({"input": np.zeros((1, 3, 32, 32), np.float32)}, all_tensors=False,
-             observer=lambda op, args, results: seen.append((op.loc_name, len(args), len(results))))
-    computed = [op for op in mlir.body_ops(module)
-                if isinstance(op, TensorOp) and not isinstance(op, (WeightOp, NoneOp))]
+    plan.run(
+        {"input": np.zeros((1, 3, 32, 32), np.float32)},
+        all_tensors=False,
+        observer=lambda op, args, results: seen.append((op.loc_name, len(args), len(results))),
+    )
+    computed = [
+        op for op in mlir.body_ops(module) if isinstance(op, TensorOp) and not isinstance(op, (WeightOp, NoneOp))
+    ]
     assert [s[0] for s in seen] == [op.loc_name for op in computed]
     assert seen[0][1] == 0  # top.Input: no operands
     assert all(n == len(op.operands) for (_, n, _), op in zip(seen[1:], computed[1:]))

@@ -41,10 +41,15 @@ def test_export_is_deterministic(tmp_path):
     first = export(tmp_path, factory)
     assert torch.equal(torch.random.get_rng_state(), state), "the export changed the caller's random state"
     # again in a fresh process (its own hash seed and torch state)
-    code = ("import sys; from tpubuild.build import fetch; "
-            "fetch.export_torch(sys.argv[1], [1, 3, 16, 16], 'x', sys.argv[2])")
-    subprocess.run([sys.executable, "-c", code, factory, str(tmp_path / "b.onnx")], check=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"})
+    code = (
+        "import sys; from tpubuild.build import fetch; "
+        "fetch.export_torch(sys.argv[1], [1, 3, 16, 16], 'x', sys.argv[2])"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, factory, str(tmp_path / "b.onnx")],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "random"},
+    )
     assert (tmp_path / "b.onnx").read_bytes() == first
 
     import onnx
@@ -89,8 +94,10 @@ def test_dotted_module_beside_the_manifest_is_tracked(tmp_path):
     (models / "nets").mkdir(parents=True)
     net = models / "nets" / "tiny.py"
     net.write_text(NET.format(n=4 * 14 * 14))
-    (models / "t.yaml").write_text("name: t\nsource: {torch: 'nets.tiny:make', example_shape: [1, 3, 16, 16]}\n"
-                                   "inputs: [{name: x, shape: [1, 3, 16, 16]}]\n")
+    (models / "t.yaml").write_text(
+        "name: t\nsource: {torch: 'nets.tiny:make', example_shape: [1, 3, 16, 16]}\n"
+        "inputs: [{name: x, shape: [1, 3, 16, 16]}]\n"
+    )
     env = {**os.environ, "TPUBUILD_MANIFESTS": str(models), "TPUBUILD_BUILD_DIR": str(tmp_path / "build")}
     cmd = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "fetch:t"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -42,11 +42,17 @@ def test_nothing_compared_fails():
 
 def _two_node_model(path):
     w = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
-             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
-                              initializer=[numpy_helper.from_array(w, "w")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Relu", ["mm"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return w
 

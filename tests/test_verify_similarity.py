@@ -10,8 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tpubuild.verify.similarity import (CLOSE, EQUAL, NOT_MATCH, NOT_SIMILAR, SIMILAR, Tolerance, cosine,
-                                        euclidean, max_abs_error, similarity, sqnr_db)
+from tpubuild.verify.similarity import (
+    CLOSE,
+    EQUAL,
+    NOT_MATCH,
+    NOT_SIMILAR,
+    SIMILAR,
+    Tolerance,
+    cosine,
+    euclidean,
+    max_abs_error,
+    similarity,
+    sqnr_db,
+)
 
 TOL = Tolerance(0.99, 0.9)
 
@@ -110,25 +121,31 @@ def test_cosine_is_scale_invariant(a, k):
 
 
 @settings(max_examples=300, deadline=None)
-@given(arrays(np.float32, st.integers(1, 40), elements=st.floats(-1e6, 1e6, width=32)),
-       st.lists(st.sampled_from([0.0, 1e-9, 1e-7, 1e-5, 1e-3, float("nan"), float("inf"), -float("inf")]),
-                min_size=1, max_size=40),
-       st.sampled_from([0.0, 1e-6, 1e-5, 2e-5]))
+@given(
+    arrays(np.float32, st.integers(1, 40), elements=st.floats(-1e6, 1e6, width=32)),
+    st.lists(
+        st.sampled_from([0.0, 1e-9, 1e-7, 1e-5, 1e-3, float("nan"), float("inf"), -float("inf")]),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([0.0, 1e-6, 1e-5, 2e-5]),
+)
 def test_close_label_is_numpys_allclose(ref, nudges, rel):
     """CLOSE exactly when np.allclose(rtol=1e-5, atol=1e-8, equal_nan=True) and not bitwise equal: relative
     and absolute nudges around the bounds, NaNs and infinities on either side."""
     from tpubuild.verify.similarity import CLOSE_ATOL, CLOSE_RTOL
 
     test = ref.astype(np.float64).copy()
-    for i, d in enumerate(nudges[:test.size]):
+    for i, d in enumerate(nudges[: test.size]):
         test[i] = test[i] * (1 + rel) + d if math.isfinite(d) else d
     test = test.astype(np.float32)
     if nudges[0] != 0.0 and not math.isfinite(nudges[0]) and ref.size > 1:
         ref = ref.copy()
         ref[1] = nudges[0]  # a NaN or infinity in the reference too
     label = similarity(test, ref, TOL).label
-    close = np.allclose(test.astype(np.float64), ref.astype(np.float64), rtol=CLOSE_RTOL, atol=CLOSE_ATOL,
-                        equal_nan=True)
+    close = np.allclose(
+        test.astype(np.float64), ref.astype(np.float64), rtol=CLOSE_RTOL, atol=CLOSE_ATOL, equal_nan=True
+    )
     if np.array_equal(test, ref, equal_nan=True):
         assert label == EQUAL
     else:

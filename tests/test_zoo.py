@@ -32,14 +32,20 @@ MINILM = CONFIGS / "torch" / "minilm_l6_v2.yaml"
 
 
 def doit(manifests: list[Path], build: Path, *tasks: str, timeout: int = 3000) -> subprocess.CompletedProcess:
-    return run_doit(*tasks, manifests=os.pathsep.join(str(m) for m in manifests), build=build, timeout=timeout,
-                    cwd=REPO)
+    return run_doit(
+        *tasks, manifests=os.pathsep.join(str(m) for m in manifests), build=build, timeout=timeout, cwd=REPO
+    )
 
 
 def test_generated_models_regenerate_byte_identically(tmp_path):
     """make_models.py in a fresh process (its own hash seed) writes exactly the committed files."""
-    run = subprocess.run([sys.executable, str(MODELS / "make_models.py"), str(tmp_path)], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "PYTHONHASHSEED": "random"})
+    run = subprocess.run(
+        [sys.executable, str(MODELS / "make_models.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONHASHSEED": "random"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(p.name for p in tmp_path.glob("*.onnx")) == sorted(f"{n}.onnx" for n in GENERATED)
     for name in GENERATED:
@@ -48,19 +54,21 @@ def test_generated_models_regenerate_byte_identically(tmp_path):
         assert shipped.stat().st_size < 2_000_000, f"{name}.onnx is too large to commit"
 
 
-@pytest.mark.parametrize("name, ops", [
-    ("mini_mobilenet", {"HardSwish", "HardSigmoid", "Clip", "GlobalAveragePool", "Mul", "Add", "Softmax"}),
-    ("mini_yolo", {"Sigmoid", "Mul", "Split", "Concat", "Resize", "MaxPool", "Softmax", "Transpose", "Sub"}),
-    ("mini_vit", {"LayerNormalization", "Erf", "Softmax", "MatMul", "Gather", "Concat", "Transpose"}),
-])
+@pytest.mark.parametrize(
+    "name, ops",
+    [
+        ("mini_mobilenet", {"HardSwish", "HardSigmoid", "Clip", "GlobalAveragePool", "Mul", "Add", "Softmax"}),
+        ("mini_yolo", {"Sigmoid", "Mul", "Split", "Concat", "Resize", "MaxPool", "Softmax", "Transpose", "Sub"}),
+        ("mini_vit", {"LayerNormalization", "Erf", "Softmax", "MatMul", "Gather", "Concat", "Transpose"}),
+    ],
+)
 def test_generated_model_architecture(name, ops):
     model = onnx.load(MODELS / f"{name}.onnx")
     onnx.checker.check_model(model, full_check=True)
     have = {n.op_type for n in model.graph.node}
     assert ops <= have, f"{name} lacks {ops - have}"
     if name == "mini_mobilenet":  # depthwise convolutions
-        assert any(a.name == "group" and a.i > 1 for n in model.graph.node if n.op_type == "Conv"
-                   for a in n.attribute)
+        assert any(a.name == "group" and a.i > 1 for n in model.graph.node if n.op_type == "Conv" for a in n.attribute)
 
 
 def _photo_input(manifest: Path) -> dict[str, np.ndarray]:
@@ -86,8 +94,9 @@ def test_generated_models_have_trained_like_scales():
     for name in ZOO:
         model = MODELS / f"{name}.onnx"
         proto = onnx.load(model)
-        probes = [n.output[0] for n in proto.graph.node if n.op_type in ("BatchNormalization", "LayerNormalization",
-                                                                          "Add")]
+        probes = [
+            n.output[0] for n in proto.graph.node if n.op_type in ("BatchNormalization", "LayerNormalization", "Add")
+        ]
         outs = _onnxruntime(model, _photo_input(CONFIGS / f"{name}.yaml"), probes)
         for probe in probes:
             std = float(outs[probe].std())
@@ -110,8 +119,7 @@ def test_yolo_output_mixes_pixel_boxes_and_small_scores():
 
 
 def test_new_manifests_cover_each_chips_modes():
-    chips = {name: set(load_chip(name).modes)
-             for name in ("bm1684x", "bm1688", "cv183x")}
+    chips = {name: set(load_chip(name).modes) for name in ("bm1684x", "bm1688", "cv183x")}
     for path in [*(CONFIGS / f"{n}.yaml" for n in ZOO), MINILM]:
         m = load_manifest(path)
         assert m.calibration and m.test_input and m.test_input.is_file(), path.name
@@ -145,8 +153,10 @@ def test_constant_gather_elements_on_a_long_axis_folds(check_onnx):
     """BERT's token-type ids: GatherElements of a [1, 512] constant, folded (onnx.reference's fails past 64)."""
     table = np.random.default_rng(0).standard_normal((2, 512)).astype(np.float32)
     index = np.stack([np.arange(32), np.arange(100, 68, -1) - 512]).astype(np.int64)  # negative indices too
-    nodes = [helper.make_node("GatherElements", ["table", "index"], ["picked"], axis=1),
-             helper.make_node("Add", ["x", "picked"], ["y"])]
+    nodes = [
+        helper.make_node("GatherElements", ["table", "index"], ["picked"], axis=1),
+        helper.make_node("Add", ["x", "picked"], ["y"]),
+    ]
     x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
     check_onnx(nodes, {"x": x}, initializers={"table": table, "index": index})
 
@@ -168,14 +178,19 @@ def test_torch_export_with_several_integer_inputs(tmp_path):
         "        m = mask.unsqueeze(-1).float()\n"
         "        return (self.emb(ids) * m).sum(1) / m.sum(1).clamp(min=1e-9)\n"
         "def make():\n"
-        "    return Net()\n")
-    specs = [{"name": "ids", "shape": [1, 6], "dtype": "int64", "range": [0, 100]},
-             {"name": "mask", "shape": [1, 6], "dtype": "int64", "range": [0, 2]}]
+        "    return Net()\n"
+    )
+    specs = [
+        {"name": "ids", "shape": [1, 6], "dtype": "int64", "range": [0, 100]},
+        {"name": "mask", "shape": [1, 6], "dtype": "int64", "range": [0, 2]},
+    ]
     out = tmp_path / "net.onnx"
     fetch.export_torch(f"{net}:make", [1, 6], "ids", str(out), inputs=specs)
     model = onnx.load(out)
-    assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input] == \
-        [("ids", onnx.TensorProto.INT64), ("mask", onnx.TensorProto.INT64)]
+    assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input] == [
+        ("ids", onnx.TensorProto.INT64),
+        ("mask", onnx.TensorProto.INT64),
+    ]
     assert [o.name for o in model.graph.output] == ["pooled"]
     ids = np.array([[5, 7, 99, 0, 0, 0]], np.int64)
     mask = np.array([[1, 1, 1, 0, 0, 0]], np.int64)
@@ -264,25 +279,36 @@ def test_int8_add_of_a_padding_mask_keeps_the_scores(make_model, tmp_path):
 
     rng = np.random.default_rng(0)
     seq, dim = 8, 16
-    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
-             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-             helper.make_node("Sub", ["one", "mask"], ["pad"]), helper.make_node("Mul", ["pad", "big"], ["bias"]),
-             helper.make_node("Unsqueeze", ["bias", "axis1"], ["bias3"]),
-             helper.make_node("Add", ["scores", "bias3"], ["masked"]),
-             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1)]
-    inits = {"wq": rng.standard_normal((dim, dim)).astype(np.float32) / 2,
-             "wk": rng.standard_normal((dim, dim)).astype(np.float32) / 2,
-             "one": np.float32(1), "big": np.float32(-10000), "axis1": np.array([1], np.int64)}
-    model = make_model(nodes, {"x": np.zeros((1, seq, dim), np.float32), "mask": np.zeros((1, seq), np.float32)},
-                       initializers=inits)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Sub", ["one", "mask"], ["pad"]),
+        helper.make_node("Mul", ["pad", "big"], ["bias"]),
+        helper.make_node("Unsqueeze", ["bias", "axis1"], ["bias3"]),
+        helper.make_node("Add", ["scores", "bias3"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+    ]
+    inits = {
+        "wq": rng.standard_normal((dim, dim)).astype(np.float32) / 2,
+        "wk": rng.standard_normal((dim, dim)).astype(np.float32) / 2,
+        "one": np.float32(1),
+        "big": np.float32(-10000),
+        "axis1": np.array([1], np.int64),
+    }
+    model = make_model(
+        nodes, {"x": np.zeros((1, seq, dim), np.float32), "mask": np.zeros((1, seq), np.float32)}, initializers=inits
+    )
     onnx.save(model, tmp_path / "m.onnx")
     module, weights = convert_onnx(tmp_path / "m.onnx", {"x": (1, seq, dim), "mask": (1, seq)}, "t", "w.npz")
     module, weights = canonicalize(module, weights, "c.npz")
 
     def sample(valid: int) -> dict[str, np.ndarray]:
-        return {"x": rng.uniform(-1, 1, (1, seq, dim)).astype(np.float32),
-                "mask": (np.arange(seq) < valid).astype(np.float32)[None]}
+        return {
+            "x": rng.uniform(-1, 1, (1, seq, dim)).astype(np.float32),
+            "mask": (np.arange(seq) < valid).astype(np.float32)[None],
+        }
 
     cali, _ = calibrate(module, weights, [sample(v) for v in (3, 5, 8, 6, 4, 7, 8, 2)], "max")
     tm, tw = lower_module(module, weights, chip=load_chip("bm1684x"), mode="INT8", cali=cali)

@@ -49,10 +49,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_file(args.model, _read_npz(args.input))
     write_npz(args.output, result.outputs)
     p = result.profile
-    print(f"ran {p['gdma']['commands']} GDMA + {p['bdc']['commands']} BDC commands on {p['chip']}: "
-          f"{p['total_cycles']} cycles = {p['time_ms']:.4g} ms at {p['clock_hz'] / 1e6:g} MHz; "
-          f"DDR read {p['ddr_read_bytes']} B, written {p['ddr_write_bytes']} B; "
-          f"utilisation GDMA {p['gdma']['utilisation']:.0%}, BDC {p['bdc']['utilisation']:.0%}")
+    print(
+        f"ran {p['gdma']['commands']} GDMA + {p['bdc']['commands']} BDC commands on {p['chip']}: "
+        f"{p['total_cycles']} cycles = {p['time_ms']:.4g} ms at {p['clock_hz'] / 1e6:g} MHz; "
+        f"DDR read {p['ddr_read_bytes']} B, written {p['ddr_write_bytes']} B; "
+        f"utilisation GDMA {p['gdma']['utilisation']:.0%}, BDC {p['bdc']['utilisation']:.0%}"
+    )
     print(f"wrote {len(result.outputs)} outputs to {args.output}")
     if args.profile:
         write_text(args.profile, json.dumps(p, indent=1, sort_keys=True) + "\n")
@@ -70,8 +72,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = compare_tensors(_read_npz(args.a), _read_npz(args.b), tol)
     for row in report["tensors"]:
         print(("  " if row["passed"] else "! ") + format_row(row))
-    print(f"{report['compared']} compared, {report['failed']} below cos {tol.cos}, euc {tol.euc}; "
-          f"{len(report['only_in_test'])} only in {args.a}, {len(report['only_in_ref'])} only in {args.b}")
+    print(
+        f"{report['compared']} compared, {report['failed']} below cos {tol.cos}, euc {tol.euc}; "
+        f"{len(report['only_in_test'])} only in {args.a}, {len(report['only_in_ref'])} only in {args.b}"
+    )
     if report["compared"] == 0:
         print(f"tpubuild: error: no tensor name is in both {args.a} and {args.b}", file=sys.stderr)
         return EXIT_FAILED
@@ -110,9 +114,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     events = stats["events"]
     hits, misses = events.get("hit", 0), events.get("miss", 0)
     if hits or misses:
-        print(f"since the log began: {hits} hits, {misses} misses ({hits / (hits + misses):.0%} hit rate), "
-              f"{events.get('store', 0)} stored, {events.get('evict', 0)} evicted over the size limit, "
-              f"{events.get('corrupt', 0)} corrupt entries dropped")
+        print(
+            f"since the log began: {hits} hits, {misses} misses ({hits / (hits + misses):.0%} hit rate), "
+            f"{events.get('store', 0)} stored, {events.get('evict', 0)} evicted over the size limit, "
+            f"{events.get('corrupt', 0)} corrupt entries dropped"
+        )
     return 0
 
 
@@ -157,9 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, metavar="in.npz", help="one array per graph input, by name")
     p.add_argument("--output", required=True, metavar="out.npz")
     p.add_argument("--all-tensors", action="store_true", help="write every tensor, not only graph outputs")
-    p.add_argument("--real", action="store_true",
-                   help="write quantized tensors as real values (scale * (q - zero point)) and f16/bf16 ones as "
-                        "float32, to compare a tpu.mlir with TOP by name; default: the stored values")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="write quantized tensors as real values (scale * (q - zero point)) and f16/bf16 ones as "
+        "float32, to compare a tpu.mlir with TOP by name; default: the stored values",
+    )
     p.set_defaults(func=cmd_infer)
 
     p = sub.add_parser("run", help="run a .model file on the simulated chip (outputs and a cycle estimate)")
@@ -172,8 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare two .npz files tensor by tensor (B is the reference)")
     p.add_argument("a", metavar="A.npz")
     p.add_argument("b", metavar="B.npz")
-    p.add_argument("--tolerance", default="0.99,0.99", metavar="COS,EUC",
-                   help="minimum cosine and euclidean similarity (default: 0.99,0.99)")
+    p.add_argument(
+        "--tolerance",
+        default="0.99,0.99",
+        metavar="COS,EUC",
+        help="minimum cosine and euclidean similarity (default: 0.99,0.99)",
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("ops", help="list the supported ONNX ops and the opsets their converters start at")

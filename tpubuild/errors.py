@@ -10,8 +10,16 @@ class TpuBuildError(Exception):
     and op location are known, then the problem, then what the user can do.
     """
 
-    def __init__(self, problem: str, *, file: str | None = None, model: str | None = None,
-                 stage: str | None = None, loc: str | None = None, hint: str | None = None):
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        model: str | None = None,
+        stage: str | None = None,
+        loc: str | None = None,
+        hint: str | None = None,
+    ):
         super().__init__(problem)
         self.problem = problem
         self.file = file

@@ -27,8 +27,9 @@ def processes() -> int:
     if not value:
         return min(2, os.cpu_count() or 1)
     if not value.isdigit() or int(value) < 1:
-        raise TpuBuildError(f"{VARIABLE}={value!r} is not a positive number of processes",
-                            hint="set it to 1 or 2, or unset it")
+        raise TpuBuildError(
+            f"{VARIABLE}={value!r} is not a positive number of processes", hint="set it to 1 or 2, or unset it"
+        )
     return int(value)
 
 
@@ -63,8 +64,9 @@ def start(target: Callable, *args, what: str):
 def stopped(child, what: str) -> TpuBuildError:
     """The error for a forked process that ended without its answer (killed, out of memory)."""
     child.join(timeout=1)
-    return TpuBuildError(f"{what}'s second process stopped (exit code {child.exitcode})",
-                         hint=f"{VARIABLE}=1 runs it in one process")
+    return TpuBuildError(
+        f"{what}'s second process stopped (exit code {child.exitcode})", hint=f"{VARIABLE}=1 runs it in one process"
+    )
 
 
 def _send_outcome(work, conn) -> None:

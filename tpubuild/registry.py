@@ -33,4 +33,5 @@ class Registry(dict):
                     raise ValueError(f"{self.what} for {_label(key)} is already registered")
                 self[key] = fn
             return fn
+
         return add

@@ -20,8 +20,12 @@ def mlir_opt() -> str:
 
 def upstream_check(path: str | os.PathLike, *extra: str) -> str:
     """Parse and verify ``path`` with upstream MLIR (unregistered dialects allowed); returns what it prints."""
-    proc = subprocess.run([mlir_opt(), "--allow-unregistered-dialect", "--verify-each", *extra, str(path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [mlir_opt(), "--allow-unregistered-dialect", "--verify-each", *extra, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"upstream MLIR rejected {path}:\n{proc.stderr[:4000]}")
     return proc.stdout
@@ -30,8 +34,15 @@ def upstream_check(path: str | os.PathLike, *extra: str) -> str:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def save_onnx(path: str | os.PathLike, nodes: list, inputs: dict[str, list], outputs: dict[str, list],
-              weights: dict | None = None, *, opset: int = 17) -> None:
+def save_onnx(
+    path: str | os.PathLike,
+    nodes: list,
+    inputs: dict[str, list],
+    outputs: dict[str, list],
+    weights: dict | None = None,
+    *,
+    opset: int = 17,
+) -> None:
     """A small float32 ONNX model from its nodes: inputs/outputs map names to shapes (str = symbolic dim),
     weights become initializers. IR version 8 so that every onnxruntime and TPU-MLIR's onnx 1.14 read it."""
     import onnx
@@ -40,35 +51,57 @@ def save_onnx(path: str | os.PathLike, nodes: list, inputs: dict[str, list], out
     def values(specs: dict[str, list]) -> list:
         return [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in specs.items()]
 
-    graph = helper.make_graph(nodes, Path(path).stem, values(inputs), values(outputs),
-                              initializer=[numpy_helper.from_array(a, n) for n, a in (weights or {}).items()])
+    graph = helper.make_graph(
+        nodes,
+        Path(path).stem,
+        values(inputs),
+        values(outputs),
+        initializer=[numpy_helper.from_array(a, n) for n, a in (weights or {}).items()],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), str(path))
 
 
-def doit_env(manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO,
-             **env: str) -> dict[str, str]:
+def doit_env(manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO, **env: str) -> dict[str, str]:
     """The environment of a doit run over `manifests` (a folder, or files joined by os.pathsep) into `build`,
     importing tpubuild from `code`; extra variables as keywords."""
     path = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**os.environ, "TPUBUILD_MANIFESTS": str(manifests), "TPUBUILD_BUILD_DIR": str(build),
-            "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **env}
+    return {
+        **os.environ,
+        "TPUBUILD_MANIFESTS": str(manifests),
+        "TPUBUILD_BUILD_DIR": str(build),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": path,
+        **env,
+    }
 
 
 def doit_cmd(*args: str, code: Path = REPO) -> list[str]:
     return [sys.executable, "-m", "doit", "-f", str(Path(code) / "dodo.py"), *args]
 
 
-def run_doit(*args: str, manifests: str | os.PathLike, build: str | os.PathLike, code: Path = REPO,
-             timeout: float | None = 600, cwd: str | os.PathLike | None = None,
-             **env: str) -> subprocess.CompletedProcess:
+def run_doit(
+    *args: str,
+    manifests: str | os.PathLike,
+    build: str | os.PathLike,
+    code: Path = REPO,
+    timeout: float | None = 600,
+    cwd: str | os.PathLike | None = None,
+    **env: str,
+) -> subprocess.CompletedProcess:
     """`doit ARGS` on code/dodo.py in a subprocess with doit_env's environment."""
-    return subprocess.run(doit_cmd(*args, code=code), env=doit_env(manifests, build, code, **env),
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        doit_cmd(*args, code=code),
+        env=doit_env(manifests, build, code, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def tasks_marked(out: str, marker: str = ".  ") -> set[str]:
     """Tasks doit's console output lists with `marker`: ".  " ran, "-- " was up to date."""
-    return {line[len(marker):].strip() for line in out.splitlines() if line.startswith(marker)}
+    return {line[len(marker) :].strip() for line in out.splitlines() if line.startswith(marker)}
 
 
 def snapshot_code(dest: Path) -> Path:

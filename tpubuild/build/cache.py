@@ -76,8 +76,11 @@ def max_size() -> int:
     try:
         return parse_size(text)
     except ValueError:
-        print(f"tpubuild: TPUBUILD_CACHE_MAX_SIZE={text!r} is not a byte count (e.g. 500M, 10G, 0 for no "
-              f"limit); using {DEFAULT_MAX_SIZE}", file=sys.stderr)
+        print(
+            f"tpubuild: TPUBUILD_CACHE_MAX_SIZE={text!r} is not a byte count (e.g. 500M, 10G, 0 for no "
+            f"limit); using {DEFAULT_MAX_SIZE}",
+            file=sys.stderr,
+        )
         return parse_size(DEFAULT_MAX_SIZE)
 
 
@@ -115,7 +118,7 @@ def _normalize(value: Any, names: Mapping[str, str]) -> Any:
             return names[value]
         for path, name in names.items():  # "file.py:factory"
             if value.startswith(path + ":"):
-                return name + value[len(path):]
+                return name + value[len(path) :]
         if os.path.isabs(value):
             if os.path.isfile(value):
                 return f"<file {file_digest(value)}>"
@@ -124,14 +127,26 @@ def _normalize(value: Any, names: Mapping[str, str]) -> Any:
     return value
 
 
-def stage_key(task_id: str, compiler: str, config: Mapping[str, Any], options: Mapping[str, Any],
-              inputs: Sequence[str], targets: Sequence[str]) -> str:
+def stage_key(
+    task_id: str,
+    compiler: str,
+    config: Mapping[str, Any],
+    options: Mapping[str, Any],
+    inputs: Sequence[str],
+    targets: Sequence[str],
+) -> str:
     """The cache key of one run of a stage task (see the module docstring)."""
     names = {str(p): f"<input {i}>" for i, p in enumerate(inputs)}
     names.update({str(p): f"<target {i}>" for i, p in enumerate(targets)})
-    header = {"format": FORMAT, "task": task_id, "compiler": compiler, "config": config,
-              "options": _normalize(options, names), "inputs": [file_digest(p) for p in inputs],
-              "targets": len(targets)}
+    header = {
+        "format": FORMAT,
+        "task": task_id,
+        "compiler": compiler,
+        "config": config,
+        "options": _normalize(options, names),
+        "inputs": [file_digest(p) for p in inputs],
+        "targets": len(targets),
+    }
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -216,8 +231,14 @@ class ArtifactCache:
                 shutil.copyfile(target, dst)
                 os.chmod(dst, 0o444)  # a hard-linked restore must not be edited in place
                 files.append({"name": Path(target).name, "size": dst.stat().st_size, "sha256": file_digest(dst)})
-            meta = {"format": FORMAT, "key": key, "task": task_id, "created": time.time(), "files": files,
-                    "stdout": stdout}
+            meta = {
+                "format": FORMAT,
+                "key": key,
+                "task": task_id,
+                "created": time.time(),
+                "files": files,
+                "stdout": stdout,
+            }
             (tmp / _META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -273,11 +294,18 @@ class ArtifactCache:
             row = per_stage.setdefault(stage, [0, 0])
             row[0] += 1
             row[1] += size
-        return {"root": str(self.root), "entries": count, "bytes": total_bytes, "stages": per_stage,
-                "events": self.events(), "max_bytes": max_size()}
+        return {
+            "root": str(self.root),
+            "entries": count,
+            "bytes": total_bytes,
+            "stages": per_stage,
+            "events": self.events(),
+            "max_bytes": max_size(),
+        }
 
-    def prune(self, max_bytes: int | None = None, older_than_days: float | None = None,
-              now: float | None = None) -> tuple[int, int]:
+    def prune(
+        self, max_bytes: int | None = None, older_than_days: float | None = None, now: float | None = None
+    ) -> tuple[int, int]:
         """Remove entries unused for ``older_than_days``, then the least recently used until the
         cache holds at most ``max_bytes``. Returns (entries removed, bytes freed)."""
         now = time.time() if now is None else now
@@ -307,8 +335,9 @@ class ArtifactCache:
         if limit <= 0:
             return 0
         share = limit / _GROUPS
-        group = [e for shard in sorted(self.root.glob(key[0] + "?")) if len(shard.name) == 2
-                 for e in self._entries_in(shard)]
+        group = [
+            e for shard in sorted(self.root.glob(key[0] + "?")) if len(shard.name) == 2 for e in self._entries_in(shard)
+        ]
         total = sum(e.bytes for e in group)
         if total <= share:
             return 0
@@ -416,8 +445,12 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def run_cached(task_id: str, func: Callable[..., Any], kwargs: dict[str, Any], spec: Mapping[str, Any] | None,
-               ) -> str:
+def run_cached(
+    task_id: str,
+    func: Callable[..., Any],
+    kwargs: dict[str, Any],
+    spec: Mapping[str, Any] | None,
+) -> str:
     """Run ``func(**kwargs)`` through the cache; returns what happened: hit, miss or off.
 
     ``spec``: {"config": ..., "inputs": [...], "targets": [...], "clears": [...]} from the task (None:
@@ -433,8 +466,14 @@ def run_cached(task_id: str, func: Callable[..., Any], kwargs: dict[str, Any], s
 
     targets = [str(t) for t in spec["targets"]]
     try:
-        key = stage_key(task_id, compiler_version(), spec.get("config") or {}, kwargs,
-                        [str(p) for p in spec.get("inputs", ())], targets)
+        key = stage_key(
+            task_id,
+            compiler_version(),
+            spec.get("config") or {},
+            kwargs,
+            [str(p) for p in spec.get("inputs", ())],
+            targets,
+        )
         entry = cache.lookup(key)
         if entry and cache.restore(entry, targets):
             cache.log("hit", task_id)
@@ -460,8 +499,10 @@ def run_cached(task_id: str, func: Callable[..., Any], kwargs: dict[str, Any], s
 
 
 def _warn(cache: ArtifactCache, err: OSError) -> None:
-    print(f"tpubuild: artifact cache {cache.root} not used ({err}); "
-          "set TPUBUILD_CACHE=off to silence this", file=sys.stderr)
+    print(
+        f"tpubuild: artifact cache {cache.root} not used ({err}); set TPUBUILD_CACHE=off to silence this",
+        file=sys.stderr,
+    )
 
 
 def format_bytes(n: float) -> str:

@@ -45,8 +45,11 @@ class Chip:
         """Peak MACs per lane per cycle in ``mode`` (F32, BF16, F16, INT8)."""
         rates = dict(self.macs)
         if mode not in rates:
-            raise TpuBuildError(f"chip {self.name} has no MAC rate for {mode}", file=str(self.file) if self.file else None,
-                                hint=f"add {mode} to macs_per_lane_per_cycle")
+            raise TpuBuildError(
+                f"chip {self.name} has no MAC rate for {mode}",
+                file=str(self.file) if self.file else None,
+                hint=f"add {mode} to macs_per_lane_per_cycle",
+            )
         return rates[mode]
 
     @property
@@ -70,9 +73,11 @@ class Chip:
 
     def check_mode(self, mode: str, *, what: str = "mode") -> None:
         if mode not in self.modes:
-            raise TpuBuildError(f"chip {self.name} does not support {what} {mode}; it supports "
-                                f"{', '.join(self.modes)}", file=str(self.file) if self.file else None,
-                                hint=f"pick one of {', '.join(self.modes)} for {self.name}")
+            raise TpuBuildError(
+                f"chip {self.name} does not support {what} {mode}; it supports {', '.join(self.modes)}",
+                file=str(self.file) if self.file else None,
+                hint=f"pick one of {', '.join(self.modes)} for {self.name}",
+            )
 
 
 def known_chips() -> list[str]:
@@ -111,8 +116,9 @@ def load_chip(name: str) -> Chip:
 
     path = CHIPS_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise TpuBuildError(f"unknown chip {name!r}; known chips: {', '.join(known_chips())}",
-                            hint=f"add {path} or use a known chip")
+        raise TpuBuildError(
+            f"unknown chip {name!r}; known chips: {', '.join(known_chips())}", hint=f"add {path} or use a known chip"
+        )
     stamp = file_stamp(path)  # before reading: a change meanwhile shows as a new state next time
     data = read_yaml(path)
     trusted = _TRUSTED.get(str(path)) == stamp
@@ -120,8 +126,9 @@ def load_chip(name: str) -> Chip:
     if not errors and data["name"] != name:
         errors.append(f"name: {data['name']!r} differs from the file name {name!r}")
     if errors:
-        raise TpuBuildError("invalid chip file:\n  " + "\n  ".join(errors), file=str(path),
-                            hint=f"the chip format is {SCHEMA_PATH}")
+        raise TpuBuildError(
+            "invalid chip file:\n  " + "\n  ".join(errors), file=str(path), hint=f"the chip format is {SCHEMA_PATH}"
+        )
     modes = tuple(data["modes"])
     if not any(m in modes for m in FLOAT_PREFERENCE):
         raise TpuBuildError("a chip needs at least one float mode (F16, BF16 or F32)", file=str(path))
@@ -130,9 +137,20 @@ def load_chip(name: str) -> Chip:
         raise TpuBuildError(f"macs_per_lane_per_cycle has no rate for mode {', '.join(missing)}", file=str(path))
     lmem, ddr = data["local_memory"], data["ddr"]
     _VALIDATED[str(path)] = stamp
-    return Chip(name=name, modes=modes, file=path, clock_mhz=float(data["clock_mhz"]), lanes=data["lanes"],
-                eu_bytes=data["eu_bytes"], lmem_bytes=lmem["bytes_per_lane"], lmem_banks=lmem["banks"],
-                macs=tuple(sorted(data["macs_per_lane_per_cycle"].items())), ddr_bytes=ddr["bytes"],
-                ddr_gb_s=float(ddr["bandwidth_gb_s"]), ddr_align=ddr["align_bytes"],
-                gdma_latency=data["gdma_latency_cycles"], bdc_overhead=data["bdc_overhead_cycles"],
-                ddr_store_gb_s=ddr.get("store_bandwidth_gb_s"))
+    return Chip(
+        name=name,
+        modes=modes,
+        file=path,
+        clock_mhz=float(data["clock_mhz"]),
+        lanes=data["lanes"],
+        eu_bytes=data["eu_bytes"],
+        lmem_bytes=lmem["bytes_per_lane"],
+        lmem_banks=lmem["banks"],
+        macs=tuple(sorted(data["macs_per_lane_per_cycle"].items())),
+        ddr_bytes=ddr["bytes"],
+        ddr_gb_s=float(ddr["bandwidth_gb_s"]),
+        ddr_align=ddr["align_bytes"],
+        gdma_latency=data["gdma_latency_cycles"],
+        bdc_overhead=data["bdc_overhead_cycles"],
+        ddr_store_gb_s=ddr.get("store_bandwidth_gb_s"),
+    )

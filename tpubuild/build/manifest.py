@@ -46,8 +46,13 @@ class InputSpec:
 
     def config(self) -> dict[str, Any]:
         """The JSON form, as stage options for config_changed (preprocess makes an image test_input)."""
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "range": list(self.range) if self.range else None, "preprocess": self.preprocess}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "range": list(self.range) if self.range else None,
+            "preprocess": self.preprocess,
+        }
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,10 @@ def _semantic_errors(data: dict[str, Any]) -> list[str]:
         pre = spec.get("preprocess") or {}
         mean, scale = pre.get("mean"), pre.get("scale")
         if mean and scale and len(mean) != len(scale) and 1 not in (len(mean), len(scale)):
-            errors.append(f"inputs[{i}].preprocess: mean has {len(mean)} values and scale {len(scale)}; "
-                          "expected the same count (or one value for all channels)")
+            errors.append(
+                f"inputs[{i}].preprocess: mean has {len(mean)} values and scale {len(scale)}; "
+                "expected the same count (or one value for all channels)"
+            )
     ids = [Target(t["chip"], t["mode"], t.get("asymmetric", False)).id for t in data.get("targets", [])]
     for i, tid in enumerate(ids):
         if tid in ids[:i]:
@@ -189,8 +196,9 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err)
-        raise TpuBuildError(f"{where}not valid YAML ({problem})", file=str(path),
-                            hint="check indentation and quoting") from None
+        raise TpuBuildError(
+            f"{where}not valid YAML ({problem})", file=str(path), hint="check indentation and quoting"
+        ) from None
 
 
 def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
@@ -204,16 +212,27 @@ def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
     if errors:
         more = len(errors) - _MAX_ERRORS
         lines = errors[:_MAX_ERRORS] + ([f"... and {more} more"] if more > 0 else [])
-        raise TpuBuildError("invalid manifest:\n  " + "\n  ".join(lines), file=str(file),
-                            hint="the manifest format is documented in docs/manifest.md")
+        raise TpuBuildError(
+            "invalid manifest:\n  " + "\n  ".join(lines),
+            file=str(file),
+            hint="the manifest format is documented in docs/manifest.md",
+        )
     inputs = tuple(
-        InputSpec(name=s["name"], shape=tuple(int(d) for d in s["shape"]), dtype=s.get("dtype", "float32"),
-                  range=tuple(float(v) for v in s["range"]) if "range" in s else None,
-                  preprocess=s.get("preprocess"))
-        for s in data["inputs"])
+        InputSpec(
+            name=s["name"],
+            shape=tuple(int(d) for d in s["shape"]),
+            dtype=s.get("dtype", "float32"),
+            range=tuple(float(v) for v in s["range"]) if "range" in s else None,
+            preprocess=s.get("preprocess"),
+        )
+        for s in data["inputs"]
+    )
     base = file.parent
     return Manifest(
-        name=data["name"], file=file, source=data["source"], inputs=inputs,
+        name=data["name"],
+        file=file,
+        source=data["source"],
+        inputs=inputs,
         calibration=data.get("calibration"),
         quantize_table=(base / data["quantize_table"]).resolve() if "quantize_table" in data else None,
         mixed_precision=data.get("mixed_precision"),

@@ -47,8 +47,11 @@ def selects_compile(args: Sequence[str]) -> bool:
     for arg in it:
         if arg in _VALUE_OPTIONS:
             next(it, None)
-        elif arg in _FLAG_OPTIONS or arg.split("=", 1)[0] in _VALUE_OPTIONS or \
-                (arg[:2] in ("-n", "-P", "-f", "-d") and len(arg) > 2):
+        elif (
+            arg in _FLAG_OPTIONS
+            or arg.split("=", 1)[0] in _VALUE_OPTIONS
+            or (arg[:2] in ("-n", "-P", "-f", "-d") and len(arg) > 2)
+        ):
             continue
         else:
             rest.append(arg)
@@ -84,14 +87,23 @@ def graph_digest(tasks: Iterable[Mapping[str, Any]], build_dir: str | os.PathLik
     return h.hexdigest(), sorted(files)
 
 
-def remember(tasks: Sequence[Mapping[str, Any]], build_dir: str | os.PathLike,
-             db_file: str | os.PathLike) -> dict[str, Any] | None:
+def remember(
+    tasks: Sequence[Mapping[str, Any]], build_dir: str | os.PathLike, db_file: str | os.PathLike
+) -> dict[str, Any] | None:
     """Digest the graph just generated, for the reporter's stamp and the fast path."""
     global _current
     graph = graph_digest(tasks, build_dir)
-    _current = None if graph is None else {
-        "digest": graph[0], "files": graph[1], "build_dir": str(build_dir), "db_file": str(db_file),
-        "tasks": sum(1 for t in tasks if t.get("actions"))}
+    _current = (
+        None
+        if graph is None
+        else {
+            "digest": graph[0],
+            "files": graph[1],
+            "build_dir": str(build_dir),
+            "db_file": str(db_file),
+            "tasks": sum(1 for t in tasks if t.get("actions")),
+        }
+    )
     return _current
 
 
@@ -146,16 +158,27 @@ def save(graph: Mapping[str, Any], files: str, output: str) -> None:
     """Record that doit found every task of ``graph`` up to date, the files being in state ``files``."""
     from tpubuild.build.files import write_text
 
-    doc = {"format": FORMAT, "graph": graph["digest"], "files": files, "db": db_state(graph["db_file"]),
-           "output": output, "tasks": graph["tasks"]}
+    doc = {
+        "format": FORMAT,
+        "graph": graph["digest"],
+        "files": files,
+        "db": db_state(graph["db_file"]),
+        "output": output,
+        "tasks": graph["tasks"],
+    }
     try:
         write_text(stamp_file(graph["build_dir"]), json.dumps(doc))
     except OSError:
         pass  # only a speed-up
 
 
-def try_fast_noop(args: Sequence[str], tasks: Sequence[Mapping[str, Any]], build_dir: str | os.PathLike,
-                  db_file: str | os.PathLike, out=None) -> bool:
+def try_fast_noop(
+    args: Sequence[str],
+    tasks: Sequence[Mapping[str, Any]],
+    build_dir: str | os.PathLike,
+    db_file: str | os.PathLike,
+    out=None,
+) -> bool:
     """If ``args`` run `compile` and the stamp matches, print the recorded output and return True."""
     start = time.perf_counter()
     graph = remember(tasks, build_dir, db_file)
@@ -165,13 +188,20 @@ def try_fast_noop(args: Sequence[str], tasks: Sequence[Mapping[str, Any]], build
         doc = json.loads(stamp_file(build_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("graph") != graph["digest"] \
-            or doc.get("db") != db_state(db_file) or doc.get("files") != file_states(graph["files"]):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or doc.get("graph") != graph["digest"]
+        or doc.get("db") != db_state(db_file)
+        or doc.get("files") != file_states(graph["files"])
+    ):
         return False
     out = out or sys.stdout
     out.write(doc.get("output", ""))
-    out.write(f"{doc.get('tasks')} tasks up to date: nothing changed since the last build "
-              f"(checked in {time.perf_counter() - start:.2f} s without doit's per-task checks; "
-              "TPUBUILD_NOOP=off runs them)\n")
+    out.write(
+        f"{doc.get('tasks')} tasks up to date: nothing changed since the last build "
+        f"(checked in {time.perf_counter() - start:.2f} s without doit's per-task checks; "
+        "TPUBUILD_NOOP=off runs them)\n"
+    )
     out.flush()
     return True

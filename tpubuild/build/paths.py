@@ -7,6 +7,7 @@ write to build/<model>/<chip>-<mode>[-asym]/.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 # paths are cached per object: task generation (every doit run) reads each several times
 from functools import cached_property
 from pathlib import Path

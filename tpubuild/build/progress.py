@@ -33,8 +33,11 @@ from tpubuild.build.reporter import SummaryReporter
 
 _TABLE_CACHE = ".zoo_table.json"
 # a failed verify stage -> the level it compares and the JSON it would have written
-_FAILED_LEVEL = {"verify_top": ("top", "verify_top.json"), "verify_tpu": ("tpu", "verify_tpu.json"),
-                 "verify_chip": ("chip", "verify.json")}
+_FAILED_LEVEL = {
+    "verify_top": ("top", "verify_top.json"),
+    "verify_tpu": ("tpu", "verify_tpu.json"),
+    "verify_chip": ("chip", "verify.json"),
+}
 
 
 def split_task(name: str) -> tuple[str, str, str | None]:
@@ -159,8 +162,13 @@ class ProgressReporter(SummaryReporter):
 
     def _stamp_noop(self) -> None:
         """After a run that found everything up to date, let the next one skip doit's checks (noop.py)."""
-        if not self._noop or self._noop_files is None or self.uptodate != self.total or self.ran \
-                or any(o != "ok" for o in self.outcome.values()):
+        if (
+            not self._noop
+            or self._noop_files is None
+            or self.uptodate != self.total
+            or self.ran
+            or any(o != "ok" for o in self.outcome.values())
+        ):
             return
         if noop.file_states(self._noop["files"], settled=True) == self._noop_files:  # unchanged meanwhile
             noop.save(self._noop, self._noop_files, "".join(self._record))
@@ -182,14 +190,21 @@ class ProgressReporter(SummaryReporter):
     def counts(self) -> dict[str, int]:
         # tasks with actions only: a group task (`compile`) is no work of its own
         mine = [o for n, o in self.outcome.items() if n in self.plan and self.plan[n].actions]
-        return {"done": len(mine), "total": self.total, "failed": mine.count("failed"),
-                "blocked": mine.count("blocked")}
+        return {
+            "done": len(mine),
+            "total": self.total,
+            "failed": mine.count("failed"),
+            "blocked": mine.count("blocked"),
+        }
 
     def status_line(self) -> str:
         c = self.counts()
         pct = f" {100 * c['done'] // c['total']:3d}%" if c["total"] else ""
-        parts = [f"[{_elapsed(time.monotonic() - self.start)}] {c['done']}/{c['total']} tasks{pct}",
-                 f"{self.ran} ran ({self.cached} from cache)", f"{self.uptodate} up to date"]
+        parts = [
+            f"[{_elapsed(time.monotonic() - self.start)}] {c['done']}/{c['total']} tasks{pct}",
+            f"{self.ran} ran ({self.cached} from cache)",
+            f"{self.uptodate} up to date",
+        ]
         if c["failed"] or c["blocked"]:
             failed_models = sorted({split_task(n)[1] for n, o in self.outcome.items() if o == "failed"})
             parts.append(f"{c['failed']} failed ({', '.join(failed_models)})")
@@ -206,8 +221,10 @@ class ProgressReporter(SummaryReporter):
 
     def final_line(self) -> str:
         c = self.counts()
-        text = (f"{c['done']}/{c['total']} tasks in {_elapsed(time.monotonic() - self.start)}: {self.ran} ran "
-                f"({self.cached} restored from the artifact cache), {self.uptodate} up to date, {c['failed']} failed")
+        text = (
+            f"{c['done']}/{c['total']} tasks in {_elapsed(time.monotonic() - self.start)}: {self.ran} ran "
+            f"({self.cached} restored from the artifact cache), {self.uptodate} up to date, {c['failed']} failed"
+        )
         if c["blocked"]:
             text += f", {c['blocked']} not run (a dependency failed)"
         return text
@@ -309,8 +326,12 @@ def _min_cos(comparisons: Iterable[Mapping[str, Any]], level: str) -> float | st
 def _from_verify(doc: Mapping[str, Any]) -> dict[str, Any]:
     comps = doc.get("comparisons", [])
     chip = doc.get("chip") or {}
-    return {"top": _min_cos(comps, "top"), "tpu": _min_cos(comps, "tpu"), "chip": _min_cos(comps, "chip"),
-            "time_ms": chip.get("time_ms")}
+    return {
+        "top": _min_cos(comps, "top"),
+        "tpu": _min_cos(comps, "tpu"),
+        "chip": _min_cos(comps, "chip"),
+        "time_ms": chip.get("time_ms"),
+    }
 
 
 def _cos(value) -> str:
@@ -365,31 +386,51 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
             if target and outcome.get(task) == "ok":
                 cells = cache.get(root / target / "verify.json", _from_verify) or cells
             elif target and outcome.get(f"verify_tpu:{model}/{target}") == "ok":
-                cells.update(cache.get(root / target / "verify_tpu.json",
-                                       lambda d: {"tpu": _min_cos(d["comparisons"], "tpu")}) or {})
+                cells.update(
+                    cache.get(root / target / "verify_tpu.json", lambda d: {"tpu": _min_cos(d["comparisons"], "tpu")})
+                    or {}
+                )
             if failed and split_task(failed)[0] in _FAILED_LEVEL:
                 # the comparison that failed, kept by the verify stage for the reports: how far off it is
                 level, where = _FAILED_LEVEL[split_task(failed)[0]]
-                doc = cache.get(failed_json(root / (target or "") / where if level != "top" else root / where),
-                                lambda d, lv=level: {"cos": _min_cos(d["comparisons"], lv)})
+                doc = cache.get(
+                    failed_json(root / (target or "") / where if level != "top" else root / where),
+                    lambda d, lv=level: {"cos": _min_cos(d["comparisons"], lv)},
+                )
                 if doc and doc.get("cos") is not None:
                     cells[level] = f"{_cos(doc['cos'])}!"
             time_ms = cells.get("time_ms")
-            size = _size(root / target / f"{model}.model") if target and outcome.get(f"codegen:{model}/{target}") == "ok" \
+            size = (
+                _size(root / target / f"{model}.model")
+                if target and outcome.get(f"codegen:{model}/{target}") == "ok"
                 else "-"
-            rows.append([model, target or "-", status, _cos(cells.get("top")), _cos(cells.get("tpu")),
-                         _cos(cells.get("chip")), f"{time_ms:.4g}" if isinstance(time_ms, (int, float)) else "-",
-                         size])
+            )
+            rows.append(
+                [
+                    model,
+                    target or "-",
+                    status,
+                    _cos(cells.get("top")),
+                    _cos(cells.get("tpu")),
+                    _cos(cells.get("chip")),
+                    f"{time_ms:.4g}" if isinstance(time_ms, (int, float)) else "-",
+                    size,
+                ]
+            )
     cache.save()
     header = ["model", "target", "status", "Top cos", "Tpu cos", "Chip cos", "chip ms", ".model"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     right = {3, 4, 5, 6, 7}
 
     def fmt(row):
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        )
 
     passed = sum(r[2] == "PASS" for r in rows)
-    title = f"summary: {passed} of {len(rows)} model targets PASS (min cosine per level; chip time from the cycle model)"
+    title = (
+        f"summary: {passed} of {len(rows)} model targets PASS (min cosine per level; chip time from the cycle model)"
+    )
     lines = [title, fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
     if any(str(c).endswith("!") for r in rows for c in r):
         lines.append("! the comparison that failed (below the manifest's tolerance)")

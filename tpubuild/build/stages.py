@@ -15,8 +15,15 @@ from typing import Any
 from tpubuild.errors import TpuBuildError
 
 
-def transform(onnx_path: str, inputs: Sequence[Mapping[str, Any]], model: str, test_input: str | None,
-              out_mlir: str, out_weights: str, out_input: str) -> None:
+def transform(
+    onnx_path: str,
+    inputs: Sequence[Mapping[str, Any]],
+    model: str,
+    test_input: str | None,
+    out_mlir: str,
+    out_weights: str,
+    out_input: str,
+) -> None:
     """ONNX -> origin.mlir + its weights, and the test input every later check feeds."""
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.testinput import make_inputs
@@ -53,9 +60,18 @@ def canonicalize(in_mlir: str, in_weights: str, out_mlir: str, out_weights: str)
         weights.save(tmp_weights)
 
 
-def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], data_files: Sequence[str],
-              count: int | None, method: str, user_table: str | None, out_mlir: str, out_table: str,
-              searched: bool = False) -> None:
+def calibrate(
+    model: str,
+    in_mlir: str,
+    inputs: Sequence[Mapping[str, Any]],
+    data_files: Sequence[str],
+    count: int | None,
+    method: str,
+    user_table: str | None,
+    out_mlir: str,
+    out_table: str,
+    searched: bool = False,
+) -> None:
     """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz);
     ``searched``: a mixed-precision search reads them, and takes the samples' TOP outputs from this process."""
     from tpubuild.build.files import all_or_nothing
@@ -71,8 +87,9 @@ def calibrate(model: str, in_mlir: str, inputs: Sequence[Mapping[str, Any]], dat
     user = read_table(user_table)[1] if user_table else None
     samples = Samples.of(data_files, inputs, count)
     outputs: list | None = [] if searched else None
-    entries, header = run_calibration(module, weights_for(module, in_mlir), samples, method, user, outputs,
-                                      processes=processes())
+    entries, header = run_calibration(
+        module, weights_for(module, in_mlir), samples, method, user, outputs, processes=processes()
+    )
     text = format_table(entries, ["tpubuild calibration table", f"model: {model}", *header])
     with all_or_nothing(out_mlir, out_table) as (tmp_mlir, tmp_table):
         _save_module(apply_table(module, entries), tmp_mlir)
@@ -94,9 +111,18 @@ def _top_outputs(mlir_path: str) -> list[str]:
     return list(output_names(load_module(mlir_path)))
 
 
-def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str, input_npz: str,
-               onnx_outs: str, tolerance: Mapping[str, float],
-               out_origin_outs: str, out_top_outs: str, out_json: str) -> None:
+def verify_top(
+    model: str,
+    onnx_path: str,
+    origin_mlir: str,
+    canonical_mlir: str,
+    input_npz: str,
+    onnx_outs: str,
+    tolerance: Mapping[str, float],
+    out_origin_outs: str,
+    out_top_outs: str,
+    out_json: str,
+) -> None:
     """TOP inference of origin and canonical, each compared with onnxruntime by tensor name.
 
     Fails (publishing nothing) if either comparison is below tolerance or compares nothing.
@@ -127,10 +153,13 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
     failures = [_failure_text(level, report) for level, _, _, report in levels if not report["passed"]]
     if failures:
         _keep_failure(out_json, doc)
-        raise TpuBuildError("TOP inference does not match onnxruntime:\n" + "\n".join(failures),
-                            model=model, stage="verify_top",
-                            hint=f"to inspect: tpubuild infer {canonical_mlir} --input {input_npz} --output top.npz "
-                                 f"--all-tensors && tpubuild compare top.npz {onnx_outs}")
+        raise TpuBuildError(
+            "TOP inference does not match onnxruntime:\n" + "\n".join(failures),
+            model=model,
+            stage="verify_top",
+            hint=f"to inspect: tpubuild infer {canonical_mlir} --input {input_npz} --output top.npz "
+            f"--all-tensors && tpubuild compare top.npz {onnx_outs}",
+        )
     _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
     with all_or_nothing(out_origin_outs, out_top_outs, out_json) as (tmp_origin, tmp_top, tmp_json):
@@ -139,8 +168,17 @@ def verify_top(model: str, onnx_path: str, origin_mlir: str, canonical_mlir: str
         tmp_json.write_text(text, encoding="utf-8")
 
 
-def lower(model: str, in_mlir: str, cali_table: str | None, quantize_table: str | None, chip: str, mode: str,
-          asymmetric: bool, out_mlir: str, out_weights: str) -> None:
+def lower(
+    model: str,
+    in_mlir: str,
+    cali_table: str | None,
+    quantize_table: str | None,
+    chip: str,
+    mode: str,
+    asymmetric: bool,
+    out_mlir: str,
+    out_weights: str,
+) -> None:
     """canonical.mlir (float targets) or cali.mlir + cali_table (INT8) -> tpu.mlir + tpu_weights.npz."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import all_or_nothing
@@ -155,17 +193,34 @@ def lower(model: str, in_mlir: str, cali_table: str | None, quantize_table: str 
     module = load_module(in_mlir)
     cali = read_table(cali_table)[1] if cali_table else None
     qtable = read_quantize_table(quantize_table) if quantize_table else None
-    tpu_module, weights = lower_module(module, weights_for(module, in_mlir), chip=target, mode=mode,
-                                       asymmetric=asymmetric, cali=cali, qtable=qtable,
-                                       weight_file=Path(out_weights).name)
+    tpu_module, weights = lower_module(
+        module,
+        weights_for(module, in_mlir),
+        chip=target,
+        mode=mode,
+        asymmetric=asymmetric,
+        cali=cali,
+        qtable=qtable,
+        weight_file=Path(out_weights).name,
+    )
     with all_or_nothing(out_mlir, out_weights) as (tmp_mlir, tmp_weights):
         _save_module(tpu_module, tmp_mlir)
         weights.save(tmp_weights)
 
 
-def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_table: str | None,
-                  inputs: Sequence[Mapping[str, Any]], data_files: Sequence[str], chip: str, asymmetric: bool,
-                  options: Mapping[str, Any], out_table: str) -> None:
+def search_qtable(
+    model: str,
+    target: str,
+    in_mlir: str,
+    cali_table: str,
+    user_table: str | None,
+    inputs: Sequence[Mapping[str, Any]],
+    data_files: Sequence[str],
+    chip: str,
+    asymmetric: bool,
+    options: Mapping[str, Any],
+    out_table: str,
+) -> None:
     """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
     tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py)."""
     import itertools
@@ -184,30 +239,58 @@ def search_qtable(model: str, target: str, in_mlir: str, cali_table: str, user_t
     module = load_module(in_mlir)
     samples = list(itertools.islice(iter(Samples.of(data_files, inputs)), max(config.pool, config.samples)))
     if not samples:
-        raise TpuBuildError("no calibration sample to search a quantize table with", model=model, stage="search",
-                            hint="check calibration.data in the manifest")
+        raise TpuBuildError(
+            "no calibration sample to search a quantize table with",
+            model=model,
+            stage="search",
+            hint="check calibration.data in the manifest",
+        )
     user = read_quantize_table(user_table) if user_table else {}
     key = file_key(in_mlir)
     refs = {i: outputs for i, sample in enumerate(samples) if (outputs := kept_outputs(key, sample)) is not None}
-    result = search(module, weights_for(module, in_mlir), chip=load_chip(chip), cali=read_table(cali_table)[1],
-                    asymmetric=asymmetric, samples=samples, config=config, user=user,
-                    log=lambda line: print(f"{model}/{target}: {line}", flush=True), processes=processes(),
-                    refs=refs)
+    result = search(
+        module,
+        weights_for(module, in_mlir),
+        chip=load_chip(chip),
+        cali=read_table(cali_table)[1],
+        asymmetric=asymmetric,
+        samples=samples,
+        config=config,
+        user=user,
+        log=lambda line: print(f"{model}/{target}: {line}", flush=True),
+        processes=processes(),
+        refs=refs,
+    )
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
     write_text(out_table, format_result(result, header))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
-    print(f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
-          f"{result.mode}, cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
-          f"{result.lowerings} lowerings")
+    print(
+        f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
+        f"{result.mode}, cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
+        f"{result.lowerings} lowerings"
+    )
 
 
 # The modules the stages import when they run (inside them: loading dodo.py stays cheap). A doit process with
 # no task yet imports them ahead (dispatch.py): at the start of a build one process waits for the source and
 # its ONNX import, about a second in which it can do this instead of in its later stages.
-STAGE_MODULES = ("onnxruntime", "tpubuild.frontend", "tpubuild.verify.reference", "tpubuild.top.canonicalize",
-                 "tpubuild.top.inference", "tpubuild.calib.calibrate", "tpubuild.lower.lowering", "tpubuild.lower.int8",
-                 "tpubuild.lower.inference", "tpubuild.verify.compare", "tpubuild.codegen.layergroup",
-                 "tpubuild.codegen.assign", "tpubuild.codegen.codegen", "tpubuild.sim.chip", "tpubuild.verify.charts")
+STAGE_MODULES = (
+    "onnxruntime",
+    "tpubuild.frontend",
+    "tpubuild.verify.reference",
+    "tpubuild.top.canonicalize",
+    "tpubuild.top.inference",
+    "tpubuild.calib.calibrate",
+    "tpubuild.lower.lowering",
+    "tpubuild.lower.int8",
+    "tpubuild.lower.inference",
+    "tpubuild.verify.compare",
+    "tpubuild.codegen.layergroup",
+    "tpubuild.codegen.assign",
+    "tpubuild.codegen.codegen",
+    "tpubuild.sim.chip",
+    "tpubuild.verify.charts",
+)
 
 
 def import_stage_modules() -> None:
@@ -220,8 +303,18 @@ def import_stage_modules() -> None:
             pass
 
 
-def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz: str, top_outs: str,
-               tolerance: Mapping[str, float], out_tpu_outs: str, out_tpu_raw: str, out_json: str) -> None:
+def verify_tpu(
+    model: str,
+    target: str,
+    tpu_mlir: str,
+    top_mlir: str,
+    input_npz: str,
+    top_outs: str,
+    tolerance: Mapping[str, float],
+    out_tpu_outs: str,
+    out_tpu_raw: str,
+    out_json: str,
+) -> None:
     """TPU inference (real values) vs TOP inference by tensor name, plus per-output max abs error and top-1.
 
     The graph outputs decide (as TPU-MLIR's model_deploy without --compare_all): each must
@@ -245,20 +338,33 @@ def verify_tpu(model: str, target: str, tpu_mlir: str, top_mlir: str, input_npz:
     # graph outputs by position (a lowered output may be a cast of the named tensor), judged beyond one cosine
     pairs = [(t, r) for t, r in zip(tpu_outputs, top_outputs) if np.shape(real[t]) == np.shape(ref[r])]
     if len(pairs) != len(top_outputs):
-        raise TpuBuildError(f"the TPU graph's outputs {tpu_outputs} do not pair with TOP's {top_outputs} "
-                            "(by position, with equal shapes)", model=model, stage="verify_tpu", file=tpu_mlir)
+        raise TpuBuildError(
+            f"the TPU graph's outputs {tpu_outputs} do not pair with TOP's {top_outputs} "
+            "(by position, with equal shapes)",
+            model=model,
+            stage="verify_tpu",
+            file=tpu_mlir,
+        )
     report["outputs"] = [_output_checks(t, r, real[t], ref[r], tolerance) for t, r in pairs]
     report["passed"] = report["passed"] and all(out["passed"] for out in report["outputs"])
-    doc = {"model": model, "stage": "verify_tpu", "target": target,
-           "comparisons": [{"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name,
-                            **report}]}
+    doc = {
+        "model": model,
+        "stage": "verify_tpu",
+        "target": target,
+        "comparisons": [
+            {"level": "tpu", "test": f"{target}/{Path(tpu_mlir).name}", "ref": Path(top_outs).name, **report}
+        ],
+    }
     if not report["passed"]:
         _keep_failure(out_json, doc)
-        raise TpuBuildError(f"TPU inference ({target}) does not match TOP inference:\n"
-                            + _failure_text("tpu", report), model=model, stage="verify_tpu",
-                            hint=f"to inspect: tpubuild infer {tpu_mlir} --input {input_npz} --output tpu.npz "
-                                 f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}; pin the worst ops to a "
-                                 "float mode in a quantize table, or set tolerance.tpu in the manifest")
+        raise TpuBuildError(
+            f"TPU inference ({target}) does not match TOP inference:\n" + _failure_text("tpu", report),
+            model=model,
+            stage="verify_tpu",
+            hint=f"to inspect: tpubuild infer {tpu_mlir} --input {input_npz} --output tpu.npz "
+            f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}; pin the worst ops to a "
+            "float mode in a quantize table, or set tolerance.tpu in the manifest",
+        )
     _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
     with all_or_nothing(out_tpu_outs, out_tpu_raw, out_json) as (tmp_outs, tmp_raw, tmp_json):
@@ -284,9 +390,19 @@ def run_chip(model_file: str, input_npz: str, out_outs: str, out_profile: str) -
 CHIP_REQUIRED = {"INT8": ("EQUAL",), "F32": ("EQUAL", "CLOSE")}
 
 
-def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: str, tpu_raw: str,
-                verify_top_json: str, verify_tpu_json: str, profile_json: str, tolerance: Mapping[str, float],
-                out_json: str) -> None:
+def verify_chip(
+    model: str,
+    target: str,
+    mode: str,
+    model_file: str,
+    chip_outs: str,
+    tpu_raw: str,
+    verify_top_json: str,
+    verify_tpu_json: str,
+    profile_json: str,
+    tolerance: Mapping[str, float],
+    out_json: str,
+) -> None:
     """Chip outputs vs TPU inference's stored outputs -> verify.json with every level (ONNX, Top, Tpu, Chip).
 
     INT8 targets must match bit for bit, F32 within float round-off (CLOSE), BF16/F16 within
@@ -300,9 +416,13 @@ def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: 
     raw = read_npz(tpu_raw)
     missing = sorted(set(chip) - set(raw))
     if missing:
-        raise TpuBuildError(f"chip outputs {missing} are not tensors of TPU inference ({Path(tpu_raw).name})",
-                            model=model, stage="verify_chip", file=model_file,
-                            hint="codegen must name the model's outputs as tpu.mlir's graph outputs")
+        raise TpuBuildError(
+            f"chip outputs {missing} are not tensors of TPU inference ({Path(tpu_raw).name})",
+            model=model,
+            stage="verify_chip",
+            file=model_file,
+            hint="codegen must name the model's outputs as tpu.mlir's graph outputs",
+        )
     report = compare_tensors(chip, {name: raw[name] for name in chip}, _tolerance(tolerance))
     required = CHIP_REQUIRED.get(mode)
     if required:
@@ -313,24 +433,36 @@ def verify_chip(model: str, target: str, mode: str, model_file: str, chip_outs: 
         report["passed"] = report["compared"] > 0 and report["failed"] == 0
     chip_level = {"level": "chip", "test": f"{target}/{Path(model_file).name}", "ref": Path(tpu_raw).name, **report}
     if not report["passed"]:
-        _keep_failure(out_json, {"model": model, "stage": "verify_chip", "target": target,
-                                 "comparisons": [chip_level]})
-        lines = [f"  {row['name']}: {row['label']}" + (f" (required: {row['required']})" if "required" in row else "")
-                 + f", cos {row['cos']:.6f}, max abs err {row['max_abs']:.3g}" for row in report["tensors"]
-                 if not row["passed"] or row["label"] in (NOT_MATCH, NOT_SIMILAR)]
-        raise TpuBuildError(f"the simulated chip ({target}) does not reproduce TPU inference:\n" + "\n".join(lines),
-                            model=model, stage="verify_chip",
-                            hint=f"to inspect: tpubuild run {model_file} --input <input.npz> --output chip.npz && "
-                                 f"tpubuild compare chip.npz {tpu_raw}")
+        _keep_failure(out_json, {"model": model, "stage": "verify_chip", "target": target, "comparisons": [chip_level]})
+        lines = [
+            f"  {row['name']}: {row['label']}"
+            + (f" (required: {row['required']})" if "required" in row else "")
+            + f", cos {row['cos']:.6f}, max abs err {row['max_abs']:.3g}"
+            for row in report["tensors"]
+            if not row["passed"] or row["label"] in (NOT_MATCH, NOT_SIMILAR)
+        ]
+        raise TpuBuildError(
+            f"the simulated chip ({target}) does not reproduce TPU inference:\n" + "\n".join(lines),
+            model=model,
+            stage="verify_chip",
+            hint=f"to inspect: tpubuild run {model_file} --input <input.npz> --output chip.npz && "
+            f"tpubuild compare chip.npz {tpu_raw}",
+        )
     _forget_failure(out_json)
     levels = []
     for path in (verify_top_json, verify_tpu_json):
         levels += json.loads(Path(path).read_text(encoding="utf-8"))["comparisons"]
     levels.append(chip_level)
     profile = json.loads(Path(profile_json).read_text(encoding="utf-8"))
-    doc = {"model": model, "stage": "verify_chip", "target": target, "levels": ["onnx", "top", "tpu", "chip"],
-           "comparisons": levels, "passed": all(c["passed"] for c in levels),
-           "chip": {k: profile[k] for k in ("total_cycles", "time_ms", "ddr_read_bytes", "ddr_write_bytes")}}
+    doc = {
+        "model": model,
+        "stage": "verify_chip",
+        "target": target,
+        "levels": ["onnx", "top", "tpu", "chip"],
+        "comparisons": levels,
+        "passed": all(c["passed"] for c in levels),
+        "chip": {k: profile[k] for k in ("total_cycles", "time_ms", "ddr_read_bytes", "ddr_write_bytes")},
+    }
     write_text(out_json, json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n")
 
 
@@ -354,8 +486,10 @@ def assign(model: str, chip: str, in_mlir: str, out_mlir: str) -> None:
 
     module, a = memory_assign(load_module(in_mlir), load_chip(chip))
     _save_module(module, Path(out_mlir))
-    print(f"{model}: weights {a.weight_bytes} B, activations {a.activation_bytes} B "
-          f"(lower bound {a.lower_bound} B, x{a.ratio:.3f})")
+    print(
+        f"{model}: weights {a.weight_bytes} B, activations {a.activation_bytes} B "
+        f"(lower bound {a.lower_bound} B, x{a.ratio:.3f})"
+    )
 
 
 def codegen(model: str, chip: str, in_mlir: str, in_weights: str, out_model: str) -> None:
@@ -368,8 +502,10 @@ def codegen(model: str, chip: str, in_mlir: str, in_weights: str, out_model: str
 
     model_file = emit(load_module(in_mlir), WeightStore.load(in_weights), load_chip(chip))
     write_model(out_model, model_file)
-    print(f"{model}: {len(model_file.gdma)} GDMA + {len(model_file.bdc)} BDC commands, "
-          f"{len(model_file.weights)} weight bytes, DDR {model_file.header.ddr_size} bytes")
+    print(
+        f"{model}: {len(model_file.gdma)} GDMA + {len(model_file.bdc)} BDC commands, "
+        f"{len(model_file.weights)} weight bytes, DDR {model_file.header.ddr_size} bytes"
+    )
 
 
 def _keep_failure(out_json: str, doc: dict) -> None:
@@ -399,8 +535,13 @@ def _output_checks(name: str, ref_name: str, test, ref, tolerance: Mapping[str, 
 
     from tpubuild.verify.similarity import max_abs_error
 
-    out = {"name": name, "ref_name": ref_name, "max_abs": max_abs_error(test, ref),
-           "ref_max_abs": float(np.max(np.abs(ref))) if np.size(ref) else 0.0, "top1_agreement": _top1(test, ref)}
+    out = {
+        "name": name,
+        "ref_name": ref_name,
+        "max_abs": max_abs_error(test, ref),
+        "ref_max_abs": float(np.max(np.abs(ref))) if np.size(ref) else 0.0,
+        "top1_agreement": _top1(test, ref),
+    }
     problems = []
     if "max_abs" in tolerance and not out["max_abs"] <= float(tolerance["max_abs"]):
         problems.append(f"max abs error {out['max_abs']:.4g} > {tolerance['max_abs']}")
@@ -431,7 +572,9 @@ def _failure_text(level: str, report: dict) -> str:
         return "\n".join(lines + [f"    {format_row(row)}" for row in worst(report)])
     lines = [f"  {level}: graph outputs failing:"]
     lines += [f"    {format_row(row)} (below {tol})" for row in worst(report, outputs=True)]
-    lines += [f"    {out['name']}: {'; '.join(out['problems'])}" for out in report.get("outputs", []) if out["problems"]]
+    lines += [
+        f"    {out['name']}: {'; '.join(out['problems'])}" for out in report.get("outputs", []) if out["problems"]
+    ]
     inner = [row for row in worst(report, count=report["compared"]) if not row["output"]]
     if inner:
         lines.append(f"  {len(inner)} other tensors below {tol} (reported, not deciding); worst:")
@@ -439,7 +582,9 @@ def _failure_text(level: str, report: dict) -> str:
     return "\n".join(lines)
 
 
-SUMMARY_HEADER = f"{'level':<10} {'compared':<44} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+SUMMARY_HEADER = (
+    f"{'level':<10} {'compared':<44} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+)
 
 
 def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
@@ -452,9 +597,11 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
             comparisons = [c for c in comparisons if c["level"] == "chip"]
         for comp in comparisons:
             what = f"{comp['test']} vs {comp['ref']}"
-            lines.append(f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
-                         f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
-                         f"{'PASS' if comp['passed'] else 'FAIL'}")
+            lines.append(
+                f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
+                f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
+                f"{'PASS' if comp['passed'] else 'FAIL'}"
+            )
     return lines
 
 

@@ -84,15 +84,28 @@ def _debug_delay(task_id: str) -> None:
             time.sleep(float(seconds))
 
 
-def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Iterable[Path],
-          targets: Iterable[Path], config: dict[str, Any], **extra) -> dict[str, Any]:
+def _task(
+    stage: str,
+    model: str,
+    func,
+    kwargs: dict[str, Any],
+    *,
+    file_dep: Iterable[Path],
+    targets: Iterable[Path],
+    config: dict[str, Any],
+    **extra,
+) -> dict[str, Any]:
     task_id = f"{stage}:{model}"
     file_dep = [str(p) for p in file_dep]
     targets = [str(p) for p in targets]
     # the artifact cache's key: the same inputs and config doit checks (cache.py); a restore also
     # does what a verify stage's success does besides its targets: drop the failure kept for the reports
-    cache = {"inputs": file_dep, "targets": targets, "config": config,
-             "clears": [str(failed_json(kwargs["out_json"]))] if "out_json" in kwargs else []}
+    cache = {
+        "inputs": file_dep,
+        "targets": targets,
+        "config": config,
+        "clears": [str(failed_json(kwargs["out_json"]))] if "out_json" in kwargs else [],
+    }
     return {
         "basename": stage,
         "name": model,
@@ -113,8 +126,12 @@ def _task(stage: str, model: str, func, kwargs: dict[str, Any], *, file_dep: Ite
 # search and the calibration before it (every INT8 target waits for them), before the rest; the report pages,
 # which no stage waits for, after them. "warm": to a process that has run the stage before, rather than one that
 # made its inputs (a report page's cost in a new process is mostly matplotlib's first use).
-DISPATCH = {"canonicalize": {"priority": 1}, "calibrate": {"priority": 1}, "search": {"priority": 1},
-            "report": {"priority": -1, "warm": True}}
+DISPATCH = {
+    "canonicalize": {"priority": 1},
+    "calibrate": {"priority": 1},
+    "search": {"priority": 1},
+    "report": {"priority": -1, "warm": True},
+}
 
 
 def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
@@ -145,8 +162,13 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         file_dep += [module_file] if module_file else []
         # the export's example inputs: one per manifest input, with its dtype (and range, for integers)
         examples = [{k: spec.config()[k] for k in ("name", "shape", "dtype", "range")} for spec in m.inputs]
-        kwargs = {"factory": factory, "example_shape": list(src["example_shape"]),
-                  "input_name": m.inputs[0].name, "search_dir": str(m.file.parent), "inputs": examples}
+        kwargs = {
+            "factory": factory,
+            "example_shape": list(src["example_shape"]),
+            "input_name": m.inputs[0].name,
+            "search_dir": str(m.file.parent),
+            "inputs": examples,
+        }
         config = {"source": src, "inputs": examples}
     else:
         func = fetch.prepare_file
@@ -162,8 +184,15 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         kwargs["samples"] = {"data_files": files, "inputs": inputs, "count": count}
         file_dep += [Path(f) for f in files]
         config = {**config, "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count}}
-    return _task("fetch", m.name, func, {**kwargs, "prepare": prepare, "out": str(p.fetched_source)},
-                 file_dep=file_dep, targets=[p.fetched_source], config=config)
+    return _task(
+        "fetch",
+        m.name,
+        func,
+        {**kwargs, "prepare": prepare, "out": str(p.fetched_source)},
+        file_dep=file_dep,
+        targets=[p.fetched_source],
+        config=config,
+    )
 
 
 def source_file(m: Manifest, p: ModelPaths) -> Path:
@@ -180,29 +209,75 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     if fetch_task:
         yield fetch_task
     inputs = [spec.config() for spec in m.inputs]
-    yield _task("transform", m.name, stages.transform,
-                {"onnx_path": str(src), "inputs": inputs, "model": m.name,
-                 "test_input": str(m.test_input) if m.test_input else None,
-                 "out_mlir": str(p.origin_mlir), "out_weights": str(p.origin_weights), "out_input": str(p.input_npz)},
-                file_dep=[src] + ([m.test_input] if m.test_input else []),
-                targets=[p.origin_mlir, p.origin_weights, p.input_npz],
-                config={"model": m.name, "inputs": inputs, "test_input": bool(m.test_input)})
-    yield _task("reference", m.name, stages.reference,
-                {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs)},
-                file_dep=[src, p.input_npz], targets=[p.onnx_outs], config={})
-    yield _task("canonicalize", m.name, stages.canonicalize,
-                {"in_mlir": str(p.origin_mlir), "in_weights": str(p.origin_weights),
-                 "out_mlir": str(p.canonical_mlir), "out_weights": str(p.canonical_weights)},
-                file_dep=[p.origin_mlir, p.origin_weights], targets=[p.canonical_mlir, p.canonical_weights], config={})
+    yield _task(
+        "transform",
+        m.name,
+        stages.transform,
+        {
+            "onnx_path": str(src),
+            "inputs": inputs,
+            "model": m.name,
+            "test_input": str(m.test_input) if m.test_input else None,
+            "out_mlir": str(p.origin_mlir),
+            "out_weights": str(p.origin_weights),
+            "out_input": str(p.input_npz),
+        },
+        file_dep=[src] + ([m.test_input] if m.test_input else []),
+        targets=[p.origin_mlir, p.origin_weights, p.input_npz],
+        config={"model": m.name, "inputs": inputs, "test_input": bool(m.test_input)},
+    )
+    yield _task(
+        "reference",
+        m.name,
+        stages.reference,
+        {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs)},
+        file_dep=[src, p.input_npz],
+        targets=[p.onnx_outs],
+        config={},
+    )
+    yield _task(
+        "canonicalize",
+        m.name,
+        stages.canonicalize,
+        {
+            "in_mlir": str(p.origin_mlir),
+            "in_weights": str(p.origin_weights),
+            "out_mlir": str(p.canonical_mlir),
+            "out_weights": str(p.canonical_weights),
+        },
+        file_dep=[p.origin_mlir, p.origin_weights],
+        targets=[p.canonical_mlir, p.canonical_weights],
+        config={},
+    )
     tol = m.tolerance["top"]
-    yield _task("verify_top", m.name, stages.verify_top,
-                {"model": m.name, "onnx_path": str(src), "origin_mlir": str(p.origin_mlir),
-                 "canonical_mlir": str(p.canonical_mlir), "input_npz": str(p.input_npz),
-                 "onnx_outs": str(p.onnx_outs), "tolerance": tol, "out_origin_outs": str(p.origin_outs),
-                 "out_top_outs": str(p.top_outs), "out_json": str(p.verify_top)},
-                file_dep=[src, p.origin_mlir, p.origin_weights, p.canonical_mlir, p.canonical_weights,
-                          p.input_npz, p.onnx_outs],
-                targets=[p.origin_outs, p.top_outs, p.verify_top], config={"tolerance": tol})
+    yield _task(
+        "verify_top",
+        m.name,
+        stages.verify_top,
+        {
+            "model": m.name,
+            "onnx_path": str(src),
+            "origin_mlir": str(p.origin_mlir),
+            "canonical_mlir": str(p.canonical_mlir),
+            "input_npz": str(p.input_npz),
+            "onnx_outs": str(p.onnx_outs),
+            "tolerance": tol,
+            "out_origin_outs": str(p.origin_outs),
+            "out_top_outs": str(p.top_outs),
+            "out_json": str(p.verify_top),
+        },
+        file_dep=[
+            src,
+            p.origin_mlir,
+            p.origin_weights,
+            p.canonical_mlir,
+            p.canonical_weights,
+            p.input_npz,
+            p.onnx_outs,
+        ],
+        targets=[p.origin_outs, p.top_outs, p.verify_top],
+        config={"tolerance": tol},
+    )
     calibrate = _calibrate_task(m, p, {} if globs is None else globs)
     if calibrate:
         yield calibrate
@@ -211,11 +286,20 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
         yield from _target_tasks(m, p, target, globs)
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
     reports = [p.target(target.id).report for target in m.targets]
-    yield _task("compile", m.name, stages.summarize,
-                {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
-                file_dep=verify_jsons + reports, targets=[p.summary], config={},
-                verbosity=2, meta={"summary": str(p.summary),
-                                   "zoo": {"build_dir": str(p.root.parent), "targets": [t.id for t in m.targets]}})
+    yield _task(
+        "compile",
+        m.name,
+        stages.summarize,
+        {"model": m.name, "verify_jsons": [str(v) for v in verify_jsons], "out_summary": str(p.summary)},
+        file_dep=verify_jsons + reports,
+        targets=[p.summary],
+        config={},
+        verbosity=2,
+        meta={
+            "summary": str(p.summary),
+            "zoo": {"build_dir": str(p.root.parent), "targets": [t.id for t in m.targets]},
+        },
+    )
 
 
 def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -237,23 +321,50 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
     if searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
-    yield _task("lower", name, stages.lower,
-                {"model": m.name, "in_mlir": str(in_mlir), "cali_table": str(p.cali_table) if int8 else None,
-                 "quantize_table": str(lower_table) if lower_table else None, "chip": target.chip,
-                 "mode": target.mode, "asymmetric": target.asymmetric, "out_mlir": str(tp.tpu_mlir),
-                 "out_weights": str(tp.tpu_weights)},
-                file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else [])
-                + ([tp.qtable] if searched else []),
-                targets=[tp.tpu_mlir, tp.tpu_weights],
-                config={"target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},
-                        "chip_modes": list(load_chip(target.chip).modes), "quantize_table": _digest(qtable)})
+    yield _task(
+        "lower",
+        name,
+        stages.lower,
+        {
+            "model": m.name,
+            "in_mlir": str(in_mlir),
+            "cali_table": str(p.cali_table) if int8 else None,
+            "quantize_table": str(lower_table) if lower_table else None,
+            "chip": target.chip,
+            "mode": target.mode,
+            "asymmetric": target.asymmetric,
+            "out_mlir": str(tp.tpu_mlir),
+            "out_weights": str(tp.tpu_weights),
+        },
+        file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else []) + ([tp.qtable] if searched else []),
+        targets=[tp.tpu_mlir, tp.tpu_weights],
+        config={
+            "target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},
+            "chip_modes": list(load_chip(target.chip).modes),
+            "quantize_table": _digest(qtable),
+        },
+    )
     tol = m.tolerance["tpu"][target.mode]
-    yield _task("verify_tpu", name, stages.verify_tpu,
-                {"model": m.name, "target": target.id, "tpu_mlir": str(tp.tpu_mlir), "top_mlir": str(p.canonical_mlir),
-                 "input_npz": str(p.input_npz), "top_outs": str(p.top_outs), "tolerance": tol,
-                 "out_tpu_outs": str(tp.tpu_outs), "out_tpu_raw": str(tp.tpu_raw), "out_json": str(tp.verify_tpu)},
-                file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
-                targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu], config={"tolerance": tol})
+    yield _task(
+        "verify_tpu",
+        name,
+        stages.verify_tpu,
+        {
+            "model": m.name,
+            "target": target.id,
+            "tpu_mlir": str(tp.tpu_mlir),
+            "top_mlir": str(p.canonical_mlir),
+            "input_npz": str(p.input_npz),
+            "top_outs": str(p.top_outs),
+            "tolerance": tol,
+            "out_tpu_outs": str(tp.tpu_outs),
+            "out_tpu_raw": str(tp.tpu_raw),
+            "out_json": str(tp.verify_tpu),
+        },
+        file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
+        targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu],
+        config={"tolerance": tol},
+    )
     yield from _backend_tasks(m, p, name, tp, target)
 
 
@@ -268,16 +379,32 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     user = m.quantize_table
     options = dict(m.mixed_precision or {})
-    return _task("search", name, stages.search_qtable,
-                 {"model": m.name, "target": target.id, "in_mlir": str(p.cali_mlir), "cali_table": str(p.cali_table),
-                  "user_table": str(user) if user else None, "inputs": inputs, "data_files": files,
-                  "chip": target.chip, "asymmetric": target.asymmetric, "options": options,
-                  "out_table": str(tp.qtable)},
-                 file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
-                 targets=[tp.qtable],
-                 config={"mixed_precision": options, "inputs": inputs,
-                         "target": {"chip": target.chip, "asymmetric": target.asymmetric},
-                         "chip_modes": list(load_chip(target.chip).modes)})
+    return _task(
+        "search",
+        name,
+        stages.search_qtable,
+        {
+            "model": m.name,
+            "target": target.id,
+            "in_mlir": str(p.cali_mlir),
+            "cali_table": str(p.cali_table),
+            "user_table": str(user) if user else None,
+            "inputs": inputs,
+            "data_files": files,
+            "chip": target.chip,
+            "asymmetric": target.asymmetric,
+            "options": options,
+            "out_table": str(tp.qtable),
+        },
+        file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
+        targets=[tp.qtable],
+        config={
+            "mixed_precision": options,
+            "inputs": inputs,
+            "target": {"chip": target.chip, "asymmetric": target.asymmetric},
+            "chip_modes": list(load_chip(target.chip).modes),
+        },
+    )
 
 
 def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) -> Iterator[dict[str, Any]]:
@@ -285,35 +412,95 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
     chip file's content (every figure the cost model, the allocators and the model header read), so editing
     a chip re-plans only its targets; verify.json holds the four levels (ONNX, Top, Tpu, Chip)."""
     chip = _chip_config(target.chip)
-    yield _task("layergroup", name, stages.layergroup,
-                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.tpu_mlir), "out_mlir": str(tp.lg_mlir)},
-                file_dep=[tp.tpu_mlir], targets=[tp.lg_mlir], config={"chip": chip})
-    yield _task("assign", name, stages.assign,
-                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.lg_mlir), "out_mlir": str(tp.addr_mlir)},
-                file_dep=[tp.lg_mlir], targets=[tp.addr_mlir], config={"chip": chip})
-    yield _task("codegen", name, stages.codegen,
-                {"model": m.name, "chip": target.chip, "in_mlir": str(tp.addr_mlir), "in_weights": str(tp.tpu_weights),
-                 "out_model": str(tp.model_file)},
-                file_dep=[tp.addr_mlir, tp.tpu_weights], targets=[tp.model_file], config={"chip": chip})
-    yield _task("run", name, stages.run_chip,
-                {"model_file": str(tp.model_file), "input_npz": str(p.input_npz), "out_outs": str(tp.chip_outs),
-                 "out_profile": str(tp.profile)},
-                file_dep=[tp.model_file, p.input_npz], targets=[tp.chip_outs, tp.profile], config={})
+    yield _task(
+        "layergroup",
+        name,
+        stages.layergroup,
+        {"model": m.name, "chip": target.chip, "in_mlir": str(tp.tpu_mlir), "out_mlir": str(tp.lg_mlir)},
+        file_dep=[tp.tpu_mlir],
+        targets=[tp.lg_mlir],
+        config={"chip": chip},
+    )
+    yield _task(
+        "assign",
+        name,
+        stages.assign,
+        {"model": m.name, "chip": target.chip, "in_mlir": str(tp.lg_mlir), "out_mlir": str(tp.addr_mlir)},
+        file_dep=[tp.lg_mlir],
+        targets=[tp.addr_mlir],
+        config={"chip": chip},
+    )
+    yield _task(
+        "codegen",
+        name,
+        stages.codegen,
+        {
+            "model": m.name,
+            "chip": target.chip,
+            "in_mlir": str(tp.addr_mlir),
+            "in_weights": str(tp.tpu_weights),
+            "out_model": str(tp.model_file),
+        },
+        file_dep=[tp.addr_mlir, tp.tpu_weights],
+        targets=[tp.model_file],
+        config={"chip": chip},
+    )
+    yield _task(
+        "run",
+        name,
+        stages.run_chip,
+        {
+            "model_file": str(tp.model_file),
+            "input_npz": str(p.input_npz),
+            "out_outs": str(tp.chip_outs),
+            "out_profile": str(tp.profile),
+        },
+        file_dep=[tp.model_file, p.input_npz],
+        targets=[tp.chip_outs, tp.profile],
+        config={},
+    )
     tol = m.tolerance["chip"]
-    yield _task("verify_chip", name, stages.verify_chip,
-                {"model": m.name, "target": target.id, "mode": target.mode, "model_file": str(tp.model_file),
-                 "chip_outs": str(tp.chip_outs), "tpu_raw": str(tp.tpu_raw), "verify_top_json": str(p.verify_top),
-                 "verify_tpu_json": str(tp.verify_tpu), "profile_json": str(tp.profile), "tolerance": tol,
-                 "out_json": str(tp.verify)},
-                file_dep=[tp.model_file, tp.chip_outs, tp.tpu_raw, p.verify_top, tp.verify_tpu, tp.profile],
-                targets=[tp.verify], config={"tolerance": tol, "mode": target.mode})
+    yield _task(
+        "verify_chip",
+        name,
+        stages.verify_chip,
+        {
+            "model": m.name,
+            "target": target.id,
+            "mode": target.mode,
+            "model_file": str(tp.model_file),
+            "chip_outs": str(tp.chip_outs),
+            "tpu_raw": str(tp.tpu_raw),
+            "verify_top_json": str(p.verify_top),
+            "verify_tpu_json": str(tp.verify_tpu),
+            "profile_json": str(tp.profile),
+            "tolerance": tol,
+            "out_json": str(tp.verify),
+        },
+        file_dep=[tp.model_file, tp.chip_outs, tp.tpu_raw, p.verify_top, tp.verify_tpu, tp.profile],
+        targets=[tp.verify],
+        config={"tolerance": tol, "mode": target.mode},
+    )
     # the page reads the graphs for tensor order and op locations; its config is only the compiler version
     graphs = [p.origin_mlir, p.canonical_mlir, tp.tpu_mlir]
-    yield _task("report", name, report.write_report,
-                {"model": m.name, "target": target.id, "verify_json": str(tp.verify), "profile_json": str(tp.profile),
-                 "lg_mlir": str(tp.lg_mlir), "model_file": str(tp.model_file), "graphs": [str(g) for g in graphs],
-                 "out_html": str(tp.report)},
-                file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs], targets=[tp.report], config={})
+    yield _task(
+        "report",
+        name,
+        report.write_report,
+        {
+            "model": m.name,
+            "target": target.id,
+            "verify_json": str(tp.verify),
+            "profile_json": str(tp.profile),
+            "lg_mlir": str(tp.lg_mlir),
+            "model_file": str(tp.model_file),
+            "graphs": [str(g) for g in graphs],
+            "out_html": str(tp.report),
+        },
+        file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs],
+        targets=[tp.report],
+        config={},
+    )
 
 
 @functools.cache
@@ -341,8 +528,7 @@ def check_targets(m: Manifest) -> None:
         try:
             load_chip(target.chip).check_mode(target.mode)
         except TpuBuildError as err:
-            raise TpuBuildError(f"targets[{i}] ({target.id}): {err.problem}", file=str(m.file),
-                                hint=err.hint) from None
+            raise TpuBuildError(f"targets[{i}] ({target.id}): {err.problem}", file=str(m.file), hint=err.hint) from None
 
 
 def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | None:
@@ -357,32 +543,56 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
     if not any(t.mode == "INT8" for t in m.targets):
         return None
     if m.calibration is None:
-        message = (f"{m.file}: model {m.name} has an INT8 target but no `calibration` section\n"
-                   "  hint: add calibration: {data: <glob of .npz, .npy or images, relative to the manifest>, "
-                   "method: kl} (docs/manifest.md)")
-        return {"basename": "calibrate", "name": m.name, "doc": f"{STAGE_DOCS['calibrate']} [{m.name}]",
-                "actions": [(fail_with, [message])], "targets": [str(p.cali_mlir), str(p.cali_table)],
-                "uptodate": [False]}
+        message = (
+            f"{m.file}: model {m.name} has an INT8 target but no `calibration` section\n"
+            "  hint: add calibration: {data: <glob of .npz, .npy or images, relative to the manifest>, "
+            "method: kl} (docs/manifest.md)"
+        )
+        return {
+            "basename": "calibrate",
+            "name": m.name,
+            "doc": f"{STAGE_DOCS['calibrate']} [{m.name}]",
+            "actions": [(fail_with, [message])],
+            "targets": [str(p.cali_mlir), str(p.cali_table)],
+            "uptodate": [False],
+        }
     cal = m.calibration
     # models of one zoo often share their data: each glob is listed once per task graph
     key = (cal["data"], str(m.file.parent))
     files = globs[key] = globs[key] if key in globs else find_names(*key)
     table = m.resolve(cal["table"]) if "table" in cal else None
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
-    return _task("calibrate", m.name, stages.calibrate,
-                 {"model": m.name, "in_mlir": str(p.canonical_mlir), "inputs": inputs,
-                  "data_files": files, "count": cal.get("count"),
-                  "method": cal.get("method", "kl"), "user_table": str(table) if table else None,
-                  "out_mlir": str(p.cali_mlir), "out_table": str(p.cali_table),
-                  "searched": bool((m.mixed_precision or {}).get("search"))},
-                 file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
-                 targets=[p.cali_mlir, p.cali_table], config={"calibration": cal, "inputs": inputs})
+    return _task(
+        "calibrate",
+        m.name,
+        stages.calibrate,
+        {
+            "model": m.name,
+            "in_mlir": str(p.canonical_mlir),
+            "inputs": inputs,
+            "data_files": files,
+            "count": cal.get("count"),
+            "method": cal.get("method", "kl"),
+            "user_table": str(table) if table else None,
+            "out_mlir": str(p.cali_mlir),
+            "out_table": str(p.cali_table),
+            "searched": bool((m.mixed_precision or {}).get("search")),
+        },
+        file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
+        targets=[p.cali_mlir, p.cali_table],
+        config={"calibration": cal, "inputs": inputs},
+    )
 
 
 def broken_model_task(name: str, message: str) -> dict[str, Any]:
     """compile:<name> that fails with the manifest's problem; it never becomes up to date."""
-    return {"basename": "compile", "name": name, "doc": f"(broken manifest) {message.splitlines()[0]}",
-            "actions": [(fail_with, [message])], "uptodate": [False]}
+    return {
+        "basename": "compile",
+        "name": name,
+        "doc": f"(broken manifest) {message.splitlines()[0]}",
+        "actions": [(fail_with, [message])],
+        "uptodate": [False],
+    }
 
 
 def _fallback_name(file: Path, taken: set[str]) -> str:

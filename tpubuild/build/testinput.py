@@ -45,20 +45,25 @@ def _from_file(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.n
     try:
         arrays = read_npz(path)
     except (OSError, ValueError) as err:
-        raise TpuBuildError(f"cannot read test input: {err}", file=str(path),
-                            hint="test_input must be an .npz written by numpy.savez") from None
+        raise TpuBuildError(
+            f"cannot read test input: {err}", file=str(path), hint="test_input must be an .npz written by numpy.savez"
+        ) from None
     if len(specs) == 1 and len(arrays) == 1 and specs[0]["name"] not in arrays:
         arrays = {specs[0]["name"]: next(iter(arrays.values()))}  # one input: the key doesn't matter
     out = {}
     for spec in specs:
         name, shape = spec["name"], tuple(spec["shape"])
         if name not in arrays:
-            raise TpuBuildError(f"test input has no array named {name!r} (it has {sorted(arrays)})",
-                                file=str(path), hint="key each array by its model input name")
+            raise TpuBuildError(
+                f"test input has no array named {name!r} (it has {sorted(arrays)})",
+                file=str(path),
+                hint="key each array by its model input name",
+            )
         arr = arrays[name]
         if arr.shape != shape:
-            raise TpuBuildError(f"test input {name!r} has shape {list(arr.shape)}, the manifest says {list(shape)}",
-                                file=str(path))
+            raise TpuBuildError(
+                f"test input {name!r} has shape {list(arr.shape)}, the manifest says {list(shape)}", file=str(path)
+            )
         out[name] = arr.astype(spec.get("dtype", "float32"), copy=False)
     return out
 
@@ -68,8 +73,11 @@ def _from_image(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.
     from tpubuild.calib.data import InputSpec, preprocess_image
 
     if len(specs) != 1 or len(specs[0]["shape"]) != 4:
-        raise TpuBuildError("an image test_input needs a model with one NCHW input", file=str(path),
-                            hint="give an .npz with one array per input instead")
+        raise TpuBuildError(
+            "an image test_input needs a model with one NCHW input",
+            file=str(path),
+            hint="give an .npz with one array per input instead",
+        )
     spec = specs[0]
     chw = preprocess_image(path, InputSpec.of(spec))
     # every image of the batch is the same one

@@ -88,8 +88,13 @@ def _tanh_bound(op, out) -> float:
 # INT8: a table op's output is quantized). A tensor read only by such ops needs no threshold above
 # the largest of their bounds: PP-OCRv4 det's squeeze-excite gates read convolutions calibrated to
 # 95, which left 8 of the 256 input levels to HardSigmoid's whole (-3, 3) slope.
-SATURATES = {HardSigmoidOp: _hardsigmoid_bound, ClipOp: _clip_bound, ReluOp: _relu_bound,
-             SigmoidOp: _sigmoid_bound, TanhOp: _tanh_bound}
+SATURATES = {
+    HardSigmoidOp: _hardsigmoid_bound,
+    ClipOp: _clip_bound,
+    ReluOp: _relu_bound,
+    SigmoidOp: _sigmoid_bound,
+    TanhOp: _tanh_bound,
+}
 
 
 def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
@@ -104,8 +109,13 @@ def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
     return found
 
 
-def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
-                  outputs: list | None = None, processes: int = 1) -> tuple[dict[str, TensorStats], int]:
+def collect_stats(
+    module: ModuleOp,
+    weights: WeightStore,
+    samples: Iterable[Mapping[str, np.ndarray]],
+    outputs: list | None = None,
+    processes: int = 1,
+) -> tuple[dict[str, TensorStats], int]:
     """Streaming statistics of every float activation tensor, and the number of samples seen; with ``outputs``,
     (sample, its graph outputs in order) appended there for each sample. With ``processes`` 2, a forked process
     runs the odd samples (both read the stream; the statistics merge exactly: the same as one process's)."""
@@ -126,8 +136,9 @@ def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapp
                     try:
                         stats[name].update(array)
                     except ValueError as err:
-                        raise TpuBuildError(f"cannot calibrate: {err}", loc=name,
-                                            hint="check the calibration data and its preprocess") from None
+                        raise TpuBuildError(
+                            f"cannot calibrate: {err}", loc=name, hint="check the calibration data and its preprocess"
+                        ) from None
 
         n, kept = 0, []
         for i, sample in enumerate(samples):
@@ -142,7 +153,8 @@ def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapp
         stats, n, kept = part(0, 1)
     else:
         (stats, n, kept), (theirs, m, their_kept) = forked.alongside(
-            lambda: part(0, 2), lambda: part(1, 2), "calibration")
+            lambda: part(0, 2), lambda: part(1, 2), "calibration"
+        )
         for name, s in stats.items():
             s.merge(theirs[name])
         n, kept = n + m, sorted(kept + their_kept, key=lambda entry: entry[0])
@@ -151,8 +163,13 @@ def collect_stats(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapp
     return stats, n
 
 
-def compute_entries(module: ModuleOp, weights: WeightStore, stats: Mapping[str, TensorStats], method: str,
-                    tune_samples: Iterable[Mapping[str, np.ndarray]] = ()) -> dict[str, Entry]:
+def compute_entries(
+    module: ModuleOp,
+    weights: WeightStore,
+    stats: Mapping[str, TensorStats],
+    method: str,
+    tune_samples: Iterable[Mapping[str, np.ndarray]] = (),
+) -> dict[str, Entry]:
     """A table entry per tensor: the method's threshold and the observed min and max."""
     if method == "auto":
         from tpubuild.calib.tune import tune
@@ -202,9 +219,15 @@ def _min_max(s: TensorStats) -> tuple[float, float]:
     return (s.min, s.max) if s.count else (0.0, 0.0)
 
 
-def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
-              user: Mapping[str, Entry] | None = None, outputs: list | None = None,
-              processes: int = 1) -> tuple[dict[str, Entry], list[str]]:
+def calibrate(
+    module: ModuleOp,
+    weights: WeightStore,
+    samples,
+    method: str,
+    user: Mapping[str, Entry] | None = None,
+    outputs: list | None = None,
+    processes: int = 1,
+) -> tuple[dict[str, Entry], list[str]]:
     """The calibration table of ``module`` (entries in program order) and its header lines.
 
     ``samples`` is re-iterable (auto reads the first few samples again); ``user``
@@ -216,9 +239,11 @@ def calibrate(module: ModuleOp, weights: WeightStore, samples, method: str,
     unknown = [n for n in user if n not in names]
     if unknown:
         shown = ", ".join(repr(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise TpuBuildError(f"the calibration table names tensors the model does not have: {shown}",
-                            hint="table names are the tensor names of canonical.mlir; the computed table "
-                                 "build/<model>/cali_table lists them all")
+        raise TpuBuildError(
+            f"the calibration table names tensors the model does not have: {shown}",
+            hint="table names are the tensor names of canonical.mlir; the computed table "
+            "build/<model>/cali_table lists them all",
+        )
     header = [f"method: {method}", f"histogram number: {BINS}"]
     if all(n in user for n in names):
         computed: dict[str, Entry] = {}
@@ -260,5 +285,6 @@ def apply_table(module: ModuleOp, entries: Mapping[str, Entry]) -> ModuleOp:
 
 
 def check_state(module: ModuleOp, file: str) -> None:
-    mlir.require_state(module, "TOP_F32", "calibration reads a float TOP module", hint="calibrate canonical.mlir",
-                       file=file)
+    mlir.require_state(
+        module, "TOP_F32", "calibration reads a float TOP module", hint="calibrate canonical.mlir", file=file
+    )

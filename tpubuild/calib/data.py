@@ -38,8 +38,9 @@ class InputSpec:
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "InputSpec":
-        return cls(spec["name"], tuple(int(d) for d in spec["shape"]), spec.get("dtype", "float32"),
-                   spec.get("preprocess"))
+        return cls(
+            spec["name"], tuple(int(d) for d in spec["shape"]), spec.get("dtype", "float32"), spec.get("preprocess")
+        )
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class Samples:
     count: int | None = None
 
     @classmethod
-    def of(cls, files: Sequence[str | Path], inputs: Sequence[Mapping[str, Any]], count: int | None = None) -> "Samples":
+    def of(
+        cls, files: Sequence[str | Path], inputs: Sequence[Mapping[str, Any]], count: int | None = None
+    ) -> "Samples":
         return cls(tuple(Path(f) for f in files), tuple(InputSpec.of(s) for s in inputs), count)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -64,8 +67,10 @@ class Samples:
 
     def _all(self) -> Iterator[dict[str, np.ndarray]]:
         if not self.files:
-            raise TpuBuildError("no calibration data: the calibration.data glob matches no .npz, .npy or image file",
-                                hint="check calibration.data in the manifest (a glob relative to the manifest)")
+            raise TpuBuildError(
+                "no calibration data: the calibration.data glob matches no .npz, .npy or image file",
+                hint="check calibration.data in the manifest (a glob relative to the manifest)",
+            )
         pending: list[Path] = []  # images waiting to fill a batch
         for path in self.files:
             suffix = path.suffix.lower()
@@ -91,20 +96,28 @@ class Samples:
             arrays = {self.inputs[0].name: next(iter(arrays.values()))}  # one input: the key doesn't matter
         missing = [s.name for s in self.inputs if s.name not in arrays]
         if missing:
-            raise TpuBuildError(f"calibration data has no array for input(s) {missing} (it has {sorted(arrays)})",
-                                file=str(path), hint="key each array by its model input name")
+            raise TpuBuildError(
+                f"calibration data has no array for input(s) {missing} (it has {sorted(arrays)})",
+                file=str(path),
+                hint="key each array by its model input name",
+            )
         stacks = {s.name: _stacked(arrays[s.name], s, path) for s in self.inputs}
         counts = {len(v) for v in stacks.values()}
         if len(counts) != 1:
-            raise TpuBuildError(f"calibration data holds different sample counts per input: "
-                                f"{ {k: len(v) for k, v in stacks.items()} }", file=str(path))
+            raise TpuBuildError(
+                f"calibration data holds different sample counts per input: { {k: len(v) for k, v in stacks.items()} }",
+                file=str(path),
+            )
         for i in range(counts.pop()):
             yield {s.name: stacks[s.name][i].astype(s.dtype) for s in self.inputs}
 
     def _npy_samples(self, path: Path) -> Iterator[dict[str, np.ndarray]]:
         if len(self.inputs) != 1:
-            raise TpuBuildError(f"an .npy file holds one input, but the model has {len(self.inputs)}",
-                                file=str(path), hint="use .npz files with one array per input name")
+            raise TpuBuildError(
+                f"an .npy file holds one input, but the model has {len(self.inputs)}",
+                file=str(path),
+                hint="use .npz files with one array per input name",
+            )
         spec = self.inputs[0]
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -117,12 +130,16 @@ class Samples:
 
     def _image_input(self) -> InputSpec:
         if len(self.inputs) != 1:
-            raise TpuBuildError(f"image calibration data needs a one-input model; this one has {len(self.inputs)}",
-                                hint="use .npz files with one array per input name")
+            raise TpuBuildError(
+                f"image calibration data needs a one-input model; this one has {len(self.inputs)}",
+                hint="use .npz files with one array per input name",
+            )
         spec = self.inputs[0]
         if len(spec.shape) != 4 or spec.shape[1] not in (1, 3):
-            raise TpuBuildError(f"input {spec.name!r} has shape {list(spec.shape)}: images need an NCHW input "
-                                "with 1 or 3 channels", hint="give .npz or .npy calibration data instead")
+            raise TpuBuildError(
+                f"input {spec.name!r} has shape {list(spec.shape)}: images need an NCHW input with 1 or 3 channels",
+                hint="give .npz or .npy calibration data instead",
+            )
         return spec
 
     def _image_sample(self, paths: list[Path]) -> dict[str, np.ndarray]:
@@ -137,9 +154,11 @@ def _stacked(array: np.ndarray, spec: InputSpec, path: Path) -> np.ndarray:
         return array[None]
     if tuple(array.shape[1:]) == spec.shape:
         return array
-    raise TpuBuildError(f"calibration array for input {spec.name!r} has shape {list(array.shape)}; "
-                        f"expected {list(spec.shape)} or [S, {', '.join(map(str, spec.shape))}] for S samples",
-                        file=str(path))
+    raise TpuBuildError(
+        f"calibration array for input {spec.name!r} has shape {list(array.shape)}; "
+        f"expected {list(spec.shape)} or [S, {', '.join(map(str, spec.shape))}] for S samples",
+        file=str(path),
+    )
 
 
 def _per_channel(values, channels: int, what: str, spec: InputSpec) -> np.ndarray:
@@ -168,10 +187,12 @@ def preprocess_image(path: str | Path, spec: InputSpec) -> np.ndarray:
     except (OSError, UnidentifiedImageError) as err:
         raise TpuBuildError(f"cannot read calibration image: {err}", file=str(path)) from None
     if rh < height or rw < width:
-        raise TpuBuildError(f"input {spec.name!r}: preprocess.resize {[rh, rw]} is smaller than the input's "
-                            f"{[height, width]}", hint="resize to at least the input size (larger is center-cropped)")
+        raise TpuBuildError(
+            f"input {spec.name!r}: preprocess.resize {[rh, rw]} is smaller than the input's {[height, width]}",
+            hint="resize to at least the input size (larger is center-cropped)",
+        )
     top, left = (rh - height) // 2, (rw - width) // 2
-    pixels = pixels[top:top + height, left:left + width]
+    pixels = pixels[top : top + height, left : left + width]
     chw = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
     if fmt == "bgr":
         chw = chw[::-1]

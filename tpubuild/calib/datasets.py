@@ -47,11 +47,30 @@ PAGE_SIZE = 640
 PAGES = 20
 
 LINES = [
-    "Hello World 2024", "quantize int8 model", "TPU-MLIR ONNX", "calibration table", "Invoice No. 30417",
-    "Total: $1,284.50", "12 Main Street, Apt 4B", "Phone +1 (555) 013-2207", "deep learning compiler",
-    "2025-03-14 09:26:53", "The quick brown fox", "jumps over the lazy dog", "SALE 50% OFF", "Model: BM1684X",
-    "layer group / memory", "threshold 127 / 255", "Page 7 of 12", "www.example.org", "Qty 3 x 19.99",
-    "ACCOUNT #88-1274-03", "Mon Tue Wed Thu Fri", "kernel_shape = [3, 3]", "Receipt - thank you!", "e = mc^2",
+    "Hello World 2024",
+    "quantize int8 model",
+    "TPU-MLIR ONNX",
+    "calibration table",
+    "Invoice No. 30417",
+    "Total: $1,284.50",
+    "12 Main Street, Apt 4B",
+    "Phone +1 (555) 013-2207",
+    "deep learning compiler",
+    "2025-03-14 09:26:53",
+    "The quick brown fox",
+    "jumps over the lazy dog",
+    "SALE 50% OFF",
+    "Model: BM1684X",
+    "layer group / memory",
+    "threshold 127 / 255",
+    "Page 7 of 12",
+    "www.example.org",
+    "Qty 3 x 19.99",
+    "ACCOUNT #88-1274-03",
+    "Mon Tue Wed Thu Fri",
+    "kernel_shape = [3, 3]",
+    "Receipt - thank you!",
+    "e = mc^2",
 ]
 
 

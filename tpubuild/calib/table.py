@@ -52,8 +52,11 @@ def format_table(entries: Mapping[str, Entry], header: Sequence[str] = ()) -> st
     lines = [h if h.startswith("#") else f"# {h}" for h in header] + [COLUMNS]
     for name, e in entries.items():
         if not name or any(ch.isspace() for ch in name):
-            raise TpuBuildError(f"tensor name {name!r} contains whitespace, which the calibration table "
-                                "format cannot hold", loc=name, hint="rename the tensor in the source model")
+            raise TpuBuildError(
+                f"tensor name {name!r} contains whitespace, which the calibration table format cannot hold",
+                loc=name,
+                hint="rename the tensor in the source model",
+            )
         lines.append(f"{name} {number(e.threshold)} {number(e.min)} {number(e.max)}")
     return "\n".join(lines) + "\n"
 
@@ -74,9 +77,12 @@ def parse_table(text: str, *, file: str = "<table>") -> tuple[list[str], dict[st
         fields = line.split()
         problem = _check_line(fields)
         if problem:
-            raise TpuBuildError(f"line {lineno}: {problem}: {raw.strip()!r}", file=file,
-                                hint="each line is `name threshold min max`, with threshold > 0 and min <= max; "
-                                     "see docs/calibration_table.md")
+            raise TpuBuildError(
+                f"line {lineno}: {problem}: {raw.strip()!r}",
+                file=file,
+                hint="each line is `name threshold min max`, with threshold > 0 and min <= max; "
+                "see docs/calibration_table.md",
+            )
         name = fields[0]
         if name in entries:
             raise TpuBuildError(f"line {lineno}: tensor {name!r} is listed twice", file=file)
@@ -101,6 +107,7 @@ def _check_line(fields: list[str]) -> str | None:
 
 
 def read_table(path: str | os.PathLike) -> tuple[list[str], dict[str, Entry]]:
-    text = read_user_text(path, "calibration table",
-                          hint="check calibration.table in the manifest (a path relative to the manifest)")
+    text = read_user_text(
+        path, "calibration table", hint="check calibration.table in the manifest (a path relative to the manifest)"
+    )
     return parse_table(text, file=str(path))

@@ -42,11 +42,21 @@ def _sq(a: np.ndarray) -> float:
     return float(np.vdot(a, a))
 
 
-def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, np.ndarray]],
-         candidates: Mapping[str, Sequence[float]], levels: Mapping[str, int]) -> dict[str, float]:
+def tune(
+    module: ModuleOp,
+    weights: WeightStore,
+    samples: Iterable[Mapping[str, np.ndarray]],
+    candidates: Mapping[str, Sequence[float]],
+    levels: Mapping[str, int],
+) -> dict[str, float]:
     """The chosen threshold per tensor of ``candidates`` (tensors with one candidate keep it)."""
-    names = {value: name for op in body_ops(module) if isinstance(op, TensorOp)
-             for value, name in zip(op.results, op.names) if name in candidates}
+    names = {
+        value: name
+        for op in body_ops(module)
+        if isinstance(op, TensorOp)
+        for value, name in zip(op.results, op.names)
+        if name in candidates
+    }
     outputs = {v for v in return_op(module).operands if v in names}
     # err[name][consumer]: squared error per candidate; energy[consumer]: squared float results
     err: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
@@ -79,8 +89,7 @@ def tune(module: ModuleOp, weights: WeightStore, samples: Iterable[Mapping[str, 
                 q = fake_quant(x, th, levels[name])
                 out = kernel(params, *[q if v is value else a for v, a in zip(operands, args)])
                 outs = out if isinstance(out, tuple) else (out,)
-                acc[c] += sum(_sq(np.asarray(y, np.float64) - np.asarray(o, np.float64))
-                              for y, o in zip(results, outs))
+                acc[c] += sum(_sq(np.asarray(y, np.float64) - np.asarray(o, np.float64)) for y, o in zip(results, outs))
 
     plan = Plan(module, weights)
     for sample in samples:

@@ -46,9 +46,16 @@ def _lowest_gap(busy: list[tuple[int, int]], size: int, align: int) -> int:
     return offset
 
 
-def place(buffers: Sequence[Buffer], *, align: int, order: Callable[[Buffer], object] | None = None,
-          bank_bytes: int = 0, avoid: Mapping[str, Iterable[str]] | None = None,
-          capacity: int | None = None, what: str = "memory") -> dict[str, int]:
+def place(
+    buffers: Sequence[Buffer],
+    *,
+    align: int,
+    order: Callable[[Buffer], object] | None = None,
+    bank_bytes: int = 0,
+    avoid: Mapping[str, Iterable[str]] | None = None,
+    capacity: int | None = None,
+    what: str = "memory",
+) -> dict[str, int]:
     """Offsets for ``buffers`` (key -> offset). ``avoid[key]``: buffers whose banks ``key`` should not share."""
     ordered = sorted(buffers, key=order or (lambda b: (-b.size, b.start, b.key)))
     placed: list[tuple[Buffer, int]] = []
@@ -68,18 +75,28 @@ def _banks(offset: int, size: int, bank_bytes: int) -> range:
     return range(offset // bank_bytes, (offset + max(size, 1) - 1) // bank_bytes + 1)
 
 
-def _bank_clean(buf: Buffer, busy: list[tuple[int, int]], fallback: int, align: int, bank_bytes: int,
-                offsets: Mapping[str, int], avoid: Mapping[str, Iterable[str]],
-                placed: list[tuple[Buffer, int]], capacity: int | None) -> int:
+def _bank_clean(
+    buf: Buffer,
+    busy: list[tuple[int, int]],
+    fallback: int,
+    align: int,
+    bank_bytes: int,
+    offsets: Mapping[str, int],
+    avoid: Mapping[str, Iterable[str]],
+    placed: list[tuple[Buffer, int]],
+    capacity: int | None,
+) -> int:
     """The lowest free offset whose banks hold none of ``avoid[buf]`` (already placed); else ``fallback``."""
     sizes = {b.key: b.size for b, _ in placed}
-    taken = {bank for k in avoid.get(buf.key, ()) if k in offsets
-             for bank in _banks(offsets[k], sizes[k], bank_bytes)}
+    taken = {bank for k in avoid.get(buf.key, ()) if k in offsets for bank in _banks(offsets[k], sizes[k], bank_bytes)}
     if not taken:
         return fallback
     limit = capacity if capacity is not None else max([hi for _, hi in busy] + [fallback + buf.size])
-    candidates = sorted({0, fallback} | {align_up(hi, align) for _, hi in busy}
-                        | {b * bank_bytes for b in range(limit // bank_bytes + 1)})
+    candidates = sorted(
+        {0, fallback}
+        | {align_up(hi, align) for _, hi in busy}
+        | {b * bank_bytes for b in range(limit // bank_bytes + 1)}
+    )
     for offset in candidates:
         end = offset + buf.size
         if end > limit:
@@ -91,25 +108,29 @@ def _bank_clean(buf: Buffer, busy: list[tuple[int, int]], fallback: int, align: 
     return fallback
 
 
-def check(buffers: Sequence[Buffer], offsets: Mapping[str, int], *, capacity: int | None = None,
-          what: str = "memory") -> None:
+def check(
+    buffers: Sequence[Buffer], offsets: Mapping[str, int], *, capacity: int | None = None, what: str = "memory"
+) -> None:
     """Raise AllocError if two buffers alive together overlap or one ends past ``capacity``."""
     by_start = sorted(buffers, key=lambda b: (offsets[b.key], b.key))
     for i, a in enumerate(by_start):
         a_lo = offsets[a.key]
-        for b in by_start[i + 1:]:
+        for b in by_start[i + 1 :]:
             b_lo = offsets[b.key]
             if b_lo >= a_lo + a.size:
                 break
             if a.size and b.size and a.meets(b):
-                raise AllocError(f"{what}: {a.key} [{a_lo}, {a_lo + a.size}) overlaps {b.key} "
-                                 f"[{b_lo}, {b_lo + b.size}) while both are alive")
+                raise AllocError(
+                    f"{what}: {a.key} [{a_lo}, {a_lo + a.size}) overlaps {b.key} "
+                    f"[{b_lo}, {b_lo + b.size}) while both are alive"
+                )
     if capacity is not None:
         over = [b for b in buffers if offsets[b.key] + b.size > capacity]
         if over:
             b = max(over, key=lambda x: offsets[x.key] + x.size)
-            raise AllocError(f"{what}: {len(over)} buffer(s) do not fit {capacity} bytes; {b.key} ends at "
-                             f"{offsets[b.key] + b.size}")
+            raise AllocError(
+                f"{what}: {len(over)} buffer(s) do not fit {capacity} bytes; {b.key} ends at {offsets[b.key] + b.size}"
+            )
 
 
 def peak(buffers: Sequence[Buffer], offsets: Mapping[str, int]) -> int:
@@ -129,8 +150,9 @@ def live_bound(buffers: Sequence[Buffer]) -> int:
     return best
 
 
-def improve(buffers: Sequence[Buffer], order: Sequence[Buffer], *, align: int, budget: int = 4_000_000,
-            seed: int = 0) -> tuple[int, dict[str, int]]:
+def improve(
+    buffers: Sequence[Buffer], order: Sequence[Buffer], *, align: int, budget: int = 4_000_000, seed: int = 0
+) -> tuple[int, dict[str, int]]:
     """A local search over placement orders from ``order``: swap two buffers, re-place greedily, keep the
     order if its peak is no worse; stops at the live-bytes bound or after about ``budget`` buffer-pair
     checks. Deterministic (seeded)."""

@@ -63,29 +63,77 @@ class Assembler:
 
     # ---- commands (each returns its id) ----
 
-    def load(self, ddr_addr: int, ddr_strides: Sequence[int], local_addr: int, shape: Sequence[int], dtype: str,
-             *, lane_start: int = 0, wait_bdc: int = 0) -> int:
+    def load(
+        self,
+        ddr_addr: int,
+        ddr_strides: Sequence[int],
+        local_addr: int,
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        lane_start: int = 0,
+        wait_bdc: int = 0,
+    ) -> int:
         return self._gdma(Direction.LOAD, ddr_addr, ddr_strides, local_addr, shape, dtype, lane_start, wait_bdc)
 
-    def store(self, local_addr: int, ddr_addr: int, ddr_strides: Sequence[int], shape: Sequence[int], dtype: str,
-              *, lane_start: int = 0, wait_bdc: int = 0) -> int:
+    def store(
+        self,
+        local_addr: int,
+        ddr_addr: int,
+        ddr_strides: Sequence[int],
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        lane_start: int = 0,
+        wait_bdc: int = 0,
+    ) -> int:
         return self._gdma(Direction.STORE, ddr_addr, ddr_strides, local_addr, shape, dtype, lane_start, wait_bdc)
 
-    def copy(self, src: int, src_strides: Sequence[int], dst: int, dst_strides: Sequence[int], shape: Sequence[int],
-             dtype: str, *, wait_bdc: int = 0) -> int:
-        g = Gdma(len(self.gdma) + 1, wait_bdc, Direction.DDR2DDR, dtype, src, tuple(src_strides), 0, 0, tuple(shape),
-                 dst, tuple(dst_strides))
+    def copy(
+        self,
+        src: int,
+        src_strides: Sequence[int],
+        dst: int,
+        dst_strides: Sequence[int],
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        wait_bdc: int = 0,
+    ) -> int:
+        g = Gdma(
+            len(self.gdma) + 1,
+            wait_bdc,
+            Direction.DDR2DDR,
+            dtype,
+            src,
+            tuple(src_strides),
+            0,
+            0,
+            tuple(shape),
+            dst,
+            tuple(dst_strides),
+        )
         self.gdma.append(g)
         return g.id
 
     def _gdma(self, direction, ddr_addr, ddr_strides, local_addr, shape, dtype, lane_start, wait_bdc) -> int:
-        g = Gdma(len(self.gdma) + 1, wait_bdc, direction, dtype, ddr_addr, tuple(ddr_strides), local_addr,
-                 lane_start, tuple(shape))
+        g = Gdma(
+            len(self.gdma) + 1,
+            wait_bdc,
+            direction,
+            dtype,
+            ddr_addr,
+            tuple(ddr_strides),
+            local_addr,
+            lane_start,
+            tuple(shape),
+        )
         self.gdma.append(g)
         return g.id
 
-    def compute(self, op: type | str, params, operands: Sequence[Tensor], results: Sequence[Tensor], *,
-                wait_gdma: int = 0) -> int:
+    def compute(
+        self, op: type | str, params, operands: Sequence[Tensor], results: Sequence[Tensor], *, wait_gdma: int = 0
+    ) -> int:
         name = op if isinstance(op, str) else op.name
         b = Bdc.make(len(self.bdc) + 1, wait_gdma, name, params, operands, results)
         self.bdc.append(b)
@@ -93,8 +141,16 @@ class Assembler:
 
     def build(self) -> ModelFile:
         if len(self.weights) > self.act_base:
-            raise ValueError(f"{len(self.weights)} weight bytes overlap activations from {self.act_base}; "
-                             "raise act_base")
-        header = Header(model=self.model, mode=self.mode, chip=self.chip, ddr_size=cmd.align_up(self.act_top, DDR_ALIGN),
-                        weight_base=0, inputs=tuple(self.inputs), outputs=tuple(self.outputs))
+            raise ValueError(
+                f"{len(self.weights)} weight bytes overlap activations from {self.act_base}; raise act_base"
+            )
+        header = Header(
+            model=self.model,
+            mode=self.mode,
+            chip=self.chip,
+            ddr_size=cmd.align_up(self.act_top, DDR_ALIGN),
+            weight_base=0,
+            inputs=tuple(self.inputs),
+            outputs=tuple(self.outputs),
+        )
         return ModelFile(header, bytes(self.weights), tuple(self.gdma), tuple(self.bdc))

@@ -160,12 +160,15 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
             peak, offsets = improved, trial
     base = alloc.align_up(weight_bytes, align)
     if base + peak > chip.ddr_bytes:
-        raise TpuBuildError(f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
-                            f"activations); {chip.name} has {chip.ddr_bytes}",
-                            hint="use a smaller input shape or batch, or a chip with more DDR")
+        raise TpuBuildError(
+            f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
+            f"activations); {chip.name} has {chip.ddr_bytes}",
+            hint="use a smaller input shape or batch, or a chip with more DDR",
+        )
     activations = {t: base + offsets[r] for t, r in members.items() if r in offsets}
-    return Assignment(weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members,
-                      fills)
+    return Assignment(
+        weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members, fills
+    )
 
 
 def annotate(module: ModuleOp, a: Assignment) -> None:
@@ -179,9 +182,13 @@ def annotate(module: ModuleOp, a: Assignment) -> None:
             op.attributes["addr"] = int_attr(a.activations[op.loc_name])
         elif op.results and "ginfo" in op.attributes:
             op.attributes["addr"] = int_array([a.activations.get(name, -1) for name in op.names])
-    for key, value in (("weight_bytes", a.weight_bytes), ("activation_base", a.activation_base),
-                       ("activation_bytes", a.activation_bytes), ("activation_lower_bound", a.lower_bound),
-                       ("ddr_bytes", a.ddr_bytes)):
+    for key, value in (
+        ("weight_bytes", a.weight_bytes),
+        ("activation_base", a.activation_base),
+        ("activation_bytes", a.activation_bytes),
+        ("activation_lower_bound", a.lower_bound),
+        ("ddr_bytes", a.ddr_bytes),
+    ):
         module.attributes[f"addr.{key}"] = int_attr(value)
     if a.fills:
         module.attributes["addr.fills"] = int_array(a.fills)
@@ -190,8 +197,9 @@ def annotate(module: ModuleOp, a: Assignment) -> None:
 
 def memory_assign(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, Assignment]:
     """lg.mlir -> addr.mlir (in place), with the assignment."""
-    mlir.require_state(module, "TPU_GROUPED", "memory assign reads a grouped module",
-                       hint="run the layergroup stage first")
+    mlir.require_state(
+        module, "TPU_GROUPED", "memory assign reads a grouped module", hint="run the layergroup stage first"
+    )
     graph = build_graph(module)
     groups = read_groups(module, graph)
     a = assign(graph, groups, chip)

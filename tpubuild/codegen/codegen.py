@@ -37,9 +37,25 @@ from tpubuild.codegen.assign import read_assignment, read_fills
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
-from tpubuild.codegen.layergroup import (ALIAS, COPY, FOLD, GLOBAL, LOCAL, START, Group, Piece, Planner, Range,
-                                         as_copy, channel_redirects, logical_shape, packs_of, read_groups, schedule,
-                                         weight_block)
+from tpubuild.codegen.layergroup import (
+    ALIAS,
+    COPY,
+    FOLD,
+    GLOBAL,
+    LOCAL,
+    START,
+    Group,
+    Piece,
+    Planner,
+    Range,
+    as_copy,
+    channel_redirects,
+    logical_shape,
+    packs_of,
+    read_groups,
+    schedule,
+    weight_block,
+)
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
@@ -61,8 +77,17 @@ def _extent(r: Range) -> tuple[int, int]:
 
 
 class Emitter:
-    def __init__(self, graph: Graph, groups: list[Group], chip: Chip, weight_addr: Mapping[str, int],
-                 act_addr: Mapping[str, int], *, prefetch: bool = True, scalars: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        groups: list[Group],
+        chip: Chip,
+        weight_addr: Mapping[str, int],
+        act_addr: Mapping[str, int],
+        *,
+        prefetch: bool = True,
+        scalars: Mapping[str, int] | None = None,
+    ):
         self.g, self.groups, self.chip = graph, groups, chip
         self.prefetching = prefetch
         self.scalars = scalars or {}  # scalar integer weights (a Gather's index) by name
@@ -80,11 +105,29 @@ class Emitter:
 
     # ---- queues ----
 
-    def _gdma(self, direction: Direction, t: str, ddr_addr: int, local_addr: int, block, wait_bdc: int,
-              strides=None, plane: int = 0) -> int:
-        g = Gdma(len(self.gdma) + 1, wait_bdc, direction, _dtype(self.g, t), ddr_addr,
-                 tuple(strides) if strides is not None else _strides4(block), local_addr, 0, tuple(block),
-                 dst_strides=(plane, 0, 0, 0))
+    def _gdma(
+        self,
+        direction: Direction,
+        t: str,
+        ddr_addr: int,
+        local_addr: int,
+        block,
+        wait_bdc: int,
+        strides=None,
+        plane: int = 0,
+    ) -> int:
+        g = Gdma(
+            len(self.gdma) + 1,
+            wait_bdc,
+            direction,
+            _dtype(self.g, t),
+            ddr_addr,
+            tuple(strides) if strides is not None else _strides4(block),
+            local_addr,
+            0,
+            tuple(block),
+            dst_strides=(plane, 0, 0, 0),
+        )
         self.gdma.append(g)
         return g.id
 
@@ -135,9 +178,11 @@ class Emitter:
             group = by_output[o]
             pieces = [piece for piece in pieces if piece.dest in self.a_addr]
             if group.slices == 1 or all(
-                    self.a_addr[i] + g.tensors[i].nbytes <= self.a_addr[pc.dest]
-                    or self.a_addr[pc.dest] + g.tensors[pc.dest].nbytes <= self.a_addr[i]
-                    for i in group.inputs for pc in pieces):
+                self.a_addr[i] + g.tensors[i].nbytes <= self.a_addr[pc.dest]
+                or self.a_addr[pc.dest] + g.tensors[pc.dest].nbytes <= self.a_addr[i]
+                for i in group.inputs
+                for pc in pieces
+            ):
                 found[o] = (reader, pieces)
         return found
 
@@ -152,7 +197,7 @@ class Emitter:
             else:
                 # the next local group, past global ops and copies (they use no local memory)
                 between = []
-                for later in order[k + 1:]:
+                for later in order[k + 1 :]:
                     if later.kind == LOCAL:
                         self.local_group(group, later if self.prefetching else None, between)
                         break
@@ -174,9 +219,19 @@ class Emitter:
         node = self.g.ops[group.ops[0]]
         block, strides, offset = as_copy(self.g, node, self.scalars)
         src, dst = node.inputs[0], node.name
-        g = Gdma(len(self.gdma) + 1, len(self.bdc), Direction.DDR2DDR, _dtype(self.g, dst),
-                 self.a_addr[src] + offset * self.g.tensors[src].dtype.itemsize,
-                 strides, 0, 0, block, self.a_addr[dst], cmd.contiguous_strides(block))
+        g = Gdma(
+            len(self.gdma) + 1,
+            len(self.bdc),
+            Direction.DDR2DDR,
+            _dtype(self.g, dst),
+            self.a_addr[src] + offset * self.g.tensors[src].dtype.itemsize,
+            strides,
+            0,
+            0,
+            block,
+            self.a_addr[dst],
+            cmd.contiguous_strides(block),
+        )
         self.gdma.append(g)
 
     def local_group(self, group: Group, nxt: Group | None = None, between: list[Group] = ()) -> None:
@@ -226,8 +281,9 @@ class Emitter:
     @staticmethod
     def transfers(group: Group, step, loads: list[list[str]]) -> list[str]:
         """The tensors a GDMA step moves, one command each."""
-        return {"load": group.inputs, "weights": loads[step.op] if step.op >= 0 else [],
-                "store": group.outputs}[step.kind]
+        return {"load": group.inputs, "weights": loads[step.op] if step.op >= 0 else [], "store": group.outputs}[
+            step.kind
+        ]
 
     def transfer(self, group: Group, step, t: str, wait: int) -> None:
         s = step.slice
@@ -239,8 +295,19 @@ class Emitter:
         elif step.kind == "weights" and t in self.packs:  # the whole pack: its rows as bytes
             pack = self.packs[t]
             block = (1, pack.channels, 1, pack.row)
-            self.gdma.append(Gdma(len(self.gdma) + 1, wait, Direction.LOAD, "uint8", self.w_addr[t],
-                                  _strides4(block), group.addrs[f"{t}#0"], 0, block))
+            self.gdma.append(
+                Gdma(
+                    len(self.gdma) + 1,
+                    wait,
+                    Direction.LOAD,
+                    "uint8",
+                    self.w_addr[t],
+                    _strides4(block),
+                    group.addrs[f"{t}#0"],
+                    0,
+                    block,
+                )
+            )
         elif step.kind == "weights":
             block = weight_block(self.g.tensors[t].shape)
             self._gdma(Direction.LOAD, t, self.w_addr[t], group.addrs[f"{t}#0"], block, wait)
@@ -268,9 +335,20 @@ class Emitter:
             else:
                 addr = self.a_addr[t] + (r[0] * image + source * fold.w) * es
                 strides = (image, fold.h * fold.w, fold.sh * fold.w, 1)
-            self.gdma.append(Gdma(len(self.gdma) + 1, wait, Direction.LOAD, dtype, addr, strides,
-                                  base + (first - r[2]) * fold.w * es, dy * fold.ic, block,
-                                  dst_strides=(plane, 0, 0, 0)))
+            self.gdma.append(
+                Gdma(
+                    len(self.gdma) + 1,
+                    wait,
+                    Direction.LOAD,
+                    dtype,
+                    addr,
+                    strides,
+                    base + (first - r[2]) * fold.w * es,
+                    dy * fold.ic,
+                    block,
+                    dst_strides=(plane, 0, 0, 0),
+                )
+            )
 
     def redirected_store(self, group: Group, t: str, s: int, wait: int) -> None:
         """Rows of t's tile to its reader's results: per piece, channels [first, first + count) of the
@@ -284,11 +362,18 @@ class Emitter:
         plane = plane or cmd.plane_bytes(have[3] - have[2], w, self.g.tensors[t].dtype.name, self.chip.eu_bytes)
         for pc in pieces:
             channels = nchw(self.g.tensors[pc.dest].shape)[1]
-            g = Gdma(len(self.gdma) + 1, wait, Direction.STORE, _dtype(self.g, t),
-                     self.a_addr[pc.dest] + (pc.at * h * w + own[2] * w) * es,
-                     (channels * h * w, pc.stride * h * w, w, 1),
-                     local + pc.first // self.chip.lanes * plane, pc.first % self.chip.lanes,
-                     (1, pc.count, own[3] - own[2], w), dst_strides=(plane, 0, 0, 0))
+            g = Gdma(
+                len(self.gdma) + 1,
+                wait,
+                Direction.STORE,
+                _dtype(self.g, t),
+                self.a_addr[pc.dest] + (pc.at * h * w + own[2] * w) * es,
+                (channels * h * w, pc.stride * h * w, w, 1),
+                local + pc.first // self.chip.lanes * plane,
+                pc.first % self.chip.lanes,
+                (1, pc.count, own[3] - own[2], w),
+                dst_strides=(plane, 0, 0, 0),
+            )
             self.gdma.append(g)
 
     def prefetch(self, nxt: Group, cur: Group, prev_bdc: int, between: list[Group]) -> dict[int, tuple[set[str], int]]:
@@ -301,8 +386,12 @@ class Emitter:
         last = cur.slices - 1  # cur's earlier slices are stored before the prefetch in the queue
         later = [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes) for b in between for o in b.outputs]
         # a redirected store writes rows of every piece's tensor: all of each counts
-        later += [(self.a_addr[pc.dest], self.a_addr[pc.dest] + self.g.tensors[pc.dest].nbytes)
-                  for o in cur.outputs if o in self.redirected for pc in self.redirected[o][1]]
+        later += [
+            (self.a_addr[pc.dest], self.a_addr[pc.dest] + self.g.tensors[pc.dest].nbytes)
+            for o in cur.outputs
+            if o in self.redirected
+            for pc in self.redirected[o][1]
+        ]
 
         def apart(lo: int, hi: int, used) -> bool:
             return all(hi <= a or b <= lo for a, b in used)
@@ -313,11 +402,17 @@ class Emitter:
             if not apart(lo, lo + self.g.tensors[t].nbytes, later):
                 return False
             for o in cur.outputs:
-                if apart(lo, lo + self.g.tensors[t].nbytes, [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes)]):
+                if apart(
+                    lo, lo + self.g.tensors[t].nbytes, [(self.a_addr[o], self.a_addr[o] + self.g.tensors[o].nbytes)]
+                ):
                     continue
                 r, w = nxt.ranges[t][0], cur.own[o][last]
                 # rows compare only in one layout: a spread group's rows are not the channel layout's
-                if t != o or cur.layout != nxt.layout or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2]):
+                if (
+                    t != o
+                    or cur.layout != nxt.layout
+                    or not (r[1] <= w[0] or w[1] <= r[0] or r[3] <= w[2] or w[3] <= r[2])
+                ):
                     return False
             return True
 
@@ -348,8 +443,11 @@ class Emitter:
                     continue
                 if step.kind == "load" and not unwritten(t):
                     continue
-                nbytes = (self.planner.weight_nbytes(t) if step.kind == "weights" else
-                          self.planner.t[t].ddr_bytes(*_extent(nxt.ranges[t][0])))
+                nbytes = (
+                    self.planner.weight_nbytes(t)
+                    if step.kind == "weights"
+                    else self.planner.t[t].ddr_bytes(*_extent(nxt.ranges[t][0]))
+                )
                 spend = cost.gdma_cycles(self.chip, nbytes)
                 if step.op > 0 and spend > budget:
                     continue
@@ -370,8 +468,10 @@ class Emitter:
         if need == have:
             return addr, block, 0
         if not (have[0] <= need[0] and need[1] <= have[1] and have[2] <= need[2] and need[3] <= have[3]):
-            raise TpuBuildError(f"rows {need} of {t!r} are not inside its tile {have}",
-                                hint="a layer-group bug: please report it with the model")
+            raise TpuBuildError(
+                f"rows {need} of {t!r} are not inside its tile {have}",
+                hint="a layer-group bug: please report it with the model",
+            )
         plane = cmd.plane_bytes(have[3] - have[2], w, f"{self.g.tensors[t].dtype.name}", self.chip.eu_bytes)
         slots = cmd.lane_slots(0, c, self.chip.lanes)
         addr += (need[0] - have[0]) * slots * plane + (need[2] - have[2]) * w * f.esize
@@ -388,25 +488,43 @@ class Emitter:
             elif tile[1] is None and tile[0] in self.packs:  # a weight, a view of its pack's rows
                 pack, tensor = self.packs[tile[0]], g.tensors[tile[0]]
                 at = pack.offsets[pack.weights.index(tile[0])]
-                operands.append(Tensor.local(group.addrs[f"{pack.key}#0"] + at, 0, weight_block(tensor.shape),
-                                             tensor.dtype.name, view=tensor.shape,
-                                             plane=cmd.align_up(pack.row, self.chip.eu_bytes)))
+                operands.append(
+                    Tensor.local(
+                        group.addrs[f"{pack.key}#0"] + at,
+                        0,
+                        weight_block(tensor.shape),
+                        tensor.dtype.name,
+                        view=tensor.shape,
+                        plane=cmd.align_up(pack.row, self.chip.eu_bytes),
+                    )
+                )
             elif tile[1] is None:  # a weight, whole
                 tensor = g.tensors[tile[0]]
-                operands.append(Tensor.local(group.addrs[f"{tile[0]}#0"], 0, weight_block(tensor.shape),
-                                             tensor.dtype.name, view=tensor.shape))
+                operands.append(
+                    Tensor.local(
+                        group.addrs[f"{tile[0]}#0"], 0, weight_block(tensor.shape), tensor.dtype.name, view=tensor.shape
+                    )
+                )
             else:
                 t, need = tile
                 copy = s % group.copies if t in group.inputs or t in group.outputs else 0
                 addr, block, plane = self.view(group, t, copy, group.ranges[t][s], need)
-                operands.append(Tensor.local(addr, 0, block, _dtype(g, t),
-                                             view=logical_shape(g.tensors[t].shape, need), plane=plane))
+                operands.append(
+                    Tensor.local(
+                        addr, 0, block, _dtype(g, t), view=logical_shape(g.tensors[t].shape, need), plane=plane
+                    )
+                )
         out_r = group.ranges[node.name][s]
         out4 = self.planner.t[node.name].shape4
         copy = s % group.copies if node.name in group.outputs else 0
         block = (out_r[1] - out_r[0], out4[1], out_r[3] - out_r[2], out4[3])
-        result = Tensor.local(group.addrs[f"{node.name}#{copy}"], 0, block, _dtype(g, node.name),
-                              view=logical_shape(g.tensors[node.name].shape, out_r))
+        result = Tensor.local(
+            group.addrs[f"{node.name}#{copy}"],
+            0,
+            block,
+            _dtype(g, node.name),
+            view=logical_shape(g.tensors[node.name].shape, out_r),
+        )
         self._bdc(node, params, operands, [result], wait_gdma)
 
 
@@ -434,8 +552,11 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
     w_addr, a_addr = read_assignment(module)
     # a folded conv's filter is stored as the folded conv reads it (W'), and its input's zero point in
     # its fill slot (the padding rows of X' broadcast it)
-    scalars = {name: int(np.asarray(weights[name]).reshape(())) for name, t in graph.tensors.items()
-               if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr}
+    scalars = {
+        name: int(np.asarray(weights[name]).reshape(()))
+        for name, t in graph.tensors.items()
+        if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr
+    }
     emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch, scalars=scalars)
     blob = bytearray(int(module.attributes["addr.weight_bytes"].value.data))
     folded_weights = {}
@@ -446,11 +567,11 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
         folded_weights[f.weight] = f
         emitter.fills[f.input] = addr
         value = np.asarray([f.zp], dtype=graph.tensors[f.input].dtype).tobytes()
-        blob[addr:addr + len(value)] = value
+        blob[addr : addr + len(value)] = value
     for name, pack in emitter.packs.items():
         if name == pack.key:
             data = pack.data([np.asarray(weights[w]).astype(graph.tensors[w].dtype, copy=False) for w in pack.weights])
-            blob[w_addr[name]:w_addr[name] + len(data)] = data
+            blob[w_addr[name] : w_addr[name] + len(data)] = data
     for name, addr in w_addr.items():
         if name in emitter.packs:
             continue
@@ -460,13 +581,19 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
             array = folded_weights[name].weight_data(array)
         data = np.ascontiguousarray(array.astype(t.dtype, copy=False)).tobytes()
         if len(data) != t.nbytes:
-            raise TpuBuildError(f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
-                                hint="the weight file does not belong to this module; rebuild it")
-        blob[addr:addr + len(data)] = data
+            raise TpuBuildError(
+                f"weight {name!r} holds {len(data)} bytes, its type says {t.nbytes}",
+                hint="the weight file does not belong to this module; rebuild it",
+            )
+        blob[addr : addr + len(data)] = data
     emitter.run()
-    header = Header(model=mlir.module_attr(module, "name", "") or "", chip=ChipParams.from_chip(chip),
-                    ddr_size=int(module.attributes["addr.ddr_bytes"].value.data), weight_base=0,
-                    inputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.inputs),
-                    outputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.outputs),
-                    mode=mlir.module_attr(module, "mode", "") or "")
+    header = Header(
+        model=mlir.module_attr(module, "name", "") or "",
+        chip=ChipParams.from_chip(chip),
+        ddr_size=int(module.attributes["addr.ddr_bytes"].value.data),
+        weight_base=0,
+        inputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.inputs),
+        outputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.outputs),
+        mode=mlir.module_attr(module, "mode", "") or "",
+    )
     return ModelFile(header, bytes(blob), tuple(emitter.gdma), tuple(emitter.bdc))

@@ -39,9 +39,24 @@ from typing import Any
 
 # Element types, by their code in the binary records (numpy / ml_dtypes names).
 DTYPES: tuple[str, ...] = (
-    "float32", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-    "int64", "uint64", "bool", "float64",
-    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float32",
+    "float16",
+    "bfloat16",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "bool",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
 )
 DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
 MAX_VIEW_RANK = 8
@@ -100,15 +115,15 @@ def local_bytes(shape: Sequence[int], dtype: str, lane_start: int, lanes: int, e
 
 
 class Direction(enum.IntEnum):
-    LOAD = 0      # DDR -> local
-    STORE = 1     # local -> DDR
-    DDR2DDR = 2   # DDR -> DDR (ddr_addr/ddr_strides -> dst_addr/dst_strides)
+    LOAD = 0  # DDR -> local
+    STORE = 1  # local -> DDR
+    DDR2DDR = 2  # DDR -> DDR (ddr_addr/ddr_strides -> dst_addr/dst_strides)
 
 
 class Space(enum.IntEnum):
-    NONE = 0   # an absent optional operand (top.None)
+    NONE = 0  # an absent optional operand (top.None)
     LOCAL = 1  # local memory: addr is a byte offset within each lane, lane_start the first channel's lane
-    DDR = 2    # DDR: addr is a byte address, strides in elements (a global Bdc)
+    DDR = 2  # DDR: addr is a byte address, strides in elements (a global Bdc)
 
 
 Shape4 = tuple[int, int, int, int]
@@ -160,11 +175,25 @@ class Tensor:
     view: tuple[int, ...] = ()
 
     @classmethod
-    def local(cls, addr: int, lane_start: int, shape: Sequence[int], dtype: str,
-              view: Sequence[int] | None = None, plane: int = 0) -> "Tensor":
+    def local(
+        cls,
+        addr: int,
+        lane_start: int,
+        shape: Sequence[int],
+        dtype: str,
+        view: Sequence[int] | None = None,
+        plane: int = 0,
+    ) -> "Tensor":
         shape4 = _shape4(shape)
-        return cls(Space.LOCAL, dtype, addr, lane_start, shape4, (int(plane), 0, 0, 0),
-                   tuple(int(d) for d in (view if view is not None else shape4)))
+        return cls(
+            Space.LOCAL,
+            dtype,
+            addr,
+            lane_start,
+            shape4,
+            (int(plane), 0, 0, 0),
+            tuple(int(d) for d in (view if view is not None else shape4)),
+        )
 
     @property
     def plane(self) -> int:
@@ -172,12 +201,19 @@ class Tensor:
         return self.strides[0] if self.space == Space.LOCAL else 0
 
     @classmethod
-    def ddr(cls, addr: int, shape: Sequence[int], dtype: str, strides: Sequence[int] | None = None,
-            view: Sequence[int] | None = None) -> "Tensor":
+    def ddr(
+        cls,
+        addr: int,
+        shape: Sequence[int],
+        dtype: str,
+        strides: Sequence[int] | None = None,
+        view: Sequence[int] | None = None,
+    ) -> "Tensor":
         shape4 = _shape4(shape)
         strides4 = tuple(int(s) for s in strides) if strides is not None else contiguous_strides(shape4)
-        return cls(Space.DDR, dtype, addr, 0, shape4, strides4,
-                   tuple(int(d) for d in (view if view is not None else shape4)))
+        return cls(
+            Space.DDR, dtype, addr, 0, shape4, strides4, tuple(int(d) for d in (view if view is not None else shape4))
+        )
 
     @classmethod
     def none(cls) -> "Tensor":
@@ -208,8 +244,9 @@ class Bdc:
     results: tuple[Tensor, ...]
 
     @classmethod
-    def make(cls, id: int, wait_gdma: int, op: str, params: Any, operands: Sequence[Tensor],
-             results: Sequence[Tensor]) -> "Bdc":
+    def make(
+        cls, id: int, wait_gdma: int, op: str, params: Any, operands: Sequence[Tensor], results: Sequence[Tensor]
+    ) -> "Bdc":
         """``params``: the op's PARAMS dataclass instance (or an already-encoded JSON string)."""
         text = params if isinstance(params, str) else encode_params(params)
         return cls(id, wait_gdma, op, text, tuple(operands), tuple(results))
@@ -220,6 +257,7 @@ class Bdc:
 
 
 # ---- op parameters -------------------------------------------------------------------------
+
 
 def encode_params(params: Any) -> str:
     """A PARAMS dataclass -> canonical JSON (every field, sorted keys, no spaces)."""
@@ -277,24 +315,46 @@ BDC_HEAD = struct.Struct("<IIIIIHH")
 
 
 def pack_gdma(g: Gdma) -> bytes:
-    return GDMA_RECORD.pack(g.id, g.wait_bdc, int(g.direction), dtype_code(g.dtype), g.lane_start, g.local_addr,
-                            g.ddr_addr, *g.ddr_strides, *g.shape, g.dst_addr, *g.dst_strides)
+    return GDMA_RECORD.pack(
+        g.id,
+        g.wait_bdc,
+        int(g.direction),
+        dtype_code(g.dtype),
+        g.lane_start,
+        g.local_addr,
+        g.ddr_addr,
+        *g.ddr_strides,
+        *g.shape,
+        g.dst_addr,
+        *g.dst_strides,
+    )
 
 
 def unpack_gdma(data: bytes, offset: int) -> Gdma:
     f = GDMA_RECORD.unpack_from(data, offset)
     id_, wait, direction, dtype, lane_start, local_addr, ddr_addr = f[:7]
-    return Gdma(id=id_, wait_bdc=wait, direction=Direction(direction), dtype=dtype_name(dtype),
-                ddr_addr=ddr_addr, ddr_strides=tuple(f[7:11]), local_addr=local_addr, lane_start=lane_start,
-                shape=tuple(f[11:15]), dst_addr=f[15], dst_strides=tuple(f[16:20]))
+    return Gdma(
+        id=id_,
+        wait_bdc=wait,
+        direction=Direction(direction),
+        dtype=dtype_name(dtype),
+        ddr_addr=ddr_addr,
+        ddr_strides=tuple(f[7:11]),
+        local_addr=local_addr,
+        lane_start=lane_start,
+        shape=tuple(f[11:15]),
+        dst_addr=f[15],
+        dst_strides=tuple(f[16:20]),
+    )
 
 
 def pack_tensor(t: Tensor) -> bytes:
     if len(t.view) > MAX_VIEW_RANK:
         raise ValueError(f"a kernel view has at most {MAX_VIEW_RANK} dims, got {t.view}")
     view = tuple(t.view) + (0,) * (MAX_VIEW_RANK - len(t.view))
-    return TENSOR_RECORD.pack(int(t.space), dtype_code(t.dtype), t.lane_start, len(t.view), t.addr,
-                              *t.shape, *t.strides, *view)
+    return TENSOR_RECORD.pack(
+        int(t.space), dtype_code(t.dtype), t.lane_start, len(t.view), t.addr, *t.shape, *t.strides, *view
+    )
 
 
 def unpack_tensor(data: bytes, offset: int) -> Tensor:
@@ -302,8 +362,15 @@ def unpack_tensor(data: bytes, offset: int) -> Tensor:
     space, dtype, lane_start, rank, addr = f[:5]
     if rank > MAX_VIEW_RANK:
         raise ValueError(f"view rank {rank} > {MAX_VIEW_RANK}")
-    return Tensor(space=Space(space), dtype=dtype_name(dtype), addr=addr, lane_start=lane_start,
-                  shape=tuple(f[5:9]), strides=tuple(f[9:13]), view=tuple(f[13:13 + rank]))
+    return Tensor(
+        space=Space(space),
+        dtype=dtype_name(dtype),
+        addr=addr,
+        lane_start=lane_start,
+        shape=tuple(f[5:9]),
+        strides=tuple(f[9:13]),
+        view=tuple(f[13 : 13 + rank]),
+    )
 
 
 def bdc_record_size(n_tensors: int) -> int:
@@ -312,8 +379,9 @@ def bdc_record_size(n_tensors: int) -> int:
 
 def pack_bdc(b: Bdc, params_offset: int, params_size: int) -> bytes:
     tensors = (*b.operands, *b.results)
-    head = BDC_HEAD.pack(bdc_record_size(len(tensors)), b.id, b.wait_gdma, params_offset, params_size,
-                         len(b.operands), len(b.results))
+    head = BDC_HEAD.pack(
+        bdc_record_size(len(tensors)), b.id, b.wait_gdma, params_offset, params_size, len(b.operands), len(b.results)
+    )
     return head + b"".join(pack_tensor(t) for t in tensors)
 
 
@@ -322,8 +390,9 @@ def params_blob(b: Bdc) -> bytes:
     return canonical_json({"op": b.op, "params": json.loads(b.params)}).encode("ascii")
 
 
-def unpack_bdc(data: bytes, offset: int, params: Mapping[tuple[int, int], tuple[str, str]] | None,
-               params_section: bytes) -> tuple[Bdc, int]:
+def unpack_bdc(
+    data: bytes, offset: int, params: Mapping[tuple[int, int], tuple[str, str]] | None, params_section: bytes
+) -> tuple[Bdc, int]:
     """(the Bdc at ``offset``, its record size); ValueError for anything malformed."""
     size, id_, wait, p_off, p_size, n_in, n_out = BDC_HEAD.unpack_from(data, offset)
     if size != bdc_record_size(n_in + n_out):
@@ -336,11 +405,12 @@ def unpack_bdc(data: bytes, offset: int, params: Mapping[tuple[int, int], tuple[
         op, text = params[key]
     else:
         if p_off + p_size > len(params_section):
-            raise ValueError(f"params [{p_off}, {p_off + p_size}) outside the params section "
-                             f"({len(params_section)} bytes)")
-        blob = json.loads(params_section[p_off:p_off + p_size].decode("ascii"))
+            raise ValueError(
+                f"params [{p_off}, {p_off + p_size}) outside the params section ({len(params_section)} bytes)"
+            )
+        blob = json.loads(params_section[p_off : p_off + p_size].decode("ascii"))
         if not (isinstance(blob, dict) and isinstance(blob.get("op"), str) and isinstance(blob.get("params"), dict)):
-            raise ValueError("params entry is not {\"op\": name, \"params\": {...}}")
+            raise ValueError('params entry is not {"op": name, "params": {...}}')
         op, text = blob["op"], canonical_json(blob["params"])
         if params is not None:
             params[key] = (op, text)  # type: ignore[index]

@@ -127,8 +127,27 @@ _WORK = Registry("a cost formula")
 
 # vector passes per output element: transcendental functions run as short polynomial/LUT sequences
 VECTOR_FACTOR = {
-    **dict.fromkeys(("Exp", "Log", "Sigmoid", "Tanh", "Erf", "GELU", "SiLU", "Swish", "Softplus", "Mish", "Elu",
-                     "Celu", "Pow", "Sin", "Cos", "Softsign"), 8),
+    **dict.fromkeys(
+        (
+            "Exp",
+            "Log",
+            "Sigmoid",
+            "Tanh",
+            "Erf",
+            "GELU",
+            "SiLU",
+            "Swish",
+            "Softplus",
+            "Mish",
+            "Elu",
+            "Celu",
+            "Pow",
+            "Sin",
+            "Cos",
+            "Softsign",
+        ),
+        8,
+    ),
     **dict.fromkeys(("Div", "Reciprocal", "Sqrt", "HardSwish", "HardSigmoid", "Mod"), 4),
 }
 
@@ -282,12 +301,19 @@ def compute_mode(chip: Chip, dtype: np.dtype | str) -> str:
     return min(rates, key=lambda m: rates[m])
 
 
-def op_shape(chip: Chip, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-             dtype: np.dtype | str) -> OpShape:
+def op_shape(
+    chip: Chip, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], dtype: np.dtype | str
+) -> OpShape:
     dt = _dtype(dtype)
-    return OpShape(params=params, ins=tuple(tuple(int(d) for d in s) for s in in_shapes),
-                   outs=tuple(tuple(int(d) for d in s) for s in out_shapes), esize=dt.itemsize, lanes=chip.lanes,
-                   eu_elems=max(chip.eu_bytes // dt.itemsize, 1), integer=dt.kind in "iu")
+    return OpShape(
+        params=params,
+        ins=tuple(tuple(int(d) for d in s) for s in in_shapes),
+        outs=tuple(tuple(int(d) for d in s) for s in out_shapes),
+        esize=dt.itemsize,
+        lanes=chip.lanes,
+        eu_elems=max(chip.eu_bytes // dt.itemsize, 1),
+        integer=dt.kind in "iu",
+    )
 
 
 def _dtype(dtype: np.dtype | str) -> np.dtype:
@@ -304,8 +330,9 @@ def op_work(op: str, s: OpShape) -> Work:
     return fn(s) if fn else _elementwise(name, s)
 
 
-def compute_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                   dtype: np.dtype | str) -> float:
+def compute_cycles(
+    chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], dtype: np.dtype | str
+) -> float:
     """Cycles of the op's arithmetic alone (no command overhead)."""
     s = op_shape(chip, params, in_shapes, out_shapes, dtype)
     w = op_work(op, s)
@@ -314,8 +341,9 @@ def compute_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_
     return mac_cycles + vector_cycles + w.serial
 
 
-def bdc_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-               dtype: np.dtype | str) -> int:
+def bdc_cycles(
+    chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], dtype: np.dtype | str
+) -> int:
     """One BDC command on local tiles of these shapes."""
     return chip.bdc_overhead + math.ceil(compute_cycles(chip, op, params, in_shapes, out_shapes, dtype))
 
@@ -342,14 +370,26 @@ def ddr_reads(op: str, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], 
     return reads
 
 
-def global_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                  dtype: np.dtype | str, reads: Sequence[int], writes: Sequence[int] = ()) -> int:
+def global_cycles(
+    chip: Chip,
+    op: str,
+    params,
+    in_shapes: Sequence[Shape],
+    out_shapes: Sequence[Shape],
+    dtype: np.dtype | str,
+    reads: Sequence[int],
+    writes: Sequence[int] = (),
+) -> int:
     """An op that streams its operands from DDR and its results back (a global BDC command); ``reads``,
     ``writes``: the bytes read of each DDR operand (``ddr_reads``) and written of each result, each one GDMA
     transfer."""
     compute = compute_cycles(chip, op, params, in_shapes, out_shapes, dtype)
-    return (chip.bdc_overhead + sum(gdma_cycles(chip, b) for b in reads)
-            + sum(gdma_cycles(chip, b, store=True) for b in writes) + math.ceil(compute))
+    return (
+        chip.bdc_overhead
+        + sum(gdma_cycles(chip, b) for b in reads)
+        + sum(gdma_cycles(chip, b, store=True) for b in writes)
+        + math.ceil(compute)
+    )
 
 
 def true_macs(op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> int:
@@ -367,15 +407,22 @@ def true_macs(op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[
     return 0
 
 
-def attainable_cycles(chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                      dtype: np.dtype | str) -> float:
+def attainable_cycles(
+    chip: Chip, op: str, params, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape], dtype: np.dtype | str
+) -> float:
     """The fewest BDC cycles the op can take on this chip: one command's overhead plus its work on the
     unit that runs it (cube MACs at the dtype's rate, vector element-ops at one EU per cycle), spread
     evenly over every lane with no EU padding. The chip roofline's per-op term (bench/backend.py)."""
     dt = _dtype(dtype)
-    s = OpShape(params=params, ins=tuple(tuple(int(d) for d in x) for x in in_shapes),
-                outs=tuple(tuple(int(d) for d in x) for x in out_shapes), esize=dt.itemsize, lanes=1, eu_elems=1,
-                integer=dt.kind in "iu")
+    s = OpShape(
+        params=params,
+        ins=tuple(tuple(int(d) for d in x) for x in in_shapes),
+        outs=tuple(tuple(int(d) for d in x) for x in out_shapes),
+        esize=dt.itemsize,
+        lanes=1,
+        eu_elems=1,
+        integer=dt.kind in "iu",
+    )
     w = op_work(op, s)
     mac = w.macs / (chip.lanes * chip.macs_per_lane(compute_mode(chip, dtype)))
     return chip.bdc_overhead + mac + w.vector * dt.itemsize / (chip.eu_bytes * chip.lanes) + w.serial / chip.lanes

@@ -83,8 +83,9 @@ def build_graph(module: ModuleOp) -> Graph:
             name = op.loc_name
             names[op.results[0]] = name
             t = op.results[0].type
-            tensors[name] = Tensor(name, shape_of(t), dtype_of(t), weight=isinstance(op, WeightOp),
-                                   graph_input=isinstance(op, InputOp))
+            tensors[name] = Tensor(
+                name, shape_of(t), dtype_of(t), weight=isinstance(op, WeightOp), graph_input=isinstance(op, InputOp)
+            )
             if isinstance(op, InputOp):
                 inputs.append(name)
             continue

@@ -75,6 +75,7 @@ def copy_for(*classes: type):
         for cls in classes:
             _COPIES[cls] = fn
         return fn
+
     return register
 
 
@@ -101,8 +102,7 @@ def _slice_copy(graph: Graph, node, scalars) -> CopyDims | None:
         return None
     src = _row_major(graph.tensors[data[0]].shape)
     out = graph.tensors[node.name].shape
-    return ([(out[i], src[i] * p.steps[i]) for i in range(len(out))],
-            sum(o * st for o, st in zip(p.offset, src)))
+    return ([(out[i], src[i] * p.steps[i]) for i in range(len(out))], sum(o * st for o, st in zip(p.offset, src)))
 
 
 @copy_for(tpu.MIRROR[top.GatherOp])
@@ -201,7 +201,7 @@ class Pack:
         out = np.zeros((self.channels, self.row), np.uint8)
         for array, offset in zip(arrays, self.offsets):
             rows = np.ascontiguousarray(array).reshape(self.channels, -1).view(np.uint8)
-            out[:, offset:offset + rows.shape[1]] = rows
+            out[:, offset : offset + rows.shape[1]] = rows
         return out.tobytes()
 
 
@@ -241,6 +241,7 @@ def packs_of(graph: Graph, groups: Sequence["Group"], chip: Chip) -> dict[str, P
 
 # ---- per-op and per-tensor facts the search reuses ------------------------------------------------
 
+
 @dataclass
 class TensorFacts:
     shape4: tuple[int, int, int, int]
@@ -276,6 +277,7 @@ class OpFacts:
 
 
 # ---- a planned group ----------------------------------------------------------------------------
+
 
 @dataclass
 class Group:
@@ -406,8 +408,16 @@ def find_folds(graph: Graph, chip: Chip) -> list[Fold]:
             continue
         p = node.op.params
         x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
-        if (len(p.kernel_shape) != 2 or p.group != 1 or x.weight or not w.weight
-                or len(x.shape) != 4 or len(x.users) != 1 or len(w.users) != 1 or x.graph_output):
+        if (
+            len(p.kernel_shape) != 2
+            or p.group != 1
+            or x.weight
+            or not w.weight
+            or len(x.shape) != 4
+            or len(x.users) != 1
+            or len(w.users) != 1
+            or x.graph_output
+        ):
             continue
         n, ic, h, width = x.shape
         kh = p.kernel_shape[0]
@@ -423,11 +433,33 @@ def find_folds(graph: Graph, chip: Chip) -> list[Fold]:
             before = graph.tensors[cast.inputs[0]]
             zero = cast.op.params.zero_point
             # quantize(0.0) = round(0 * 1/scale) + zero point: the padding value, whatever the scale
-            if (before.dtype.kind == "f" and not before.weight and len(before.users) == 1 and before.shape == x.shape
-                    and not before.graph_output and zero == fill):
+            if (
+                before.dtype.kind == "f"
+                and not before.weight
+                and len(before.users) == 1
+                and before.shape == x.shape
+                and not before.graph_output
+                and zero == fill
+            ):
                 start, source, through, fill = cast.index, cast.inputs[0], node.inputs[0], 0.0
-        folds.append(Fold(start, node.index, source, through, node.inputs[1], n, ic, h, width, kh, p.strides[0],
-                          (p.dilations or (1, 1))[0], p.pads[0], fill))
+        folds.append(
+            Fold(
+                start,
+                node.index,
+                source,
+                through,
+                node.inputs[1],
+                n,
+                ic,
+                h,
+                width,
+                kh,
+                p.strides[0],
+                (p.dilations or (1, 1))[0],
+                p.pads[0],
+                fill,
+            )
+        )
     return folds
 
 
@@ -445,11 +477,16 @@ def fold_graph(graph: Graph, folds: Sequence[Fold]) -> Graph:
                 tensors[t] = dataclasses.replace(graph.tensors[t], shape=(f.n, f.kh * f.ic, out_h, f.w))
         tensors[f.weight] = dataclasses.replace(graph.tensors[f.weight], shape=(oc, f.kh * f.ic, 1, kw))
         nd = 2
-        folded = dataclasses.replace(p, kernel_shape=(1, kw), strides=(1, p.strides[1]),
-                                     pads=(0, p.pads[1], 0, p.pads[1 + nd]),
-                                     dilations=(1, (p.dilations or (1, 1))[1]))
-        op = tpu.ConvOp.make(list(node.op.operands), folded, name=node.name,
-                             result_types=[r.type for r in node.op.results])
+        folded = dataclasses.replace(
+            p,
+            kernel_shape=(1, kw),
+            strides=(1, p.strides[1]),
+            pads=(0, p.pads[1], 0, p.pads[1 + nd]),
+            dilations=(1, (p.dilations or (1, 1))[1]),
+        )
+        op = tpu.ConvOp.make(
+            list(node.op.operands), folded, name=node.name, result_types=[r.type for r in node.op.results]
+        )
         op.drop_all_references()  # a description for the planner, never part of the module
         ops[f.conv] = dataclasses.replace(node, op=op)
     return Graph(ops, tensors, graph.inputs, graph.outputs)
@@ -465,8 +502,16 @@ class Planner:
     Likewise ``self.fold`` plans over ``fold_graph``, for groups that start with a foldable conv.
     ``layout``: which of the three this planner is."""
 
-    def __init__(self, graph: Graph, chip: Chip, *, exact_f32: bool = True, spread_ops: frozenset[int] | None = None,
-                 layout: str = CHANNEL, folds: Sequence[Fold] = ()):
+    def __init__(
+        self,
+        graph: Graph,
+        chip: Chip,
+        *,
+        exact_f32: bool = True,
+        spread_ops: frozenset[int] | None = None,
+        layout: str = CHANNEL,
+        folds: Sequence[Fold] = (),
+    ):
         self.g, self.chip = graph, chip
         self.exact_f32 = exact_f32
         self.layout_name = SPREAD if spread_ops is not None else layout
@@ -474,8 +519,9 @@ class Planner:
         self.t: dict[str, TensorFacts] = {}
         for name, t in graph.tensors.items():
             s4 = nchw(t.shape)
-            self.t[name] = TensorFacts(s4, t.dtype.itemsize, math.ceil(s4[1] / chip.lanes),
-                                       s4[1] * s4[3] * t.dtype.itemsize)
+            self.t[name] = TensorFacts(
+                s4, t.dtype.itemsize, math.ceil(s4[1] / chip.lanes), s4[1] * s4[3] * t.dtype.itemsize
+            )
         self.spread: Planner | None = None
         self.free: frozenset[int] = frozenset()  # layout-free ops whose spread layout uses more lanes
         self.folds: dict[int, Fold] = {}  # first op of a fold group -> its fold
@@ -488,11 +534,14 @@ class Planner:
             if free:
                 sg = spread_graph(graph, free, chip.lanes)
                 self.spread = Planner(sg, chip, exact_f32=exact_f32, spread_ops=frozenset(free))
-                self.free = frozenset(p for p in free
-                                      if nchw(sg.tensors[graph.ops[p].name].shape) != self.t[graph.ops[p].name].shape4)
+                self.free = frozenset(
+                    p for p in free if nchw(sg.tensors[graph.ops[p].name].shape) != self.t[graph.ops[p].name].shape4
+                )
         self.packs: dict[str, Pack] = {}  # weight -> the pack its op loads it in (channel layout: ``_facts``)
-        self.ops = [self._facts(node) if spread_ops is None or node.index in spread_ops else _elsewhere(node)
-                    for node in graph.ops]
+        self.ops = [
+            self._facts(node) if spread_ops is None or node.index in spread_ops else _elsewhere(node)
+            for node in graph.ops
+        ]
         if self.spread is not None:
             for p in self.free:  # a global layout-free op runs spread (codegen.Emitter.global_op)
                 self.ops[p].global_cycles = self.spread.ops[p].global_cycles
@@ -502,8 +551,9 @@ class Planner:
         self._sequences: dict[tuple[int, int], list[tuple[int, int]]] = {}
         # the last op reading each tensor (past the end for graph outputs): a group's outputs are the
         # tensors it produces that someone after it reads
-        self._last_read = {name: len(graph.ops) if t.graph_output else max(t.users, default=-1)
-                           for name, t in graph.tensors.items()}
+        self._last_read = {
+            name: len(graph.ops) if t.graph_output else max(t.users, default=-1) for name, t in graph.tensors.items()
+        }
 
     def _facts(self, node) -> OpFacts:
         g, chip = self.g, self.chip
@@ -512,30 +562,39 @@ class Planner:
             rule = exact_f32(g, node, rule)
         # a Permute is always a copy; Slice and Gather only instead of running as global ops
         copy = as_copy(g, node) if isinstance(node.op, tpu.PermuteOp) or rule is None else None
-        kind = (ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None
-                else LOCAL if rule else GLOBAL)
+        kind = ALIAS if isinstance(node.op, ALIAS_OPS) else COPY if copy is not None else LOCAL if rule else GLOBAL
         out_rank = len(g.tensors[node.name].shape)
-        operands = [(k, t, len(g.tensors[t].shape) == out_rank) for k, t in enumerate(node.inputs)
-                    if t is not None and not g.tensors[t].weight]
+        operands = [
+            (k, t, len(g.tensors[t].shape) == out_rank)
+            for k, t in enumerate(node.inputs)
+            if t is not None and not g.tensors[t].weight
+        ]
         weights = list(dict.fromkeys(g.weights_of(node)))
         # a folded conv's filter is W' (``Fold``), loaded as it is; a spread group's weights are single values
         folded = {f.conv for f in self.folded.values()}
-        pack = (pack_of(g, node) if self.layout_name in (CHANNEL, FOLD) and kind == LOCAL and node.index not in folded
-                else None)
+        pack = (
+            pack_of(g, node)
+            if self.layout_name in (CHANNEL, FOLD) and kind == LOCAL and node.index not in folded
+            else None
+        )
         in_shapes = [g.tensors[t].shape if t is not None else () for t in node.inputs]
         out_shapes = [g.tensors[o].shape for o in node.outputs if o in g.tensors]
         dtype = self._compute_dtype(node)
         compute = cost.compute_cycles(chip, node.kind, node.op.params, in_shapes, out_shapes, dtype)
         read_from = list(dict.fromkeys(x for x in node.inputs if x is not None))
-        reads = cost.ddr_reads(node.kind, [g.tensors[t].shape for t in read_from], out_shapes,
-                               [g.tensors[t].nbytes for t in read_from])
+        reads = cost.ddr_reads(
+            node.kind, [g.tensors[t].shape for t in read_from], out_shapes, [g.tensors[t].nbytes for t in read_from]
+        )
         writes = [g.tensors[o].nbytes for o in node.outputs if o in g.tensors]
         nbytes = sum(reads) + sum(writes)
         if kind == COPY:  # one DDR-to-DDR transfer reading and writing every byte
             gcycles = cost.copy_cycles(chip, g.tensors[node.name].nbytes)
         else:
-            gcycles = 0 if kind == ALIAS else cost.global_cycles(chip, node.kind, node.op.params, in_shapes,
-                                                                 out_shapes, dtype, reads, writes)
+            gcycles = (
+                0
+                if kind == ALIAS
+                else cost.global_cycles(chip, node.kind, node.op.params, in_shapes, out_shapes, dtype, reads, writes)
+            )
         if pack is not None:  # one buffer and one transfer, named by the pack's key
             weights = [pack.key]
             self.packs.update({w: pack for w in pack.weights})
@@ -544,8 +603,20 @@ class Planner:
             wlane = sum(weight_lane_bytes(chip, g.tensors[w].shape, g.tensors[w].dtype.itemsize) for w in weights)
             wcycles = sum(cost.gdma_cycles(chip, g.tensors[w].nbytes) for w in weights)
         s4 = nchw(g.tensors[node.name].shape)
-        return OpFacts(node.index, node.name, kind, rule, operands, weights, wlane, wcycles, compute,
-                       s4[0] * s4[2], gcycles, nbytes)
+        return OpFacts(
+            node.index,
+            node.name,
+            kind,
+            rule,
+            operands,
+            weights,
+            wlane,
+            wcycles,
+            compute,
+            s4[0] * s4[2],
+            gcycles,
+            nbytes,
+        )
 
     def weight_nbytes(self, w: str) -> int:
         """DDR bytes of loading weight w: its pack's when it is one's key."""
@@ -567,8 +638,11 @@ class Planner:
 
     def spreads(self, i: int, j: int) -> bool:
         """May ops[i:j] run in the lane-spread layout, and does it use more lanes there?"""
-        return self.spread is not None and any(p in self.free for p in range(i, j)) and all(
-            self.spread.ops[p].kind == LOCAL for p in range(i, j))
+        return (
+            self.spread is not None
+            and any(p in self.free for p in range(i, j))
+            and all(self.spread.ops[p].kind == LOCAL for p in range(i, j))
+        )
 
     def _compute_dtype(self, node):
         data = [t for t in node.inputs if t is not None and not self.g.tensors[t].weight]
@@ -747,13 +821,17 @@ class Planner:
         _, _, weights, _ = self.structure(i, j)
         for w in weights:
             t = self.g.tensors[w]
-            sizes[w] = (self.packs[w].lane_bytes(chip) if w in self.packs
-                        else weight_lane_bytes(chip, t.shape, t.dtype.itemsize))
+            sizes[w] = (
+                self.packs[w].lane_bytes(chip)
+                if w in self.packs
+                else weight_lane_bytes(chip, t.shape, t.dtype.itemsize)
+            )
         for p in range(i, j):
             f = self.ops[p]
             if f.rule.buffer_factor:
-                sizes[f"{f.name}#buf"] = align(int(sizes[f.name] * f.rule.buffer_factor * 4 / self.t[f.name].esize),
-                                               chip.eu_bytes)
+                sizes[f"{f.name}#buf"] = align(
+                    int(sizes[f.name] * f.rule.buffer_factor * 4 / self.t[f.name].esize), chip.eu_bytes
+                )
         return sizes
 
     def estimate(self, i: int, j: int, ns: int, hs: int) -> tuple[bool, int]:
@@ -930,26 +1008,47 @@ class Planner:
             for hi in range(hs):
                 needs.append(self.ranges(i, j, ns, hs, ni, hi))
                 owns.append({o: self.own_range(o, ns, hs, ni, hi) for o in outputs})
-        if hs > 1 and any(need[self.ops[p].name][3] - need[self.ops[p].name][2] < self.ops[p].rule.min_rows
-                          for p in range(i, j) for need in needs):
+        if hs > 1 and any(
+            need[self.ops[p].name][3] - need[self.ops[p].name][2] < self.ops[p].rule.min_rows
+            for p in range(i, j)
+            for need in needs
+        ):
             return None  # (``limits`` keeps H slices this tall; a guard for the exact F32 bits)
         sizes = self.sizes_of(i, j, needs)
         copies = 2 if ns * hs > 1 else 1
         bufs, avoid = self.buffers(i, j, sizes, copies)
         try:
-            addrs = alloc.place(bufs, align=self.chip.eu_bytes, bank_bytes=self.chip.lmem_bank_bytes, avoid=avoid,
-                                capacity=self.chip.lmem_bytes, what="local memory")
+            addrs = alloc.place(
+                bufs,
+                align=self.chip.eu_bytes,
+                bank_bytes=self.chip.lmem_bank_bytes,
+                avoid=avoid,
+                capacity=self.chip.lmem_bytes,
+                what="local memory",
+            )
         except alloc.AllocError:
             return None
         per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns)]
         wbytes = sum(self.weight_nbytes(w) for w in weights)
         keyed = {b.key: b.size for b in bufs}
-        group = Group(gid, LOCAL, list(range(i, j)), ns, hs, inputs, outputs, weights,
-                      ranges={t: [need[t] for need in needs] for t in needs[0]},
-                      own={o: [own[o] for own in owns] for o in outputs},
-                      sizes=keyed, addrs=addrs, copies=copies,
-                      ddr_bytes=wbytes + sum(c[3] for c in per_slice), lmem_bytes=alloc.peak(bufs, addrs),
-                      layout=self.layout_name)
+        group = Group(
+            gid,
+            LOCAL,
+            list(range(i, j)),
+            ns,
+            hs,
+            inputs,
+            outputs,
+            weights,
+            ranges={t: [need[t] for need in needs] for t in needs[0]},
+            own={o: [own[o] for own in owns] for o in outputs},
+            sizes=keyed,
+            addrs=addrs,
+            copies=copies,
+            ddr_bytes=wbytes + sum(c[3] for c in per_slice),
+            lmem_bytes=alloc.peak(bufs, addrs),
+            layout=self.layout_name,
+        )
         group.cycles = self.replay(group)
         return group
 
@@ -1012,16 +1111,25 @@ class Planner:
             if step.kind == "load":
                 d = sum(self.load_cycles(t, group.ranges[t][step.slice]) for t in group.inputs)
             elif step.kind == "store":
-                d = sum(self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
-                        for o in group.outputs for r in [group.own[o][step.slice]])
+                d = sum(
+                    self.t[o].gdma_cycles(chip, r[1] - r[0], r[3] - r[2], store=True)
+                    for o in group.outputs
+                    for r in [group.own[o][step.slice]]
+                )
             elif step.kind == "weights":
                 d = sum(cost.gdma_cycles(chip, self.weight_nbytes(w)) for w in loads[step.op])
             else:
                 p = group.ops[step.op]
                 node = g.ops[p]
                 params, operands = self.op_tiles(group, p, step.slice)
-                ins = [() if o is None else g.tensors[o[0]].shape if o[1] is None
-                       else logical_shape(g.tensors[o[0]].shape, o[1]) for o in operands]
+                ins = [
+                    ()
+                    if o is None
+                    else g.tensors[o[0]].shape
+                    if o[1] is None
+                    else logical_shape(g.tensors[o[0]].shape, o[1])
+                    for o in operands
+                ]
                 out = logical_shape(g.tensors[node.name].shape, group.ranges[node.name][step.slice])
                 d = max(1, cost.bdc_cycles(chip, node.kind, params, ins, [out], self._compute_dtype(node)))
             durations.append(d)
@@ -1094,8 +1202,10 @@ class Planner:
         for group in groups:
             if group.kind != LOCAL:  # global ops and copies between use no local memory
                 continue
-            if flip and all(group.addrs[k] % self.chip.eu_bytes == 0 == (cap - group.sizes[k]) % self.chip.eu_bytes
-                            for k in group.addrs):
+            if flip and all(
+                group.addrs[k] % self.chip.eu_bytes == 0 == (cap - group.sizes[k]) % self.chip.eu_bytes
+                for k in group.addrs
+            ):
                 group.addrs = {k: cap - a - group.sizes[k] for k, a in group.addrs.items()}
                 self.layout(group).check(group)
             flip = not flip
@@ -1130,9 +1240,16 @@ class Planner:
         node = self.g.ops[p]
         inputs = list(dict.fromkeys(t for _, t, _ in f.operands))
         outputs = [o for o in node.outputs if o in self.g.tensors]
-        return Group(gid, kind, [p], inputs=inputs, outputs=outputs, weights=f.weights,
-                     cycles=f.global_cycles if kind in (GLOBAL, COPY) else 0,
-                     ddr_bytes=f.global_bytes if kind in (GLOBAL, COPY) else 0)
+        return Group(
+            gid,
+            kind,
+            [p],
+            inputs=inputs,
+            outputs=outputs,
+            weights=f.weights,
+            cycles=f.global_cycles if kind in (GLOBAL, COPY) else 0,
+            ddr_bytes=f.global_bytes if kind in (GLOBAL, COPY) else 0,
+        )
 
 
 # readers that take a result's channels in runs (a channel shuffle's Reshape, a channel Split): codegen
@@ -1160,9 +1277,12 @@ def _shuffle_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, li
     if kinds.get(reshape.index) != ALIAS or len(r.users) != 1 or r.graph_output or len(r.shape) != 5:
         return None
     permute = g.ops[r.users[0]]
-    if (kinds.get(permute.index) != COPY or not isinstance(permute.op, tpu.PermuteOp)
-            or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
-            or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)):
+    if (
+        kinds.get(permute.index) != COPY
+        or not isinstance(permute.op, tpu.PermuteOp)
+        or tuple(permute.op.params.order) != (0, 2, 1, 3, 4)
+        or (r.shape[0], r.shape[1] * r.shape[2], r.shape[3], r.shape[4]) != tuple(t.shape)
+    ):
         return None
     groups, run = r.shape[1], r.shape[2]
     return permute.index, [Piece(permute.name, j * run, run, groups, j) for j in range(groups)]
@@ -1176,8 +1296,9 @@ def _split_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list
     if node.op.params.axis % 4 != 1 or len(node.outputs) != len(node.op.params.split_size):
         return None
     firsts = np.cumsum((0, *node.op.params.split_size))
-    return node.index, [Piece(out, int(firsts[k]), int(n)) for k, (out, n)
-                        in enumerate(zip(node.outputs, node.op.params.split_size))]
+    return node.index, [
+        Piece(out, int(firsts[k]), int(n)) for k, (out, n) in enumerate(zip(node.outputs, node.op.params.split_size))
+    ]
 
 
 def channel_redirects(graph: Graph, groups: Sequence[Group]) -> dict[str, tuple[int, list[Piece]]]:
@@ -1204,8 +1325,11 @@ def channel_redirects(graph: Graph, groups: Sequence[Group]) -> dict[str, tuple[
 
 def _layout_free(graph: Graph, node) -> bool:
     rule = local_rule(graph, node)
-    return (rule is not None and rule.layout_free
-            and not any(isinstance(graph.ops[u].op, _CHANNEL_READERS) for u in graph.tensors[node.name].users))
+    return (
+        rule is not None
+        and rule.layout_free
+        and not any(isinstance(graph.ops[u].op, _CHANNEL_READERS) for u in graph.tensors[node.name].users)
+    )
 
 
 def _elsewhere(node) -> OpFacts:
@@ -1259,8 +1383,15 @@ def schedule(n_ops: int, slices: int, copies: int, weighted: Sequence[bool]) -> 
 
     def load(s: int) -> None:
         loads[s] = len(steps)
-        steps.append(Step("gdma", "load", s, wait=last_op[s - copies] if s >= copies else START,
-                          after=(last_op[s - copies],) if s >= copies else ()))
+        steps.append(
+            Step(
+                "gdma",
+                "load",
+                s,
+                wait=last_op[s - copies] if s >= copies else START,
+                after=(last_op[s - copies],) if s >= copies else (),
+            )
+        )
 
     def store(s: int) -> None:
         stores[s] = len(steps)
@@ -1308,15 +1439,26 @@ def replay_steps(steps: Sequence[Step], durations: Sequence[int]) -> int:
 
 # ---- lg.mlir ------------------------------------------------------------------------------------
 
+
 def _slices_attr(ranges: Sequence[Range]) -> dict[str, Attribute]:
-    return {"n_idx": int_array([r[0] for r in ranges]), "n_slice": int_array([r[1] - r[0] for r in ranges]),
-            "h_idx": int_array([r[2] for r in ranges]), "h_slice": int_array([r[3] - r[2] for r in ranges])}
+    return {
+        "n_idx": int_array([r[0] for r in ranges]),
+        "n_slice": int_array([r[1] - r[0] for r in ranges]),
+        "h_idx": int_array([r[2] for r in ranges]),
+        "h_slice": int_array([r[3] - r[2] for r in ranges]),
+    }
 
 
 def _tensor_attr(group: Group, tensor: str, ranges: Sequence[Range]) -> DictionaryAttr:
     keys = group.buffer_keys(tensor)
-    return DictionaryAttr({"tensor": StringAttr(tensor), "addr": int_array([group.addrs[k] for k in keys]),
-                           "size": int_attr(group.sizes[keys[0]]), **_slices_attr(ranges)})
+    return DictionaryAttr(
+        {
+            "tensor": StringAttr(tensor),
+            "addr": int_array([group.addrs[k] for k in keys]),
+            "size": int_attr(group.sizes[keys[0]]),
+            **_slices_attr(ranges),
+        }
+    )
 
 
 def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
@@ -1324,31 +1466,55 @@ def annotate(module: ModuleOp, graph: Graph, groups: Sequence[Group]) -> None:
     for group in groups:
         for pos, p in enumerate(group.ops):
             node = graph.ops[p]
-            info: dict[str, Attribute] = {"group": int_attr(group.id), "id": int_attr(pos), "kind": StringAttr(group.kind)}
+            info: dict[str, Attribute] = {
+                "group": int_attr(group.id),
+                "id": int_attr(pos),
+                "kind": StringAttr(group.kind),
+            }
             if group.kind == LOCAL:
                 keys = group.buffer_keys(node.name)
-                info.update({"out_addr": int_array([group.addrs[k] for k in keys]),
-                             "out_size": int_attr(group.sizes[keys[0]]),
-                             "buffer_addr": int_attr(group.addrs.get(f"{node.name}#buf", 0)),
-                             "buffer_size": int_attr(group.sizes.get(f"{node.name}#buf", 0)),
-                             **_slices_attr(group.ranges[node.name])})
+                info.update(
+                    {
+                        "out_addr": int_array([group.addrs[k] for k in keys]),
+                        "out_size": int_attr(group.sizes[keys[0]]),
+                        "buffer_addr": int_attr(group.addrs.get(f"{node.name}#buf", 0)),
+                        "buffer_size": int_attr(group.sizes.get(f"{node.name}#buf", 0)),
+                        **_slices_attr(group.ranges[node.name]),
+                    }
+                )
             node.op.attributes["ginfo"] = DictionaryAttr(info)
     entries = []
     for group in groups:
         entry: dict[str, Attribute] = {
-            "id": int_attr(group.id), "kind": StringAttr(group.kind),
+            "id": int_attr(group.id),
+            "kind": StringAttr(group.kind),
             "ops": ArrayAttr([StringAttr(graph.ops[p].name) for p in group.ops]),
-            "n_secs": int_attr(group.n_secs), "h_secs": int_attr(group.h_secs),
-            "cycles": int_attr(group.cycles), "ddr_bytes": int_attr(group.ddr_bytes),
+            "n_secs": int_attr(group.n_secs),
+            "h_secs": int_attr(group.h_secs),
+            "cycles": int_attr(group.cycles),
+            "ddr_bytes": int_attr(group.ddr_bytes),
         }
         if group.kind == LOCAL:
-            entry.update({
-                "lmem_bytes": int_attr(group.lmem_bytes), "layout": StringAttr(group.layout),
-                "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
-                "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
-                "weights": ArrayAttr([DictionaryAttr({"tensor": StringAttr(w), "addr": int_attr(group.addrs[f"{w}#0"]),
-                                                      "size": int_attr(group.sizes[f"{w}#0"])}) for w in group.weights]),
-            })
+            entry.update(
+                {
+                    "lmem_bytes": int_attr(group.lmem_bytes),
+                    "layout": StringAttr(group.layout),
+                    "loads": ArrayAttr([_tensor_attr(group, t, group.ranges[t]) for t in group.inputs]),
+                    "stores": ArrayAttr([_tensor_attr(group, o, group.own[o]) for o in group.outputs]),
+                    "weights": ArrayAttr(
+                        [
+                            DictionaryAttr(
+                                {
+                                    "tensor": StringAttr(w),
+                                    "addr": int_attr(group.addrs[f"{w}#0"]),
+                                    "size": int_attr(group.sizes[f"{w}#0"]),
+                                }
+                            )
+                            for w in group.weights
+                        ]
+                    ),
+                }
+            )
         entries.append(DictionaryAttr(entry))
     module.attributes["lg.groups"] = ArrayAttr(entries)
     mlir.set_module_attrs(module, state="TPU_GROUPED")
@@ -1364,6 +1530,7 @@ def layer_group(module: ModuleOp, chip: Chip, *, exact_f32: bool = True) -> tupl
 
 
 # ---- reading lg.mlir back -----------------------------------------------------------------------
+
 
 def _py(attr: Attribute):
     if isinstance(attr, IntegerAttr):
@@ -1391,8 +1558,15 @@ def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:
     infos = {node.name: _py(node.op.attributes["ginfo"]) for node in graph.ops if "ginfo" in node.op.attributes}
     groups = []
     for d in _py(attr):
-        g = Group(d["id"], d["kind"], [index[name] for name in d["ops"]], d["n_secs"], d["h_secs"],
-                  cycles=d["cycles"], ddr_bytes=d["ddr_bytes"])
+        g = Group(
+            d["id"],
+            d["kind"],
+            [index[name] for name in d["ops"]],
+            d["n_secs"],
+            d["h_secs"],
+            cycles=d["cycles"],
+            ddr_bytes=d["ddr_bytes"],
+        )
         if g.kind == LOCAL:
             g.copies = 2 if g.slices > 1 else 1
             g.lmem_bytes = d["lmem_bytes"]

@@ -26,7 +26,7 @@ from tpubuild.errors import TpuBuildError
 
 MAGIC = b"TPUMODEL"
 FORMAT_VERSION = 1
-FILE_HEAD = struct.Struct("<8sII")          # magic, format_version, section count
+FILE_HEAD = struct.Struct("<8sII")  # magic, format_version, section count
 SECTION_ENTRY = struct.Struct("<16sQQ32s")  # name (ASCII, NUL-padded), offset, size, sha256
 SECTION_ALIGN = 8
 SECTIONS = ("header", "weights", "gdma", "bdc", "params")
@@ -42,61 +42,98 @@ MAX_SECTIONS = 64
 class ModelFileError(TpuBuildError):
     """A malformed or inconsistent model file (or a command reaching outside its memory)."""
 
-    def __init__(self, problem: str, *, file: str | None = None, section: str | None = None,
-                 command: int | None = None, hint: str | None = None):
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        section: str | None = None,
+        command: int | None = None,
+        hint: str | None = None,
+    ):
         where = []
         if section is not None:
             where.append(f"section {section!r}")
         if command is not None:
             where.append(f"command {command}")
-        super().__init__((", ".join(where) + ": " if where else "") + problem, file=file,
-                         hint=hint or "rebuild the model with `doit codegen:<model>/<target>`")
+        super().__init__(
+            (", ".join(where) + ": " if where else "") + problem,
+            file=file,
+            hint=hint or "rebuild the model with `doit codegen:<model>/<target>`",
+        )
         self.section = section
         self.command = command
 
 
 # ---- header ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ChipParams:
     """What the runtime and the cycle model need to know about the chip (header["chip"])."""
 
     name: str
-    lanes: int                  # NPU lanes
-    lane_bytes: int             # local memory per lane
-    banks: int                  # local memory banks per lane
-    eu_bytes: int               # bytes an EU row processes per cycle; local planes align to it
-    ddr_bandwidth: float        # bytes per second
-    clock_hz: float             # BDC/GDMA clock
+    lanes: int  # NPU lanes
+    lane_bytes: int  # local memory per lane
+    banks: int  # local memory banks per lane
+    eu_bytes: int  # bytes an EU row processes per cycle; local planes align to it
+    ddr_bandwidth: float  # bytes per second
+    clock_hz: float  # BDC/GDMA clock
     macs_per_lane_per_cycle: Mapping[str, float]  # by mode: INT8, F16, BF16, F32 (as the chip YAML)
-    gdma_latency_cycles: int = 0    # fixed cost of each GDMA command
-    bdc_overhead_cycles: int = 0    # fixed cost of each BDC command
+    gdma_latency_cycles: int = 0  # fixed cost of each GDMA command
+    bdc_overhead_cycles: int = 0  # fixed cost of each BDC command
     ddr_store_bandwidth: float = 0.0  # local -> DDR bytes per second; 0: ddr_bandwidth both ways
 
     @classmethod
     def from_chip(cls, chip) -> "ChipParams":
         """The header figures of a chip model (tpubuild.build.chips.Chip, from configs/chips/<name>.yaml)."""
-        return cls(name=chip.name, lanes=chip.lanes, lane_bytes=chip.lmem_bytes, banks=chip.lmem_banks,
-                   eu_bytes=chip.eu_bytes, ddr_bandwidth=chip.ddr_gb_s * 1e9, clock_hz=chip.clock_mhz * 1e6,
-                   macs_per_lane_per_cycle=dict(chip.macs), gdma_latency_cycles=chip.gdma_latency,
-                   bdc_overhead_cycles=chip.bdc_overhead, ddr_store_bandwidth=(chip.ddr_store_gb_s or 0.0) * 1e9)
+        return cls(
+            name=chip.name,
+            lanes=chip.lanes,
+            lane_bytes=chip.lmem_bytes,
+            banks=chip.lmem_banks,
+            eu_bytes=chip.eu_bytes,
+            ddr_bandwidth=chip.ddr_gb_s * 1e9,
+            clock_hz=chip.clock_mhz * 1e6,
+            macs_per_lane_per_cycle=dict(chip.macs),
+            gdma_latency_cycles=chip.gdma_latency,
+            bdc_overhead_cycles=chip.bdc_overhead,
+            ddr_store_bandwidth=(chip.ddr_store_gb_s or 0.0) * 1e9,
+        )
 
     def to_chip(self):
         """A tpubuild.build.chips.Chip with these figures (what the cost formulas take)."""
         from tpubuild.build.chips import Chip
 
-        return Chip(name=self.name, modes=tuple(sorted(self.macs_per_lane_per_cycle)), clock_mhz=self.clock_hz / 1e6,
-                    lanes=self.lanes, eu_bytes=self.eu_bytes, lmem_bytes=self.lane_bytes, lmem_banks=self.banks,
-                    macs=tuple(sorted(self.macs_per_lane_per_cycle.items())), ddr_gb_s=self.ddr_bandwidth / 1e9,
-                    gdma_latency=self.gdma_latency_cycles, bdc_overhead=self.bdc_overhead_cycles,
-                    ddr_store_gb_s=self.ddr_store_bandwidth / 1e9 or None)
+        return Chip(
+            name=self.name,
+            modes=tuple(sorted(self.macs_per_lane_per_cycle)),
+            clock_mhz=self.clock_hz / 1e6,
+            lanes=self.lanes,
+            eu_bytes=self.eu_bytes,
+            lmem_bytes=self.lane_bytes,
+            lmem_banks=self.banks,
+            macs=tuple(sorted(self.macs_per_lane_per_cycle.items())),
+            ddr_gb_s=self.ddr_bandwidth / 1e9,
+            gdma_latency=self.gdma_latency_cycles,
+            bdc_overhead=self.bdc_overhead_cycles,
+            ddr_store_gb_s=self.ddr_store_bandwidth / 1e9 or None,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "lanes": self.lanes, "lane_bytes": self.lane_bytes, "banks": self.banks,
-                "eu_bytes": self.eu_bytes, "ddr_bandwidth": self.ddr_bandwidth, "clock_hz": self.clock_hz,
-                "macs_per_lane_per_cycle": dict(sorted(self.macs_per_lane_per_cycle.items())),
-                "gdma_latency_cycles": self.gdma_latency_cycles, "bdc_overhead_cycles": self.bdc_overhead_cycles,
-                "ddr_store_bandwidth": self.ddr_store_bandwidth}
+        return {
+            "name": self.name,
+            "lanes": self.lanes,
+            "lane_bytes": self.lane_bytes,
+            "banks": self.banks,
+            "eu_bytes": self.eu_bytes,
+            "ddr_bandwidth": self.ddr_bandwidth,
+            "clock_hz": self.clock_hz,
+            "macs_per_lane_per_cycle": dict(sorted(self.macs_per_lane_per_cycle.items())),
+            "gdma_latency_cycles": self.gdma_latency_cycles,
+            "bdc_overhead_cycles": self.bdc_overhead_cycles,
+            "ddr_store_bandwidth": self.ddr_store_bandwidth,
+        }
 
 
 @dataclass(frozen=True)
@@ -115,25 +152,38 @@ class IoTensor:
         return math.prod(self.shape) * cmd.itemsize(self.dtype)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "ddr_addr": self.ddr_addr,
-                "scale": self.scale, "zero_point": self.zero_point}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "ddr_addr": self.ddr_addr,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+        }
 
 
 @dataclass(frozen=True)
 class Header:
     model: str
     chip: ChipParams
-    ddr_size: int               # bytes of DDR the runtime allocates (addresses 0 .. ddr_size-1)
-    weight_base: int            # DDR address the weights section is copied to
+    ddr_size: int  # bytes of DDR the runtime allocates (addresses 0 .. ddr_size-1)
+    weight_base: int  # DDR address the weights section is copied to
     inputs: tuple[IoTensor, ...]
     outputs: tuple[IoTensor, ...]
-    mode: str = ""              # informational: F32, BF16, F16, INT8
+    mode: str = ""  # informational: F32, BF16, F16, INT8
     extra: Mapping[str, Any] = field(default_factory=dict)  # informational, e.g. compiler version
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "mode": self.mode, "chip": self.chip.to_json(), "ddr_size": self.ddr_size,
-                "weight_base": self.weight_base, "inputs": [t.to_json() for t in self.inputs],
-                "outputs": [t.to_json() for t in self.outputs], "extra": dict(self.extra)}
+        return {
+            "model": self.model,
+            "mode": self.mode,
+            "chip": self.chip.to_json(),
+            "ddr_size": self.ddr_size,
+            "weight_base": self.weight_base,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "extra": dict(self.extra),
+        }
 
 
 @dataclass(frozen=True)
@@ -145,6 +195,7 @@ class ModelFile:
 
 
 # ---- writer ------------------------------------------------------------------------------
+
 
 def encode_model(model: ModelFile, *, validate: bool = True) -> bytes:
     """The file's bytes (deterministic), validated as the reader would (tests may skip that)."""
@@ -188,6 +239,7 @@ def write_model(path: str | os.PathLike, model: ModelFile) -> None:
 
 # ---- reader ------------------------------------------------------------------------------
 
+
 def read_model(path: str | os.PathLike) -> ModelFile:
     try:
         with open(path, "rb") as f:
@@ -203,8 +255,12 @@ def decode_model(data: bytes, *, file: str = "<bytes>") -> ModelFile:
     header = _header(sections["header"], file)
     weights = sections["weights"]
     if header.weight_base + len(weights) > header.ddr_size:
-        raise ModelFileError(f"weights [{header.weight_base}, {header.weight_base + len(weights)}) do not fit in "
-                             f"DDR of {header.ddr_size} bytes", file=file, section="weights")
+        raise ModelFileError(
+            f"weights [{header.weight_base}, {header.weight_base + len(weights)}) do not fit in "
+            f"DDR of {header.ddr_size} bytes",
+            file=file,
+            section="weights",
+        )
     gdma = _gdma(sections["gdma"], file)
     bdc = _bdc(sections["bdc"], sections["params"], file)
     model = ModelFile(header, weights, gdma, bdc)
@@ -214,21 +270,29 @@ def decode_model(data: bytes, *, file: str = "<bytes>") -> ModelFile:
 
 def _sections(data: bytes, file: str) -> dict[str, bytes]:
     if len(data) < FILE_HEAD.size:
-        raise ModelFileError(f"truncated: {len(data)} bytes, shorter than the {FILE_HEAD.size}-byte file header",
-                             file=file)
+        raise ModelFileError(
+            f"truncated: {len(data)} bytes, shorter than the {FILE_HEAD.size}-byte file header", file=file
+        )
     magic, version, count = FILE_HEAD.unpack_from(data, 0)
     if magic != MAGIC:
-        raise ModelFileError(f"not a tpubuild model file (magic {magic!r}, expected {MAGIC!r})", file=file,
-                             hint="pass the .model file codegen wrote")
+        raise ModelFileError(
+            f"not a tpubuild model file (magic {magic!r}, expected {MAGIC!r})",
+            file=file,
+            hint="pass the .model file codegen wrote",
+        )
     if version != FORMAT_VERSION:
-        raise ModelFileError(f"format version {version}; this runtime reads version {FORMAT_VERSION}", file=file,
-                             hint="rebuild the model with this tpubuild version")
+        raise ModelFileError(
+            f"format version {version}; this runtime reads version {FORMAT_VERSION}",
+            file=file,
+            hint="rebuild the model with this tpubuild version",
+        )
     if count > MAX_SECTIONS:
         raise ModelFileError(f"section count {count} > {MAX_SECTIONS}", file=file)
     table_end = FILE_HEAD.size + count * SECTION_ENTRY.size
     if table_end > len(data):
-        raise ModelFileError(f"truncated: the section table needs {table_end} bytes, the file has {len(data)}",
-                             file=file)
+        raise ModelFileError(
+            f"truncated: the section table needs {table_end} bytes, the file has {len(data)}", file=file
+        )
     found: dict[str, bytes] = {}
     spans = []
     for i in range(count):
@@ -242,9 +306,13 @@ def _sections(data: bytes, file: str) -> dict[str, bytes]:
         if name in found:
             raise ModelFileError("section appears twice in the section table", file=file, section=name)
         if offset < table_end or offset + size > len(data):
-            raise ModelFileError(f"truncated or misplaced: [{offset}, {offset + size}) is outside the file's "
-                                 f"payload [{table_end}, {len(data)})", file=file, section=name)
-        payload = data[offset:offset + size]
+            raise ModelFileError(
+                f"truncated or misplaced: [{offset}, {offset + size}) is outside the file's "
+                f"payload [{table_end}, {len(data)})",
+                file=file,
+                section=name,
+            )
+        payload = data[offset : offset + size]
         if hashlib.sha256(payload).digest() != digest:
             raise ModelFileError("checksum mismatch (sha256): the file is corrupt", file=file, section=name)
         spans.append((offset, size, name))
@@ -255,8 +323,9 @@ def _sections(data: bytes, file: str) -> dict[str, bytes]:
             raise ModelFileError(f"overlaps section {n2!r}", file=file, section=n1)
     end = cmd.align_up(max((o + s for o, s, _ in spans), default=table_end), SECTION_ALIGN)
     if len(data) != end:
-        raise ModelFileError(f"truncated or padded: the sections end at {end} bytes (8-aligned), the file has "
-                             f"{len(data)}", file=file)
+        raise ModelFileError(
+            f"truncated or padded: the sections end at {end} bytes (8-aligned), the file has {len(data)}", file=file
+        )
     missing = [s for s in SECTIONS if s not in found]
     if missing:
         raise ModelFileError(f"missing section(s) {', '.join(missing)}", file=file)
@@ -275,8 +344,12 @@ def _int(value: Any, lo: int = 0, hi: int = 1 << 62) -> int:
 
 
 def _num(value: Any, positive: bool = True) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-            or (positive and value <= 0):
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or (positive and value <= 0)
+    ):
         raise ValueError(f"expected a {'positive ' if positive else ''}finite number, got {value!r}")
     return float(value)
 
@@ -295,9 +368,14 @@ def _io(doc: Any) -> IoTensor:
         raise ValueError(f"shape: expected a list, got {shape!r}")
     dtype = _str(doc.get("dtype"))
     cmd.dtype_code(dtype)
-    return IoTensor(name=_str(doc.get("name")), shape=tuple(_int(d, 0, 1 << 31) for d in shape), dtype=dtype,
-                    ddr_addr=_int(doc.get("ddr_addr")), scale=_num(doc.get("scale", 1.0)),
-                    zero_point=_int(doc.get("zero_point", 0), -(1 << 31), 1 << 31))
+    return IoTensor(
+        name=_str(doc.get("name")),
+        shape=tuple(_int(d, 0, 1 << 31) for d in shape),
+        dtype=dtype,
+        ddr_addr=_int(doc.get("ddr_addr")),
+        scale=_num(doc.get("scale", 1.0)),
+        zero_point=_int(doc.get("zero_point", 0), -(1 << 31), 1 << 31),
+    )
 
 
 def _chip(doc: Any) -> ChipParams:
@@ -307,14 +385,18 @@ def _chip(doc: Any) -> ChipParams:
     if not isinstance(macs, dict):
         raise ValueError("chip.macs_per_lane_per_cycle: expected a JSON object")
     return ChipParams(
-        name=_str(doc.get("name")), lanes=_int(doc.get("lanes"), 1, MAX_LANES),
-        lane_bytes=_int(doc.get("lane_bytes"), 1, MAX_LANE_BYTES), banks=_int(doc.get("banks"), 1, 1 << 10),
-        eu_bytes=_int(doc.get("eu_bytes"), 1, 1 << 12), ddr_bandwidth=_num(doc.get("ddr_bandwidth")),
+        name=_str(doc.get("name")),
+        lanes=_int(doc.get("lanes"), 1, MAX_LANES),
+        lane_bytes=_int(doc.get("lane_bytes"), 1, MAX_LANE_BYTES),
+        banks=_int(doc.get("banks"), 1, 1 << 10),
+        eu_bytes=_int(doc.get("eu_bytes"), 1, 1 << 12),
+        ddr_bandwidth=_num(doc.get("ddr_bandwidth")),
         clock_hz=_num(doc.get("clock_hz")),
         macs_per_lane_per_cycle={_str(k): _num(v) for k, v in macs.items()},
         gdma_latency_cycles=_int(doc.get("gdma_latency_cycles", 0)),
         bdc_overhead_cycles=_int(doc.get("bdc_overhead_cycles", 0)),
-        ddr_store_bandwidth=_num(doc["ddr_store_bandwidth"]) if doc.get("ddr_store_bandwidth") else 0.0)
+        ddr_store_bandwidth=_num(doc["ddr_store_bandwidth"]) if doc.get("ddr_store_bandwidth") else 0.0,
+    )
 
 
 def _header(payload: bytes, file: str) -> Header:
@@ -328,19 +410,33 @@ def _header(payload: bytes, file: str) -> Header:
         inputs, outputs = doc.get("inputs"), doc.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list):
             raise ValueError("inputs and outputs must be lists")
-        header = Header(model=_str(doc.get("model")), mode=_str(doc.get("mode", "")), chip=_chip(doc.get("chip")),
-                        ddr_size=_int(doc.get("ddr_size"), 1, MAX_DDR_BYTES), weight_base=_int(doc.get("weight_base")),
-                        inputs=tuple(_io(t) for t in inputs), outputs=tuple(_io(t) for t in outputs), extra=extra)
+        header = Header(
+            model=_str(doc.get("model")),
+            mode=_str(doc.get("mode", "")),
+            chip=_chip(doc.get("chip")),
+            ddr_size=_int(doc.get("ddr_size"), 1, MAX_DDR_BYTES),
+            weight_base=_int(doc.get("weight_base")),
+            inputs=tuple(_io(t) for t in inputs),
+            outputs=tuple(_io(t) for t in outputs),
+            extra=extra,
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ModelFileError(f"malformed header: {e}", file=file, section="header") from None
     for t in (*header.inputs, *header.outputs):
-        _require(t.ddr_addr + t.nbytes <= header.ddr_size,
-                 f"I/O tensor {t.name!r} at [{t.ddr_addr}, {t.ddr_addr + t.nbytes}) is outside DDR "
-                 f"[0, {header.ddr_size})", file, "header")
+        _require(
+            t.ddr_addr + t.nbytes <= header.ddr_size,
+            f"I/O tensor {t.name!r} at [{t.ddr_addr}, {t.ddr_addr + t.nbytes}) is outside DDR [0, {header.ddr_size})",
+            file,
+            "header",
+        )
     names = [t.name for t in header.inputs] + [t.name for t in header.outputs]
-    _require(len(set(t.name for t in header.inputs)) == len(header.inputs) and
-             len(set(t.name for t in header.outputs)) == len(header.outputs),
-             f"duplicate I/O tensor names in {names}", file, "header")
+    _require(
+        len(set(t.name for t in header.inputs)) == len(header.inputs)
+        and len(set(t.name for t in header.outputs)) == len(header.outputs),
+        f"duplicate I/O tensor names in {names}",
+        file,
+        "header",
+    )
     return header
 
 
@@ -348,8 +444,9 @@ def _gdma(payload: bytes, file: str) -> tuple[Gdma, ...]:
     _require(len(payload) >= COUNT.size, "truncated: no command count", file, "gdma")
     (count,) = COUNT.unpack_from(payload, 0)
     expect = COUNT.size + count * cmd.GDMA_RECORD.size
-    _require(len(payload) == expect, f"{count} commands need {expect} bytes, the section has {len(payload)}",
-             file, "gdma")
+    _require(
+        len(payload) == expect, f"{count} commands need {expect} bytes, the section has {len(payload)}", file, "gdma"
+    )
     out = []
     for i in range(count):
         try:
@@ -366,8 +463,13 @@ def _bdc(payload: bytes, params_section: bytes, file: str) -> tuple[Bdc, ...]:
     cache: dict = {}
     offset = COUNT.size
     for i in range(count):
-        _require(offset + cmd.BDC_HEAD.size <= len(payload),
-                 f"truncated: {count} commands announced, the section ends after {i}", file, "bdc", i)
+        _require(
+            offset + cmd.BDC_HEAD.size <= len(payload),
+            f"truncated: {count} commands announced, the section ends after {i}",
+            file,
+            "bdc",
+            i,
+        )
         try:
             b, size = cmd.unpack_bdc(payload, offset, cache, params_section)
         except (ValueError, struct.error, RecursionError) as e:
@@ -379,6 +481,7 @@ def _bdc(payload: bytes, params_section: bytes, file: str) -> tuple[Bdc, ...]:
 
 
 # ---- validation: everything the simulator relies on ----------------------------------------
+
 
 class Validator:
     """Static checks of a decoded model: sync ids, op names and parameters, every memory range."""
@@ -418,20 +521,26 @@ class Validator:
             return
         end = addr + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * cmd.itemsize(dtype)
         if end > self.model.header.ddr_size:
-            self.fail(section, index, f"{what}: DDR range [{addr}, {end}) is outside DDR "
-                                      f"[0, {self.model.header.ddr_size})")
+            self.fail(
+                section, index, f"{what}: DDR range [{addr}, {end}) is outside DDR [0, {self.model.header.ddr_size})"
+            )
 
-    def local_range(self, section: str, index: int, addr: int, lane_start: int, shape, dtype: str,
-                    what: str, plane: int = 0) -> None:
+    def local_range(
+        self, section: str, index: int, addr: int, lane_start: int, shape, dtype: str, what: str, plane: int = 0
+    ) -> None:
         if lane_start >= self.chip.lanes:
             self.fail(section, index, f"{what}: lane_start {lane_start} >= {self.chip.lanes} lanes")
         if plane and (plane < shape[2] * shape[3] * cmd.itemsize(dtype) or plane > self.chip.lane_bytes):
-            self.fail(section, index, f"{what}: plane stride {plane} does not hold a {shape[2]} x {shape[3]} "
-                                      f"{dtype} plane inside a lane")
+            self.fail(
+                section,
+                index,
+                f"{what}: plane stride {plane} does not hold a {shape[2]} x {shape[3]} {dtype} plane inside a lane",
+            )
         end = addr + cmd.local_bytes(shape, dtype, lane_start, self.chip.lanes, self.chip.eu_bytes, plane)
         if end > self.chip.lane_bytes:
-            self.fail(section, index, f"{what}: local range [{addr}, {end}) is outside a lane's "
-                                      f"{self.chip.lane_bytes} bytes")
+            self.fail(
+                section, index, f"{what}: local range [{addr}, {end}) is outside a lane's {self.chip.lane_bytes} bytes"
+            )
 
     def gdma_ranges(self, i: int, g: Gdma) -> None:
         if g.direction == Direction.DDR2DDR:
@@ -478,8 +587,12 @@ class Validator:
                 bi += 1
                 moved = True
             if not moved:
-                self.fail("gdma", gi, f"deadlock: GDMA {gi + 1} waits for BDC {gdma[gi].wait_bdc} which waits "
-                                      f"for GDMA {bdc[bi].wait_gdma}")
+                self.fail(
+                    "gdma",
+                    gi,
+                    f"deadlock: GDMA {gi + 1} waits for BDC {gdma[gi].wait_bdc} which waits "
+                    f"for GDMA {bdc[bi].wait_gdma}",
+                )
 
 
 def tpu_op_class(name: str) -> type | None:

@@ -129,6 +129,7 @@ def rule_for(*classes: type) -> Callable[[RuleFn], RuleFn]:
                 raise ValueError(f"a slice rule for {cls.name} is already registered")
             _RULES[cls] = fn
         return fn
+
     return register
 
 
@@ -153,9 +154,11 @@ def _mirrors(*top_classes: type) -> list[type]:
 
 
 # elementwise ops (numpy broadcasting): every TOP unary/binary/variadic op and the activations
-_ELEMENTWISE_TOP = [c for c in top.TOP_OPS if isinstance(c, type) and issubclass(
-    c, (top.UnaryOp, top.BinaryOp, top.VariadicOp, top.PredicateOp))] + [
-    top.ReluOp, top.SigmoidOp, top.TanhOp, top.ClipOp, top.PReluOp, top.WhereOp, top.CompareOp, top.BatchNormOp]
+_ELEMENTWISE_TOP = [
+    c
+    for c in top.TOP_OPS
+    if isinstance(c, type) and issubclass(c, (top.UnaryOp, top.BinaryOp, top.VariadicOp, top.PredicateOp))
+] + [top.ReluOp, top.SigmoidOp, top.TanhOp, top.ClipOp, top.PReluOp, top.WhereOp, top.CompareOp, top.BatchNormOp]
 
 
 # operands an element-wise op reads whole, whatever the layout of the others: a lookup table
@@ -196,8 +199,10 @@ def spread_shape(shape: tuple[int, ...], lanes: int) -> Shape4:
     plane = h * w
     # a lane's run stays at least one EU of int8 (64 elements; or the whole plane if shorter): the
     # vector unit works EU by EU, so finer runs would save no cycles
-    k = min((d for d in range(1, min(lanes, plane) + 1) if plane % d == 0 and plane // d >= min(plane, MIN_RUN)),
-            key=lambda d: (math.ceil(c * d / lanes) * (plane // d), d))
+    k = min(
+        (d for d in range(1, min(lanes, plane) + 1) if plane % d == 0 and plane // d >= min(plane, MIN_RUN)),
+        key=lambda d: (math.ceil(c * d / lanes) * (plane // d), d),
+    )
     if k == 1:
         return n, c, h, w
     if h % k == 0:
@@ -327,16 +332,23 @@ def _interp(graph: Graph, node: Node) -> Rule:
 
     p = node.op.params
     shape_in = graph.tensors[node.inputs[0]].shape
-    if (len(shape_in) != 4 or p.mode != "nearest" or p.coord_mode not in _SHIFTABLE or p.antialias or p.roi
-            or tuple(p.shape[:2]) != tuple(shape_in[:2])):
+    if (
+        len(shape_in) != 4
+        or p.mode != "nearest"
+        or p.coord_mode not in _SHIFTABLE
+        or p.antialias
+        or p.roi
+        or tuple(p.shape[:2]) != tuple(shape_in[:2])
+    ):
         return WHOLE
     in_h, out_h = shape_in[2], p.shape[2]
     u = out_h // in_h
     if u < 2 or out_h != u * in_h:
         return WHOLE
     # the kernel's own row map must be o -> o // u
-    rows = _resample_axis(np.arange(in_h, dtype=np.float64), 0, out_h,
-                          dataclasses.replace(p, scales=(p.scales[2],), shape=(out_h,)))
+    rows = _resample_axis(
+        np.arange(in_h, dtype=np.float64), 0, out_h, dataclasses.replace(p, scales=(p.scales[2],), shape=(out_h,))
+    )
     if not np.array_equal(rows, np.arange(out_h) // u):
         return WHOLE
     return Rule(upsample=u, sized=True)
@@ -350,7 +362,12 @@ def _deconv(graph: Graph, node: Node) -> Rule:
     p = node.op.params
     nd = len(p.kernel_shape)
     extra = p.output_padding or (0,) * nd
-    if (nd == 2 and p.kernel_shape[0] == p.strides[0] > 1 and (p.dilations or (1,))[0] == 1
-            and p.pads[0] == p.pads[nd] == 0 and extra[0] == 0):
+    if (
+        nd == 2
+        and p.kernel_shape[0] == p.strides[0] > 1
+        and (p.dilations or (1,))[0] == 1
+        and p.pads[0] == p.pads[nd] == 0
+        and extra[0] == 0
+    ):
         return Rule(upsample=p.strides[0])
     return Rule(h_split=False, rows=False)

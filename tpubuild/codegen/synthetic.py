@@ -17,8 +17,9 @@ from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
 
 
-def residual_net(ops: int = 500, *, n: int = 1, channels: int = 32, size: int = 64, seed: int = 0,
-                 with_weights: bool = False) -> tuple[ModuleOp, WeightStore]:
+def residual_net(
+    ops: int = 500, *, n: int = 1, channels: int = 32, size: int = 64, seed: int = 0, with_weights: bool = False
+) -> tuple[ModuleOp, WeightStore]:
     rng = np.random.default_rng(seed)
     builder = mlir.GraphBuilder([tensor_type((n, 3, size, size))])
     x = builder.add(InputOp.make([builder.args[0]], name="input")).results[0]
@@ -36,8 +37,9 @@ def residual_net(ops: int = 500, *, n: int = 1, channels: int = 32, size: int = 
         name = f"conv{count}"
         w = weight(f"{name}.w", (oc, c, 3, 3))
         b = weight(f"{name}.b", (oc,))
-        p = tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(stride, stride), pads=(1, 1, 1, 1), dilations=(1, 1),
-                              do_relu=relu)
+        p = tpu.ConvOp.PARAMS(
+            kernel_shape=(3, 3), strides=(stride, stride), pads=(1, 1, 1, 1), dilations=(1, 1), do_relu=relu
+        )
         count += 1
         c, h = oc, (h - 1) // stride + 1
         return builder.add(tpu.ConvOp.make([v, w, b], p, name=name)).results[0]
@@ -52,8 +54,7 @@ def residual_net(ops: int = 500, *, n: int = 1, channels: int = 32, size: int = 
     while count < ops - 4:
         if block % 4 == 3 and h >= 8 and count + 2 < ops - 4:
             x = conv(x, min(c * 2, 256), stride=2, relu=True)
-            x = unary(tpu.MaxPoolOp, x, tpu.MaxPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1),
-                                                             pads=(1, 1, 1, 1)))
+            x = unary(tpu.MaxPoolOp, x, tpu.MaxPoolOp.PARAMS(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1)))
         skip = x
         y = conv(x, c, relu=True)
         y = conv(y, c)

@@ -117,7 +117,8 @@ class Ctx:
         if not isinstance(value, Const):
             raise NotImplementedError(
                 f"{node.op_type} input {i} ({what}, tensor {node.proto.input[i]!r}) must be known at compile "
-                f"time, but it is computed from the graph inputs")
+                f"time, but it is computed from the graph inputs"
+            )
         return value.array
 
     def emit(self, cls: type[TensorOp], operands: Sequence[Value], params=None, *, name: str) -> SSAValue:
@@ -125,8 +126,9 @@ class Ctx:
         self.builder.add(op)
         return op.results[0]
 
-    def emit_multi(self, cls: type[TensorOp], operands: Sequence[Value], params=None, *,
-                   names: Sequence[str]) -> list[SSAValue]:
+    def emit_multi(
+        self, cls: type[TensorOp], operands: Sequence[Value], params=None, *, names: Sequence[str]
+    ) -> list[SSAValue]:
         op = cls.make([self.operand(v) for v in operands], params, name=list(names))
         self.builder.add(op)
         return list(op.results)
@@ -136,6 +138,7 @@ def shape_of(value: Value) -> tuple[int, ...]:
     if isinstance(value, Const):
         return tuple(value.array.shape)
     from tpubuild.ir.base import tensor_shape
+
     return tensor_shape(value)
 
 
@@ -145,11 +148,15 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     except FileNotFoundError:
         raise TpuBuildError("ONNX file not found", file=str(path)) from None
     except Exception as e:  # protobuf raises its own DecodeError types
-        raise TpuBuildError(f"not a valid ONNX model ({type(e).__name__}: {e})", file=str(path),
-                            hint="re-export the model; the file may be truncated") from None
+        raise TpuBuildError(
+            f"not a valid ONNX model ({type(e).__name__}: {e})",
+            file=str(path),
+            hint="re-export the model; the file may be truncated",
+        ) from None
     if not model.graph.node and not model.graph.output:
-        raise TpuBuildError("not a valid ONNX model (no graph)", file=str(path),
-                            hint="re-export the model; the file may be truncated")
+        raise TpuBuildError(
+            "not a valid ONNX model (no graph)", file=str(path), hint="re-export the model; the file may be truncated"
+        )
     return model
 
 
@@ -179,6 +186,7 @@ def upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if target == opset:
         return model
     from onnx import version_converter
+
     try:
         return version_converter.convert_version(model, target)
     except (RuntimeError, onnx.checker.ValidationError):
@@ -203,9 +211,11 @@ class OnnxConverter:
         names = [i.name for i in self.inputs]
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise TpuBuildError(f"manifest names inputs {unknown} that the model does not have "
-                                f"(model inputs: {names})", file=self.file,
-                                hint="use the model's input names under `inputs:` in the manifest")
+            raise TpuBuildError(
+                f"manifest names inputs {unknown} that the model does not have (model inputs: {names})",
+                file=self.file,
+                hint="use the model's input names under `inputs:` in the manifest",
+            )
         shapes: dict[str, list[int]] = {}
         problems = []
         for inp in self.inputs:
@@ -214,13 +224,17 @@ class OnnxConverter:
             if inp.name in given:
                 shape = [int(d) for d in given[inp.name]]
                 if dims and len(shape) != len(dims):
-                    problems.append(f"input {inp.name!r}: manifest shape {shape} has rank {len(shape)}, "
-                                    f"the model's {model_dims} has rank {len(dims)}")
+                    problems.append(
+                        f"input {inp.name!r}: manifest shape {shape} has rank {len(shape)}, "
+                        f"the model's {model_dims} has rank {len(dims)}"
+                    )
                     continue
                 for m, s in zip(model_dims, shape):
                     if isinstance(m, int) and m > 0 and m != s:
-                        problems.append(f"input {inp.name!r}: manifest shape {shape} contradicts the "
-                                        f"model's fixed shape {model_dims}")
+                        problems.append(
+                            f"input {inp.name!r}: manifest shape {shape} contradicts the "
+                            f"model's fixed shape {model_dims}"
+                        )
                         break
                 shapes[inp.name] = shape
             elif all(isinstance(m, int) and m > 0 for m in model_dims):
@@ -228,9 +242,12 @@ class OnnxConverter:
             else:
                 problems.append(f"input {inp.name!r} has dynamic shape {model_dims}")
         if problems:
-            raise TpuBuildError("input shapes are not fixed: " + "; ".join(problems), file=self.file,
-                                hint="give every input a full static shape in the manifest, e.g. "
-                                     "`inputs: [{name: x, shape: [1, 3, 224, 224]}]`")
+            raise TpuBuildError(
+                "input shapes are not fixed: " + "; ".join(problems),
+                file=self.file,
+                hint="give every input a full static shape in the manifest, e.g. "
+                "`inputs: [{name: x, shape: [1, 3, 224, 224]}]`",
+            )
         return shapes
 
     def _plan(self) -> set[str]:
@@ -254,14 +271,19 @@ class OnnxConverter:
         if control:
             problems.append("control flow is not supported: " + ", ".join(control))
         if unsupported:
-            listing = "; ".join(f"{op} (nodes: {', '.join(repr(n) for n in names[:8])}"
-                                f"{', ...' if len(names) > 8 else ''})" for op, names in sorted(unsupported.items()))
+            listing = "; ".join(
+                f"{op} (nodes: {', '.join(repr(n) for n in names[:8])}{', ...' if len(names) > 8 else ''})"
+                for op, names in sorted(unsupported.items())
+            )
             problems.append(f"unsupported ONNX ops at opset {self.opset}: {listing}")
         if problems:
-            raise TpuBuildError(". ".join(problems), file=self.file,
-                                hint="`tpubuild ops` lists the supported ops; control flow that depends only on "
-                                     "shapes disappears once the manifest fixes the input shapes and the model "
-                                     "is re-exported with constant folding")
+            raise TpuBuildError(
+                ". ".join(problems),
+                file=self.file,
+                hint="`tpubuild ops` lists the supported ops; control flow that depends only on "
+                "shapes disappears once the manifest fixes the input shapes and the model "
+                "is re-exported with constant folding",
+            )
         return known
 
     # -- conversion -----------------------------------------------------------
@@ -283,9 +305,12 @@ class OnnxConverter:
             try:
                 inputs = [env[i] for i in proto.input]
             except KeyError as e:
-                raise TpuBuildError(f"node input {e.args[0]!r} is not produced before it is used",
-                                    file=self.file, loc=proto.output[0],
-                                    hint="the graph is not topologically sorted; re-export it") from None
+                raise TpuBuildError(
+                    f"node input {e.args[0]!r} is not produced before it is used",
+                    file=self.file,
+                    loc=proto.output[0],
+                    hint="the graph is not topologically sorted; re-export it",
+                ) from None
             node = Node(proto, inputs, node_attrs(proto, self.opset), self.opset)
             for out_name, value in zip(proto.output, self._convert_node(node, ctx)):
                 if out_name:
@@ -302,6 +327,7 @@ class OnnxConverter:
         except VerifyException as e:
             raise TpuBuildError(f"conversion produced invalid IR: {e}", file=self.file) from None
         from tpubuild.ir.mlir import weight_names
+
         return module, weights.keep_only(weight_names(module))
 
     def _convert_node(self, node: Node, ctx: Ctx) -> list[Value]:
@@ -317,28 +343,39 @@ class OnnxConverter:
         except TpuBuildError as e:
             raise e.with_context(**where) from None
         except NotImplementedError as e:
-            raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where,
-                                hint="see `tpubuild ops` for what each converter supports") from None
+            raise TpuBuildError(
+                f"{node.op_type} node {node.label!r}: {e}",
+                **where,
+                hint="see `tpubuild ops` for what each converter supports",
+            ) from None
         except (VerifyException, ValueError) as e:
             raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where) from None
         for out_name, value in zip(node.outputs, outs):
             if out_name and isinstance(value, SSAValue) and isinstance(value.owner, TensorOp):
                 if value.owner.names[value.index] != out_name:
-                    raise AssertionError(f"converter for {node.op_type} named its result "
-                                         f"{value.owner.names[value.index]!r}, not {out_name!r}")
+                    raise AssertionError(
+                        f"converter for {node.op_type} named its result "
+                        f"{value.owner.names[value.index]!r}, not {out_name!r}"
+                    )
         return outs
 
     def _fold(self, node: Node) -> list[Value]:
         from onnx.reference import ReferenceEvaluator
+
         feeds = {n: v.array for n, v in zip(node.proto.input, node.inputs) if n and isinstance(v, Const)}
         opsets = {imp.domain: imp.version for imp in self.model.opset_import}
         node_model = helper.make_model(
-            helper.make_graph([node.proto], "fold",
-                              [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                               for n, a in feeds.items()],
-                              [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
-                               for o in node.outputs if o]),
-            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+            helper.make_graph(
+                [node.proto],
+                "fold",
+                [
+                    helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                    for n, a in feeds.items()
+                ],
+                [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o],
+            ),
+            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+        )
         results = ReferenceEvaluator(node_model, new_ops=_fold_overrides()).run(None, feeds)
         outs = iter(results)
         return [Const(np.asarray(next(outs)), o) if o else None for o in node.outputs]
@@ -369,8 +406,9 @@ def _shape_op(node: Node, shape: tuple[int, ...]) -> np.ndarray:
     return np.array(shape[start:end], dtype=np.int64)
 
 
-def convert_onnx(onnx_path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]], model_name: str,
-                 weight_file: str) -> tuple[ModuleOp, WeightStore]:
+def convert_onnx(
+    onnx_path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]], model_name: str, weight_file: str
+) -> tuple[ModuleOp, WeightStore]:
     """ONNX file -> (origin TOP module, its weights)."""
     model = load_onnx(onnx_path)
     return OnnxConverter(model, input_shapes, file=os.fspath(onnx_path)).convert(model_name, weight_file)

@@ -41,13 +41,16 @@ def prepare_step(name: str) -> Callable[[PrepareStep], PrepareStep]:
     return PREPARE_STEPS.register(name)
 
 
-def prepare_model(model: onnx.ModelProto, steps: Sequence[str],
-                  samples: Sequence[Mapping[str, np.ndarray]] = ()) -> onnx.ModelProto:
+def prepare_model(
+    model: onnx.ModelProto, steps: Sequence[str], samples: Sequence[Mapping[str, np.ndarray]] = ()
+) -> onnx.ModelProto:
     """``model`` after each named step in order; ``samples`` ({input name: array}) are data the steps may run."""
     unknown = [s for s in steps if s not in PREPARE_STEPS]
     if unknown:
-        raise TpuBuildError(f"unknown prepare step(s) {unknown}; known: {sorted(PREPARE_STEPS)}",
-                            hint="see `source.prepare` in docs/manifest.md")
+        raise TpuBuildError(
+            f"unknown prepare step(s) {unknown}; known: {sorted(PREPARE_STEPS)}",
+            hint="see `source.prepare` in docs/manifest.md",
+        )
     for step in steps:
         model = PREPARE_STEPS[step](model, samples)
     return model
@@ -117,8 +120,11 @@ def fill_weights(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     graph = out.graph
     inits = {t.name: t for t in graph.initializer}
     uses = _consumers(graph)
-    unbiased = {n.input[1] for n in graph.node
-                if n.op_type == "Conv" and len(n.input) > 1 and (len(n.input) < 3 or not n.input[2])}
+    unbiased = {
+        n.input[1]
+        for n in graph.node
+        if n.op_type == "Conv" and len(n.input) > 1 and (len(n.input) < 3 or not n.input[2])
+    }
     keep = []
     replaced: dict[str, onnx.TensorProto] = {}
     for node in graph.node:
@@ -143,8 +149,9 @@ def fill_weights(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     inputs = [i for i in graph.input if i.name not in replaced and (i.name not in inits or i.name in used)]
     if out.ir_version < 4:
         # before IR 4 every initializer must also be a graph input (onnx.checker enforces it)
-        inputs += [onnx.helper.make_tensor_value_info(k, replaced[k].data_type, replaced[k].dims)
-                   for k in sorted(replaced)]
+        inputs += [
+            onnx.helper.make_tensor_value_info(k, replaced[k].data_type, replaced[k].dims) for k in sorted(replaced)
+        ]
     del graph.input[:]
     graph.input.extend(inputs)
     return out
@@ -167,7 +174,7 @@ def _round_significant(a: np.ndarray) -> np.ndarray:
     """``a`` rounded to 3 significant digits: last-bit differences between CPUs' kernels rarely survive it."""
     a = np.asarray(a, np.float64)
     exponent = np.floor(np.log10(np.where(a == 0, 1.0, np.abs(a)))) - (_SIGNIFICANT_DIGITS - 1)
-    return np.round(a / 10.0 ** exponent) * 10.0 ** exponent
+    return np.round(a / 10.0**exponent) * 10.0**exponent
 
 
 def _probe_input(value: onnx.ValueInfoProto) -> np.ndarray:
@@ -175,9 +182,11 @@ def _probe_input(value: onnx.ValueInfoProto) -> np.ndarray:
     dims = [d.dim_value for d in tensor.shape.dim]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     if not dims or min(dims) <= 0 or not np.issubdtype(dtype, np.floating):
-        raise TpuBuildError(f"normalize_activations needs float graph inputs of static shape; input "
-                            f"{value.name!r} is {onnx.helper.printable_type(value.type)}",
-                            hint="drop the step from `source.prepare`, or fix the input's shape in the model")
+        raise TpuBuildError(
+            f"normalize_activations needs float graph inputs of static shape; input "
+            f"{value.name!r} is {onnx.helper.printable_type(value.type)}",
+            hint="drop the step from `source.prepare`, or fix the input's shape in the model",
+        )
     rng = np.random.default_rng(zlib.crc32(f"normalize_activations\0{value.name}".encode()))
     return rng.uniform(-1.0, 1.0, dims).astype(dtype)
 
@@ -205,13 +214,17 @@ class _Stepper:
         if self._last is not None and self._last[0] is node and self._last[1] == signature:
             session = self._last[2]
         else:
-            inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                      for name, a in feeds.items()]
-            graph = onnx.helper.make_graph([node], "step", inputs,
-                                           [onnx.ValueInfoProto(name=o) for o in node.output if o])
+            inputs = [
+                onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                for name, a in feeds.items()
+            ]
+            graph = onnx.helper.make_graph(
+                [node], "step", inputs, [onnx.ValueInfoProto(name=o) for o in node.output if o]
+            )
             model = onnx.helper.make_model(graph, opset_imports=self.opsets)
-            session = self.ort.InferenceSession(model.SerializeToString(), self.options,
-                                                providers=["CPUExecutionProvider"])
+            session = self.ort.InferenceSession(
+                model.SerializeToString(), self.options, providers=["CPUExecutionProvider"]
+            )
             self._last = (node, signature, session)
         return session.run([o for o in node.output if o], feeds)
 
@@ -249,8 +262,13 @@ def _broadcast(factor: np.ndarray, ndim: int, axis: int) -> np.ndarray:
     return factor.reshape(shape) if factor.ndim else factor
 
 
-def _rescale(node: onnx.NodeProto, names: list[str], consts: dict[str, np.ndarray],
-             changed: dict[str, np.ndarray], results: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+def _rescale(
+    node: onnx.NodeProto,
+    names: list[str],
+    consts: dict[str, np.ndarray],
+    changed: dict[str, np.ndarray],
+    results: list[list[np.ndarray]],
+) -> list[list[np.ndarray]]:
     """Divide a Conv/Gemm's weight and bias by its output channels' std; its results after that."""
     weight = consts[names[0]]
     bias = consts[names[1]] if len(names) > 1 else None
@@ -305,8 +323,10 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
     feeds = [dict(s) for s in samples] or [{v.name: _probe_input(v) for v in data}]
     missing = [v.name for v in data if v.name not in feeds[0]]
     if missing:
-        raise TpuBuildError(f"normalize_activations has no data for graph input(s) {missing}",
-                            hint="key the calibration data by the model's input names")
+        raise TpuBuildError(
+            f"normalize_activations has no data for graph input(s) {missing}",
+            hint="key the calibration data by the model's input names",
+        )
     consts = {n: numpy_helper.to_array(t) for n, t in inits.items()}
     values: list[dict[str, np.ndarray]] = [{k: np.asarray(v) for k, v in f.items()} for f in feeds]
     changed: dict[str, np.ndarray] = {}
@@ -323,7 +343,9 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
             for name, stat in zip(names, (flat.mean(axis=1), np.maximum(var, _VAR_FLOOR * np.median(var)))):
                 consts[name] = changed[name] = _round_significant(stat).astype(consts[name].dtype)
         constant = all(not n or n in consts for n in node.input)
-        results = [stepper.run(node, args({}, node))] if constant else [stepper.run(node, args(s, node)) for s in values]
+        results = (
+            [stepper.run(node, args({}, node))] if constant else [stepper.run(node, args(s, node)) for s in values]
+        )
         if names and node.op_type in _SCALED:
             results = _rescale(node, names, consts, changed, results)
         for sample, result in zip([consts] if constant else values, results):

@@ -57,8 +57,9 @@ class TensorOp(IRDLOperation):
         """The tensor name of each result (from the op's location)."""
         names = loc_names(self.location)
         if len(names) != len(self.results):
-            raise VerifyException(f"{self.name}: location {self.location} names {len(names)} tensors "
-                                  f"for {len(self.results)} results")
+            raise VerifyException(
+                f"{self.name}: location {self.location} names {len(names)} tensors for {len(self.results)} results"
+            )
         return names
 
     @property
@@ -83,8 +84,14 @@ class TensorOp(IRDLOperation):
         return [in_types[0]]
 
     @classmethod
-    def make(cls, operands: Sequence[SSAValue], params=None, *, name: str | Sequence[str],
-             result_types: Sequence[Attribute] | None = None) -> "TensorOp":
+    def make(
+        cls,
+        operands: Sequence[SSAValue],
+        params=None,
+        *,
+        name: str | Sequence[str],
+        result_types: Sequence[Attribute] | None = None,
+    ) -> "TensorOp":
         """Build an op, inferring its result types unless given, located at its tensor name(s)."""
         p = params if params is not None else cls.PARAMS()
         if result_types is None:
@@ -92,8 +99,9 @@ class TensorOp(IRDLOperation):
         loc = name_loc(name) if isinstance(name, str) else FusedLoc([name_loc(n) for n in name], NoneAttr())
         # create, not build: with one variadic operand and one variadic result list there is nothing for IRDL's
         # argument matching to do, and it was half of each op's making (the search lowers a model 60 times)
-        return cls.create(operands=list(operands), result_types=list(result_types), attributes=_params.encode(p),
-                          location=loc)
+        return cls.create(
+            operands=list(operands), result_types=list(result_types), attributes=_params.encode(p), location=loc
+        )
 
 
 _Op = TypeVar("_Op", bound=type)

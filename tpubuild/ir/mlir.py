@@ -39,6 +39,7 @@ STATES = ("TOP_F32", "TOP_CALIBRATED", "TPU_LOWERED", "TPU_GROUPED", "TPU_ADDRES
 @cache
 def _dialects() -> tuple:
     from tpubuild.ir.tpu import Tpu  # the TPU dialect imports TOP pieces; load lazily
+
     return (Builtin, func.Func, Top, Tpu, Quant)
 
 
@@ -125,7 +126,7 @@ class _Parser(Parser):
             self._resume_from(end)
             return known
         found = super().parse_optional_type()
-        if found is not None and self.pos >= end and not text[end:self.pos].strip():  # it read exactly that text
+        if found is not None and self.pos >= end and not text[end : self.pos].strip():  # it read exactly that text
             if len(_TENSOR_TYPES) >= _TENSOR_TYPES_KEEP:
                 _TENSOR_TYPES.clear()
             _TENSOR_TYPES[key] = found
@@ -154,8 +155,11 @@ def _parse(text: str, file: str) -> ModuleOp:
         module = _Parser(context(), text, name=file).parse_module()
     except ParseError as e:
         first = str(e).strip().splitlines()
-        raise TpuBuildError(f"not valid MLIR: {' / '.join(first[:3])}", file=file,
-                            hint="the file is truncated or was not written by tpubuild; rebuild it") from None
+        raise TpuBuildError(
+            f"not valid MLIR: {' / '.join(first[:3])}",
+            file=file,
+            hint="the file is truncated or was not written by tpubuild; rebuild it",
+        ) from None
     try:
         module.verify()
     except VerifyException as e:
@@ -180,8 +184,11 @@ class _Printer(Printer):
         kind = type(attribute)
         if kind is IntegerAttr and attribute.type == i64:
             self.print_string(f"{attribute.value.data:d} : i64")
-        elif kind is ArrayAttr and attribute.data and all(
-                type(a) is IntegerAttr and a.type == i64 for a in attribute.data):
+        elif (
+            kind is ArrayAttr
+            and attribute.data
+            and all(type(a) is IntegerAttr and a.type == i64 for a in attribute.data)
+        ):
             self.print_string("[" + ", ".join(f"{a.value.data:d} : i64" for a in attribute.data) + "]")
         else:
             super().print_attribute(attribute)
@@ -209,6 +216,7 @@ def save_module(module: ModuleOp, path: str | os.PathLike) -> None:
 
 # ---- module layout ----------------------------------------------------------
 
+
 def require_state(module: ModuleOp, state: str, reader: str, hint: str, file: str | None = None) -> None:
     """Refuse a module a stage cannot read: ``reader`` says which stage reads what ("codegen reads an
     addressed module"), ``hint`` which stage makes it."""
@@ -231,8 +239,9 @@ def module_attr(module: ModuleOp, key: str, default: str | None = None) -> str |
 def set_module_attrs(module: ModuleOp, **attrs: str | bool) -> None:
     for key, value in attrs.items():
         # (an int, as parsing "true" gives: a module read back from its saved copy is then the parsed one)
-        module.attributes[f"module.{key}"] = (BoolAttr(int(value), i1) if isinstance(value, bool)
-                                             else StringAttr(str(value)))
+        module.attributes[f"module.{key}"] = (
+            BoolAttr(int(value), i1) if isinstance(value, bool) else StringAttr(str(value))
+        )
 
 
 def main_func(module: ModuleOp) -> func.FuncOp:
@@ -299,8 +308,7 @@ class GraphBuilder:
             self._none = self.add(NoneOp.make([], name="None")).results[0]
         return self._none
 
-    def finish(self, outputs: Sequence[SSAValue], *, name: str, weight_file: str,
-               state: str = "TOP_F32") -> ModuleOp:
+    def finish(self, outputs: Sequence[SSAValue], *, name: str, weight_file: str, state: str = "TOP_F32") -> ModuleOp:
         self.block.add_op(func.ReturnOp(*outputs))
         ftype = ([a.type for a in self.block.args], [v.type for v in outputs])
         main = func.FuncOp("main", ftype, Region(self.block))

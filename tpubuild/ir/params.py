@@ -13,8 +13,18 @@ import typing
 from collections.abc import Iterable
 from functools import cache, lru_cache
 
-from xdsl.dialects.builtin import (ArrayAttr, BoolAttr, FloatAttr, IntAttr, IntegerAttr, IntegerType, StringAttr,
-                                   f64, i1, i64)
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BoolAttr,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    f64,
+    i1,
+    i64,
+)
 from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
 

@@ -24,8 +24,7 @@ from xdsl.irdl import irdl_attr_definition, param_def
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 
-STORAGE = {"i8": (-128, 127), "u8": (0, 255), "i16": (-32768, 32767), "u16": (0, 65535),
-           "i32": (-(2**31), 2**31 - 1)}
+STORAGE = {"i8": (-128, 127), "u8": (0, 255), "i16": (-32768, 32767), "u16": (0, 65535), "i32": (-(2**31), 2**31 - 1)}
 
 
 # print_parameters' per-axis list: scales as mlir_float writes them (always with a '.'), zero points
@@ -85,13 +84,15 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
     zero_points: ArrayAttr[IntAttr] = param_def()
 
     @staticmethod
-    def get(storage: str, expressed: Attribute, scales: Sequence[float], zero_points: Sequence[int],
-            axis: int = -1) -> "UniformType":
+    def get(
+        storage: str, expressed: Attribute, scales: Sequence[float], zero_points: Sequence[int], axis: int = -1
+    ) -> "UniformType":
         if storage not in STORAGE:
             raise ValueError(f"unknown quant storage type {storage!r}; expected one of {sorted(STORAGE)}")
         # keyed by the scales' exact bits (as floats, -0.0 == 0.0 would share an entry)
-        return _uniform(storage, expressed, np.asarray(scales, np.float64).tobytes(),
-                        tuple(int(z) for z in zero_points), int(axis))
+        return _uniform(
+            storage, expressed, np.asarray(scales, np.float64).tobytes(), tuple(int(z) for z in zero_points), int(axis)
+        )
 
     @property
     def storage_type(self) -> str:
@@ -144,8 +145,13 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
         else:
             one()
         parser.parse_punctuation(">")
-        return (StringAttr(storage), expressed, IntAttr(axis),
-                ArrayAttr([FloatData(s) for s in scales]), ArrayAttr([IntAttr(z) for z in zps]))
+        return (
+            StringAttr(storage),
+            expressed,
+            IntAttr(axis),
+            ArrayAttr([FloatData(s) for s in scales]),
+            ArrayAttr([IntAttr(z) for z in zps]),
+        )
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<{self.storage.data}:")
@@ -158,13 +164,16 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
 
 
 @lru_cache(maxsize=1024)
-def _uniform(storage: str, expressed: Attribute, scales: bytes, zero_points: tuple[int, ...],
-             axis: int) -> UniformType:
+def _uniform(storage: str, expressed: Attribute, scales: bytes, zero_points: tuple[int, ...], axis: int) -> UniformType:
     # types are immutable, so one serves every op of that type: the mixed-precision search lowers a module
     # dozens of times, and a per-channel type holds an attribute per channel
-    return UniformType(StringAttr(storage), expressed, IntAttr(axis),
-                       ArrayAttr([FloatData(s) for s in np.frombuffer(scales, np.float64).tolist()]),
-                       ArrayAttr([IntAttr(z) for z in zero_points]))
+    return UniformType(
+        StringAttr(storage),
+        expressed,
+        IntAttr(axis),
+        ArrayAttr([FloatData(s) for s in np.frombuffer(scales, np.float64).tolist()]),
+        ArrayAttr([IntAttr(z) for z in zero_points]),
+    )
 
 
 Quant = Dialect("quant", [], [CalibratedType, UniformType])

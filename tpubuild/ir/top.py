@@ -41,6 +41,7 @@ def _norm_axis(axis: int, rank: int) -> int:
 
 # ---- graph plumbing -------------------------------------------------------
 
+
 @op_definition
 class InputOp(TopOp):
     """A graph input; its location is the input's name."""
@@ -77,6 +78,7 @@ class IdentityOp(TopOp):
 
 # ---- compute --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ReluParams:
     do_relu: bool = False
@@ -94,23 +96,27 @@ class ConvParams:
     relu_limit: float = -1.0
 
 
-def pooled_size(size: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int = 1,
-                ceil_mode: bool = False) -> int:
+def pooled_size(
+    size: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int = 1, ceil_mode: bool = False
+) -> int:
     span = size + pad_begin + pad_end - dilation * (k - 1) - 1
     out = (math.ceil(span / stride) if ceil_mode else span // stride) + 1
     if ceil_mode and (out - 1) * stride >= size + pad_begin:
         out -= 1  # ONNX: the last window must start inside the input or its begin padding
     if out < 1:
-        raise VerifyException(f"window {k} (dilation {dilation}, pads {pad_begin},{pad_end}) "
-                              f"does not fit input size {size}")
+        raise VerifyException(
+            f"window {k} (dilation {dilation}, pads {pad_begin},{pad_end}) does not fit input size {size}"
+        )
     return out
 
 
 def _spatial_out(in_shape, kernel, strides, pads, dilations, ceil_mode=False) -> list[int]:
     nd = len(kernel)
     spatial = in_shape[-nd:]
-    return [pooled_size(spatial[i], kernel[i], strides[i], pads[i], pads[i + nd], dilations[i], ceil_mode)
-            for i in range(nd)]
+    return [
+        pooled_size(spatial[i], kernel[i], strides[i], pads[i], pads[i + nd], dilations[i], ceil_mode)
+        for i in range(nd)
+    ]
 
 
 @op_definition
@@ -390,6 +396,7 @@ class PermuteOp(TopOp):
 
 # ---- data movement and layout (tensor ops) -----------------------------------
 
+
 @dataclass(frozen=True)
 class DeconvParams:
     kernel_shape: tuple[int, ...]
@@ -417,8 +424,15 @@ class DeconvOp(TopOp):
         if len(x) != nd + 2 or len(w) != len(x) or x[1] != w[0]:
             raise VerifyException(f"deconv input {x} / filter {w} do not match kernel {p.kernel_shape}")
         extra = p.output_padding or (0,) * nd
-        out = [(x[2 + i] - 1) * p.strides[i] + (p.kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
-               - p.pads[i] - p.pads[nd + i] for i in range(nd)]
+        out = [
+            (x[2 + i] - 1) * p.strides[i]
+            + (p.kernel_shape[i] - 1) * p.dilations[i]
+            + 1
+            + extra[i]
+            - p.pads[i]
+            - p.pads[nd + i]
+            for i in range(nd)
+        ]
         if min(out) < 1:
             raise VerifyException(f"deconv output size {out} is empty")
         return [with_shape(in_types[0], [x[0], w[1] * p.group, *out])]
@@ -466,7 +480,7 @@ class GatherOp(TopOp):
     def infer(cls, p: AxisParams, in_types):
         x, idx = shape_of(in_types[0]), shape_of(in_types[1])
         axis = _norm_axis(p.axis, len(x))
-        return [with_shape(in_types[0], [*x[:axis], *idx, *x[axis + 1:]])]
+        return [with_shape(in_types[0], [*x[:axis], *idx, *x[axis + 1 :]])]
 
 
 @op_definition
@@ -501,9 +515,9 @@ class GatherNDOp(TopOp):
     def infer(cls, p: GatherNDParams, in_types):
         x, idx = shape_of(in_types[0]), shape_of(in_types[1])
         depth = idx[-1] if idx else 0
-        if not idx or p.batch_dims + depth > len(x) or x[:p.batch_dims] != idx[:p.batch_dims]:
+        if not idx or p.batch_dims + depth > len(x) or x[: p.batch_dims] != idx[: p.batch_dims]:
             raise VerifyException(f"indices {idx} (batch_dims {p.batch_dims}) do not address input {x}")
-        return [with_shape(in_types[0], [*idx[:-1], *x[p.batch_dims + depth:]])]
+        return [with_shape(in_types[0], [*idx[:-1], *x[p.batch_dims + depth :]])]
 
 
 @dataclass(frozen=True)
@@ -583,7 +597,7 @@ class SplitOp(TopOp):
         axis = _norm_axis(p.axis, len(x))
         if sum(p.split_size) != x[axis] or min(p.split_size, default=0) < 0:
             raise VerifyException(f"split sizes {p.split_size} do not add up to dim {axis} of {x}")
-        return [with_shape(in_types[0], [*x[:axis], s, *x[axis + 1:]]) for s in p.split_size]
+        return [with_shape(in_types[0], [*x[:axis], s, *x[axis + 1 :]]) for s in p.split_size]
 
 
 @dataclass(frozen=True)
@@ -654,8 +668,15 @@ class InterpParams:
     extrapolation_value: float = 0.0  # tf_crop_and_resize: the value outside the roi
 
 
-INTERP_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-                      "tf_half_pixel_for_nn", "tf_crop_and_resize")
+INTERP_COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_half_pixel_for_nn",
+    "tf_crop_and_resize",
+)
 
 
 @op_definition
@@ -783,8 +804,10 @@ class RnnOp(TopOp):
         x, w = shape_of(in_types[0]), shape_of(in_types[1])
         dirs = 2 if p.direction == "bidirectional" else 1
         if len(x) != 3 or w != (dirs, cls.GATES * p.hidden_size, x[2]):
-            raise VerifyException(f"{cls.name}: input {x} / weights {w} do not fit hidden size {p.hidden_size} "
-                                  f"and direction {p.direction}")
+            raise VerifyException(
+                f"{cls.name}: input {x} / weights {w} do not fit hidden size {p.hidden_size} "
+                f"and direction {p.direction}"
+            )
         seq, batch = x[0], x[1]
         y = with_shape(in_types[0], [seq, dirs, batch, p.hidden_size])
         h = with_shape(in_types[0], [dirs, batch, p.hidden_size])
@@ -821,6 +844,7 @@ class RNNOp(RnnOp):
 
 
 # ---- elementwise math, activations, comparisons, reductions, normalisation --------
+
 
 class UnaryOp(TopOp):
     """Elementwise on one tensor; the result keeps its type."""
@@ -1147,8 +1171,7 @@ class WhereOp(TopOp):
         return [with_shape(in_types[1], broadcast_shapes(*[shape_of(t) for t in in_types]))]
 
 
-COMPARE_MODES = ("Equal", "NotEqual", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
-                 "And", "Or", "Xor", "Not")
+COMPARE_MODES = ("Equal", "NotEqual", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not")
 
 
 @dataclass(frozen=True)
@@ -1169,8 +1192,9 @@ class CompareOp(TopOp):
         if p.mode not in COMPARE_MODES:
             raise VerifyException(f"compare mode {p.mode!r} is not one of {COMPARE_MODES}")
         if len(in_types) != (1 if p.mode == "Not" else 2):
-            raise VerifyException(f"compare mode {p.mode} takes {1 if p.mode == 'Not' else 2} operands, "
-                                  f"got {len(in_types)}")
+            raise VerifyException(
+                f"compare mode {p.mode} takes {1 if p.mode == 'Not' else 2} operands, got {len(in_types)}"
+            )
         return [tensor_type(broadcast_shapes(*[shape_of(t) for t in in_types]), np.bool_)]
 
 
@@ -1193,8 +1217,18 @@ class CastOp(TopOp):
         return [tensor_type(shape_of(in_types[0]), dtype_from_name(p.to))]
 
 
-REDUCE_MODES = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-                "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+REDUCE_MODES = (
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+)
 
 
 @dataclass(frozen=True)
@@ -1276,8 +1310,7 @@ class GroupNormOp(TopOp):
     def infer(cls, p: GroupNormParams, in_types):
         x = shape_of(in_types[0])
         if len(x) < 2 or p.num_groups < 1 or x[1] % p.num_groups:
-            raise VerifyException(f"{x[1] if len(x) > 1 else '?'} channels do not split into "
-                                  f"{p.num_groups} groups")
+            raise VerifyException(f"{x[1] if len(x) > 1 else '?'} channels do not split into {p.num_groups} groups")
         return [in_types[0]]
 
 
@@ -1297,8 +1330,9 @@ class LRNOp(TopOp):
     PARAMS = LRNParams
 
 
-TOP_OPS: list[type[TopOp]] = [v for v in list(globals().values())
-                               if isinstance(v, type) and issubclass(v, TopOp) and "name" in v.__dict__]
+TOP_OPS: list[type[TopOp]] = [
+    v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, TopOp) and "name" in v.__dict__
+]
 
 Top = Dialect("top", TOP_OPS, [])
 

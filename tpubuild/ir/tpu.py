@@ -30,7 +30,6 @@ from tpubuild.ir.base import TensorOp, op_definition
 from tpubuild.ir.types import shape_of
 
 
-
 class TpuOp(TensorOp):
     """Base of TPU ops."""
 
@@ -60,16 +59,22 @@ class Requant:
 def _with_requant(params: type) -> type:
     """The TOP parameter dataclass extended by Requant's fields (appended: they all have defaults)."""
     fields = [(f.name, f.type, f) for f in dataclasses.fields(Requant)]
-    return dataclasses.make_dataclass(params.__name__, [(n, t, dataclasses.field(default=f.default))
-                                                        for n, t, f in fields],
-                                      bases=(params,), frozen=True, namespace={"__module__": __name__})
+    return dataclasses.make_dataclass(
+        params.__name__,
+        [(n, t, dataclasses.field(default=f.default)) for n, t, f in fields],
+        bases=(params,),
+        frozen=True,
+        namespace={"__module__": __name__},
+    )
 
 
 def _mirror(top_cls: type[top.TopOp], params: type | None = None) -> type[TpuOp]:
     """A TPU op with the TOP op's name, parameters (or ``params``), operands and shape rule."""
     name = "tpu." + top_cls.name.split(".", 1)[1]
     namespace = {
-        "name": name, "PARAMS": params or top_cls.PARAMS, "OPERANDS": top_cls.OPERANDS,
+        "name": name,
+        "PARAMS": params or top_cls.PARAMS,
+        "OPERANDS": top_cls.OPERANDS,
         "NUM_RESULTS": top_cls.NUM_RESULTS,
         "infer": classmethod(top_cls.infer.__func__),
         "__doc__": f"{name}: lowered {top_cls.name}.",
@@ -87,7 +92,8 @@ _NOT_MIRRORED = (*_GRAPH, top.CastOp)
 # TOP op class -> its TPU op class
 MIRROR: dict[type, type[TpuOp]] = {
     cls: _mirror(cls, _with_requant(cls.PARAMS) if cls in QUANTIZED else None)
-    for cls in top.TOP_OPS if cls not in _NOT_MIRRORED
+    for cls in top.TOP_OPS
+    if cls not in _NOT_MIRRORED
 }
 
 ConvOp = MIRROR[top.ConvOp]

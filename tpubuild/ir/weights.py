@@ -23,11 +23,13 @@ class WeightStore:
         try:
             return cls(read_npz(path))
         except FileNotFoundError:
-            raise TpuBuildError("weight file not found", file=str(path),
-                                hint="rebuild the stage that writes it") from None
+            raise TpuBuildError(
+                "weight file not found", file=str(path), hint="rebuild the stage that writes it"
+            ) from None
         except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-            raise TpuBuildError(f"not a readable npz weight file ({e})", file=str(path),
-                                hint="rebuild the stage that writes it") from None
+            raise TpuBuildError(
+                f"not a readable npz weight file ({e})", file=str(path), hint="rebuild the stage that writes it"
+            ) from None
 
     def save(self, path: str | os.PathLike) -> None:
         write_npz(path, self._arrays)
@@ -36,8 +38,10 @@ class WeightStore:
         try:
             return self._arrays[name]
         except KeyError:
-            raise TpuBuildError(f"weight {name!r} is not in the weight file",
-                                hint="the .mlir and its weight npz are out of step; rebuild both") from None
+            raise TpuBuildError(
+                f"weight {name!r} is not in the weight file",
+                hint="the .mlir and its weight npz are out of step; rebuild both",
+            ) from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._arrays

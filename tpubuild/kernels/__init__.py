@@ -12,6 +12,8 @@ def load_all() -> None:
     from tpubuild.kernels import deconv, layout, resize, rnn  # noqa: F401
     from tpubuild.kernels import norm, pointwise, reduce  # noqa: F401
     from tpubuild.kernels import layout_prepared, nn_prepared  # noqa: F401
+
     # TPU kernels last: TPU ops without a kernel of their own reuse their TOP op's
     from tpubuild.kernels import tpu
+
     tpu.register_mirrors()

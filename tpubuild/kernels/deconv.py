@@ -37,12 +37,12 @@ def deconv(p: top.DeconvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     # call, so an H or N slice, as the chip computes it, matches the whole tensor's bits
     prod = pixel_gemm(xg, wg) if sliced else np.matmul(xg.swapaxes(2, 3), wg)
     taps = prod.swapaxes(2, 3).reshape(n, g, cout, *kernel_shape, *spatial)
-    full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i]
-            for i in range(nd)]
+    full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i] for i in range(nd)]
     y = np.zeros((n, g, cout, *full), dtype)
     for tap in np.ndindex(*kernel_shape):
-        window = tuple(slice(k * d, k * d + (size - 1) * s + 1, s)
-                       for k, d, s, size in zip(tap, p.dilations, p.strides, spatial))
+        window = tuple(
+            slice(k * d, k * d + (size - 1) * s + 1, s) for k, d, s, size in zip(tap, p.dilations, p.strides, spatial)
+        )
         y[(slice(None),) * 3 + window] += taps[(slice(None),) * 3 + tap]
     # pads crop the full output; negative pads (from an explicit output_shape) extend it with zeros
     begins, ends = p.pads[:nd], p.pads[nd:]

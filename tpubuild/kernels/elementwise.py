@@ -72,5 +72,8 @@ def _(p, x):
 
 @kernel(top.ClipOp)
 def _(p, x):
-    return np.clip(x, np.asarray(p.min, x.dtype) if np.isfinite(p.min) else None,
-                   np.asarray(p.max, x.dtype) if np.isfinite(p.max) else None)
+    return np.clip(
+        x,
+        np.asarray(p.min, x.dtype) if np.isfinite(p.min) else None,
+        np.asarray(p.max, x.dtype) if np.isfinite(p.max) else None,
+    )

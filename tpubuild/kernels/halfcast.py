@@ -24,8 +24,11 @@ def astype(x: np.ndarray, dtype, order: str = "K") -> np.ndarray:
     """``x.astype(dtype, order=order, copy=False)``, bit for bit (and layout: a C-order result unless
     ``order`` keeps another)."""
     dtype = np.dtype(dtype)
-    if (x.size < MIN_SIZE or (x.dtype, dtype) not in ((F32, F16), (F16, F32))
-            or not (order == "C" or x.flags.c_contiguous)):
+    if (
+        x.size < MIN_SIZE
+        or (x.dtype, dtype) not in ((F32, F16), (F16, F32))
+        or not (order == "C" or x.flags.c_contiguous)
+    ):
         return x.astype(dtype, order=order, copy=False)
     y = _cast(x.dtype, dtype).run(None, {"x": np.ascontiguousarray(x)})[0]
     wide = x if x.dtype == F32 else y
@@ -42,9 +45,12 @@ def _cast(src: np.dtype, dst: np.dtype):
     from onnx import TensorProto, helper
 
     elem = {F32: TensorProto.FLOAT, F16: TensorProto.FLOAT16}
-    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=elem[dst])], "cast",
-                              [helper.make_tensor_value_info("x", elem[src], None)],
-                              [helper.make_tensor_value_info("y", elem[dst], None)])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=elem[dst])],
+        "cast",
+        [helper.make_tensor_value_info("x", elem[src], None)],
+        [helper.make_tensor_value_info("y", elem[dst], None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1

@@ -47,7 +47,7 @@ def _(p: top.GatherNDParams, x, indices):
     idx = indices.reshape(batch, -1, depth).astype(np.int64)
     coords = [_checked_indices(idx[..., k], data.shape[1 + k], "GatherND") for k in range(depth)]
     picked = data[(np.arange(batch)[:, None], *coords)]  # [batch, n, rest...]
-    return picked.reshape(indices.shape[:-1] + x.shape[b + depth:])
+    return picked.reshape(indices.shape[:-1] + x.shape[b + depth :])
 
 
 _SCATTER_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -101,8 +101,9 @@ def _(p: top.SplitParams, x):
 
 @kernel(top.SliceOp)
 def _(p: top.SliceParams, x):
-    index = tuple(slice(start, None if stop < 0 else stop, step)
-                  for start, stop, step in zip(p.offset, p.ends, p.steps))
+    index = tuple(
+        slice(start, None if stop < 0 else stop, step) for start, stop, step in zip(p.offset, p.ends, p.steps)
+    )
     return x[index].copy()
 
 

@@ -71,4 +71,5 @@ def _(p: top.InterpParams, operands: list[Operand]) -> Callable | None:
         for step in steps:
             y = step(y)
         return y.astype(x.dtype)
+
     return run

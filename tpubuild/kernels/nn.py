@@ -24,8 +24,11 @@ def windows(x: np.ndarray, kernel_shape, strides, dilations, pads_begin, pads_en
     win = sliding_window_view(xp, span, axis=axes)
     # sliding_window_view appends the window dims: [..., *out_full, *span]; stride the
     # output dims and step through each window by its dilation
-    index = ((slice(None),) * (x.ndim - nd) + tuple(slice(None, None, s) for s in strides)
-             + tuple(slice(None, None, d) for d in dilations))
+    index = (
+        (slice(None),) * (x.ndim - nd)
+        + tuple(slice(None, None, s) for s in strides)
+        + tuple(slice(None, None, d) for d in dilations)
+    )
     return win[index]
 
 
@@ -43,8 +46,10 @@ def padded(x: np.ndarray, begin, end, fill=0.0) -> np.ndarray:
 
 def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
     """The elements of padded ``xp`` under kernel position ``tap`` for every output position (a view)."""
-    return xp[(Ellipsis,) + tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
-                                  for k, d, s, o in zip(tap, dilations, strides, out_sp))]
+    return xp[
+        (Ellipsis,)
+        + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp))
+    ]
 
 
 # im2col builds its columns this many bytes at a time (output rows in blocks): the block
@@ -55,7 +60,7 @@ _COLS_BLOCK = 1 << 21
 # each output in another order than the blocked kernel (and a different one per size); every
 # larger GEMM sums each output in an order set by K and N alone (measured on numpy's OpenBLAS
 # 0.3.31, Haswell kernels: any pixel count and offset above the bound gives the same bits)
-_SMALL_GEMM = 100 ** 3
+_SMALL_GEMM = 100**3
 
 
 def pixel_gemm(cols: np.ndarray, wt: np.ndarray, sliced_rows: bool = True) -> np.ndarray:
@@ -92,8 +97,10 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    out_sp = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, lo, hi, k, d, s in
-                   zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides))
+    out_sp = tuple(
+        (size + lo + hi - (k - 1) * d - 1) // s + 1
+        for size, lo, hi, k, d, s in zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides)
+    )
     dtype = np.result_type(x.dtype, w.dtype)
     taps = _live_taps(p, x.shape[2:], out_sp)
     w = w.reshape(oc, c // g, -1)
@@ -101,8 +108,13 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
         w = w[:, :, [np.ravel_multi_index(t, p.kernel_shape) for t in taps]]
     if not taps:
         y = np.zeros((n, oc) + out_sp, dtype)
-    elif not sliced and g > 1 and c == g == oc and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype) and (
-            b is None or b.dtype == dtype):
+    elif (
+        not sliced
+        and g > 1
+        and c == g == oc
+        and DepthwiseGemv.suits(p, x.shape, taps, out_sp, dtype)
+        and (b is None or b.dtype == dtype)
+    ):
         conv = DepthwiseGemv(p, x.shape, taps, out_sp)
         y, b = conv(x, conv.weights(w, b)), None  # the bias in the product
     elif g > 1 and c == g and all(st == 1 for st in p.strides):
@@ -147,8 +159,12 @@ _FOLD_CHANNELS = 48
 
 def folds_bias(b: np.ndarray | None, dtype, c: int, out_shape: tuple[int, ...]) -> bool:
     """Does a TOP 1x1 conv of ``c`` input channels add its bias in the GEMM (``with_bias``, ``with_ones``)?"""
-    return b is not None and b.dtype == dtype and c <= min(_FOLD_CHANNELS, out_shape[1]) and \
-        math.prod(out_shape) > _FOLD_BIAS
+    return (
+        b is not None
+        and b.dtype == dtype
+        and c <= min(_FOLD_CHANNELS, out_shape[1])
+        and math.prod(out_shape) > _FOLD_BIAS
+    )
 
 
 def with_bias(wt: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -205,7 +221,7 @@ def _depthwise(xp, w, taps, p, out_sp, dtype) -> np.ndarray:
     tmp = np.empty((n, chans) + out_sp, dtype)
     for c0 in range(0, oc, chans):
         c1 = min(oc, c0 + chans)
-        out, part, xb = y[:, c0:c1], tmp[:, :c1 - c0], xp[:, c0:c1]
+        out, part, xb = y[:, c0:c1], tmp[:, : c1 - c0], xp[:, c0:c1]
         for t, tap in enumerate(taps):
             view = tap_view(xb, tap, p.strides, p.dilations, out_sp)
             if t == 0:
@@ -290,8 +306,11 @@ class DepthwiseGemv:
         if len(out_sp) != 2 or np.dtype(dtype) != np.float32 or math.prod(out_sp) < 128:
             return False
         rows, cols = sorted({t[0] for t in taps}), sorted({t[1] for t in taps})
-        box = len(taps) == len(rows) * len(cols) and rows[-1] - rows[0] + 1 == len(rows) and \
-            cols[-1] - cols[0] + 1 == len(cols)
+        box = (
+            len(taps) == len(rows) * len(cols)
+            and rows[-1] - rows[0] + 1 == len(rows)
+            and cols[-1] - cols[0] + 1 == len(cols)
+        )
         k, wq = len(taps) + 1, DepthwiseGemv._width(p, x_shape[3], out_sp[1], taps)
         if math.prod(out_sp) * k < 2500 or k * wq > _ONE_THREAD_GEMV:
             return False
@@ -338,18 +357,32 @@ class DepthwiseGemv:
                 rows, cols = range(r0, h, sh), range(c0, w, sw)
                 if rows and cols:
                     u0, v0 = (r0 + top_pad) // sh, (c0 + left) // sw
-                    self.fills.append(((Ellipsis, a, b, slice(u0, u0 + len(rows)), slice(v0, v0 + len(cols))),
-                                       (Ellipsis, slice(r0, None, sh), slice(c0, None, sw))))
+                    self.fills.append(
+                        (
+                            (Ellipsis, a, b, slice(u0, u0 + len(rows)), slice(v0, v0 + len(cols))),
+                            (Ellipsis, slice(r0, None, sh), slice(c0, None, sw)),
+                        )
+                    )
         self.phases = (n, c, sh * sw, hq * wq)
         self.run = run = self.rows * wq
         k = len(taps) + 1  # the taps and a row of ones, the bias's
         self.chans = chans = max(1, min(c, _DEPTHWISE_BLOCK // (n * self.blocks * k * run * 4)))
         self.cols = (n, chans, self.blocks, k, run)
         # each block of channels: (first, end, each fill's (part of the block's planes, the input's pixels))
-        self.chan_blocks = [(c0, min(c, c0 + chans), [((slice(None), slice(0, min(c, c0 + chans) - c0)) + dst[1:],
-                                                        (slice(None), slice(c0, c0 + chans)) + src[1:])
-                                                       for dst, src in self.fills])
-                            for c0 in range(0, c, chans)]
+        self.chan_blocks = [
+            (
+                c0,
+                min(c, c0 + chans),
+                [
+                    (
+                        (slice(None), slice(0, min(c, c0 + chans) - c0)) + dst[1:],
+                        (slice(None), slice(c0, c0 + chans)) + src[1:],
+                    )
+                    for dst, src in self.fills
+                ],
+            )
+            for c0 in range(0, c, chans)
+        ]
         self.out = (n, c, ho, wo)
         self._views = _Views(self._make_views)
         # the taps of a phase plane whose shifts are a grid (all of them, but for a dilation in a strided
@@ -361,8 +394,11 @@ class DepthwiseGemv:
             mine = [t for t, (a, _, _) in enumerate(shifts) if a == plane]  # rows then columns ascending
             us, vs = sorted({shifts[t][1] for t in mine}), sorted({shifts[t][2] for t in mine})
             steps = [b - a for b, a in zip(us[1:], us)] + [b - a for b, a in zip(vs[1:], vs)]
-            if len(mine) == len(us) * len(vs) and len(set(steps[:len(us) - 1])) <= 1 and \
-                    len(set(steps[len(us) - 1:])) <= 1:
+            if (
+                len(mine) == len(us) * len(vs)
+                and len(set(steps[: len(us) - 1])) <= 1
+                and len(set(steps[len(us) - 1 :])) <= 1
+            ):
                 su, sv = (us[1] - us[0] if len(us) > 1 else 0), (vs[1] - vs[0] if len(vs) > 1 else 0)
                 parts = [(mine, us[0] * wq + vs[0], (len(us), len(vs)), (su * wq, sv))]
             else:
@@ -390,12 +426,24 @@ class DepthwiseGemv:
         for k0, first, grid, (su, sv) in self.groups:
             shape = self.cols[:3] + grid + (self.run,)
             strides = flat.strides[:2] + (self.run * item, su * item, sv * item, item)
-            copies.append((cols[:, :, :, k0:k0 + math.prod(grid)].reshape(shape),
-                           np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides)))
+            copies.append(
+                (
+                    cols[:, :, :, k0 : k0 + math.prod(grid)].reshape(shape),
+                    np.ndarray(shape, np.float32, buffer=flat, offset=first * item, strides=strides),
+                )
+            )
         y = _PRODUCTS.array((n, c, self.blocks, 1, self.run), np.float32)
-        blocks = [(c0, c1, [(planes[dst], src) for dst, src in fills],
-                   [(dst[:, :c1 - c0], src[:, :c1 - c0]) for dst, src in copies], cols[:, :c1 - c0], y[:, c0:c1])
-                  for c0, c1, fills in self.chan_blocks]
+        blocks = [
+            (
+                c0,
+                c1,
+                [(planes[dst], src) for dst, src in fills],
+                [(dst[:, : c1 - c0], src[:, : c1 - c0]) for dst, src in copies],
+                cols[:, : c1 - c0],
+                y[:, c0:c1],
+            )
+            for c0, c1, fills in self.chan_blocks
+        ]
         return planes, blocks, y, cols[:, :, :, -1]
 
     def __call__(self, x: np.ndarray, w: np.ndarray, bounds: tuple | None = None) -> np.ndarray:
@@ -412,7 +460,7 @@ class DepthwiseGemv:
             for dst, src in copies:
                 np.copyto(dst, src)
             np.matmul(w[c0:c1], cols, out=out)  # the same product per channel and block
-        y = y.reshape(n, c, -1, wq)[:, :, :self.out[2], :self.out[3]]
+        y = y.reshape(n, c, -1, wq)[:, :, : self.out[2], : self.out[3]]
         return cropped(y, bounds)
 
 
@@ -449,7 +497,7 @@ def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
     nd = len(out_sp)
     oc, k = w.shape[0], len(taps)
     grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], p.pads[:nd], p.pads[nd:]))
-    steps = [math.prod(grid[i + 1:]) for i in range(nd)]  # elements per step along each dim
+    steps = [math.prod(grid[i + 1 :]) for i in range(nd)]  # elements per step along each dim
     offsets = [sum(t * d * st for t, d, st in zip(tap, p.dilations, steps)) for tap in taps]
     length = out_sp[0] * steps[0]  # the output rows, each a whole padded row
     flat = _flat_planes(x, p.pads[:nd], p.pads[nd:], max(0, max(offsets) + length - math.prod(grid)))
@@ -461,9 +509,9 @@ def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
     tmp = np.empty((n, chans, length), dtype)
     for c0 in range(0, oc, chans):
         c1 = min(oc, c0 + chans)
-        out, part = full[:, c0:c1], tmp[:, :c1 - c0]
+        out, part = full[:, c0:c1], tmp[:, : c1 - c0]
         for t, off in enumerate(offsets):
-            view = flat[:, c0:c1, off:off + length]
+            view = flat[:, c0:c1, off : off + length]
             if t == 0:
                 np.multiply(view, wt[c0:c1, 0, None], out=out)
             else:
@@ -482,8 +530,12 @@ class Im2colFlat:
 
     @staticmethod
     def suits(p: top.ConvParams, x_shape, taps, dtype) -> bool:
-        if len(p.kernel_shape) != 2 or np.dtype(dtype) != np.float32 or any(s != 1 for s in p.strides) or \
-                len(taps) != math.prod(p.kernel_shape):
+        if (
+            len(p.kernel_shape) != 2
+            or np.dtype(dtype) != np.float32
+            or any(s != 1 for s in p.strides)
+            or len(taps) != math.prod(p.kernel_shape)
+        ):
             return False
         n, c, h, w = x_shape
         rows = h + p.pads[0] + p.pads[2] - (p.kernel_shape[0] - 1) * p.dilations[0]
@@ -506,8 +558,10 @@ class Im2colFlat:
         run = out_sp[0] * wp
         item = np.dtype(np.float32).itemsize
         k = kh * (c // g) * kw
-        self.view = ((n, g, kh, c // g, kw, run),
-                     tuple(s * item for s in (c * plane, c // g * plane, dh * wp, plane, dw, 1)))
+        self.view = (
+            (n, g, kh, c // g, kw, run),
+            tuple(s * item for s in (c * plane, c // g * plane, dh * wp, plane, dw, 1)),
+        )
         self.cols = (n, g, k + 1, run)  # the taps' rows, then a row of ones (the bias's)
         self.out = (n, -1, out_sp[0], wp)
         self.width = out_sp[1]
@@ -522,9 +576,16 @@ class Im2colFlat:
         shape, strides = self.view
         cols = _COLUMNS.array(self.cols, np.float32)
         product = _PRODUCTS.array(self.cols[:2] + (self.ocg, self.cols[3]), np.float32)
-        return (xp, xp[self.inner], cols[:, :, :-1].reshape(shape),
-                np.ndarray(shape, np.float32, buffer=xp, strides=strides), cols[:, :, -1], cols, product,
-                product.reshape(self.out)[..., :self.width])
+        return (
+            xp,
+            xp[self.inner],
+            cols[:, :, :-1].reshape(shape),
+            np.ndarray(shape, np.float32, buffer=xp, strides=strides),
+            cols[:, :, -1],
+            cols,
+            product,
+            product.reshape(self.out)[..., : self.width],
+        )
 
     def __call__(self, x: np.ndarray, wt: np.ndarray, bounds: tuple | None = None) -> np.ndarray:
         """The conv of x by ``weights`` (the bias in them), clipped to ``bounds`` (the fused ReLU's, or None) as
@@ -581,13 +642,15 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype, sliced: bool) -> np.ndarray:
         part = cols[:, :, :, :, :, :r]
         for t, tap in enumerate(taps):
             part[:, :, t // rest_taps, :, t % rest_taps] = tap_view(xb, tap, p.strides, p.dilations, block_sp).reshape(
-                (n, g, cg) + block_sp)
+                (n, g, cg) + block_sp
+            )
         if sliced:
             prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt, out_sp[0] > 1)  # [n, g, pixels, ocg]
-            y[:, :, :, r0:r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
+            y[:, :, :, r0 : r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
         else:
-            y[:, :, :, r0:r0 + r] = np.matmul(wt.swapaxes(1, 2), part.reshape(n, g, cg * k, r * rest)).reshape(
-                n, g, ocg, r, rest)
+            y[:, :, :, r0 : r0 + r] = np.matmul(wt.swapaxes(1, 2), part.reshape(n, g, cg * k, r * rest)).reshape(
+                n, g, ocg, r, rest
+            )
     return y
 
 
@@ -615,8 +678,10 @@ def _pool_shape(p: top.PoolParams, spatial) -> tuple[tuple[int, ...], tuple[int,
     """(dilations, output spatial size) of a pool over ``spatial``."""
     nd = len(p.kernel_shape)
     dil = tuple(p.dilations) or (1,) * nd
-    out = tuple(top.pooled_size(spatial[i], p.kernel_shape[i], p.strides[i], p.pads[i], p.pads[nd + i], dil[i],
-                                p.ceil_mode) for i in range(nd))
+    out = tuple(
+        top.pooled_size(spatial[i], p.kernel_shape[i], p.strides[i], p.pads[i], p.pads[nd + i], dil[i], p.ceil_mode)
+        for i in range(nd)
+    )
     return dil, out
 
 
@@ -675,8 +740,7 @@ def _(p: top.MaskPoolParams, x):
     win = windows(x, p.kernel_shape, p.strides, dil, begin, end, fill=lowest)
     flat = win.reshape(win.shape[:-nd] + (-1,))
     # the first maximum in window order, as onnxruntime; padding never wins (it is lowest, or out of range)
-    pos = windows(np.arange(math.prod(spatial)).reshape(spatial), p.kernel_shape, p.strides, dil, begin, end,
-                  fill=-1)
+    pos = windows(np.arange(math.prod(spatial)).reshape(spatial), p.kernel_shape, p.strides, dil, begin, end, fill=-1)
     pos = np.broadcast_to(pos.reshape(pos.shape[:nd] + (-1,)), flat.shape)
     best = np.where(pos >= 0, flat, lowest).max(axis=-1, keepdims=True)
     pick = np.argmax((flat == best) & (pos >= 0), axis=-1)[..., None]  # argmax: the first True
@@ -726,8 +790,7 @@ def _pool_counts(p: top.PoolParams, spatial, begin, dil, out_sp) -> np.ndarray:
     for i in range(nd):
         lo, hi = (-p.pads[i], spatial[i] + p.pads[nd + i]) if p.count_include_pad else (0, spatial[i])
         # input position of every (output, tap) pair along this axis
-        pos = (np.arange(out_sp[i])[:, None] * p.strides[i] + np.arange(p.kernel_shape[i])[None, :] * dil[i]
-               - begin[i])
+        pos = np.arange(out_sp[i])[:, None] * p.strides[i] + np.arange(p.kernel_shape[i])[None, :] * dil[i] - begin[i]
         axis_count = ((pos >= lo) & (pos < hi)).sum(axis=1).astype(np.float64)
         count = np.multiply.outer(count, axis_count)
     return count

@@ -44,8 +44,11 @@ class _Padder:
 
 def _tap_slices(taps, strides, dilations, out_sp) -> list[tuple]:
     """nn.tap_view's index of each tap, made once."""
-    return [(Ellipsis,) + tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
-                                for k, d, s, o in zip(tap, dilations, strides, out_sp)) for tap in taps]
+    return [
+        (Ellipsis,)
+        + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp))
+        for tap in taps
+    ]
 
 
 def _channel_bias(b: np.ndarray | None, out_shape: tuple[int, ...], full: bool) -> np.ndarray | None:
@@ -65,8 +68,9 @@ class _Epilogue:
 
     def __init__(self, p: top.ConvParams, bias: np.ndarray | None):
         self.bias = bias
-        self.bounds = (np.zeros((), F32), np.asarray(p.relu_limit if p.relu_limit >= 0 else np.inf, F32)) \
-            if p.do_relu else None
+        self.bounds = (
+            (np.zeros((), F32), np.asarray(p.relu_limit if p.relu_limit >= 0 else np.inf, F32)) if p.do_relu else None
+        )
 
     def __call__(self, y: np.ndarray) -> np.ndarray:
         if self.bias is not None:
@@ -82,14 +86,21 @@ def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
 def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callable | None:
     """nn.conv prepared (``sliced``: a TPU F32 conv the chip slices, its GEMMs pixel-major and padded)."""
     x, w, b = operands
-    if (w.const is None or (b.shape is not None and b.const is None) or x.dtype != F32 or w.const.dtype != F32
-            or (b.const is not None and b.const.dtype != F32)):
+    if (
+        w.const is None
+        or (b.shape is not None and b.const is None)
+        or x.dtype != F32
+        or w.const.dtype != F32
+        or (b.const is not None and b.const.dtype != F32)
+    ):
         return None
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    out_sp = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, lo, hi, k, d, s in
-                   zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides))
+    out_sp = tuple(
+        (size + lo + hi - (k - 1) * d - 1) // s + 1
+        for size, lo, hi, k, d, s in zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides)
+    )
     taps = nn._live_taps(p, x.shape[2:], out_sp)
     if not taps or (g > 1 and c == g and (oc != c or nd != 2)):
         return None  # no live tap (zeros), a channel multiplier or not 2-D: the kernel
@@ -108,12 +119,26 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     if len(taps) == 1:
         tap = _tap_slices(taps, p.strides, p.dilations, out_sp)[0]
         if not sliced and nn.folds_bias(b.const, F32, c, (n, oc) + out_sp):
-            return _Conv1Tap(n, g, c, oc, out_sp, nn.with_bias(wt.reshape(g, oc // g, c // g), b.const), pad, tap,
-                             _Epilogue(p, None), sliced, fold=True)
+            return _Conv1Tap(
+                n,
+                g,
+                c,
+                oc,
+                out_sp,
+                nn.with_bias(wt.reshape(g, oc // g, c // g), b.const),
+                pad,
+                tap,
+                _Epilogue(p, None),
+                sliced,
+                fold=True,
+            )
         return _Conv1Tap(n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced)
     if not sliced and nn.Im2colFlat.suits(p, x.shape, taps, F32):
-        return _Im2colFlat(nn.Im2colFlat(p, x.shape, g, oc, out_sp),
-                           nn.Im2colFlat.weights(wt, g, p.kernel_shape[0], b.const), _Epilogue(p, None))
+        return _Im2colFlat(
+            nn.Im2colFlat(p, x.shape, g, oc, out_sp),
+            nn.Im2colFlat.weights(wt, g, p.kernel_shape[0], b.const),
+            _Epilogue(p, None),
+        )
     return _Im2col(p, x.shape, oc, g, taps, out_sp, wt, pad, epilogue, sliced)
 
 
@@ -159,19 +184,28 @@ class _Im2col:
             r = min(self.rows, out_sp[0] - r0)
             start = r0 * p.strides[0]
             stop = start + (r - 1) * p.strides[0] + (p.kernel_shape[0] - 1) * p.dilations[0] + 1
-            self.blocks.append((r0, r, (slice(None), slice(None), slice(start, stop)),
-                                _tap_slices(taps, p.strides, p.dilations, (r,) + out_sp[1:])))
+            self.blocks.append(
+                (
+                    r0,
+                    r,
+                    (slice(None), slice(None), slice(start, stop)),
+                    _tap_slices(taps, p.strides, p.dilations, (r,) + out_sp[1:]),
+                )
+            )
         self.pad, self.epilogue = pad, epilogue
         # one block with every tap live: the columns are one strided view of the padded input, copied in
         # one call (the taps' copies were a numpy call each); (shape, byte strides) of that view
         self.window = None
         if len(self.blocks) == 1 and k == math.prod(p.kernel_shape):
-            step = [F32.itemsize * math.prod(pad.shape[i + 1:]) for i in range(len(pad.shape))]
+            step = [F32.itemsize * math.prod(pad.shape[i + 1 :]) for i in range(len(pad.shape))]
             dims = range(2, len(pad.shape))
             taps = tuple(d * step[i] for d, i in zip(p.dilations, dims))
-            self.window = ((n, g, p.kernel_shape[0], cg) + tuple(p.kernel_shape[1:]) + out_sp,
-                           (step[0], cg * step[1], taps[0], step[1]) + taps[1:]
-                           + tuple(s * step[i] for s, i in zip(p.strides, dims)))
+            self.window = (
+                (n, g, p.kernel_shape[0], cg) + tuple(p.kernel_shape[1:]) + out_sp,
+                (step[0], cg * step[1], taps[0], step[1])
+                + taps[1:]
+                + tuple(s * step[i] for s, i in zip(p.strides, dims)),
+            )
 
     def __call__(self, x, w, b):
         xp = self.pad(x)
@@ -191,9 +225,9 @@ class _Im2col:
             pixels = part.reshape(n, g, cg * k, r * rest)
             if self.sliced:
                 prod = nn.pixel_gemm(pixels, self.wt, self.out_sp[0] > 1)  # [n, g, pixels, ocg]
-                y[:, :, :, r0 * rest:(r0 + r) * rest] = prod.transpose(0, 1, 3, 2)  # np.moveaxis(.., 4, 2)
+                y[:, :, :, r0 * rest : (r0 + r) * rest] = prod.transpose(0, 1, 3, 2)  # np.moveaxis(.., 4, 2)
             else:
-                np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest:(r0 + r) * rest])
+                np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest : (r0 + r) * rest])
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
 
 
@@ -251,8 +285,14 @@ class _DepthwiseNHWC:
         self.padded = (n, h + ph + p.pads[2], w + pw + p.pads[3], c)
         self.inner = (slice(None), slice(ph, ph + h), slice(pw, pw + w))
         ho, wo = out_sp
-        self.taps = [(slice(None), slice(kh * dh, kh * dh + (ho - 1) * sh + 1, sh),
-                      slice(kw * dw, kw * dw + (wo - 1) * sw + 1, sw)) for kh, kw in taps]
+        self.taps = [
+            (
+                slice(None),
+                slice(kh * dh, kh * dh + (ho - 1) * sh + 1, sh),
+                slice(kw * dw, kw * dw + (wo - 1) * sw + 1, sw),
+            )
+            for kh, kw in taps
+        ]
         # tap t's weight for each (column, channel) of an output row, channels fastest
         self.weights = [np.ascontiguousarray(np.broadcast_to(wt[:, 0, t], (wo, c))) for t in range(len(taps))]
         self.out = (n, ho, wo, c)
@@ -300,8 +340,13 @@ def max_pool(p: top.PoolParams, operands: list[Operand], *, shifted: bool) -> Ca
     pool = _PoolTaps(p, x.shape, -np.inf)
     if not pool.is_global and not pool.few:
         return None  # a windows view: the kernel
-    if shifted and not pool.is_global and len(p.kernel_shape) == 2 and x.dtype == F32 and \
-            math.prod(pool.pad.shape) * F32.itemsize <= _SHIFTED_MAX:
+    if (
+        shifted
+        and not pool.is_global
+        and len(p.kernel_shape) == 2
+        and x.dtype == F32
+        and math.prod(pool.pad.shape) * F32.itemsize <= _SHIFTED_MAX
+    ):
         return _ShiftedMax(p, pool, x.shape)
 
     def run(x):
@@ -310,6 +355,7 @@ def max_pool(p: top.PoolParams, operands: list[Operand], *, shifted: bool) -> Ca
         else:
             y = nn.window_max(pool.pad(x), p.kernel_shape, p.strides, pool.dil, pool.out_sp)
         return nn.fused(y, p)
+
     return run
 
 
@@ -336,8 +382,10 @@ class _ShiftedMax:
         self.tail = max(self.row_shifts + self.col_shifts + [0])  # -inf after the planes: the last shifts' runs
         item = F32.itemsize
         lead = x_shape[:-2]
-        self.windows = (self.out_shape, tuple(math.prod(lead[i + 1:]) * hp * wp * item for i in range(len(lead)))
-                        + (sh * wp * item, sw * item))
+        self.windows = (
+            self.out_shape,
+            tuple(math.prod(lead[i + 1 :]) * hp * wp * item for i in range(len(lead))) + (sh * wp * item, sw * item),
+        )
         self._views = nn._Views(self._make_views)
 
     def _make_views(self) -> tuple:
@@ -367,9 +415,9 @@ def _shifted_max(src: np.ndarray, shifts: list[int], out: np.ndarray) -> None:
     if not shifts:
         np.copyto(out, src[:run])
         return
-    np.maximum(src[:run], src[shifts[0]:run + shifts[0]], out=out)
+    np.maximum(src[:run], src[shifts[0] : run + shifts[0]], out=out)
     for shift in shifts[1:]:
-        np.maximum(out, src[shift:run + shift], out=out)
+        np.maximum(out, src[shift : run + shift], out=out)
 
 
 @prepared(top.AvgPoolOp)
@@ -380,7 +428,7 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
     pool = _PoolTaps(p, x.shape, 0.0)
     if not pool.is_global and not pool.few:
         return None
-    counts = nn._pool_counts(p, x.shape[-len(p.kernel_shape):], pool.begin, pool.dil, pool.out_sp)
+    counts = nn._pool_counts(p, x.shape[-len(p.kernel_shape) :], pool.begin, pool.dil, pool.out_sp)
     acc = nn.pool_sum_dtype(x.dtype)
 
     def run(x):
@@ -392,6 +440,7 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
             for tap in pool.taps:
                 total += xp[tap]
         return nn.fused((total / counts).astype(x.dtype), p)
+
     return run
 
 
@@ -424,8 +473,14 @@ def _divisor(count: int) -> np.float32 | np.intp:
 @prepared(top.LayerNormOp)
 def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
     x, scale, bias = operands
-    if x.dtype != F32 or p.stats or any(o.shape is not None and (o.dtype != F32 or np.broadcast_shapes(
-            x.shape, o.shape) != x.shape) for o in (scale, bias)):
+    if (
+        x.dtype != F32
+        or p.stats
+        or any(
+            o.shape is not None and (o.dtype != F32 or np.broadcast_shapes(x.shape, o.shape) != x.shape)
+            for o in (scale, bias)
+        )
+    ):
         return None
     axes = tuple(range(p.axis % len(x.shape), len(x.shape)))
     count = _divisor(math.prod(x.shape[a] for a in axes))
@@ -447,6 +502,7 @@ def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
         if bias is not None:
             y += bias
         return y
+
     return run
 
 
@@ -463,6 +519,7 @@ def _(p: top.SoftmaxParams, operands: list[Operand]) -> Callable | None:
         shifted = np.subtract(x, np.maximum.reduce(x, axis=p.axis, keepdims=True))  # x.max's own reduction
         e = np.exp(shifted, out=shifted)
         return np.divide(e, np.add.reduce(e, axis=p.axis, keepdims=True), out=e)
+
     return run
 
 
@@ -486,6 +543,7 @@ def _(p, operands: list[Operand]) -> Callable | None:
         np.maximum(e, np.greater_equal(x, zero), out=e)
         s = np.divide(e, den, out=den)
         return np.multiply(x, s, out=s)
+
     return run
 
 
@@ -502,6 +560,7 @@ def _(p, operands: list[Operand]) -> Callable | None:
             t += half
             clip(t, zero, one, out=t)
             return np.multiply(x, t, out=t)
+
     return run
 
 
@@ -510,8 +569,11 @@ def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
     a, b, bias = operands
     if a.dtype != F32 or b.dtype != F32 or a.shape is None or b.shape is None:
         return None
-    out = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]) if len(a.shape) > 1 and len(
-        b.shape) > 1 else None
+    out = (
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        if len(a.shape) > 1 and len(b.shape) > 1
+        else None
+    )
     if out is None or (bias.shape is not None and (bias.dtype != F32 or np.broadcast_shapes(out, bias.shape) != out)):
         return None
     limit = p.relu_limit
@@ -523,4 +585,5 @@ def _(p: top.ReluParams, operands: list[Operand]) -> Callable | None:
         if bias is not None:
             y += bias  # y + bias, in the product's array
         return relu(y, limit, out=y) if p.do_relu else y
+
     return run

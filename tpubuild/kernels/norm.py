@@ -46,7 +46,7 @@ def _(p: top.LRNParams, x):
     pad = [(0, 0), (before + 1, after)] + [(0, 0)] * (x.ndim - 2)
     csum = np.cumsum(np.pad(sq, pad), axis=1)
     c = x.shape[1]
-    window = csum[:, p.size:p.size + c] - csum[:, :c]
+    window = csum[:, p.size : p.size + c] - csum[:, :c]
     scale = (p.bias + p.alpha / p.size * window) ** p.beta
     return (x / scale).astype(x.dtype)
 

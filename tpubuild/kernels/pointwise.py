@@ -36,8 +36,18 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 # Numerical Recipes' Chebyshev coefficients for erfc, innermost first
-_ERFC_COEFFS = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
-                0.37409196, 1.00002368, -1.26551223)
+_ERFC_COEFFS = (
+    0.17087277,
+    -0.82215223,
+    1.48851587,
+    -1.13520398,
+    0.27886807,
+    -0.18628806,
+    0.09678418,
+    0.37409196,
+    1.00002368,
+    -1.26551223,
+)
 
 
 def _erf_far(z: np.ndarray) -> np.ndarray:
@@ -95,6 +105,7 @@ def _unary(fn):
         with np.errstate(all="ignore"):  # log(-1), sqrt(-1), 1/0: nan/inf, as onnxruntime gives
             y = np.asarray(fn(x))
         return y if y.dtype == np.bool_ else y.astype(x.dtype, copy=False)
+
     return run
 
 
@@ -182,7 +193,7 @@ def _(p: top.HardSigmoidParams, x):
 def _(p: top.GeluParams, x):
     x64 = x.astype(np.float64)
     if p.approx_mode == "tanh":
-        inner = np.tanh(_SQRT_2_OVER_PI * (x64 + 0.044715 * x64 ** 3))
+        inner = np.tanh(_SQRT_2_OVER_PI * (x64 + 0.044715 * x64**3))
         inner += 1.0
         half = np.multiply(x64, 0.5, out=x64)
         return np.multiply(half, inner, out=inner).astype(x.dtype)
@@ -244,9 +255,16 @@ def _(p, cond, a, b):
 
 
 _COMPARE = {
-    "Equal": np.equal, "NotEqual": np.not_equal, "Greater": np.greater, "GreaterOrEqual": np.greater_equal,
-    "Less": np.less, "LessOrEqual": np.less_equal, "And": np.logical_and, "Or": np.logical_or,
-    "Xor": np.logical_xor, "Not": np.logical_not,
+    "Equal": np.equal,
+    "NotEqual": np.not_equal,
+    "Greater": np.greater,
+    "GreaterOrEqual": np.greater_equal,
+    "Less": np.less,
+    "LessOrEqual": np.less_equal,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+    "Xor": np.logical_xor,
+    "Not": np.logical_not,
 }
 
 

@@ -17,6 +17,7 @@ def _log_sum_exp(x, axis, keepdims):
 
 def _extreme(fn, pick):
     """max/min that give the identity (lowest/highest value) over an empty set, as ONNX 18 says."""
+
     def run(x, axis, keepdims):
         if x.dtype == np.bool_:
             initial = pick == "min"  # max over nothing is False, min is True
@@ -26,6 +27,7 @@ def _extreme(fn, pick):
         else:  # numpy floats and ml_dtypes' (bfloat16 is kind 'V')
             initial = -np.inf if pick == "max" else np.inf
         return fn(x, axis=axis, keepdims=keepdims, initial=initial)
+
     return run
 
 

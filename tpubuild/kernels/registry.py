@@ -52,6 +52,7 @@ def prepared(*op_classes: type) -> Callable[[Callable], Callable]:
 
 def get_kernel(op_class: type) -> Callable:
     from tpubuild.kernels import load_all
+
     load_all()
     try:
         return _KERNELS[op_class]

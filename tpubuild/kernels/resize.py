@@ -89,8 +89,11 @@ def axis_taps(in_len: int, axis: int, out_len: int, p: top.InterpParams):
         rank = len(p.scales)
         start, end = p.roi[axis], p.roi[rank + axis]
         full = scale * in_len
-        src = (np.full(out_len, (end - start) * (in_len - 1) / 2) if _one(scale, in_len)
-               else np.arange(out_len) * (end - start) * (in_len - 1) / (full - 1))
+        src = (
+            np.full(out_len, (end - start) * (in_len - 1) / 2)
+            if _one(scale, in_len)
+            else np.arange(out_len) * (end - start) * (in_len - 1) / (full - 1)
+        )
         src = src + start * (in_len - 1)
         outside = (src < 0) | (src > in_len - 1)
     else:

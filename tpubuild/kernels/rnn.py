@@ -72,12 +72,12 @@ def _(p: top.RnnParams, x, w, r, b, h0, c0, peep):
     h_all, c_all = _initial(h0, len(backwards), batch, hs), _initial(c0, len(backwards), batch, hs)
     y = np.zeros((seq, len(backwards), batch, hs))
     for d, back in enumerate(backwards):
-        f, g, h = acts[3 * d: 3 * d + 3]
+        f, g, h = acts[3 * d : 3 * d + 3]
         wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
-        bias = np.zeros(4 * hs) if b is None else b[d, :4 * hs].astype(np.float64) + b[d, 4 * hs:]
+        bias = np.zeros(4 * hs) if b is None else b[d, : 4 * hs].astype(np.float64) + b[d, 4 * hs :]
         pi, po, pf = (np.zeros(hs),) * 3 if peep is None else np.split(peep[d].astype(np.float64), 3)
         ht, ct = h_all[d], c_all[d]
-        for t in (reversed(range(seq)) if back else range(seq)):
+        for t in reversed(range(seq)) if back else range(seq):
             gates = x64[t] @ wd.T + ht @ rd.T + bias
             gi, go, gf, gc = np.split(gates, 4, axis=-1)
             i = f(_clip(gi + pi * ct, p))
@@ -100,19 +100,19 @@ def _(p: top.RnnParams, x, w, r, b, h0):
     h_all = _initial(h0, len(backwards), batch, hs)
     y = np.zeros((seq, len(backwards), batch, hs))
     for d, back in enumerate(backwards):
-        f, g = acts[2 * d: 2 * d + 2]
+        f, g = acts[2 * d : 2 * d + 2]
         wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
         wb, rb = (np.zeros(3 * hs),) * 2 if b is None else np.split(b[d].astype(np.float64), 2)
         rz, rr, rh = np.split(rd, 3)
         ht = h_all[d]
-        for t in (reversed(range(seq)) if back else range(seq)):
+        for t in reversed(range(seq)) if back else range(seq):
             xz, xr, xh = np.split(x64[t] @ wd.T + wb, 3, axis=-1)
             z = f(_clip(xz + ht @ rz.T + rb[:hs], p))
-            reset = f(_clip(xr + ht @ rr.T + rb[hs:2 * hs], p))
+            reset = f(_clip(xr + ht @ rr.T + rb[hs : 2 * hs], p))
             if p.linear_before_reset:
-                cand = g(_clip(xh + reset * (ht @ rh.T + rb[2 * hs:]), p))
+                cand = g(_clip(xh + reset * (ht @ rh.T + rb[2 * hs :]), p))
             else:
-                cand = g(_clip(xh + (reset * ht) @ rh.T + rb[2 * hs:], p))
+                cand = g(_clip(xh + (reset * ht) @ rh.T + rb[2 * hs :], p))
             ht = (1 - z) * cand + z * ht
             y[t, d] = ht
         h_all[d] = ht
@@ -132,7 +132,7 @@ def _(p: top.RnnParams, x, w, r, b, h0):
         wd, rd = w[d].astype(np.float64), r[d].astype(np.float64)
         bias = np.zeros(hs) if b is None else b[d, :hs].astype(np.float64) + b[d, hs:]
         ht = h_all[d]
-        for t in (reversed(range(seq)) if back else range(seq)):
+        for t in reversed(range(seq)) if back else range(seq):
             ht = acts[d](_clip(x64[t] @ wd.T + ht @ rd.T + bias, p))
             y[t, d] = ht
         h_all[d] = ht

@@ -24,8 +24,18 @@ from tpubuild.ir import top, tpu
 from tpubuild.ir.types import dtype_from_name
 from tpubuild.kernels import deconv, halfcast, nn, nn_prepared
 from tpubuild.kernels.registry import _KERNELS, _PREPARED, Operand, get_kernel, kernel, prepared
-from tpubuild.kernels.tpu_arith import (ROUNDERS, STORAGE_RANGE, centered, channel_shape, exact_int, is_float,
-                                        requantize, requantize_sums, rshift_round, saturate)
+from tpubuild.kernels.tpu_arith import (
+    ROUNDERS,
+    STORAGE_RANGE,
+    centered,
+    channel_shape,
+    exact_int,
+    is_float,
+    requantize,
+    requantize_sums,
+    rshift_round,
+    saturate,
+)
 
 _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -43,6 +53,7 @@ def is_quant(x) -> bool:
 def _float_kernel(top_kernel):
     def run(p, *xs):
         return top_kernel(p, *[widen(x) for x in xs])
+
     return run
 
 
@@ -50,15 +61,18 @@ def _float_prepared(top_cls: type, maker=None):
     """A TPU op whose float path is its TOP op's kernel on widened operands: its TOP op's prepared kernel
     (None: the kernel), or ``maker``, the float path's own, made for the widened operands (widening is
     exact: the prepared kernel's bits on them are the kernel's), the 16-bit operands widened at each call."""
+
     def make(p, operands):
         if any(o.dtype is not None and o.dtype != np.float32 and o.dtype not in _NARROW_FLOATS for o in operands):
             return None
-        wide = [Operand(o.shape, np.dtype(np.float32), widen(o.const)) if o.dtype in _NARROW_FLOATS else o
-                for o in operands]
+        wide = [
+            Operand(o.shape, np.dtype(np.float32), widen(o.const)) if o.dtype in _NARROW_FLOATS else o for o in operands
+        ]
         fn = maker(p, wide) if maker is not None else _PREPARED[top_cls](p, wide) if top_cls in _PREPARED else None
         if fn is None or not any(o.dtype in _NARROW_FLOATS for o in operands):
             return fn
         return lambda *xs: fn(*[widen(x) for x in xs])
+
     return make
 
 
@@ -88,8 +102,9 @@ def _(p, x, w, b):
     acc = nn.conv(_no_relu(p), centered(x, zp, dtype), w.astype(dtype), None, sliced=False)
     if b is not None:
         b = b.reshape((1, -1) + (1,) * (acc.ndim - 2))
-    return requantize_sums(acc, b, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1),
-                           p.out_zp, p.qmin, p.qmax)
+    return requantize_sums(
+        acc, b, channel_shape(p.multiplier, acc.ndim, 1), channel_shape(p.rshift, acc.ndim, 1), p.out_zp, p.qmin, p.qmax
+    )
 
 
 def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
@@ -107,14 +122,23 @@ def _(p, a, b, bias):
     if not is_quant(a):
         return get_kernel(top.MatMulOp)(p, widen(a), widen(b), widen(bias))
     acc = np.matmul(centered(a, _zp(p, 0)), centered(b, _zp(p, 1)))
-    return requantize_sums(acc, bias, channel_shape(p.multiplier, acc.ndim, -1),
-                           channel_shape(p.rshift, acc.ndim, -1), p.out_zp, p.qmin, p.qmax)
+    return requantize_sums(
+        acc,
+        bias,
+        channel_shape(p.multiplier, acc.ndim, -1),
+        channel_shape(p.rshift, acc.ndim, -1),
+        p.out_zp,
+        p.qmin,
+        p.qmax,
+    )
 
 
 def _linear_sum(p, xs, signs) -> np.ndarray:
     """Add/Sub: clamp(RSR(sum_i sign_i * m_i * (x_i - zp_i), rshift) + out_zp, qmin, qmax)."""
-    acc = sum(sign * np.int64(m) * (x.astype(np.int64) - _zp(p, i))
-              for i, (sign, m, x) in enumerate(zip(signs, p.multiplier, xs)))
+    acc = sum(
+        sign * np.int64(m) * (x.astype(np.int64) - _zp(p, i))
+        for i, (sign, m, x) in enumerate(zip(signs, p.multiplier, xs))
+    )
     return saturate(rshift_round(acc, p.rshift[0]) + p.out_zp, p.qmin, p.qmax)
 
 
@@ -145,8 +169,10 @@ def _(p, *xs):
     if not is_quant(xs[0]):
         return get_kernel(top.ConcatOp)(p, *[widen(x) for x in xs])
     # each input requantized to the output's scale on its own (a branch keeps its resolution)
-    parts = [requantize(x.astype(np.int64) - _zp(p, i), m, r, p.out_zp, p.qmin, p.qmax)
-             for i, (x, m, r) in enumerate(zip(xs, p.multiplier, p.rshift))]
+    parts = [
+        requantize(x.astype(np.int64) - _zp(p, i), m, r, p.out_zp, p.qmin, p.qmax)
+        for i, (x, m, r) in enumerate(zip(xs, p.multiplier, p.rshift))
+    ]
     return np.concatenate(parts, axis=p.axis)
 
 
@@ -196,6 +222,7 @@ def _(p, x):
 
 # ---- casts and tables ------------------------------------------------------------------
 
+
 @kernel(tpu.CastOp)
 def _(p: tpu.CastParams, x):
     to = dtype_from_name(p.to) if p.to else None
@@ -221,6 +248,7 @@ def _(p, x, table):
 
 
 # ---- every other TPU op: the TOP kernel on widened operands ---------------------------
+
 
 def register_mirrors() -> None:
     """Every TPU op without a kernel of its own runs its TOP op's on widened operands (idempotent)."""
@@ -253,6 +281,7 @@ def _(p, operands):
     def run(a, b, bias_):
         acc = np.matmul(centered(a, _zp(p, 0)), wide)
         return requantize_sums(acc, bias.const, mult, shift, p.out_zp, p.qmin, p.qmax)
+
     return run
 
 
@@ -275,8 +304,15 @@ class _ConvInt8:
         rank = len(x.shape)
         plain = _no_relu(p)
         none = Operand(None, None, None)
-        conv = nn_prepared.conv(plain, [Operand(x.shape, np.dtype(np.float32), None), Operand(w.shape, np.dtype(
-            np.float32), self.w), none], sliced=False) if self.dtype == np.float32 else None
+        conv = (
+            nn_prepared.conv(
+                plain,
+                [Operand(x.shape, np.dtype(np.float32), None), Operand(w.shape, np.dtype(np.float32), self.w), none],
+                sliced=False,
+            )
+            if self.dtype == np.float32
+            else None
+        )
         self.conv = conv or (lambda xc, w, b: nn.conv(plain, xc, w, b, sliced=False))
         self.bias = None if b.const is None else b.const.reshape((1, -1) + (1,) * (rank - 2))
         self.mult, self.shift = channel_shape(p.multiplier, rank, 1), channel_shape(p.rshift, rank, 1)

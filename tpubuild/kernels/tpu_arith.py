@@ -20,8 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-STORAGE_RANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255),
-                 np.dtype(np.int16): (-32768, 32767), np.dtype(np.int32): (INT32_MIN, INT32_MAX)}
+STORAGE_RANGE = {
+    np.dtype(np.int8): (-128, 127),
+    np.dtype(np.uint8): (0, 255),
+    np.dtype(np.int16): (-32768, 32767),
+    np.dtype(np.int32): (INT32_MIN, INT32_MAX),
+}
 
 
 def is_float(dtype) -> bool:
@@ -95,10 +99,19 @@ def requantize_sums(acc: np.ndarray, bias, multiplier, rshift, out_zp: int, qmin
     if lo < INT32_MIN or hi > INT32_MAX:
         np.clip(t, INT32_MIN, INT32_MAX, out=t)
         lo, hi = max(lo, INT32_MIN), min(hi, INT32_MAX)
-    dtype = next((d for d in (np.dtype(np.int8), np.dtype(np.uint8))
-                  if STORAGE_RANGE[d][0] <= qmin and qmax <= STORAGE_RANGE[d][1]), np.dtype(np.int64))
-    if max(-lo, hi) * float(np.abs(mult).max(initial=0)) >= _F64_EXACT or shift.min(initial=0) < 0 or \
-            shift.max(initial=0) > 52:
+    dtype = next(
+        (
+            d
+            for d in (np.dtype(np.int8), np.dtype(np.uint8))
+            if STORAGE_RANGE[d][0] <= qmin and qmax <= STORAGE_RANGE[d][1]
+        ),
+        np.dtype(np.int64),
+    )
+    if (
+        max(-lo, hi) * float(np.abs(mult).max(initial=0)) >= _F64_EXACT
+        or shift.min(initial=0) < 0
+        or shift.max(initial=0) > 52
+    ):
         return requantize(exact_int(t), mult, shift, out_zp, qmin, qmax).astype(dtype)
     t *= mult * np.ldexp(1.0, -shift)
     # half away from zero: trunc(t +- 1/2), exact as t is a multiple of 2^-shift below 2^(52 - shift)

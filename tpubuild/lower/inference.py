@@ -50,8 +50,9 @@ def dequantize(array: np.ndarray, elem) -> np.ndarray:
 
 def dequantized(module: ModuleOp, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     types = tensor_types(module)
-    return {name: dequantize(np.asarray(a), types[name].element_type) if name in types else a
-            for name, a in tensors.items()}
+    return {
+        name: dequantize(np.asarray(a), types[name].element_type) if name in types else a for name, a in tensors.items()
+    }
 
 
 def infer_tpu(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray]) -> tuple[dict, dict]:

@@ -33,8 +33,15 @@ from tpubuild.ir.types import shape_of
 from tpubuild.kernels import get_kernel
 from tpubuild.kernels.tpu import avgpool_counts
 from tpubuild.lower.lowering import Lowering, int8_rule, is_float_type, retyped, tpu_params
-from tpubuild.lower.quant import (QType, bias_safe_scales, channel_scales, multiplier_rshift, quantize_bias,
-                                  quantize_per_channel, shared_rshift)
+from tpubuild.lower.quant import (
+    QType,
+    bias_safe_scales,
+    channel_scales,
+    multiplier_rshift,
+    quantize_bias,
+    quantize_per_channel,
+    shared_rshift,
+)
 
 ACC_LIMIT = 2**31  # int32 accumulator
 # A Concat whose inputs' ranges differ by more than this stays float, and so does
@@ -55,9 +62,15 @@ def relu_bounds(qy: QType, p) -> tuple[int, int]:
 
 def _requant(params, qy: QType, p, multipliers, rshifts, in_zps):
     lo, hi = relu_bounds(qy, p)
-    return dataclasses.replace(params, multiplier=tuple(int(m) for m in multipliers),
-                               rshift=tuple(int(r) for r in rshifts), in_zp=tuple(int(z) for z in in_zps),
-                               out_zp=qy.zero_point, qmin=lo, qmax=hi)
+    return dataclasses.replace(
+        params,
+        multiplier=tuple(int(m) for m in multipliers),
+        rshift=tuple(int(r) for r in rshifts),
+        in_zp=tuple(int(z) for z in in_zps),
+        out_zp=qy.zero_point,
+        qmin=lo,
+        qmax=hi,
+    )
 
 
 def _emit(lw: Lowering, op: TensorOp, operands, params, elem) -> list[SSAValue]:
@@ -73,6 +86,7 @@ def _per_channel(values, axis: int, storage: str) -> UniformType:
 
 
 # ---- weighted sums -------------------------------------------------------------------
+
 
 @int8_rule(top.ConvOp)
 def _(lw: Lowering, op: TensorOp):
@@ -110,8 +124,9 @@ class Weighted:
 _WEIGHTED: dict[tuple, tuple[np.ndarray, np.ndarray | None, Weighted]] = {}
 
 
-def _weighted(w: np.ndarray, bias: np.ndarray | None, axis: int, bias_axis: int | None, in_scale: float,
-              out_scale: float) -> Weighted:
+def _weighted(
+    w: np.ndarray, bias: np.ndarray | None, axis: int, bias_axis: int | None, in_scale: float, out_scale: float
+) -> Weighted:
     """Per-channel int8 filter, int32 bias, their types and the requantization multipliers and shifts."""
     key = (id(w), id(bias), axis, bias_axis, in_scale, out_scale)
     hit = _WEIGHTED.get(key)
@@ -120,9 +135,14 @@ def _weighted(w: np.ndarray, bias: np.ndarray | None, axis: int, bias_axis: int 
     s = bias_safe_scales(channel_scales(w, axis), bias, in_scale)
     acc_scale = in_scale * s
     mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale))
-    found = Weighted(quantize_per_channel(w, s, axis), _per_channel(s, axis, "i8"),
-                     None if bias is None else quantize_bias(bias, acc_scale),
-                     None if bias is None else _per_channel(acc_scale, bias_axis, "i32"), mults, shifts)
+    found = Weighted(
+        quantize_per_channel(w, s, axis),
+        _per_channel(s, axis, "i8"),
+        None if bias is None else quantize_bias(bias, acc_scale),
+        None if bias is None else _per_channel(acc_scale, bias_axis, "i32"),
+        mults,
+        shifts,
+    )
     if len(_WEIGHTED) >= 256:
         _WEIGHTED.clear()
     _WEIGHTED[key] = (w, bias, found)
@@ -151,13 +171,19 @@ def _(lw: Lowering, op: TensorOp):
     qy = lw.out_qtype(op.loc_name)
     acc_scale = qa.scale * s_b
     mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
-    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale),
-                                                 _per_channel(acc_scale, bias.ndim - 1, "i32"))
+    bq = (
+        lw.none()
+        if bias is None
+        else lw.weight(
+            bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale), _per_channel(acc_scale, bias.ndim - 1, "i32")
+        )
+    )
     params = _requant(tpu_params(tpu.MatMulOp, op.params), qy, op.params, mults, shifts, [qa.zero_point, zp_b])
     return _emit(lw, op, [ain, bin_, bq], params, qy.element())
 
 
 # ---- elementwise and joins: each input requantized to the output's scale -------------------
+
 
 @int8_rule(top.AddOp, top.SubOp)
 def _(lw: Lowering, op: TensorOp):
@@ -166,8 +192,9 @@ def _(lw: Lowering, op: TensorOp):
     ins = [lw.quant_value(v) for v in op.operands]
     qy = lw.out_qtype(op.loc_name)
     mults, r = shared_rshift([q.scale / qy.scale for _, q in ins])
-    params = _requant(tpu_params(tpu.MIRROR[type(op)], op.params), qy, op.params, mults, [r],
-                      [q.zero_point for _, q in ins])
+    params = _requant(
+        tpu_params(tpu.MIRROR[type(op)], op.params), qy, op.params, mults, [r], [q.zero_point for _, q in ins]
+    )
     return _emit(lw, op, [v for v, _ in ins], params, qy.element())
 
 
@@ -187,8 +214,14 @@ def _(lw: Lowering, op: TensorOp):
     ins = [lw.quant_value(v) for v in op.operands]
     qy = lw.out_qtype(op.loc_name)
     mrs = [(1, 0) if q == qy else multiplier_rshift(q.scale / qy.scale) for _, q in ins]
-    params = _requant(tpu_params(tpu.ConcatOp, op.params), qy, op.params, [m for m, _ in mrs],
-                      [r for _, r in mrs], [q.zero_point for _, q in ins])
+    params = _requant(
+        tpu_params(tpu.ConcatOp, op.params),
+        qy,
+        op.params,
+        [m for m, _ in mrs],
+        [r for _, r in mrs],
+        [q.zero_point for _, q in ins],
+    )
     return _emit(lw, op, [v for v, _ in ins], params, qy.element())
 
 
@@ -211,8 +244,18 @@ def _(lw: Lowering, op: TensorOp):
 
 # ---- data movement: the input's quantization passes through -------------------------------
 
-SAME_TYPE = (top.ReshapeOp, top.PermuteOp, top.SliceOp, top.SplitOp, top.TileOp, top.ExpandOp, top.Depth2SpaceOp,
-             top.GatherOp, top.GatherElementsOp, top.IdentityOp)
+SAME_TYPE = (
+    top.ReshapeOp,
+    top.PermuteOp,
+    top.SliceOp,
+    top.SplitOp,
+    top.TileOp,
+    top.ExpandOp,
+    top.Depth2SpaceOp,
+    top.GatherOp,
+    top.GatherElementsOp,
+    top.IdentityOp,
+)
 
 
 def same_type(lw: Lowering, op: TensorOp, stored_params=None):
@@ -246,8 +289,12 @@ def _(lw: Lowering, op: TensorOp):
 
 # ---- tables -------------------------------------------------------------------------------
 
-UNARY = tuple(c for c in top.TOP_OPS if issubclass(c, top.UnaryOp)) + (top.ReluOp, top.SigmoidOp, top.TanhOp,
-                                                                       top.ClipOp)
+UNARY = tuple(c for c in top.TOP_OPS if issubclass(c, top.UnaryOp)) + (
+    top.ReluOp,
+    top.SigmoidOp,
+    top.TanhOp,
+    top.ClipOp,
+)
 
 
 def _scalar_const_operands(lw: Lowering, op: TensorOp) -> int | None:
@@ -322,8 +369,12 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
         users[v] = users.get(v, 0) + 1  # a graph output is materialized
 
     def lut_able(op) -> bool:
-        return (isinstance(op, TensorOp) and lw.mode_of(op) == "INT8" and op not in lw.float_forced
-                and lut_operand(lw, op) is not None)
+        return (
+            isinstance(op, TensorOp)
+            and lw.mode_of(op) == "INT8"
+            and op not in lw.float_forced
+            and lut_operand(lw, op) is not None
+        )
 
     chains: dict[Operation, list[TensorOp]] = {}
     for op in lw.ops:
@@ -337,6 +388,7 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
 
 
 # ---- where INT8 must not go ------------------------------------------------------------
+
 
 def _range(lw: Lowering, v: SSAValue) -> float:
     array = lw.weight_array(v)

@@ -68,8 +68,9 @@ def plain_type(t: Attribute) -> Attribute:
 
 
 def is_float_type(t: Attribute) -> bool:
-    return isinstance(t, TensorType) and (t.element_type in (f32, f16, bf16)
-                                          or isinstance(t.element_type, CalibratedType))
+    return isinstance(t, TensorType) and (
+        t.element_type in (f32, f16, bf16) or isinstance(t.element_type, CalibratedType)
+    )
 
 
 def retyped(t: Attribute, elem: Attribute) -> TensorType:
@@ -91,8 +92,17 @@ def tpu_params(tpu_cls: type, p) -> object:
 class Lowering:
     """One TOP -> TPU lowering; rules call its ``float_value``/``quant_value``/``emit``/``weight`` methods."""
 
-    def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, mode: str, asymmetric: bool = False,
-                 cali: Mapping[str, Entry] | None = None, qtable: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        module: ModuleOp,
+        weights: WeightStore,
+        *,
+        chip: Chip,
+        mode: str,
+        asymmetric: bool = False,
+        cali: Mapping[str, Entry] | None = None,
+        qtable: Mapping[str, str] | None = None,
+    ):
         if mode not in MODES:
             raise TpuBuildError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         chip.check_mode(mode)
@@ -104,8 +114,10 @@ class Lowering:
         self.ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
         self._check_qtable()
         if mode == "INT8" and not self.cali:
-            raise TpuBuildError("an INT8 target needs a calibration table", hint="add a calibration section "
-                                "to the manifest (data: a glob of sample inputs)")
+            raise TpuBuildError(
+                "an INT8 target needs a calibration table",
+                hint="add a calibration section to the manifest (data: a glob of sample inputs)",
+            )
         self.used: set[str] = {n for op in self.ops for n in op.names}
         self.lowered: dict[SSAValue, SSAValue] = {}
         self.converted: dict[tuple[SSAValue, str], SSAValue] = {}
@@ -123,6 +135,7 @@ class Lowering:
     def run(self, weight_file: str) -> tuple[ModuleOp, WeightStore]:
         if self.mode == "INT8":
             from tpubuild.lower.int8 import float_region, lut_chains
+
             self.float_forced = float_region(self)
             self.chains = lut_chains(self)
             self.absorbed = {op for chain in self.chains.values() for op in chain}
@@ -148,9 +161,15 @@ class Lowering:
         self.block.add_op(func.ReturnOp(*outputs))
         ftype = ([a.type for a in self.block.args], [v.type for v in outputs])
         new_module = ModuleOp([func.FuncOp("main", ftype, Region(self.block))])
-        mlir.set_module_attrs(new_module, name=mlir.module_attr(self.module, "name") or "model",
-                              weight_file=weight_file, state="TPU_LOWERED", chip=self.chip.name, mode=self.mode,
-                              asymmetric=self.asymmetric)
+        mlir.set_module_attrs(
+            new_module,
+            name=mlir.module_attr(self.module, "name") or "model",
+            weight_file=weight_file,
+            state="TPU_LOWERED",
+            chip=self.chip.name,
+            mode=self.mode,
+            asymmetric=self.asymmetric,
+        )
         return new_module, self.out_weights
 
     def mode_of(self, op: TensorOp) -> str:
@@ -176,9 +195,11 @@ class Lowering:
         names = {n for op in self.ops for n in op.names}
         unknown = sorted(set(self.qtable) - names)
         if unknown:
-            raise TpuBuildError(f"quantize table names ops this model does not have: {', '.join(unknown[:5])}"
-                                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
-                                hint="op names are tensor names, as in canonical.mlir's locations")
+            raise TpuBuildError(
+                f"quantize table names ops this model does not have: {', '.join(unknown[:5])}"
+                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+                hint="op names are tensor names, as in canonical.mlir's locations",
+            )
         for mode in sorted(set(self.qtable.values())):
             self.chip.check_mode(mode, what="quantize table mode")
 
@@ -192,8 +213,14 @@ class Lowering:
         self.used.add(name)
         return name
 
-    def emit(self, cls: type[TensorOp], operands: Sequence[SSAValue], params, name: str | Sequence[str],
-             result_types: Sequence[Attribute]) -> TensorOp:
+    def emit(
+        self,
+        cls: type[TensorOp],
+        operands: Sequence[SSAValue],
+        params,
+        name: str | Sequence[str],
+        result_types: Sequence[Attribute],
+    ) -> TensorOp:
         if not isinstance(name, str) and len(name) == 1:
             name = name[0]  # one result: a NameLoc, as every stage writes it
         op = cls.make(operands, params, name=name, result_types=result_types)
@@ -279,9 +306,12 @@ class Lowering:
         """The quantization of an activation, from its calibration."""
         stats = self.cali.get(name)
         if stats is None:
-            raise TpuBuildError(f"no calibration for tensor {name!r}", loc=name,
-                                hint="the calibration table does not match this model: rebuild it "
-                                     "(doit calibrate:<model>) or add the tensor to the user table")
+            raise TpuBuildError(
+                f"no calibration for tensor {name!r}",
+                loc=name,
+                hint="the calibration table does not match this model: rebuild it "
+                "(doit calibrate:<model>) or add the tensor to the user table",
+            )
         return activation_qtype(stats, self.asymmetric)
 
 
@@ -328,8 +358,10 @@ def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
     """The float lowering of most ops: the TPU twin, float operands and results in ``mode``'s type."""
     tpu_cls = tpu.MIRROR[type(op)]
     # a constant bias stays f32: it joins the f32 accumulator, and rounding it first only adds error
-    operands = [float_operand(lw, v, "F32" if name == "bias" and isinstance(v.owner, top.WeightOp) else mode)
-                for v, name in zip(op.operands, _operand_names(op))]
+    operands = [
+        float_operand(lw, v, "F32" if name == "bias" and isinstance(v.owner, top.WeightOp) else mode)
+        for v, name in zip(op.operands, _operand_names(op))
+    ]
     types = [retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t for t in op.result_types]
     return lw.emit(tpu_cls, operands, tpu_params(tpu_cls, op.params), op.names, types).results
 
@@ -352,11 +384,20 @@ def _(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
     return lw.emit(tpu.CastOp, [float_operand(lw, op.operands[0], mode)], params, op.names, [result]).results
 
 
-def lower_module(module: ModuleOp, weights: WeightStore, *, chip: Chip, mode: str, asymmetric: bool = False,
-                 cali: Mapping[str, Entry] | None = None, qtable: Mapping[str, str] | None = None,
-                 weight_file: str = "tpu_weights.npz") -> tuple[ModuleOp, WeightStore]:
+def lower_module(
+    module: ModuleOp,
+    weights: WeightStore,
+    *,
+    chip: Chip,
+    mode: str,
+    asymmetric: bool = False,
+    cali: Mapping[str, Entry] | None = None,
+    qtable: Mapping[str, str] | None = None,
+    weight_file: str = "tpu_weights.npz",
+) -> tuple[ModuleOp, WeightStore]:
     """TOP (canonical or calibrated) module -> TPU module and its weights."""
     from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
-    return Lowering(module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali,
-                    qtable=qtable).run(weight_file)
+    return Lowering(module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali, qtable=qtable).run(
+        weight_file
+    )

@@ -23,14 +23,17 @@ def parse_quantize_table(text: str, *, file: str = "<quantize table>") -> dict[s
             continue
         fields = line.split()
         if len(fields) != 2 or fields[1].upper() not in FLOAT_MODES:
-            raise TpuBuildError(f"line {number}: expected 'op_name MODE' with MODE one of {', '.join(FLOAT_MODES)}, "
-                                f"got {line!r}", file=file,
-                                hint="a quantize table pins ops to a float mode; unpinned ops get the target's")
+            raise TpuBuildError(
+                f"line {number}: expected 'op_name MODE' with MODE one of {', '.join(FLOAT_MODES)}, got {line!r}",
+                file=file,
+                hint="a quantize table pins ops to a float mode; unpinned ops get the target's",
+            )
         table[fields[0]] = fields[1].upper()
     return table
 
 
 def read_quantize_table(path: str | os.PathLike) -> dict[str, str]:
-    text = read_user_text(path, "quantize table",
-                          hint="check quantize_table in the manifest (a path relative to the manifest)")
+    text = read_user_text(
+        path, "quantize table", hint="check quantize_table in the manifest (a path relative to the manifest)"
+    )
     return parse_quantize_table(text, file=str(path))

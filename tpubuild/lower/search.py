@@ -128,9 +128,18 @@ def _is_quantized(value: SSAValue) -> bool:
 class Evaluator:
     """Lowers the calibrated module with a quantize table and scores its outputs against TOP inference."""
 
-    def __init__(self, module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry],
-                 asymmetric: bool, samples: Sequence[Mapping[str, np.ndarray]], processes: int = 1,
-                 refs: Mapping[int, Sequence[np.ndarray]] | None = None):
+    def __init__(
+        self,
+        module: ModuleOp,
+        weights: WeightStore,
+        *,
+        chip: Chip,
+        cali: Mapping[str, Entry],
+        asymmetric: bool,
+        samples: Sequence[Mapping[str, np.ndarray]],
+        processes: int = 1,
+        refs: Mapping[int, Sequence[np.ndarray]] | None = None,
+    ):
         from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
@@ -151,8 +160,15 @@ class Evaluator:
         return self.refs[i]
 
     def lower(self, qtable: Mapping[str, str], counted: bool = True) -> tuple[Lowering, ModuleOp, WeightStore]:
-        lw = Lowering(self.module, self.weights, chip=self.chip, mode="INT8", asymmetric=self.asymmetric,
-                      cali=self.cali, qtable=qtable)
+        lw = Lowering(
+            self.module,
+            self.weights,
+            chip=self.chip,
+            mode="INT8",
+            asymmetric=self.asymmetric,
+            cali=self.cali,
+            qtable=qtable,
+        )
         tpu_module, tpu_weights = lw.run("tpu_weights.npz")
         self.lowerings += counted
         return lw, tpu_module, tpu_weights
@@ -164,8 +180,13 @@ class Evaluator:
         out = self.memo.run(tpu_module, tpu_weights, i)
         return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.ref(i)))
 
-    def per_sample(self, tpu_module: ModuleOp, tpu_weights: WeightStore, order: Sequence[int] | None = None,
-                   stop_below: float | None = None) -> dict[int, float]:
+    def per_sample(
+        self,
+        tpu_module: ModuleOp,
+        tpu_weights: WeightStore,
+        order: Sequence[int] | None = None,
+        stop_below: float | None = None,
+    ) -> dict[int, float]:
         """Each sample's lowest cosine of any output, in ``order``; with ``stop_below``, none after the
         first sample below it (its score is then all that matters)."""
         found = {}
@@ -184,7 +205,9 @@ class Evaluator:
         evens, odds = self._halves()
         found, theirs = forked.alongside(
             lambda: {i: self.sample_score(tpu_module, tpu_weights, i) for i in evens},
-            lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds}, _WHAT)
+            lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds},
+            _WHAT,
+        )
         for i, (score, ref) in theirs.items():
             found[i] = score
             self.refs.setdefault(i, ref)
@@ -219,8 +242,13 @@ class Evaluator:
         self.refs = {new: self.refs[old] for new, old in enumerate(indices) if old in self.refs}
         self.memo.keep(indices)
 
-    def score(self, qtable: Mapping[str, str], order: Sequence[int] | None = None,
-              stop_below: float | None = None, counted: bool = True) -> dict[int, float]:
+    def score(
+        self,
+        qtable: Mapping[str, str],
+        order: Sequence[int] | None = None,
+        stop_below: float | None = None,
+        counted: bool = True,
+    ) -> dict[int, float]:
         """Lower with ``qtable`` and score the samples (per_sample)."""
         _, tpu_module, tpu_weights = self.lower(qtable, counted)
         return self.per_sample(tpu_module, tpu_weights, order, stop_below)
@@ -274,10 +302,20 @@ def table_of(user: Mapping[str, str], chosen: Sequence[Unit], mode: str) -> dict
     return table
 
 
-def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[str, Entry], asymmetric: bool,
-           samples: Sequence[Mapping[str, np.ndarray]], config: SearchConfig = SearchConfig(),
-           user: Mapping[str, str] | None = None, log=None, processes: int = 1,
-           refs: Mapping[int, Sequence[np.ndarray]] | None = None) -> SearchResult:
+def search(
+    module: ModuleOp,
+    weights: WeightStore,
+    *,
+    chip: Chip,
+    cali: Mapping[str, Entry],
+    asymmetric: bool,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    config: SearchConfig = SearchConfig(),
+    user: Mapping[str, str] | None = None,
+    log=None,
+    processes: int = 1,
+    refs: Mapping[int, Sequence[np.ndarray]] | None = None,
+) -> SearchResult:
     """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``;
     ``processes``: 2 scores the pool in two processes (the result is the same); ``refs``: TOP's graph outputs
     of samples known already, by index (calibration's)."""
@@ -285,13 +323,14 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
     mode = config.mode or chip.float_mode
     chip.check_mode(mode, what="mixed-precision mode")
     user = dict(user or {})
-    ev = Evaluator(module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples,
-                   processes=processes, refs=refs)
+    ev = Evaluator(
+        module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples, processes=processes, refs=refs
+    )
     lw, tpu_module, tpu_weights = ev.lower(user)
     per_sample = ev.pool_scores(tpu_module, tpu_weights)
     pool = len(per_sample)
     # stable: the first samples on ties, scored in their own order
-    worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[:config.samples])
+    worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[: config.samples])
     ev.keep(worst)
     int8_score = min(per_sample[i] for i in worst)
     if pool > len(worst):
@@ -304,8 +343,19 @@ def search(module: ModuleOp, weights: WeightStore, *, chip: Chip, cali: Mapping[
     picked = [units[i] for i in sorted(chosen)]
     for i in sorted(chosen):
         units[i].score = finder.alone.get(i, math.nan)
-    return SearchResult(table_of(user, picked, mode), user, picked, mode, int8_score, score, config.target_cos,
-                        len(ev.samples), ev.lowerings, pool, tuple(worst))
+    return SearchResult(
+        table_of(user, picked, mode),
+        user,
+        picked,
+        mode,
+        int8_score,
+        score,
+        config.target_cos,
+        len(ev.samples),
+        ev.lowerings,
+        pool,
+        tuple(worst),
+    )
 
 
 class _Ahead:
@@ -539,18 +589,23 @@ class _Search:
 def _halves(seg: frozenset[int]) -> list[frozenset[int]]:
     """A segment's two halves in program order (the first the smaller on an odd count)."""
     ordered = sorted(seg)
-    return [frozenset(ordered[:len(ordered) // 2]), frozenset(ordered[len(ordered) // 2:])]
+    return [frozenset(ordered[: len(ordered) // 2]), frozenset(ordered[len(ordered) // 2 :])]
 
 
 def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
     """The quantize table text: what was searched and found as comments, then ``op_name MODE`` lines."""
     lines = [f"# {h}" for h in header]
-    chosen_from = f" (those of the first {result.pool} where INT8 alone is furthest from float)" \
-        if result.pool > result.samples else ""
-    lines += [f"# mixed-precision search: every output's cosine to float >= {result.target} on "
-              f"{result.samples} calibration sample(s){chosen_from}, the lowest over outputs and samples",
-              f"# INT8{' with the user table' if result.user else ''}: {result.int8_score:.6f}; "
-              f"with this table: {result.score:.6f} ({result.lowerings} lowerings)"]
+    chosen_from = (
+        f" (those of the first {result.pool} where INT8 alone is furthest from float)"
+        if result.pool > result.samples
+        else ""
+    )
+    lines += [
+        f"# mixed-precision search: every output's cosine to float >= {result.target} on "
+        f"{result.samples} calibration sample(s){chosen_from}, the lowest over outputs and samples",
+        f"# INT8{' with the user table' if result.user else ''}: {result.int8_score:.6f}; "
+        f"with this table: {result.score:.6f} ({result.lowerings} lowerings)",
+    ]
     if not result.reached:
         lines.append(f"# TARGET NOT REACHED: the best table found is below {result.target}")
     lines.append("# op_name MODE")

@@ -39,7 +39,7 @@ from tpubuild.sim.sync import check_races
 @dataclass(frozen=True)
 class RunResult:
     outputs: dict[str, np.ndarray]  # graph outputs by name, in their stored types
-    profile: dict                   # cycles.profile(): cycles, time, DDR bytes, utilisation
+    profile: dict  # cycles.profile(): cycles, time, DDR bytes, utilisation
 
 
 def run_file(path: str | os.PathLike, inputs: Mapping[str, np.ndarray]) -> RunResult:
@@ -91,16 +91,22 @@ class Program:
         self.mem = mem = Memories(header.chip, header.ddr_size)
         weights = np.frombuffer(model.weights, np.uint8)
         if header.weight_base + weights.size > mem.ddr.size:
-            raise Where("weights", 0).error(f"[{header.weight_base}, {header.weight_base + weights.size}) "
-                                            f"is outside DDR [0, {mem.ddr.size})")
-        mem.ddr[header.weight_base:header.weight_base + weights.size] = weights
+            raise Where("weights", 0).error(
+                f"[{header.weight_base}, {header.weight_base + weights.size}) is outside DDR [0, {mem.ddr.size})"
+            )
+        mem.ddr[header.weight_base : header.weight_base + weights.size] = weights
         self.weights, self.weight_base = weights, header.weight_base
         self.inputs = [(t, _io_view(mem, t, "input", write=True)) for t in header.inputs]
-        self.steps = [_gdma_step(mem, i, model.gdma[i]) if engine == "gdma" else _BdcStep(mem, i, model.bdc[i], params[i])
-                      for engine, i in schedule.order()]
+        self.steps = [
+            _gdma_step(mem, i, model.gdma[i]) if engine == "gdma" else _BdcStep(mem, i, model.bdc[i], params[i])
+            for engine, i in schedule.order()
+        ]
         self.outputs = [(t, _io_view(mem, t, "output")) for t in header.outputs]
-        accesses = [(True, view) for _, view in self.inputs] + [a for step in self.steps for a in step.accesses] \
+        accesses = (
+            [(True, view) for _, view in self.inputs]
+            + [a for step in self.steps for a in step.accesses]
             + [(False, view) for _, view in self.outputs]
+        )
         self.accesses = accesses  # for the bytes to restore before a second run (a single run needs none)
         self.stale: tuple | None = None
         if reuse:
@@ -147,8 +153,9 @@ class Program:
 
 def _io_view(mem: Memories, t, what: str, write: bool = False) -> np.ndarray:
     block = (1, 1, 1, int(np.prod(t.shape, dtype=np.int64)))
-    return mem.ddr_view(t.ddr_addr, block, cmd.contiguous_strides(block), t.dtype,
-                        Where("header", 0, f"{what} {t.name!r}"), write=write)
+    return mem.ddr_view(
+        t.ddr_addr, block, cmd.contiguous_strides(block), t.dtype, Where("header", 0, f"{what} {t.name!r}"), write=write
+    )
 
 
 def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) -> np.ndarray:
@@ -159,8 +166,11 @@ def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) ->
     wrote has none; bytes never written keep their first values anyway.
     """
     base = memory.__array_interface__["data"][0]
-    ours = [(write, v) for write, v in accesses
-            if v.size and base <= v.__array_interface__["data"][0] < base + memory.nbytes]
+    ours = [
+        (write, v)
+        for write, v in accesses
+        if v.size and base <= v.__array_interface__["data"][0] < base + memory.nbytes
+    ]
     written, stale = np.zeros(memory.size, np.bool_), np.zeros(memory.size, np.bool_)
     spans = _merged(_extent(v, base) for write, v in ours if write)
 
@@ -170,8 +180,9 @@ def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) ->
         elif _meets(_extent(v, base), spans):  # (reads of the weights never do)
             m = _mask(v, base, stale)
             np.logical_or(m, ~_mask(v, base, written), out=m)
-    index = np.concatenate([np.zeros(0, np.intp)] + [lo + np.flatnonzero(stale[lo:hi] & written[lo:hi])
-                                                     for lo, hi in spans])
+    index = np.concatenate(
+        [np.zeros(0, np.intp)] + [lo + np.flatnonzero(stale[lo:hi] & written[lo:hi]) for lo, hi in spans]
+    )
     return index
 
 
@@ -205,8 +216,13 @@ def _mask(v: np.ndarray, base: int, of: np.ndarray) -> np.ndarray:
     """The bytes of the view ``v`` (into a memory at address ``base``) in ``of``, an array with one entry
     per byte of the memory: the view's shape and strides, with a last axis of the element size."""
     scale = of.itemsize
-    return np.ndarray(v.shape, np.dtype((of.dtype, (v.dtype.itemsize,))), buffer=of,
-                      offset=(_address(v) - base) * scale, strides=tuple(s * scale for s in v.strides))
+    return np.ndarray(
+        v.shape,
+        np.dtype((of.dtype, (v.dtype.itemsize,))),
+        buffer=of,
+        offset=(_address(v) - base) * scale,
+        strides=tuple(s * scale for s in v.strides),
+    )
 
 
 class _Fixed:
@@ -370,8 +386,11 @@ class _Block:
             self.pieces = mem.local_pieces(t.addr, t.lane_start, t.shape, t.dtype, where, t.plane)
         # one view (a DDR block, a local block within the lanes of one slot): no gather
         self.whole = self.pieces[0][2] if len(self.pieces) == 1 else None
-        self.geometry = (self.dtype, self.shape,
-                         tuple((c0, c1, _address(v), v.shape, v.strides) for c0, c1, v in self.pieces))
+        self.geometry = (
+            self.dtype,
+            self.shape,
+            tuple((c0, c1, _address(v), v.shape, v.strides) for c0, c1, v in self.pieces),
+        )
 
     def views(self) -> list[np.ndarray]:
         return [v for _, _, v in self.pieces]
@@ -427,12 +446,17 @@ class _BdcStep:
         self.index, self.op, self.params = i, b.op, params
         self.op_class = tpu_op_class(b.op)
         self.kernel = functools.partial(get_kernel(self.op_class), params)
-        self.operands = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False)
-                         for j, t in enumerate(b.operands)]
-        self.results = [None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True)
-                        for j, t in enumerate(b.results)]
-        self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + \
-            [(True, v) for r in self.results if r is not None for _, _, v in r.pieces]
+        self.operands = [
+            None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False)
+            for j, t in enumerate(b.operands)
+        ]
+        self.results = [
+            None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True)
+            for j, t in enumerate(b.results)
+        ]
+        self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + [
+            (True, v) for r in self.results if r is not None for _, _, v in r.pieces
+        ]
         self.tiles: list[_Tile | None] = [None] * len(self.results)  # (forward() may hand results on)
 
     def prepare(self, fixed: _Fixed) -> None:
@@ -441,12 +465,18 @@ class _BdcStep:
             for _, _, v in r.pieces if r is not None else ():
                 fixed.written(v)
         try:
-            self.kernel = prepare_kernel(self.op_class, self.params, [
-                Operand(None, None, None) if o is None else Operand(o.view, o.dtype, value)
-                for o, value in zip(self.operands, values)])
+            self.kernel = prepare_kernel(
+                self.op_class,
+                self.params,
+                [
+                    Operand(None, None, None) if o is None else Operand(o.view, o.dtype, value)
+                    for o, value in zip(self.operands, values)
+                ],
+            )
         except Exception as e:  # noqa: BLE001 - as a kernel's: the parameters and shapes come from the file
-            raise Where("bdc", self.index).error(f"{self.op} cannot be prepared for its tiles: "
-                                                 f"{type(e).__name__}: {e}") from None
+            raise Where("bdc", self.index).error(
+                f"{self.op} cannot be prepared for its tiles: {type(e).__name__}: {e}"
+            ) from None
         self.operands = [o if value is None else _Value(value) for o, value in zip(self.operands, values)]
 
     def forward(self, tiles: _Tiles) -> None:
@@ -472,15 +502,17 @@ class _BdcStep:
             raise Where("bdc", self.index).error(f"{self.op} failed on its tiles: {type(e).__name__}: {e}") from None
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(self.results):
-            raise Where("bdc", self.index).error(f"{self.op} produced {len(results)} results, the command describes "
-                                                 f"{len(self.results)}")
+            raise Where("bdc", self.index).error(
+                f"{self.op} produced {len(results)} results, the command describes {len(self.results)}"
+            )
         for j, (block, r) in enumerate(zip(self.results, results)):
             if block is None:
                 continue  # a result nobody reads
             r = np.asarray(r)
             if r.size != block.size:
-                raise Where("bdc", self.index).error(f"{self.op} result {j} has shape {r.shape}, its block "
-                                                     f"{block.shape} holds {block.size} elements")
+                raise Where("bdc", self.index).error(
+                    f"{self.op} result {j} has shape {r.shape}, its block {block.shape} holds {block.size} elements"
+                )
             values = r if r.dtype == block.dtype else halfcast.astype(r, block.dtype)
             tile = self.tiles[j]
             if tile is not None and tile.readers:
@@ -494,8 +526,10 @@ class _BdcStep:
 
 def _input(t, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
     if t.name not in inputs:
-        raise TpuBuildError(f"no data for model input {t.name!r} (inputs given: {sorted(inputs)})",
-                            hint="the input npz must hold one array per model input, named as the input")
+        raise TpuBuildError(
+            f"no data for model input {t.name!r} (inputs given: {sorted(inputs)})",
+            hint="the input npz must hold one array per model input, named as the input",
+        )
     array = np.asarray(inputs[t.name])
     if array.shape != t.shape and array.size != int(np.prod(t.shape)):
         raise TpuBuildError(f"input {t.name!r} has shape {array.shape}, the model expects {t.shape}")

@@ -43,8 +43,10 @@ def global_bytes(b: Bdc) -> tuple[list[int], list[int]]:
     writes of each DDR result: none for a local one."""
     sizes = [t.size() * cmd.itemsize(t.dtype) if t.space == Space.DDR else 0 for t in b.operands]
     reads = cost.ddr_reads(b.op, _shapes(b.operands), _shapes(b.results), sizes)
-    return ([r for r, t in zip(reads, b.operands) if t.space == Space.DDR],
-            [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR])
+    return (
+        [r for r, t in zip(reads, b.operands) if t.space == Space.DDR],
+        [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR],
+    )
 
 
 def bdc_cycles(chip: Chip, b: Bdc, params) -> int:
@@ -71,6 +73,7 @@ def bdc_macs(b: Bdc, params) -> int:
 
 
 # ---- replay ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Schedule:
@@ -117,6 +120,7 @@ def replay(model: ModelFile, bdc_params: list) -> Schedule:
             moved = True
         if not moved:  # the reader rejects such files; a hand-built ModelFile may still get here
             from tpubuild.codegen.model_file import ModelFileError
+
             raise ModelFileError("deadlock: neither queue can proceed", section="gdma", command=len(s.gdma_end))
     return s
 
@@ -150,12 +154,22 @@ def profile(model: ModelFile, bdc_params: list, schedule: Schedule) -> dict:
         "time_ms": total / chip.clock_hz * 1e3,
         "ddr_read_bytes": g_read + b_read,
         "ddr_write_bytes": g_write + b_write,
-        "gdma": {"commands": len(model.gdma), "busy_cycles": g_busy,
-                 "utilisation": g_busy / total if total else 0.0, "read_bytes": g_read, "write_bytes": g_write},
-        "bdc": {"commands": len(model.bdc), "busy_cycles": b_busy,
-                "utilisation": b_busy / total if total else 0.0, "macs": total_macs,
-                "global_commands": sum(int(b.is_global) for b in model.bdc),
-                "read_bytes": b_read, "write_bytes": b_write},
+        "gdma": {
+            "commands": len(model.gdma),
+            "busy_cycles": g_busy,
+            "utilisation": g_busy / total if total else 0.0,
+            "read_bytes": g_read,
+            "write_bytes": g_write,
+        },
+        "bdc": {
+            "commands": len(model.bdc),
+            "busy_cycles": b_busy,
+            "utilisation": b_busy / total if total else 0.0,
+            "macs": total_macs,
+            "global_commands": sum(int(b.is_global) for b in model.bdc),
+            "read_bytes": b_read,
+            "write_bytes": b_write,
+        },
         "ops": dict(sorted(ops.items())),
     }
 

@@ -34,8 +34,12 @@ class Where:
 
     def error(self, problem: str) -> ModelFileError:
         prefix = f"{self.what}: " if self.what else ""
-        return ModelFileError(prefix + problem, section=self.engine, command=self.index,
-                              hint="the command stream is inconsistent; rebuild the model")
+        return ModelFileError(
+            prefix + problem,
+            section=self.engine,
+            command=self.index,
+            hint="the command stream is inconsistent; rebuild the model",
+        )
 
 
 # A local block's channels as views: (first channel, end channel, view). A view is (n, c', h, w) for
@@ -52,8 +56,9 @@ def channel_view(block: np.ndarray, c0: int, c1: int, like: np.ndarray) -> np.nd
     n, c, h, w = part.shape
     s = part.strides
     slots, lanes = like.shape[1], like.shape[2]
-    return np.lib.stride_tricks.as_strided(part, (n, slots, lanes, h, w), (s[0], lanes * s[1], *s[1:]),
-                                           writeable=part.flags.writeable)
+    return np.lib.stride_tricks.as_strided(
+        part, (n, slots, lanes, h, w), (s[0], lanes * s[1], *s[1:]), writeable=part.flags.writeable
+    )
 
 
 def gather(pieces: Pieces, shape, dtype: np.dtype) -> np.ndarray:
@@ -94,8 +99,13 @@ class Memories:
         if write and 0 in strides and any(d > 1 for d, s in zip(shape, strides) if s == 0):
             raise where.error(f"a DDR write with stride 0 over a dimension > 1 ({tuple(shape)}, {tuple(strides)})")
         # (a dimension of size 1 never steps: its stride may be anything)
-        return np.ndarray(tuple(shape), dt, buffer=self.ddr, offset=addr,
-                          strides=tuple(s * dt.itemsize if d > 1 else 0 for d, s in zip(shape, strides)))
+        return np.ndarray(
+            tuple(shape),
+            dt,
+            buffer=self.ddr,
+            offset=addr,
+            strides=tuple(s * dt.itemsize if d > 1 else 0 for d, s in zip(shape, strides)),
+        )
 
     # ---- local memory ----
 
@@ -128,8 +138,7 @@ class Memories:
         pieces = [(0, first, view(lane_start, 0, (n, first, h, w), (n_step, row, *hw)))]
         full, rest = divmod(c - first, lanes)
         if full:
-            pieces.append((first, first + full * lanes,
-                           view(0, 1, (n, full, lanes, h, w), (n_step, plane, row, *hw))))
+            pieces.append((first, first + full * lanes, view(0, 1, (n, full, lanes, h, w), (n_step, plane, row, *hw))))
         if rest:
             pieces.append((c - rest, c, view(0, 1 + full, (n, rest, h, w), (n_step, row, *hw))))
         return pieces

@@ -29,10 +29,10 @@ class Access:
     space: Space
     lo: int
     hi: int
-    lanes: int          # local: bitmask of lanes; DDR: 0
+    lanes: int  # local: bitmask of lanes; DDR: 0
     write: bool
     what: str
-    block: tuple        # DDR: (addr, shape, strides, dtype) for the exact byte check
+    block: tuple  # DDR: (addr, shape, strides, dtype) for the exact byte check
 
     def conflicts(self, other: "Access") -> bool:
         if self.space != other.space or not (self.write or other.write):
@@ -53,8 +53,9 @@ def _lane_mask(lane_start: int, c: int, lanes: int) -> int:
     return mask
 
 
-def _local(chip: ChipParams, addr: int, lane_start: int, shape, dtype: str, write: bool, what: str,
-           plane: int = 0) -> Access:
+def _local(
+    chip: ChipParams, addr: int, lane_start: int, shape, dtype: str, write: bool, what: str, plane: int = 0
+) -> Access:
     size = cmd.local_bytes(shape, dtype, lane_start, chip.lanes, chip.eu_bytes, plane)
     return Access(Space.LOCAL, addr, addr + size, _lane_mask(lane_start, shape[1], chip.lanes), write, what, ())
 
@@ -79,11 +80,15 @@ def _ddr_bytes_overlap(a: tuple, b: tuple) -> bool:
 
 def gdma_accesses(chip: ChipParams, g: Gdma) -> list[Access]:
     if g.direction == Direction.DDR2DDR:
-        return [_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, False, "source"),
-                _ddr(g.dst_addr, g.shape, g.dst_strides, g.dtype, True, "destination")]
+        return [
+            _ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, False, "source"),
+            _ddr(g.dst_addr, g.shape, g.dst_strides, g.dtype, True, "destination"),
+        ]
     load = g.direction == Direction.LOAD
-    return [_ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, not load, "DDR side"),
-            _local(chip, g.local_addr, g.lane_start, g.shape, g.dtype, load, "local side", g.local_plane)]
+    return [
+        _ddr(g.ddr_addr, g.shape, g.ddr_strides, g.dtype, not load, "DDR side"),
+        _local(chip, g.local_addr, g.lane_start, g.shape, g.dtype, load, "local side", g.local_plane),
+    ]
 
 
 def bdc_accesses(chip: ChipParams, b: Bdc) -> list[Access]:
@@ -122,5 +127,7 @@ def check_races(model: ModelFile) -> None:
                             f"race: GDMA {gid} ({a.what}, {'writes' if a.write else 'reads'} {a.space.name} "
                             f"[{a.lo}, {a.hi})) and BDC {bi + 1} ({model.bdc[bi].op} {b.what}, "
                             f"{'writes' if b.write else 'reads'} [{b.lo}, {b.hi})) are not ordered by any wait",
-                            section="gdma", command=gi,
-                            hint="the command stream needs a wait between these two commands")
+                            section="gdma",
+                            command=gi,
+                            hint="the command stream needs a wait between these two commands",
+                        )

@@ -64,9 +64,18 @@ class RemoveNoOpsPass(ModulePass):
     name = "top-remove-noops"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        _walk(op, [cleanup.RemoveIdentity(), layout.RemoveNoOpReshape(), layout.MergeReshapes(),
-                   layout.RemoveNoOpPermute(), layout.MergePermutes(), layout.PermuteAsReshape(),
-                   layout.RemoveSingleConcat()])
+        _walk(
+            op,
+            [
+                cleanup.RemoveIdentity(),
+                layout.RemoveNoOpReshape(),
+                layout.MergeReshapes(),
+                layout.RemoveNoOpPermute(),
+                layout.MergePermutes(),
+                layout.PermuteAsReshape(),
+                layout.RemoveSingleConcat(),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,15 @@ class RecognizePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         w = self.weights
-        _walk(op, [recognize.RemoveNeutralArith(w), recognize.RecognizeActivation(w),
-                   recognize.RecognizeLayerNorm(w), recognize.RecognizeLayerNormAffine(w)])
+        _walk(
+            op,
+            [
+                recognize.RemoveNeutralArith(w),
+                recognize.RecognizeActivation(w),
+                recognize.RecognizeLayerNorm(w),
+                recognize.RecognizeLayerNormAffine(w),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -124,10 +140,18 @@ class FoldScaleBiasPass(ModulePass):
     weights: WeightStore = field(default_factory=WeightStore)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        _walk(op, [fold.FoldMulIntoProducer(self.weights), fold.FoldAddIntoProducer(self.weights),
-                   fold.FoldSubIntoProducer(self.weights), fold.FoldScaleIntoSoftmax(self.weights),
-                   fold.FoldQueryScaleIntoSoftmax(self.weights), fold_input.FoldInputAffineIntoConv(self.weights),
-                   fold_input.FoldInputAffineIntoMatMul(self.weights)])
+        _walk(
+            op,
+            [
+                fold.FoldMulIntoProducer(self.weights),
+                fold.FoldAddIntoProducer(self.weights),
+                fold.FoldSubIntoProducer(self.weights),
+                fold.FoldScaleIntoSoftmax(self.weights),
+                fold.FoldQueryScaleIntoSoftmax(self.weights),
+                fold_input.FoldInputAffineIntoConv(self.weights),
+                fold_input.FoldInputAffineIntoMatMul(self.weights),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -142,8 +166,19 @@ class FuseActivationPass(ModulePass):
 
 def get_all_passes() -> dict[str, type[ModulePass]]:
     """Pass name -> class, for tools that pick passes by name."""
-    return {cls.name: cls for cls in (FoldConstantsPass, RemoveNoOpsPass, RemoveDeadOpsPass, RecognizePass,
-                                      FoldPadPass, FoldBatchNormPass, FoldScaleBiasPass, FuseActivationPass)}
+    return {
+        cls.name: cls
+        for cls in (
+            FoldConstantsPass,
+            RemoveNoOpsPass,
+            RemoveDeadOpsPass,
+            RecognizePass,
+            FoldPadPass,
+            FoldBatchNormPass,
+            FoldScaleBiasPass,
+            FuseActivationPass,
+        )
+    }
 
 
 def pipeline(weights: WeightStore) -> list[ModulePass]:

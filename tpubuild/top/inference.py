@@ -39,8 +39,14 @@ def input_names(module: ModuleOp) -> list[str]:
 Observer = Callable[[TensorOp, Sequence["np.ndarray | None"], tuple[np.ndarray, ...]], None]
 
 
-def run(module: ModuleOp, weights: WeightStore, inputs: Mapping[str, np.ndarray], *,
-        all_tensors: bool = True, observer: Observer | None = None) -> dict[str, np.ndarray]:
+def run(
+    module: ModuleOp,
+    weights: WeightStore,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    all_tensors: bool = True,
+    observer: Observer | None = None,
+) -> dict[str, np.ndarray]:
     """Run ``@main``; returns every tensor by name (or just the graph outputs).
 
     With ``all_tensors=False`` a tensor is dropped after its last use, so memory
@@ -99,13 +105,26 @@ class Plan:
         for i, ((op, role), spec) in enumerate(zip(ops, operands)):
             params, result_types, names = _decoded(op, role)
             fn = None if role is InputOp else prepare(type(op), params, spec)
-            frees = tuple(slots[id(v)] for v in (*_used(op, role), *op.results)
-                          if last_use[slots[id(v)]] == i and slots[id(v)] not in keep)
-            self.steps.append(_Step(op, fn, tuple(slots[id(v)] for v in _used(op, role)),
-                                    tuple(slots[id(v)] for v in op.results), names, result_types, frees))
+            frees = tuple(
+                slots[id(v)]
+                for v in (*_used(op, role), *op.results)
+                if last_use[slots[id(v)]] == i and slots[id(v)] not in keep
+            )
+            self.steps.append(
+                _Step(
+                    op,
+                    fn,
+                    tuple(slots[id(v)] for v in _used(op, role)),
+                    tuple(slots[id(v)] for v in op.results),
+                    names,
+                    result_types,
+                    frees,
+                )
+            )
 
-    def run(self, inputs: Mapping[str, np.ndarray], *, all_tensors: bool = True,
-            observer: Observer | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], *, all_tensors: bool = True, observer: Observer | None = None
+    ) -> dict[str, np.ndarray]:
         """As ``run()`` of the planned module."""
         values = list(self.constants)
         named: dict[str, np.ndarray] = {}
@@ -214,17 +233,23 @@ class Memo:
                 signature = ("none",)
             else:
                 # a graph input reads its data by name; nothing else depends on names or locations
-                signature = (op.name, op.loc_name if role is InputOp else None,
-                             tuple((k, self._number(a)) for k, a in op.attributes.items()),
-                             tuple((k, self._number(a)) for k, a in op.properties.items()),
-                             tuple(self._number(r.type) for r in op.results),
-                             tuple(where[id(v)] for v in op.operands if id(v) in where))
+                signature = (
+                    op.name,
+                    op.loc_name if role is InputOp else None,
+                    tuple((k, self._number(a)) for k, a in op.attributes.items()),
+                    tuple((k, self._number(a)) for k, a in op.properties.items()),
+                    tuple(self._number(r.type) for r in op.results),
+                    tuple(where[id(v)] for v in op.operands if id(v) in where),
+                )
             key = self._keys.setdefault(signature, len(self._keys))
             operands = [where[id(v)] for v in op.operands] if role is None else []
             # what its prepared kernel depends on: the op, its operands' types and its weights, not what computed
             # them (a table that changes an op upstream makes new keys downstream, not new kernels)
-            kind = None if role is not None else self._keys.setdefault(
-                (signature[:-1], tuple(typed.get(o, o) for o in operands)), len(self._keys))
+            kind = (
+                None
+                if role is not None
+                else self._keys.setdefault((signature[:-1], tuple(typed.get(o, o) for o in operands)), len(self._keys))
+            )
             plan.append((op, role, key, operands, kind))
             for i, value in enumerate(op.results):
                 where[id(value)] = (key, i)
@@ -243,8 +268,12 @@ class Memo:
         if hit is not None and hit[0]() is array:
             return hit[1]
         # bytes, not the buffer: bfloat16 (ml_dtypes) does not export one
-        signature = ("weight", array.dtype.str, array.shape,
-                     hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).data, digest_size=16).digest())
+        signature = (
+            "weight",
+            array.dtype.str,
+            array.shape,
+            hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).data, digest_size=16).digest(),
+        )
         # a weak reference: the memo must not keep every lowering's weights alive
         self._weights[key] = (weakref.ref(array, lambda ref: self._forget(key, ref)), signature)
         return signature
@@ -309,11 +338,14 @@ def _call(op: TensorOp, fn: Callable, args: list) -> np.ndarray | tuple:
         raise TpuBuildError(f"{op.name} failed in reference inference: {e}", loc=op.loc_name) from None
 
 
-def _all_checked(op: TensorOp, result: np.ndarray | tuple, names: list[str],
-                 result_types: list[tuple[tuple[int, ...], np.dtype]]) -> tuple:
+def _all_checked(
+    op: TensorOp, result: np.ndarray | tuple, names: list[str], result_types: list[tuple[tuple[int, ...], np.dtype]]
+) -> tuple:
     """Each of a kernel's results ``_checked`` against its result type."""
-    return tuple(_checked(op, np.asarray(a), name, expect, dtype) for a, name, (expect, dtype)
-                 in zip(result if isinstance(result, tuple) else (result,), names, result_types))
+    return tuple(
+        _checked(op, np.asarray(a), name, expect, dtype)
+        for a, name, (expect, dtype) in zip(result if isinstance(result, tuple) else (result,), names, result_types)
+    )
 
 
 def _checked(op: TensorOp, array: np.ndarray, name: str, expect: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -346,8 +378,7 @@ def _decoded(op: TensorOp, role: type | None) -> tuple[object, list[tuple[tuple[
     hit = _DECODED.get(op)
     if hit is not None and hit[0] == key:
         return hit[1]
-    decoded = (None if role is InputOp else op.params,
-               [(shape_of(t), dtype_of(t)) for t in key[1]], op.names)
+    decoded = (None if role is InputOp else op.params, [(shape_of(t), dtype_of(t)) for t in key[1]], op.names)
     _DECODED[op] = (key, decoded)
     return decoded
 
@@ -355,8 +386,10 @@ def _decoded(op: TensorOp, role: type | None) -> tuple[object, list[tuple[tuple[
 def _feed(op: InputOp, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
     name = op.loc_name
     if name not in inputs:
-        raise TpuBuildError(f"no data for graph input {name!r} (inputs given: {sorted(inputs)})",
-                            hint="the input npz must hold one array per graph input, named as the input")
+        raise TpuBuildError(
+            f"no data for graph input {name!r} (inputs given: {sorted(inputs)})",
+            hint="the input npz must hold one array per graph input, named as the input",
+        )
     array = np.asarray(inputs[name])
     expect = shape_of(op.results[0].type)
     if array.shape != expect:
@@ -407,8 +440,9 @@ def weights_for(module: ModuleOp, mlir_path: str | os.PathLike) -> WeightStore:
     return WeightStore.load(Path(mlir_path).parent / weight_file)
 
 
-def infer_file(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray], *,
-               all_tensors: bool = True) -> dict[str, np.ndarray]:
+def infer_file(
+    mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray], *, all_tensors: bool = True
+) -> dict[str, np.ndarray]:
     module = mlir.load_module(mlir_path)
     try:
         return run(module, weights_for(module, mlir_path), inputs, all_tensors=all_tensors)

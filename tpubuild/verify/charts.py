@@ -34,16 +34,41 @@ PASS_COLOR, FAIL_COLOR, EXACT_COLOR, WORST_COLOR = "#1f77b4", "#d62728", "#2ca02
 GROUP_COLORS = ("#d9d9d9", "#b0b0b0")  # alternate, so neighbouring groups stay apart
 GDMA_COLORS = {"load": "#4c72b0", "store": "#55a868", "ddr2ddr": "#8172b2"}
 # op types of the BDC lane, in a fixed order of colours
-OP_PALETTE = ["#dd8452", "#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd", "#a1c9f4",
-              "#ffb482", "#8de5a1", "#ff9f9b", "#d0bbff", "#debb9b", "#fab0e4", "#cfcfcf", "#fffea3"]
+OP_PALETTE = [
+    "#dd8452",
+    "#c44e52",
+    "#937860",
+    "#da8bc3",
+    "#8c8c8c",
+    "#ccb974",
+    "#64b5cd",
+    "#a1c9f4",
+    "#ffb482",
+    "#8de5a1",
+    "#ff9f9b",
+    "#d0bbff",
+    "#debb9b",
+    "#fab0e4",
+    "#cfcfcf",
+    "#fffea3",
+]
 MAX_LABELS = 60  # more tensors than this: label every k-th so the names stay legible
 
 
 def _rc(salt: str) -> dict:
     rc = dict(matplotlib.rcParamsDefault)
     rc.pop("backend", None)
-    rc.update({"svg.hashsalt": f"tpubuild-{salt}", "svg.fonttype": "none", "font.family": "DejaVu Sans",
-               "font.size": 9, "axes.titlesize": 10, "axes.spines.top": False, "axes.spines.right": False})
+    rc.update(
+        {
+            "svg.hashsalt": f"tpubuild-{salt}",
+            "svg.fonttype": "none",
+            "font.family": "DejaVu Sans",
+            "font.size": 9,
+            "axes.titlesize": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+        }
+    )
     return rc
 
 
@@ -53,7 +78,7 @@ def to_svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     text = buf.getvalue()
-    return _drop_unused_ids(text[text.index("<svg"):])
+    return _drop_unused_ids(text[text.index("<svg") :])
 
 
 _ID = re.compile(r' id="([^"]+)"')
@@ -88,8 +113,14 @@ def _fit(fig: Figure, column: Sequence, legend=None) -> None:
     over = []  # per axes: how far its labels reach past it (left, bottom, right, top), inches
     for ax in column:
         box, tight = ax.get_window_extent(renderer), ax.get_tightbbox(renderer)
-        over.append((max(box.x0 - tight.x0, 0) / dpi, max(box.y0 - tight.y0, 0) / dpi,
-                     max(tight.x1 - box.x1, 0) / dpi, max(tight.y1 - box.y1, 0) / dpi))
+        over.append(
+            (
+                max(box.x0 - tight.x0, 0) / dpi,
+                max(box.y0 - tight.y0, 0) / dpi,
+                max(tight.x1 - box.x1, 0) / dpi,
+                max(tight.y1 - box.y1, 0) / dpi,
+            )
+        )
     left = max(o[0] for o in over) + PAD
     right = max(o[2] for o in over) + PAD
     top = over[0][3] + PAD
@@ -124,8 +155,9 @@ class Point:
     exact: bool  # EQUAL or CLOSE
 
 
-def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, highlight: int | None,
-                     highlight_failed: bool, salt: str) -> str:
+def similarity_chart(
+    points: Sequence[Point], cos_tol: float, euc_tol: float, highlight: int | None, highlight_failed: bool, salt: str
+) -> str:
     """Cosine, euclidean and SQNR per tensor (x: graph order), tolerances dashed, one tensor marked."""
     n = len(points)
     width = min(14.0, max(6.5, 0.16 * n + 2.5))
@@ -137,8 +169,11 @@ def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, hi
         for ax in axes[:-1]:
             ax.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
         x = list(range(n))
-        metrics = [("cosine", [p.cos for p in points], cos_tol), ("euclidean", [p.euc for p in points], euc_tol),
-                   ("SQNR (dB)", [p.sqnr for p in points], None)]
+        metrics = [
+            ("cosine", [p.cos for p in points], cos_tol),
+            ("euclidean", [p.euc for p in points], euc_tol),
+            ("SQNR (dB)", [p.sqnr for p in points], None),
+        ]
         for ax, (title, values, tol) in zip(axes, metrics):
             _metric_axis(ax, x, values, points, tol, title)
         if highlight is not None:
@@ -151,8 +186,11 @@ def similarity_chart(points: Sequence[Point], cos_tol: float, euc_tol: float, hi
         axes[-1].set_xticks(x[::step], [points[i].name for i in x[::step]], rotation=90, fontsize=7)
         axes[-1].set_xlim(-0.6, n - 0.4)
         axes[-1].set_xlabel(f"tensor in graph order ({n})" + (f", 1 in {step} named" if step > 1 else ""))
-        handles = [Patch(color=EXACT_COLOR, label="EQUAL / CLOSE"), Patch(color=PASS_COLOR, label="within tolerance"),
-                   Patch(color=FAIL_COLOR, label="below tolerance")]
+        handles = [
+            Patch(color=EXACT_COLOR, label="EQUAL / CLOSE"),
+            Patch(color=PASS_COLOR, label="within tolerance"),
+            Patch(color=FAIL_COLOR, label="below tolerance"),
+        ]
         legend = fig.legend(handles=handles, loc="upper right", fontsize=7, ncols=3, frameon=False, borderaxespad=0)
         _fit(fig, axes, legend)
         return to_svg(fig)
@@ -184,8 +222,17 @@ def _metric_axis(ax, x, values, points: Sequence[Point], tol: float | None, titl
         ax.scatter([m[0] for m in off], [m[1] for m in off], c=[m[2] for m in off], s=22, marker="^", zorder=3)
     if tol is not None:
         ax.axhline(tol, color=FAIL_COLOR, ls="--", lw=0.9, zorder=1)
-        ax.annotate(f"tolerance {tol:g}", xy=(1.0, tol), xycoords=("axes fraction", "data"), xytext=(-2, 2),
-                    textcoords="offset points", ha="right", va="bottom", color=FAIL_COLOR, fontsize=7)
+        ax.annotate(
+            f"tolerance {tol:g}",
+            xy=(1.0, tol),
+            xycoords=("axes fraction", "data"),
+            xytext=(-2, 2),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            color=FAIL_COLOR,
+            fontsize=7,
+        )
     ax.set_ylabel(title)
     ax.grid(axis="y", color="#eeeeee", lw=0.6)
     ax.ticklabel_format(axis="y", useOffset=False)
@@ -199,8 +246,9 @@ class Span:
     kind: str  # GDMA direction or BDC op type
 
 
-def timeline_chart(spans: Sequence[Span], total: int, clock_hz: float, salt: str,
-                   groups: Sequence[tuple[int, int, int]] | None = None) -> str:
+def timeline_chart(
+    spans: Sequence[Span], total: int, clock_hz: float, salt: str, groups: Sequence[tuple[int, int, int]] | None = None
+) -> str:
     """Both engines' commands on one time axis (cycles), BDC coloured by op type, GDMA by direction;
     ``groups``: (id, start, end) of each layer group's computes, drawn as a lane above."""
     kinds = sorted({s.kind for s in spans if s.engine == "bdc"})
@@ -212,23 +260,39 @@ def timeline_chart(spans: Sequence[Span], total: int, clock_hz: float, salt: str
         ax = fig.subplots()
         if groups:
             for k, (gid, start, end) in enumerate(groups):
-                ax.broken_barh([(start, max(end - start, 1))], (1.7, 0.6), facecolors=GROUP_COLORS[k % 2],
-                               edgecolor="white", linewidth=0.5)
+                ax.broken_barh(
+                    [(start, max(end - start, 1))],
+                    (1.7, 0.6),
+                    facecolors=GROUP_COLORS[k % 2],
+                    edgecolor="white",
+                    linewidth=0.5,
+                )
                 if end - start > 0.025 * max(total, 1):
                     ax.text((start + end) / 2, 2.0, f"{gid}", ha="center", va="center", fontsize=7)
         many = len(spans) > 2000  # thousands of rectangles: one raster image inside the SVG, not a path each
         for engine, lane in lanes.items():
             for kind in sorted({s.kind for s in spans if s.engine == engine}):
                 bars = [(s.start, max(s.end - s.start, 1)) for s in spans if s.engine == engine and s.kind == kind]
-                ax.broken_barh(bars, (lane - 0.38, 0.76), facecolors=colors[kind], edgecolor="white",
-                               linewidth=0.3 if not many else 0, rasterized=many)
+                ax.broken_barh(
+                    bars,
+                    (lane - 0.38, 0.76),
+                    facecolors=colors[kind],
+                    edgecolor="white",
+                    linewidth=0.3 if not many else 0,
+                    rasterized=many,
+                )
         ax.set_yticks([0, 1, 2] if groups else [0, 1], ["BDC", "GDMA", "group"] if groups else ["BDC", "GDMA"])
         ax.set_ylim(-0.6, 2.45 if groups else 1.6)
         ax.set_xlim(0, max(total, 1))
         ax.set_xlabel(f"cycles (total {total:,} = {total / clock_hz * 1e3:.4g} ms at {clock_hz / 1e6:g} MHz)")
         used = [k for k in GDMA_COLORS if any(s.kind == k and s.engine == "gdma" for s in spans)] + kinds
-        ax.legend(handles=[Patch(color=colors[k], label=k) for k in used], loc="upper left",
-                  bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
+        ax.legend(
+            handles=[Patch(color=colors[k], label=k) for k in used],
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            fontsize=7,
+            frameon=False,
+        )
         ax.grid(axis="x", color="#eeeeee", lw=0.6)
         _fit(fig, [ax])
         return to_svg(fig)

@@ -22,8 +22,12 @@ import numpy as np
 from tpubuild.verify.similarity import Tolerance, similarity
 
 
-def pair_tensors(test: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
-                 test_outputs: Sequence[str] = (), ref_outputs: Sequence[str] = ()) -> list[tuple[str, str]]:
+def pair_tensors(
+    test: Mapping[str, np.ndarray],
+    ref: Mapping[str, np.ndarray],
+    test_outputs: Sequence[str] = (),
+    ref_outputs: Sequence[str] = (),
+) -> list[tuple[str, str]]:
     """(test name, ref name) pairs: common names in sorted order, then outputs by position.
 
     An output pairs by position when its name is not the reference's, even if the reference
@@ -41,9 +45,15 @@ def _min(values: list[float]) -> float:
     return min(values) if values else math.nan
 
 
-def compare_tensors(test: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], tol: Tolerance, *,
-                    test_outputs: Sequence[str] = (), ref_outputs: Sequence[str] = (),
-                    decide: str = "all") -> dict:
+def compare_tensors(
+    test: Mapping[str, np.ndarray],
+    ref: Mapping[str, np.ndarray],
+    tol: Tolerance,
+    *,
+    test_outputs: Sequence[str] = (),
+    ref_outputs: Sequence[str] = (),
+    decide: str = "all",
+) -> dict:
     """A JSON-able report: per pair the metrics and label, plus minima and the verdict.
 
     ``decide``: "all" (every compared tensor must meet ``tol``) or "outputs" (every one
@@ -104,5 +114,7 @@ def worst(report: dict, count: int = 5, *, outputs: bool = False) -> list[dict]:
 
 def format_row(row: dict) -> str:
     name = row["name"] + (f" <-> {row['ref_name']}" if "ref_name" in row else "")
-    return (f"{name}: {row['label']}, cos {row['cos']:.6f}, euc {row['euc']:.6f}, "
-            f"SQNR {row['sqnr']:.1f} dB, max abs err {row['max_abs']:.3g}")
+    return (
+        f"{name}: {row['label']}, cos {row['cos']:.6f}, euc {row['euc']:.6f}, "
+        f"SQNR {row['sqnr']:.1f} dB, max abs err {row['max_abs']:.3g}"
+    )

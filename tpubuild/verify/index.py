@@ -27,8 +27,24 @@ from tpubuild.build.paths import ModelPaths, failed_json, zoo_index, zoo_status
 from tpubuild.verify import report as page
 
 # stages in graph order (the first failing one is the one to fix); unknown ones sort last
-STAGE_ORDER = ("fetch", "transform", "reference", "canonicalize", "calibrate", "verify_top", "search", "lower",
-               "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report", "compile")
+STAGE_ORDER = (
+    "fetch",
+    "transform",
+    "reference",
+    "canonicalize",
+    "calibrate",
+    "verify_top",
+    "search",
+    "lower",
+    "verify_tpu",
+    "layergroup",
+    "assign",
+    "codegen",
+    "run",
+    "verify_chip",
+    "report",
+    "compile",
+)
 LEVEL_STAGES = (("top", "verify_top"), ("tpu", "verify_tpu"), ("chip", "verify_chip"))
 
 
@@ -45,6 +61,7 @@ def split_task(name: str) -> tuple[str, str, str | None]:
 
 # ---- the record of outcomes ---------------------------------------------------------------------
 
+
 class Outcomes:
     """The stage tasks whose last run failed, with the failure's text (a success clears the task)."""
 
@@ -54,7 +71,9 @@ class Outcomes:
             last = json.loads(self.file.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none yet, or cut short by a crash: start again
             last = {}
-        self.last: dict[str, str] = {k: v for k, v in last.items() if isinstance(v, str)} if isinstance(last, dict) else {}
+        self.last: dict[str, str] = (
+            {k: v for k, v in last.items() if isinstance(v, str)} if isinstance(last, dict) else {}
+        )
         self.failed_now: set[str] = set()
 
     def ok(self, task: str) -> None:
@@ -88,6 +107,7 @@ class Outcomes:
 
 # ---- one row per target ---------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     model: str
@@ -113,8 +133,11 @@ def _read(path: Path) -> dict | None:
 def level_docs(p: ModelPaths, target: str | None, failure: tuple[str, str] | None) -> list[dict]:
     """The verify documents a row may show: levels before the failing stage, the failing one's kept comparison."""
     tp = p.target(target) if target else None
-    files = {"verify_top": p.verify_top, "verify_tpu": tp.verify_tpu if tp else None,
-             "verify_chip": tp.verify if tp else None}
+    files = {
+        "verify_top": p.verify_top,
+        "verify_tpu": tp.verify_tpu if tp else None,
+        "verify_chip": tp.verify if tp else None,
+    }
     docs = []
     for level, stage in LEVEL_STAGES:
         path = files[stage]
@@ -176,6 +199,7 @@ def _href(build_dir: Path, path: Path) -> str:
 
 # ---- failure pages -------------------------------------------------------------------------------
 
+
 def write_failure_page(build_dir: Path, model: str, target: str | None, failure: tuple[str, str]) -> Path:
     """failed.html: the failing stage's message and every level known, first tensor below tolerance marked."""
     from tpubuild.build.files import write_text
@@ -186,13 +210,19 @@ def write_failure_page(build_dir: Path, model: str, target: str | None, failure:
     graphs = [g for g in (p.origin_mlir, p.canonical_mlir, tp.tpu_mlir if tp else None) if g and g.is_file()]
     infos = page.graph_infos([str(g) for g in graphs], p.root)
     comparisons = [c for doc in level_docs(p, tp.root.name if tp else None, failure) for c in doc["comparisons"]]
-    data = page.PageData(model=model, target=tp.root.name if tp else "all targets", passed=False,
-                         levels=page.levels_of(comparisons, infos), failure=failure)
+    data = page.PageData(
+        model=model,
+        target=tp.root.name if tp else "all targets",
+        passed=False,
+        levels=page.levels_of(comparisons, infos),
+        failure=failure,
+    )
     write_text(out, page.render(data))
     return out
 
 
 # ---- the index page ------------------------------------------------------------------------------
+
 
 def _cos_cell(row: Row, level: str) -> str:
     if level not in row.min_cos:
@@ -205,36 +235,47 @@ def render_index(rows: Sequence[Row]) -> str:
     e = page.e
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "not built")}
     models = len({r.model for r in rows})
-    head = ("<tr><th>model</th><th>target</th><th>status</th><th>ONNX vs Top<br>min cos</th>"
-            "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>min cos</th><th>est. time</th><th>DDR traffic</th>"
-            "<th>model size</th><th>page</th></tr>")
+    head = (
+        "<tr><th>model</th><th>target</th><th>status</th><th>ONNX vs Top<br>min cos</th>"
+        "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>min cos</th><th>est. time</th><th>DDR traffic</th>"
+        "<th>model size</th><th>page</th></tr>"
+    )
     body = []
     for r in rows:
         badge = page.badge({"PASS": True, "FAIL": False}.get(r.status), r.status)
         status = badge
         if r.status == "FAIL":
             first = (r.message or "").strip().splitlines()[0] if r.message else ""
-            status += f" at <b>{e(r.stage)}</b><div class=msg title=\"{e(r.message or '')}\">{e(first[:160])}</div>"
+            status += f' at <b>{e(r.stage)}</b><div class=msg title="{e(r.message or "")}">{e(first[:160])}</div>'
         link = f'<a href="{e(r.link)}">{"report" if r.status == "PASS" else "failure"}</a>' if r.link else "–"
         time = f"{r.time_ms:.4g} ms" if r.time_ms is not None else "–"
-        body.append(f'<tr class="row-{r.status.replace(" ", "-").lower()}"><td>{e(r.model)}</td>'
-                    f"<td>{e(r.target or '–')}</td><td class=status>{status}</td>"
-                    f"{_cos_cell(r, 'top')}{_cos_cell(r, 'tpu')}{_cos_cell(r, 'chip')}"
-                    f"<td class=num>{time}</td><td class=num>{page.size(r.ddr_bytes)}</td>"
-                    f"<td class=num>{page.size(r.model_bytes)}</td><td>{link}</td></tr>")
-    css = page.CSS + (".msg{font-size:11px;color:#8a1c1c;max-width:420px;white-space:normal}"
-                      "tr.row-fail td{background:#fdf3f2} table.zoo td{white-space:nowrap}")
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8"><title>tpubuild zoo</title>',
-        f"<style>{css}</style></head><body>",
-        "<h1>tpubuild zoo</h1>",
-        f'<p class="sub">{models} models, {len(rows)} targets: {counts["PASS"]} passed, {counts["FAIL"]} failed, '
-        f'{counts["not built"]} not built. Similarities are the lowest cosine over each level\'s tensors; '
-        "time and DDR traffic are the cycle model's estimates.</p>",
-        f'<table class="zoo">{head}{"".join(body)}</table>',
-        "</body></html>",
-    ]) + "\n"
+        body.append(
+            f'<tr class="row-{r.status.replace(" ", "-").lower()}"><td>{e(r.model)}</td>'
+            f"<td>{e(r.target or '–')}</td><td class=status>{status}</td>"
+            f"{_cos_cell(r, 'top')}{_cos_cell(r, 'tpu')}{_cos_cell(r, 'chip')}"
+            f"<td class=num>{time}</td><td class=num>{page.size(r.ddr_bytes)}</td>"
+            f"<td class=num>{page.size(r.model_bytes)}</td><td>{link}</td></tr>"
+        )
+    css = page.CSS + (
+        ".msg{font-size:11px;color:#8a1c1c;max-width:420px;white-space:normal}"
+        "tr.row-fail td{background:#fdf3f2} table.zoo td{white-space:nowrap}"
+    )
+    return (
+        "\n".join(
+            [
+                "<!DOCTYPE html>",
+                '<html lang="en"><head><meta charset="utf-8"><title>tpubuild zoo</title>',
+                f"<style>{css}</style></head><body>",
+                "<h1>tpubuild zoo</h1>",
+                f'<p class="sub">{models} models, {len(rows)} targets: {counts["PASS"]} passed, {counts["FAIL"]} failed, '
+                f"{counts['not built']} not built. Similarities are the lowest cosine over each level's tensors; "
+                "time and DDR traffic are the cycle model's estimates.</p>",
+                f'<table class="zoo">{head}{"".join(body)}</table>',
+                "</body></html>",
+            ]
+        )
+        + "\n"
+    )
 
 
 def write_index(build_dir: str | Path, zoo: Mapping[str, Sequence[str]], outcomes: Outcomes) -> Path:
@@ -260,14 +301,14 @@ def write_index(build_dir: str | Path, zoo: Mapping[str, Sequence[str]], outcome
         for stale in [p.failed_page] + [p.target(t).failed_page for t in zoo[model]]:
             if stale not in pages:
                 stale.unlink(missing_ok=True)
-    rows = [make_row(build_dir, model, target, outcomes)
-            for model in sorted(zoo) for target in (zoo[model] or [None])]
+    rows = [make_row(build_dir, model, target, outcomes) for model in sorted(zoo) for target in (zoo[model] or [None])]
     out = zoo_index(build_dir)
     write_text(out, render_index(rows))
     return out
 
 
 # ---- fed by the console reporter ---------------------------------------------------------------------
+
 
 def describe(fail) -> str:
     """A doit failure as text: the stage's own message, or for a crash the exception line first."""

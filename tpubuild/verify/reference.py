@@ -20,8 +20,11 @@ def load_onnx(onnx_path: str | Path):
     try:
         return onnx.load(str(path))
     except Exception as err:  # protobuf raises DecodeError, onnx raises its own types: all mean "bad file"
-        raise TpuBuildError(f"not a valid ONNX model ({type(err).__name__}: {err})", file=str(path),
-                            hint="the file is truncated or not an .onnx; re-export or re-download it") from None
+        raise TpuBuildError(
+            f"not a valid ONNX model ({type(err).__name__}: {err})",
+            file=str(path),
+            hint="the file is truncated or not an .onnx; re-export or re-download it",
+        ) from None
 
 
 def output_names(onnx_path: str | Path) -> list[str]:
@@ -65,8 +68,11 @@ def onnx_tensors(onnx_path: str | Path, inputs: Mapping[str, np.ndarray]) -> dic
     feeds = {}
     for arg in session.get_inputs():
         if arg.name not in inputs:
-            raise TpuBuildError(f"no test input for graph input {arg.name!r} (have {sorted(inputs)})",
-                                file=str(onnx_path), hint="list every graph input under `inputs` in the manifest")
+            raise TpuBuildError(
+                f"no test input for graph input {arg.name!r} (have {sorted(inputs)})",
+                file=str(onnx_path),
+                hint="list every graph input under `inputs` in the manifest",
+            )
         feeds[arg.name] = np.asarray(inputs[arg.name]).astype(_numpy_type(arg.type), copy=False)
     names = [out.name for out in session.get_outputs()]
     try:
@@ -77,9 +83,15 @@ def onnx_tensors(onnx_path: str | Path, inputs: Mapping[str, np.ndarray]) -> dic
 
 
 _ORT_TYPES = {
-    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
 }
 
 

@@ -37,7 +37,7 @@ EXACT = ("EQUAL", "CLOSE")
 # ---- where each tensor comes from --------------------------------------------------------------
 
 _OP_LINE = re.compile(r'=\s*"([\w.]+)"')
-_LOC = re.compile(r'loc\((.*)\)\s*$')
+_LOC = re.compile(r"loc\((.*)\)\s*$")
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
@@ -84,6 +84,7 @@ def graph_info_text(text: str, shown_as: str = "") -> GraphInfo:
 
 # ---- one comparison, ordered and judged ---------------------------------------------------------
 
+
 def _f(value) -> float:
     """verify JSON numbers: non-finite ones are strings ('inf', 'nan')."""
     return float(value)
@@ -118,6 +119,7 @@ def order_level(comp: dict, graph: GraphInfo | None) -> Level:
 
 
 # ---- everything one page shows --------------------------------------------------------------------
+
 
 @dataclass
 class GroupRow:
@@ -167,8 +169,19 @@ def read_groups(lg_mlir: str | Path) -> list[GroupRow]:
 
     groups = _plain(Parser(context(), attr, str(path)).parse_attribute())
     kinds = {name: site.op for name, site in graph_info_text(text).sites.items()}
-    return [GroupRow(g["id"], g["kind"], [(name, kinds.get(name, "?")) for name in g["ops"]], g["n_secs"],
-                     g["h_secs"], g.get("lmem_bytes", 0), g["cycles"], g["ddr_bytes"]) for g in groups]
+    return [
+        GroupRow(
+            g["id"],
+            g["kind"],
+            [(name, kinds.get(name, "?")) for name in g["ops"]],
+            g["n_secs"],
+            g["h_secs"],
+            g.get("lmem_bytes", 0),
+            g["cycles"],
+            g["ddr_bytes"],
+        )
+        for g in groups
+    ]
 
 
 def _module_attr(text: str, key: str) -> str | None:
@@ -193,7 +206,7 @@ def _module_attr(text: str, key: str) -> str | None:
         elif c in "]}":
             depth -= 1
             if depth == 0:
-                return text[start:i + 1]
+                return text[start : i + 1]
         i += 1
     return None
 
@@ -220,8 +233,19 @@ def _read_groups_parsed(lg_mlir: Path) -> list[GroupRow]:
 
     module = load_module(lg_mlir)
     graph = build_graph(module)
-    return [GroupRow(g.id, g.kind, [(graph.ops[p].name, graph.ops[p].kind) for p in g.ops], g.n_secs, g.h_secs,
-                     g.lmem_bytes, g.cycles, g.ddr_bytes) for g in lg_groups(module, graph)]
+    return [
+        GroupRow(
+            g.id,
+            g.kind,
+            [(graph.ops[p].name, graph.ops[p].kind) for p in g.ops],
+            g.n_secs,
+            g.h_secs,
+            g.lmem_bytes,
+            g.cycles,
+            g.ddr_bytes,
+        )
+        for g in lg_groups(module, graph)
+    ]
 
 
 def command_spans(model) -> list[charts.Span]:
@@ -231,7 +255,9 @@ def command_spans(model) -> list[charts.Span]:
     from tpubuild.verify import charts
 
     s = replay(model, decoded_params(model))
-    spans = [charts.Span("gdma", a, b, g.direction.name.lower()) for g, a, b in zip(model.gdma, s.gdma_start, s.gdma_end)]
+    spans = [
+        charts.Span("gdma", a, b, g.direction.name.lower()) for g, a, b in zip(model.gdma, s.gdma_start, s.gdma_end)
+    ]
     spans += [charts.Span("bdc", a, b, c.op.removeprefix("tpu.")) for c, a, b in zip(model.bdc, s.bdc_start, s.bdc_end)]
     return spans
 
@@ -264,19 +290,27 @@ def levels_of(comparisons: Sequence[dict], graphs: Mapping[str, GraphInfo]) -> l
     return out
 
 
-def target_page(model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str,
-                graphs: Sequence[str]) -> PageData:
+def target_page(
+    model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str, graphs: Sequence[str]
+) -> PageData:
     """Everything a passing target's page shows, read from its build artifacts."""
     from tpubuild.codegen.model_file import read_model
 
     doc = json.loads(Path(verify_json).read_text(encoding="utf-8"))
     infos = graph_infos(graphs, Path(verify_json).parent.parent)
     mf = read_model(model_file)
-    return PageData(model=model, target=target, passed=bool(doc["passed"]),
-                    levels=levels_of(doc["comparisons"], infos),
-                    profile=json.loads(Path(profile_json).read_text(encoding="utf-8")),
-                    groups=read_groups(lg_mlir), lane_bytes=mf.header.chip.lane_bytes, spans=command_spans(mf),
-                    model_bytes=Path(model_file).stat().st_size, weight_bytes=len(mf.weights))
+    return PageData(
+        model=model,
+        target=target,
+        passed=bool(doc["passed"]),
+        levels=levels_of(doc["comparisons"], infos),
+        profile=json.loads(Path(profile_json).read_text(encoding="utf-8")),
+        groups=read_groups(lg_mlir),
+        lane_bytes=mf.header.chip.lane_bytes,
+        spans=command_spans(mf),
+        model_bytes=Path(model_file).stat().st_size,
+        weight_bytes=len(mf.weights),
+    )
 
 
 def graph_infos(graphs: Sequence[str], model_dir: Path) -> dict[str, GraphInfo]:
@@ -348,16 +382,21 @@ def summary_cards(d: PageData) -> str:
     cards = []
     p = d.profile
     if p:
-        cards += [_card(f"{p['time_ms']:.4g} ms", f"estimated time ({p['total_cycles']:,} cycles)"),
-                  _card(size(p["ddr_read_bytes"]), "DDR read"), _card(size(p["ddr_write_bytes"]), "DDR written")]
+        cards += [
+            _card(f"{p['time_ms']:.4g} ms", f"estimated time ({p['total_cycles']:,} cycles)"),
+            _card(size(p["ddr_read_bytes"]), "DDR read"),
+            _card(size(p["ddr_write_bytes"]), "DDR written"),
+        ]
     if d.model_bytes is not None:
         cards.append(_card(size(d.model_bytes), "model file"))
     if d.weight_bytes is not None:
         cards.append(_card(size(d.weight_bytes), "weights"))
     if p:
-        cards += [_card(f"{p['gdma']['commands']:,} / {p['bdc']['commands']:,}", "GDMA / BDC commands"),
-                  _card(f"{p['gdma']['utilisation']:.0%} / {p['bdc']['utilisation']:.0%}", "GDMA / BDC busy"),
-                  _card(f"{p['bdc']['macs']:,}", "MACs")]
+        cards += [
+            _card(f"{p['gdma']['commands']:,} / {p['bdc']['commands']:,}", "GDMA / BDC commands"),
+            _card(f"{p['gdma']['utilisation']:.0%} / {p['bdc']['utilisation']:.0%}", "GDMA / BDC busy"),
+            _card(f"{p['bdc']['macs']:,}", "MACs"),
+        ]
     if d.groups is not None:
         local = sum(g.kind == "local" for g in d.groups)
         cards.append(_card(f"{len(d.groups)} ({local} local)", "layer groups"))
@@ -365,17 +404,21 @@ def summary_cards(d: PageData) -> str:
 
 
 def levels_table(levels: Sequence[Level]) -> str:
-    head = ("<tr><th>level</th><th>compared</th><th>tensors</th><th>tolerance cos / euc</th><th>min cos</th>"
-            "<th>min euc</th><th>min SQNR</th><th>below tolerance</th><th>result</th></tr>")
+    head = (
+        "<tr><th>level</th><th>compared</th><th>tensors</th><th>tolerance cos / euc</th><th>min cos</th>"
+        "<th>min euc</th><th>min SQNR</th><th>below tolerance</th><th>result</th></tr>"
+    )
     rows = []
     for lv in levels:
         c = lv.comp
         tol = c["tolerance"]
-        rows.append(f'<tr class="{"" if c["passed"] else "bad"}"><td>{e(lv.title)}</td>'
-                    f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td>"
-                    f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td><td class=num>{fmt(c['min_cos'])}</td>"
-                    f"<td class=num>{fmt(c['min_euc'])}</td><td class=num>{fmt(c['min_sqnr'], 1)} dB</td>"
-                    f"<td class=num>{c['failed']}</td><td>{badge(bool(c['passed']))}</td></tr>")
+        rows.append(
+            f'<tr class="{"" if c["passed"] else "bad"}"><td>{e(lv.title)}</td>'
+            f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td>"
+            f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td><td class=num>{fmt(c['min_cos'])}</td>"
+            f"<td class=num>{fmt(c['min_euc'])}</td><td class=num>{fmt(c['min_sqnr'], 1)} dB</td>"
+            f"<td class=num>{c['failed']}</td><td>{badge(bool(c['passed']))}</td></tr>"
+        )
     return f'<table class="levels">{head}{"".join(rows)}</table>'
 
 
@@ -383,14 +426,18 @@ def _where(lv: Level, row: dict) -> str:
     site = lv.site(row)
     if not site:
         return f"<code>{e(row['name'])}</code> (not a result of the tested graph)"
-    return (f"<code>{e(row['name'])}</code>: op <code>{e(site.op)}</code> at "
-            f"<code>loc(&quot;{e(row['name'])}&quot;)</code>, <code>{e(lv.graph.file)}:{site.line}</code> "
-            f"(tensor {site.index + 1} of the graph)")
+    return (
+        f"<code>{e(row['name'])}</code>: op <code>{e(site.op)}</code> at "
+        f"<code>loc(&quot;{e(row['name'])}&quot;)</code>, <code>{e(lv.graph.file)}:{site.line}</code> "
+        f"(tensor {site.index + 1} of the graph)"
+    )
 
 
 def _metrics(row: dict) -> str:
-    return (f"{e(row['label'])}, cos {fmt(row['cos'])}, euc {fmt(row['euc'])}, SQNR {fmt(row['sqnr'], 1)} dB, "
-            f"max abs err {_f(row['max_abs']):.3g}")
+    return (
+        f"{e(row['label'])}, cos {fmt(row['cos'])}, euc {fmt(row['euc'])}, SQNR {fmt(row['sqnr'], 1)} dB, "
+        f"max abs err {_f(row['max_abs']):.3g}"
+    )
 
 
 def first_failure(levels: Sequence[Level]) -> str:
@@ -406,16 +453,24 @@ def first_failure(levels: Sequence[Level]) -> str:
             continue
         row = lv.rows[lv.first_failed]
         deciding = not lv.comp["passed"]
-        why = "" if deciding else (f" (reported only: this level is decided by its "
-                                   f"{e(lv.comp.get('decided_by', 'graph outputs'))}, which pass)")
+        why = (
+            ""
+            if deciding
+            else (
+                f" (reported only: this level is decided by its "
+                f"{e(lv.comp.get('decided_by', 'graph outputs'))}, which pass)"
+            )
+        )
         failed_outputs = [r["name"] for r in lv.rows if r.get("output") and not r["passed"]]
         if deciding and failed_outputs and lv.comp.get("decided_by") == "graph outputs":
             why = f" (the level fails on its graph outputs {', '.join(map(e, failed_outputs))})"
         ident = "" if notes else ' id="first-failure"'
-        notes.append(f'<div class="callout{"" if deciding else " note"}"{ident}><b>First tensor below tolerance</b> '
-                     f"(<a href=\"#level-{i}\">{e(lv.title)}, {e(lv.comp['test'])} vs {e(lv.comp['ref'])}</a>)"
-                     f"{why}: {_where(lv, row)}<br>{_metrics(row)}; tolerance cos {lv.comp['tolerance']['cos']:g}, "
-                     f"euc {lv.comp['tolerance']['euc']:g}</div>")
+        notes.append(
+            f'<div class="callout{"" if deciding else " note"}"{ident}><b>First tensor below tolerance</b> '
+            f'(<a href="#level-{i}">{e(lv.title)}, {e(lv.comp["test"])} vs {e(lv.comp["ref"])}</a>)'
+            f"{why}: {_where(lv, row)}<br>{_metrics(row)}; tolerance cos {lv.comp['tolerance']['cos']:g}, "
+            f"euc {lv.comp['tolerance']['euc']:g}</div>"
+        )
     if notes:
         return "\n".join(notes)
     lowest = [(_f(lv.rows[lv.worst]["cos"]), i) for i, lv in enumerate(levels) if lv.worst is not None]
@@ -423,24 +478,30 @@ def first_failure(levels: Sequence[Level]) -> str:
         return '<div class="callout">No tensor was compared.</div>'
     lv = levels[min(lowest)[1]]
     row = lv.rows[lv.worst]
-    return (f'<div class="callout ok" id="first-failure"><b>Every tensor is within tolerance</b> at every level. '
-            f"Lowest cosine ({e(lv.title)}): {_where(lv, row)}; {_metrics(row)}</div>")
+    return (
+        f'<div class="callout ok" id="first-failure"><b>Every tensor is within tolerance</b> at every level. '
+        f"Lowest cosine ({e(lv.title)}): {_where(lv, row)}; {_metrics(row)}</div>"
+    )
 
 
 def tensor_table(lv: Level) -> str:
-    head = ("<tr><th>#</th><th>tensor</th><th>op</th><th>line</th><th>shape</th><th>label</th><th>cos</th>"
-            "<th>euc</th><th>SQNR dB</th><th>max abs err</th></tr>")
+    head = (
+        "<tr><th>#</th><th>tensor</th><th>op</th><th>line</th><th>shape</th><th>label</th><th>cos</th>"
+        "<th>euc</th><th>SQNR dB</th><th>max abs err</th></tr>"
+    )
     rows = []
     for i, row in enumerate(lv.rows):
         site = lv.site(row)
         cls = "first" if i == lv.first_failed else "" if row["passed"] else "bad"
         name = row["name"] + (f" ↔ {row['ref_name']}" if "ref_name" in row else "")
         name += " (graph output)" if row.get("output") else ""
-        rows.append(f'<tr class="{cls}"><td class=num>{i + 1}</td><td>{e(name)}</td>'
-                    f"<td>{e(site.op) if site else ''}</td><td class=num>{site.line if site else ''}</td>"
-                    f"<td>{e('x'.join(map(str, row['shape'])))}</td><td>{e(row['label'])}</td>"
-                    f"<td class=num>{fmt(row['cos'])}</td><td class=num>{fmt(row['euc'])}</td>"
-                    f"<td class=num>{fmt(row['sqnr'], 1)}</td><td class=num>{_f(row['max_abs']):.3g}</td></tr>")
+        rows.append(
+            f'<tr class="{cls}"><td class=num>{i + 1}</td><td>{e(name)}</td>'
+            f"<td>{e(site.op) if site else ''}</td><td class=num>{site.line if site else ''}</td>"
+            f"<td>{e('x'.join(map(str, row['shape'])))}</td><td>{e(row['label'])}</td>"
+            f"<td class=num>{fmt(row['cos'])}</td><td class=num>{fmt(row['euc'])}</td>"
+            f"<td class=num>{fmt(row['sqnr'], 1)}</td><td class=num>{_f(row['max_abs']):.3g}</td></tr>"
+        )
     return f'<table class="tensors">{head}{"".join(rows)}</table>'
 
 
@@ -449,13 +510,21 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
     from tpubuild.verify import charts
 
     c = lv.comp
-    points = [charts.Point(r["name"], _f(r["cos"]), _f(r["euc"]), _f(r["sqnr"]), bool(r["passed"]),
-                           r["label"] in EXACT) for r in lv.rows]
+    points = [
+        charts.Point(r["name"], _f(r["cos"]), _f(r["euc"]), _f(r["sqnr"]), bool(r["passed"]), r["label"] in EXACT)
+        for r in lv.rows
+    ]
     highlight = lv.first_failed if lv.first_failed is not None else lv.worst
     parts = [f'<h3 id="level-{index}">{e(lv.title)}: {e(c["test"])} vs {e(c["ref"])} {badge(bool(c["passed"]))}</h3>']
     if points:
-        svg = _similarity_svg(tuple(points), float(c["tolerance"]["cos"]), float(c["tolerance"]["euc"]), highlight,
-                              lv.first_failed is not None, f"level{index}")
+        svg = _similarity_svg(
+            tuple(points),
+            float(c["tolerance"]["cos"]),
+            float(c["tolerance"]["euc"]),
+            highlight,
+            lv.first_failed is not None,
+            f"level{index}",
+        )
         chart = f'<div class="chart similarity">{svg}</div>'
         parts.append(f"<details><summary>chart</summary>{chart}</details>" if fold else chart)
     else:
@@ -464,14 +533,17 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
         if c.get(key):
             count = len(c[key])
             parts.append(f"<p>{count} tensor{'' if count == 1 else 's'} {what} (not compared).</p>")
-    parts.append(f"<details{' open' if lv.first_failed is not None else ''}><summary>every tensor "
-                 f"({len(lv.rows)})</summary>{tensor_table(lv)}</details>")
+    parts.append(
+        f"<details{' open' if lv.first_failed is not None else ''}><summary>every tensor "
+        f"({len(lv.rows)})</summary>{tensor_table(lv)}</details>"
+    )
     return "\n".join(parts)
 
 
 @functools.lru_cache(maxsize=8)
-def _similarity_svg(points: tuple, cos_tol: float, euc_tol: float, highlight: int | None, failed: bool,
-                    salt: str) -> str:
+def _similarity_svg(
+    points: tuple, cos_tol: float, euc_tol: float, highlight: int | None, failed: bool, salt: str
+) -> str:
     """charts.similarity_chart, remembered: every target of a model shows the same ONNX-vs-Top levels, and one
     doit process draws all its pages (a chart costs a fifth of a second; the function is pure)."""
     from tpubuild.verify import charts
@@ -482,25 +554,32 @@ def _similarity_svg(points: tuple, cos_tol: float, euc_tol: float, highlight: in
 def groups_section(d: PageData) -> str:
     if d.groups is None:
         return ""
-    head = ("<tr><th>group</th><th>kind</th><th>ops</th><th>slices (N × H)</th><th>local memory / lane</th>"
-            "<th>est. cycles</th><th>DDR bytes</th></tr>")
+    head = (
+        "<tr><th>group</th><th>kind</th><th>ops</th><th>slices (N × H)</th><th>local memory / lane</th>"
+        "<th>est. cycles</th><th>DDR bytes</th></tr>"
+    )
     rows = []
     for g in d.groups:
         ops = [f"{e(name)} <small>({e(kind.removeprefix('tpu.'))})</small>" for name, kind in g.ops]
-        shown = ", ".join(ops[:6]) + (f"<details><summary>{len(ops) - 6} more</summary>{', '.join(ops[6:])}</details>"
-                                     if len(ops) > 6 else "")
+        shown = ", ".join(ops[:6]) + (
+            f"<details><summary>{len(ops) - 6} more</summary>{', '.join(ops[6:])}</details>" if len(ops) > 6 else ""
+        )
         if g.kind == "local":
             share = f" ({g.lmem_bytes / d.lane_bytes:.0%})" if d.lane_bytes else ""
             lmem = f"{size(g.lmem_bytes)}{share}"
             slices = f"{g.n_secs * g.h_secs} ({g.n_secs} × {g.h_secs})"
         else:
             lmem, slices = "–", "–"
-        rows.append(f"<tr><td class=num>{g.id}</td><td>{e(g.kind)}</td><td>{shown}</td><td class=num>{slices}</td>"
-                    f"<td class=num>{lmem}</td><td class=num>{g.cycles:,}</td><td class=num>{g.ddr_bytes:,}</td></tr>")
+        rows.append(
+            f"<tr><td class=num>{g.id}</td><td>{e(g.kind)}</td><td>{shown}</td><td class=num>{slices}</td>"
+            f"<td class=num>{lmem}</td><td class=num>{g.cycles:,}</td><td class=num>{g.ddr_bytes:,}</td></tr>"
+        )
     cap = f" of {size(d.lane_bytes)} per lane" if d.lane_bytes else ""
-    return (f'<h2 id="groups">Layer groups</h2><p>{len(d.groups)} groups; local memory is the peak per lane{cap}; '
-            f"cycles and DDR bytes are layer group's estimates.</p>"
-            f'<table class="groups">{head}{"".join(rows)}</table>')
+    return (
+        f'<h2 id="groups">Layer groups</h2><p>{len(d.groups)} groups; local memory is the peak per lane{cap}; '
+        f"cycles and DDR bytes are layer group's estimates.</p>"
+        f'<table class="groups">{head}{"".join(rows)}</table>'
+    )
 
 
 def timeline_section(d: PageData) -> str:
@@ -511,12 +590,15 @@ def timeline_section(d: PageData) -> str:
     p = d.profile
     lanes = group_spans(d.groups, d.spans) if d.groups is not None else None
     timeline = charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], "timeline", lanes)
-    parts = ['<h2 id="timeline">GDMA / BDC timeline</h2>',
-             f"<p>Every command as the cycle model replays the .model: {p['gdma']['commands']:,} GDMA "
-             f"({p['gdma']['utilisation']:.0%} busy) and {p['bdc']['commands']:,} BDC "
-             f"({p['bdc']['utilisation']:.0%} busy); a command starts when its engine is free and its wait is met."
-             + (" The group lane spans each layer group's computes, labelled with its id." if lanes else "") + "</p>",
-             f'<div class="chart timeline">{timeline}</div>']
+    parts = [
+        '<h2 id="timeline">GDMA / BDC timeline</h2>',
+        f"<p>Every command as the cycle model replays the .model: {p['gdma']['commands']:,} GDMA "
+        f"({p['gdma']['utilisation']:.0%} busy) and {p['bdc']['commands']:,} BDC "
+        f"({p['bdc']['utilisation']:.0%} busy); a command starts when its engine is free and its wait is met."
+        + (" The group lane spans each layer group's computes, labelled with its id." if lanes else "")
+        + "</p>",
+        f'<div class="chart timeline">{timeline}</div>',
+    ]
     if p.get("ops"):
         parts += ["<h3>BDC cycles by op type</h3>", f'<div class="chart ops">{charts.ops_chart(p["ops"], "ops")}</div>']
     return "\n".join(parts)
@@ -530,7 +612,7 @@ def render(d: PageData) -> str:
     failure = ""
     if d.failure:
         stage, message = d.failure
-        failure = (f'<h2>Build stopped at {e(stage)}</h2><pre class="failure">{e(message)}</pre>')
+        failure = f'<h2>Build stopped at {e(stage)}</h2><pre class="failure">{e(message)}</pre>'
     sections = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -554,8 +636,17 @@ def render(d: PageData) -> str:
 
 # ---- the stage --------------------------------------------------------------------------------------
 
-def write_report(model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str,
-                 graphs: Sequence[str], out_html: str) -> None:
+
+def write_report(
+    model: str,
+    target: str,
+    verify_json: str,
+    profile_json: str,
+    lg_mlir: str,
+    model_file: str,
+    graphs: Sequence[str],
+    out_html: str,
+) -> None:
     """verify.json + profile.json + lg.mlir + the .model (+ the graphs, for tensor order) -> report.html."""
     from tpubuild.build.files import write_text
 

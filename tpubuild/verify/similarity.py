@@ -48,6 +48,7 @@ def _f64(x: np.ndarray) -> np.ndarray:
 # difference (each conversion and a - b is a pass over tensors of up to hundreds of MB); the public
 # functions below are the same expressions on their own copies.
 
+
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0.0 or nb == 0.0:

@@ -10,8 +10,13 @@ from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
 # ONNX op -> (TOP op, first opset) for activations without attributes
-_PLAIN = {"Softplus": (top.SoftplusOp, 1), "Erf": (top.ErfOp, 9), "HardSwish": (top.HardSwishOp, 14),
-          "Mish": (top.MishOp, 18), "Softsign": (top.SoftsignOp, 1)}
+_PLAIN = {
+    "Softplus": (top.SoftplusOp, 1),
+    "Erf": (top.ErfOp, 9),
+    "HardSwish": (top.HardSwishOp, 14),
+    "Mish": (top.MishOp, 18),
+    "Softsign": (top.SoftsignOp, 1),
+}
 
 
 def _plain(node: Node, ctx: Ctx):
@@ -56,8 +61,11 @@ def _(node: Node, ctx: Ctx):
     rank, s = len(shape_of(x)), shape_of(slope)
     if rank > 2 and len(s) == 1 and s[0] > 1:
         per_channel = (s[0],) + (1,) * (rank - 2)
-        slope = (Const(slope.array.reshape(per_channel), f"{slope.name}_per_channel") if isinstance(slope, Const)
-                 else ctx.emit(top.ReshapeOp, [slope], top.ShapeParams(per_channel), name=f"{node.outputs[0]}_slope"))
+        slope = (
+            Const(slope.array.reshape(per_channel), f"{slope.name}_per_channel")
+            if isinstance(slope, Const)
+            else ctx.emit(top.ReshapeOp, [slope], top.ShapeParams(per_channel), name=f"{node.outputs[0]}_slope")
+        )
     return [ctx.emit(top.PReluOp, [x, slope], name=node.outputs[0])]
 
 

@@ -12,9 +12,20 @@ from tpubuild.ir import top
 from tpubuild.ir.types import dtype_of, element_type
 from tpubuild.kernels import get_kernel
 
-_PLAIN = {"Exp": top.ExpOp, "Log": top.LogOp, "Sqrt": top.SqrtOp, "Reciprocal": top.ReciprocalOp,
-          "Abs": top.AbsOp, "Floor": top.FloorOp, "Ceil": top.CeilOp, "Round": top.RoundOp, "Sign": top.SignOp,
-          "Sin": top.SinOp, "Cos": top.CosOp, "IsNaN": top.IsNaNOp}
+_PLAIN = {
+    "Exp": top.ExpOp,
+    "Log": top.LogOp,
+    "Sqrt": top.SqrtOp,
+    "Reciprocal": top.ReciprocalOp,
+    "Abs": top.AbsOp,
+    "Floor": top.FloorOp,
+    "Ceil": top.CeilOp,
+    "Round": top.RoundOp,
+    "Sign": top.SignOp,
+    "Sin": top.SinOp,
+    "Cos": top.CosOp,
+    "IsNaN": top.IsNaNOp,
+}
 
 
 def _plain(node: Node, ctx: Ctx):
@@ -93,8 +104,9 @@ def _cast(node: Node, ctx: Ctx, to: np.dtype, what: str):
     except NotImplementedError:
         raise NotImplementedError(f"{node.op_type} to {what} is not supported") from None
     x = node.input(0)
-    p = top.CastParams(to.name, saturate=bool(node.attrs.get("saturate", 1)),
-                       round_mode=node.attrs.get("round_mode", "up"))
+    p = top.CastParams(
+        to.name, saturate=bool(node.attrs.get("saturate", 1)), round_mode=node.attrs.get("round_mode", "up")
+    )
     if isinstance(x, Const):  # CastLike of a constant to a run-time tensor's type is still a constant
         return [Const(np.asarray(get_kernel(top.CastOp)(p, x.array)), node.outputs[0])]
     if _dtype(x) == to:

@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 
 
-def resolve_pads(attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-                 dilations: Sequence[int]) -> list[int]:
+def resolve_pads(
+    attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]
+) -> list[int]:
     """Explicit ONNX pads [begins..., ends...] for any auto_pad mode."""
     nd = len(kernel)
     mode = attrs.get("auto_pad", "NOTSET")

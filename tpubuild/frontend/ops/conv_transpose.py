@@ -41,7 +41,12 @@ def _(node: Node, ctx: Ctx):
     dilations = list(node.attrs.get("dilations") or [1] * nd)
     output_padding = list(node.attrs.get("output_padding") or [0] * nd)
     pads = deconv_pads(node.attrs, xs[2:], kernel, strides, dilations, output_padding)
-    p = top.DeconvParams(tuple(kernel), tuple(strides), tuple(pads), tuple(dilations),
-                         output_padding=tuple(output_padding) if any(output_padding) else (),
-                         group=node.attrs.get("group", 1))
+    p = top.DeconvParams(
+        tuple(kernel),
+        tuple(strides),
+        tuple(pads),
+        tuple(dilations),
+        output_padding=tuple(output_padding) if any(output_padding) else (),
+        group=node.attrs.get("group", 1),
+    )
     return [ctx.emit(top.DeconvOp, [x, w, b], p, name=node.outputs[0])]

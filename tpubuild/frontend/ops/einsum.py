@@ -78,8 +78,7 @@ def _lower(node: Node, ctx: Ctx, terms: list[str], out: str) -> Value:
     xa = _permute(x, ctx, [a.index(c) for c in batch + left + contract], f"{name}_lhs_perm")
     xa = _reshape(xa, ctx, [shape_of(xa)[i] for i in range(len(batch))] + rows + [size(contract)], f"{name}_lhs")
     yb = _permute(y, ctx, [b.index(c) for c in batch + contract + right], f"{name}_rhs_perm")
-    yb = _reshape(yb, ctx, [shape_of(yb)[i] for i in range(len(batch))] + [size(contract), size(right)],
-                  f"{name}_rhs")
+    yb = _reshape(yb, ctx, [shape_of(yb)[i] for i in range(len(batch))] + [size(contract), size(right)], f"{name}_rhs")
     product = batch + left + right
     unflat = [dims[c] for c in product]
     need_reshape = [dims[c] for c in batch] + rows + [size(right)] != unflat
@@ -96,7 +95,10 @@ def _(node: Node, ctx: Ctx):
     if len(terms) == 2 and _lowerable(terms, out):
         return [_lower(node, ctx, terms, out)]
     if len(terms) == 1 and sorted(terms[0]) == sorted(out) and "..." not in out and len(set(out)) == len(out):
-        return [_permute(node.input(0), ctx, [terms[0].index(c) for c in out], node.outputs[0])
-                if terms[0] != out else ctx.emit(top.IdentityOp, [node.input(0)], name=node.outputs[0])]
+        return [
+            _permute(node.input(0), ctx, [terms[0].index(c) for c in out], node.outputs[0])
+            if terms[0] != out
+            else ctx.emit(top.IdentityOp, [node.input(0)], name=node.outputs[0])
+        ]
     p = top.EinsumParams(f"{','.join(terms)}->{out}")
     return [ctx.emit(top.EinsumOp, list(node.inputs), p, name=node.outputs[0])]

@@ -7,9 +7,17 @@ from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
 # ONNX op -> (top.Compare mode, first opset with numpy broadcasting)
-_MODES = {"Equal": ("Equal", 7), "Greater": ("Greater", 7), "Less": ("Less", 7),
-          "GreaterOrEqual": ("GreaterOrEqual", 12), "LessOrEqual": ("LessOrEqual", 12),
-          "And": ("And", 7), "Or": ("Or", 7), "Xor": ("Xor", 7), "Not": ("Not", 1)}
+_MODES = {
+    "Equal": ("Equal", 7),
+    "Greater": ("Greater", 7),
+    "Less": ("Less", 7),
+    "GreaterOrEqual": ("GreaterOrEqual", 12),
+    "LessOrEqual": ("LessOrEqual", 12),
+    "And": ("And", 7),
+    "Or": ("Or", 7),
+    "Xor": ("Xor", 7),
+    "Not": ("Not", 1),
+}
 
 
 def _compare(node: Node, ctx: Ctx):

@@ -36,16 +36,24 @@ def _(node: Node, ctx: Ctx):
     bias, add_c = None, None
     if c is not None and beta != 0.0:
         if isinstance(c, Const) and c.array.size in (1, n) and c.array.ndim <= 2 and alpha == 1.0:
-            bias = Const(np.broadcast_to(c.array.reshape(-1) * np.asarray(beta, c.array.dtype), (n,)).copy(),
-                         c.name if beta == 1.0 and c.array.shape == (n,) else f"{c.name}_bias")
+            bias = Const(
+                np.broadcast_to(c.array.reshape(-1) * np.asarray(beta, c.array.dtype), (n,)).copy(),
+                c.name if beta == 1.0 and c.array.shape == (n,) else f"{c.name}_bias",
+            )
         else:
-            add_c = c if beta == 1.0 else ctx.emit(top.MulOp, [c, Const(np.asarray(beta, np.float32), f"{out}_beta")],
-                                                   name=f"{out}_betaC")
+            add_c = (
+                c
+                if beta == 1.0
+                else ctx.emit(top.MulOp, [c, Const(np.asarray(beta, np.float32), f"{out}_beta")], name=f"{out}_betaC")
+            )
     last = out if alpha == 1.0 and add_c is None else f"{out}_matmul"
     y = ctx.emit(top.MatMulOp, [a, b, bias], name=last)
     if alpha != 1.0:
-        y = ctx.emit(top.MulOp, [y, Const(np.asarray(alpha, np.float32), f"{out}_alpha")],
-                     name=out if add_c is None else f"{out}_scaled")
+        y = ctx.emit(
+            top.MulOp,
+            [y, Const(np.asarray(alpha, np.float32), f"{out}_alpha")],
+            name=out if add_c is None else f"{out}_scaled",
+        )
     if add_c is not None:
         y = ctx.emit(top.AddOp, [y, add_c], name=out)
     return [y]

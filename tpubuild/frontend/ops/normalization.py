@@ -43,8 +43,12 @@ def _(node: Node, ctx: Ctx):
 
 @converter("LRN", since=1)
 def _(node: Node, ctx: Ctx):
-    p = top.LRNParams(int(node.attrs["size"]), float(node.attrs.get("alpha", 1e-4)),
-                      float(node.attrs.get("beta", 0.75)), float(node.attrs.get("bias", 1.0)))
+    p = top.LRNParams(
+        int(node.attrs["size"]),
+        float(node.attrs.get("alpha", 1e-4)),
+        float(node.attrs.get("beta", 0.75)),
+        float(node.attrs.get("bias", 1.0)),
+    )
     return [ctx.emit(top.LRNOp, [node.input(0)], p, name=node.outputs[0])]
 
 

@@ -18,10 +18,14 @@ def _pool(node: Node, ctx: Ctx, cls):
     strides = node.attrs.get("strides") or [1] * nd
     dilations = node.attrs.get("dilations") or [1] * nd
     pads = resolve_pads(node.attrs, spatial, kernel, strides, dilations)
-    p = top.PoolParams(tuple(kernel), tuple(strides), tuple(pads),
-                       dilations=tuple(dilations) if any(d != 1 for d in dilations) else (),
-                       ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
-                       count_include_pad=bool(node.attrs.get("count_include_pad", 0)))
+    p = top.PoolParams(
+        tuple(kernel),
+        tuple(strides),
+        tuple(pads),
+        dilations=tuple(dilations) if any(d != 1 for d in dilations) else (),
+        ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
+        count_include_pad=bool(node.attrs.get("count_include_pad", 0)),
+    )
     if len(node.outputs) > 1 and node.outputs[1]:  # MaxPool's Indices
         p = top.MaskPoolParams(**dataclasses.asdict(p), storage_order=int(node.attrs.get("storage_order", 0)))
         return ctx.emit_multi(top.MaxPoolWithMaskOp, [x], p, names=node.outputs[:2])

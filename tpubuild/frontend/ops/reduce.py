@@ -9,8 +9,18 @@ from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
-_REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+_REDUCE_OPS = (
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+)
 # the opset where ``axes`` moved from an attribute to an optional input
 _AXES_INPUT_SINCE = {op: 18 for op in _REDUCE_OPS} | {"ReduceSum": 13}
 
@@ -45,9 +55,12 @@ for _op in _REDUCE_OPS:
 
 def _arg(node: Node, ctx: Ctx):
     x = node.input(0)
-    p = top.ArgParams(norm_axis(int(node.attrs.get("axis", 0)), len(shape_of(x))), node.op_type,
-                      keepdims=bool(node.attrs.get("keepdims", 1)),
-                      select_last_index=bool(node.attrs.get("select_last_index", 0)))
+    p = top.ArgParams(
+        norm_axis(int(node.attrs.get("axis", 0)), len(shape_of(x))),
+        node.op_type,
+        keepdims=bool(node.attrs.get("keepdims", 1)),
+        select_last_index=bool(node.attrs.get("select_last_index", 0)),
+    )
     return [ctx.emit(top.ArgOp, [x], p, name=node.outputs[0])]
 
 

@@ -67,8 +67,9 @@ def _(node: Node, ctx: Ctx):
     rank = len(shape)
     a = node.attrs
     axes = [norm_axis(int(v), rank) for v in a["axes"]] if a.get("axes") else list(range(rank))
-    roi_in, scales_in, sizes_in = (_given(ctx.const(node, i, what))
-                                   for i, what in ((1, "roi"), (2, "scales"), (3, "sizes")))
+    roi_in, scales_in, sizes_in = (
+        _given(ctx.const(node, i, what)) for i, what in ((1, "roi"), (2, "scales"), (3, "sizes"))
+    )
     scales, out = [1.0] * rank, list(shape)
     if sizes_in is not None:
         if len(sizes_in) != len(axes):
@@ -100,9 +101,16 @@ def _(node: Node, ctx: Ctx):
         for i, ax in enumerate(axes):
             full[ax], full[rank + ax] = roi_in[i], roi_in[len(axes) + i]
         roi = tuple(full)
-    p = top.InterpParams(tuple(out), tuple(scales), mode, coord, a.get("nearest_mode", "round_prefer_floor"),
-                         cubic_coeff_a=float(a.get("cubic_coeff_a", -0.75)),
-                         exclude_outside=bool(a.get("exclude_outside", 0)),
-                         antialias=bool(a.get("antialias", 0)) and mode != "nearest", roi=roi,
-                         extrapolation_value=float(a.get("extrapolation_value", 0.0)))
+    p = top.InterpParams(
+        tuple(out),
+        tuple(scales),
+        mode,
+        coord,
+        a.get("nearest_mode", "round_prefer_floor"),
+        cubic_coeff_a=float(a.get("cubic_coeff_a", -0.75)),
+        exclude_outside=bool(a.get("exclude_outside", 0)),
+        antialias=bool(a.get("antialias", 0)) and mode != "nearest",
+        roi=roi,
+        extrapolation_value=float(a.get("extrapolation_value", 0.0)),
+    )
     return [ctx.emit(top.InterpOp, [x], p, name=node.outputs[0])]

@@ -16,16 +16,23 @@ def _params(node: Node, gates: int) -> top.RnnParams:
     # only activations the node names: RNN's schema default lists two (forward and backward) even for one
     given = any(attr.name == "activations" for attr in node.proto.attribute)
     return top.RnnParams(
-        int(hidden), a.get("direction", "forward"), tuple(a["activations"]) if given else (),
-        tuple(float(v) for v in a.get("activation_alpha") or ()), tuple(float(v) for v in a.get("activation_beta") or ()),
-        float(a.get("clip") or 0.0), bool(a.get("input_forget", 0)), bool(a.get("linear_before_reset", 0)))
+        int(hidden),
+        a.get("direction", "forward"),
+        tuple(a["activations"]) if given else (),
+        tuple(float(v) for v in a.get("activation_alpha") or ()),
+        tuple(float(v) for v in a.get("activation_beta") or ()),
+        float(a.get("clip") or 0.0),
+        bool(a.get("input_forget", 0)),
+        bool(a.get("linear_before_reset", 0)),
+    )
 
 
 def _check_sequence_lens(node: Node, ctx: Ctx, seq: int) -> None:
     lens = ctx.const(node, 4, "sequence_lens")
     if lens is not None and np.any(np.asarray(lens) != seq):
-        raise NotImplementedError(f"sequence_lens {np.asarray(lens).tolist()} shorter than the sequence "
-                                  f"({seq}) are not supported")
+        raise NotImplementedError(
+            f"sequence_lens {np.asarray(lens).tolist()} shorter than the sequence ({seq}) are not supported"
+        )
 
 
 def _rnn(node: Node, ctx: Ctx, cls: type[top.RnnOp], states: list[int]):
@@ -37,9 +44,12 @@ def _rnn(node: Node, ctx: Ctx, cls: type[top.RnnOp], states: list[int]):
     init = [node.input(i) for i in states]
     if batch_first:
         x = ctx.emit(top.PermuteOp, [x], top.PermuteParams((1, 0, 2)), name=f"{names[0]}_seq_major_x")
-        init = [s if s is None else ctx.emit(top.PermuteOp, [s], top.PermuteParams((1, 0, 2)),
-                                             name=f"{names[0]}_seq_major_state{i}")
-                for i, s in enumerate(init)]
+        init = [
+            s
+            if s is None
+            else ctx.emit(top.PermuteOp, [s], top.PermuteParams((1, 0, 2)), name=f"{names[0]}_seq_major_state{i}")
+            for i, s in enumerate(init)
+        ]
     _check_sequence_lens(node, ctx, shape_of(x)[0])
     operands = [x, node.input(1), node.input(2), node.input(3), *init]
     if cls is top.LSTMOp:

@@ -13,8 +13,9 @@ from tpubuild.ir import top
 
 
 def _reshape(node: Node, ctx: Ctx, shape) -> list:
-    return [ctx.emit(top.ReshapeOp, [node.input(0)], top.ShapeParams(tuple(int(d) for d in shape)),
-                     name=node.outputs[0])]
+    return [
+        ctx.emit(top.ReshapeOp, [node.input(0)], top.ShapeParams(tuple(int(d) for d in shape)), name=node.outputs[0])
+    ]
 
 
 def resolve_reshape(in_shape, target, allowzero: bool = False) -> list[int]:

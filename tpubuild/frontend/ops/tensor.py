@@ -23,6 +23,7 @@ def _ints(array) -> list[int]:
 
 # ---- Expand / Tile ------------------------------------------------------------
 
+
 @converter("Expand", since=8)
 def _(node: Node, ctx: Ctx):
     shape = _ints(ctx.const(node, 1, "shape"))
@@ -36,6 +37,7 @@ def _(node: Node, ctx: Ctx):
 
 
 # ---- Gather -------------------------------------------------------------------
+
 
 @converter("Gather", since=1)
 def _(node: Node, ctx: Ctx):
@@ -59,6 +61,7 @@ def _(node: Node, ctx: Ctx):
 
 # ---- Scatter ------------------------------------------------------------------
 
+
 def _scatter(node: Node, ctx: Ctx, cls, axis: int = 0):
     p = top.ScatterParams(axis, node.attrs.get("reduction", "none"))
     return [ctx.emit(cls, [node.input(0), node.input(1), node.input(2)], p, name=node.outputs[0])]
@@ -78,6 +81,7 @@ def _(node: Node, ctx: Ctx):
 
 # ---- Trilu / CumSum -------------------------------------------------------------
 
+
 @converter("Trilu", since=14)
 def _(node: Node, ctx: Ctx):
     k = ctx.const(node, 1, "k")
@@ -94,6 +98,7 @@ def _(node: Node, ctx: Ctx):
 
 
 # ---- Split --------------------------------------------------------------------
+
 
 def _split(node: Node, ctx: Ctx, sizes: list[int] | None, num_outputs: int | None = None):
     x = node.input(0)
@@ -134,6 +139,7 @@ def _(node: Node, ctx: Ctx):
 
 # ---- Slice --------------------------------------------------------------------
 
+
 def _slice(node: Node, ctx: Ctx, starts, ends, axes, steps):
     x = node.input(0)
     shape = shape_of(x)
@@ -168,6 +174,7 @@ def _(node: Node, ctx: Ctx):
 
 
 # ---- Pad ----------------------------------------------------------------------
+
 
 def _pad(node: Node, ctx: Ctx, pads, value, axes=None):
     x = node.input(0)
@@ -205,6 +212,7 @@ def _(node: Node, ctx: Ctx):
 
 # ---- DepthToSpace / SpaceToDepth ----------------------------------------------
 
+
 @converter("DepthToSpace", since=1)
 def _(node: Node, ctx: Ctx):
     block = node.attrs["blocksize"]
@@ -222,11 +230,13 @@ def _(node: Node, ctx: Ctx):
 
 # ---- TopK ---------------------------------------------------------------------
 
+
 def _topk(node: Node, ctx: Ctx, k: int):
     x = node.input(0)
     axis = norm_axis(node.attrs.get("axis", -1), len(shape_of(x)))
-    p = top.TopKParams(axis, int(k), largest=bool(node.attrs.get("largest", 1)),
-                       sorted=bool(node.attrs.get("sorted", 1)))
+    p = top.TopKParams(
+        axis, int(k), largest=bool(node.attrs.get("largest", 1)), sorted=bool(node.attrs.get("sorted", 1))
+    )
     return ctx.emit_multi(top.TopKOp, [x], p, names=result_names(node.outputs, 2))
 
 

@@ -61,14 +61,18 @@ class FoldConstantOp(RewritePattern):
         try:
             result = kernel(op.params, *args)
         except (KernelError, ValueError, FloatingPointError) as e:
-            raise TpuBuildError(f"{op.name} failed while folding constants: {e}", loc=op.loc_name,
-                                hint="the op's constant inputs are invalid for it; fix the source model") from None
+            raise TpuBuildError(
+                f"{op.name} failed while folding constants: {e}",
+                loc=op.loc_name,
+                hint="the op's constant inputs are invalid for it; fix the source model",
+            ) from None
         results = result if isinstance(result, tuple) else (result,)
         new = []
         for value, array, name in zip(op.results, results, op.names):
             array = np.asarray(array)
             if array.shape != shape_of(value.type):
-                raise TpuBuildError(f"{op.name} folded to shape {array.shape}, its type says "
-                                    f"{shape_of(value.type)}", loc=name)
+                raise TpuBuildError(
+                    f"{op.name} folded to shape {array.shape}, its type says {shape_of(value.type)}", loc=name
+                )
             new.append(add_weight(rewriter, self.weights, name, array, dtype_of(value.type)))
         rewriter.replace(op, [], new)

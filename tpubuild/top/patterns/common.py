@@ -47,8 +47,9 @@ def is_constant(value: SSAValue) -> bool:
     return isinstance(value.owner, top.WeightOp | top.NoneOp)
 
 
-def add_weight(rewriter: PatternRewriter, weights: WeightStore, base: str, array: np.ndarray,
-               dtype: np.dtype | None = None) -> SSAValue:
+def add_weight(
+    rewriter: PatternRewriter, weights: WeightStore, base: str, array: np.ndarray, dtype: np.dtype | None = None
+) -> SSAValue:
     """Store ``array`` under a fresh name derived from ``base``; a ``top.Weight`` for it goes
     in front of the matched op. ``dtype`` keeps the element type of what it replaces."""
     array = np.asarray(array, dtype=dtype if dtype is not None else np.asarray(array).dtype)
@@ -62,15 +63,19 @@ def element_dtype(value: SSAValue) -> np.dtype:
     return dtype_of(value.type)
 
 
-def rebuilt(op: TensorOp, *, params=None, operands: Sequence[SSAValue] | None = None,
-            name: str | Sequence[str] | None = None) -> TensorOp:
+def rebuilt(
+    op: TensorOp, *, params=None, operands: Sequence[SSAValue] | None = None, name: str | Sequence[str] | None = None
+) -> TensorOp:
     """A copy of ``op`` with new params, operands or tensor name(s); result types are kept."""
     names = op.names if name is None else name
     if not isinstance(names, str) and len(names) == 1:
         names = names[0]
-    return type(op).make(list(op.operands) if operands is None else list(operands),
-                         op.params if params is None else params, name=names,
-                         result_types=[r.type for r in op.results])
+    return type(op).make(
+        list(op.operands) if operands is None else list(operands),
+        op.params if params is None else params,
+        name=names,
+        result_types=[r.type for r in op.results],
+    )
 
 
 def with_relu(p, do_relu: bool, relu_limit: float):
@@ -117,8 +122,11 @@ def forward(op: TensorOp, value: SSAValue, rewriter: PatternRewriter) -> bool:
     result = op.results[0]
     if is_graph_output(result):
         source = producer(value)
-        if (source is None or isinstance(source, top.InputOp | top.WeightOp | top.NoneOp)
-                or any(user is not op for user in users(value))):
+        if (
+            source is None
+            or isinstance(source, top.InputOp | top.WeightOp | top.NoneOp)
+            or any(user is not op for user in users(value))
+        ):
             return False
         rename_result(source, value.index, op.names[0])
         rewriter.notify_op_modified(source)

@@ -21,8 +21,7 @@ from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.types import dtype_of, shape_of
 from tpubuild.ir.weights import WeightStore
-from tpubuild.top.patterns.common import (add_weight, producer, rebuilt, single_user, weight_array,
-                                          with_relu)
+from tpubuild.top.patterns.common import add_weight, producer, rebuilt, single_user, weight_array, with_relu
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,16 @@ def channel_axis(op: TensorOp) -> int | None:
     return info.out_axis % len(shape_of(op.results[0].type))
 
 
-def fold_affine(source: TensorOp, scale: np.ndarray | None, shift: np.ndarray | None, *, name: str,
-                relu_from, weights: WeightStore, rewriter: PatternRewriter) -> TensorOp | None:
+def fold_affine(
+    source: TensorOp,
+    scale: np.ndarray | None,
+    shift: np.ndarray | None,
+    *,
+    name: str,
+    relu_from,
+    weights: WeightStore,
+    rewriter: PatternRewriter,
+) -> TensorOp | None:
     """``source`` with ``y*scale + shift`` (per-channel [C] vectors) folded in, named ``name``
     and taking the fused ReLU of ``relu_from`` (the affine op's params); None if impossible."""
     info = CHANNELS[type(source)]
@@ -98,16 +105,23 @@ def fold_affine(source: TensorOp, scale: np.ndarray | None, shift: np.ndarray | 
     return rebuilt(source, params=params, operands=operands, name=name)
 
 
-def _fold_into_producer(op: TensorOp, value: SSAValue, scale: np.ndarray | None, shift: np.ndarray | None,
-                        weights: WeightStore, rewriter: PatternRewriter) -> bool:
+def _fold_into_producer(
+    op: TensorOp,
+    value: SSAValue,
+    scale: np.ndarray | None,
+    shift: np.ndarray | None,
+    weights: WeightStore,
+    rewriter: PatternRewriter,
+) -> bool:
     """Replace ``op`` (an affine op on ``value``) by ``value``'s producer with the affine folded."""
     source = producer(value)
     if source is None or type(source) not in CHANNELS or single_user(value) is not op:
         return False
     if getattr(source.params, "do_relu", False):
         return False
-    folded = fold_affine(source, scale, shift, name=op.names[0], relu_from=op.params, weights=weights,
-                         rewriter=rewriter)
+    folded = fold_affine(
+        source, scale, shift, name=op.names[0], relu_from=op.params, weights=weights, rewriter=rewriter
+    )
     if folded is None:
         return False
     rewriter.replace(op, folded)
@@ -266,7 +280,7 @@ class FoldScaleIntoSoftmax(RewritePattern):
             s = float(c.reshape(()))
             if s == 0.0 or not np.isfinite(s):
                 return  # x * 0 or x / 0 is no softmax temperature
-            beta = op.params.beta * s ** power
+            beta = op.params.beta * s**power
             rewriter.replace(op, top.SoftmaxOp.make([x], replace(op.params, beta=beta), name=op.names[0]))
             rewriter.erase(scale_op)
             return
@@ -282,7 +296,7 @@ def _scalar_scale(scale_op, weights: WeightStore, result_shape) -> tuple[SSAValu
         if c is None or c.size != 1 or c.dtype.kind != "f" or shape_of(x.type) != result_shape:
             continue
         s = float(c.reshape(()))
-        return (x, s ** power) if s != 0.0 and np.isfinite(s) else None
+        return (x, s**power) if s != 0.0 and np.isfinite(s) else None
     return None
 
 
@@ -315,8 +329,9 @@ class FoldQueryScaleIntoSoftmax(RewritePattern):
             operands = list(mm.operands)
             operands[side] = x
             scores = rebuilt(mm, operands=operands, name=f"{mm.names[0]}_unscaled")
-            softmax = top.SoftmaxOp.make([scores.results[0]], replace(op.params, beta=op.params.beta * s),
-                                         name=op.names[0])
+            softmax = top.SoftmaxOp.make(
+                [scores.results[0]], replace(op.params, beta=op.params.beta * s), name=op.names[0]
+            )
             rewriter.replace(op, [scores, softmax])
             rewriter.erase(mm)
             rewriter.erase(scale_op)

@@ -73,13 +73,23 @@ def input_affine(value: SSAValue, weights: WeightStore, axis: int) -> Affine | N
     return Affine(value, scale, shift, ops)
 
 
-def _finish(op: TensorOp, affine: Affine, weight: np.ndarray, bias: np.ndarray | None, *, weights: WeightStore,
-            rewriter: PatternRewriter, weight_operand: int = 1, bias_operand: int = 2) -> None:
+def _finish(
+    op: TensorOp,
+    affine: Affine,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    *,
+    weights: WeightStore,
+    rewriter: PatternRewriter,
+    weight_operand: int = 1,
+    bias_operand: int = 2,
+) -> None:
     name = op.names[0]
     operands = list(op.operands)
     operands[0] = affine.x
-    operands[weight_operand] = add_weight(rewriter, weights, f"{name}_weight", weight,
-                                          dtype_of(op.operands[weight_operand].type))
+    operands[weight_operand] = add_weight(
+        rewriter, weights, f"{name}_weight", weight, dtype_of(op.operands[weight_operand].type)
+    )
     if bias is not None:
         operands[bias_operand] = add_weight(rewriter, weights, f"{name}_bias", bias, dtype_of(op.results[0].type))
     rewriter.replace(op, rebuilt(op, operands=operands))

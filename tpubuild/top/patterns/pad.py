@@ -37,9 +37,9 @@ def spatial_pads(pad: top.PadOp, nd: int) -> tuple[int, ...] | None:
     begins, ends = p.paddings[:rank], p.paddings[rank:]
     if p.mode != "constant" or rank < nd or min(p.paddings) < 0:
         return None
-    if any(begins[:rank - nd]) or any(ends[:rank - nd]):
+    if any(begins[: rank - nd]) or any(ends[: rank - nd]):
         return None
-    return tuple(begins[rank - nd:]) + tuple(ends[rank - nd:])
+    return tuple(begins[rank - nd :]) + tuple(ends[rank - nd :])
 
 
 def _lower_bound_relu(p) -> float:
@@ -100,8 +100,13 @@ class FoldPadIntoConv(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: top.ConvOp, rewriter: PatternRewriter) -> None:
-        _fold(op, rewriter, lambda pad, pads: dataclasses.replace(op.params, pads=_summed(op.params.pads, pads))
-              if pad.params.val == 0.0 else None)
+        _fold(
+            op,
+            rewriter,
+            lambda pad, pads: (
+                dataclasses.replace(op.params, pads=_summed(op.params.pads, pads)) if pad.params.val == 0.0 else None
+            ),
+        )
 
 
 class FoldPadIntoMaxPool(RewritePattern):

@@ -89,6 +89,7 @@ def scalar(value: SSAValue, weights: WeightStore) -> float | None:
 
 # ---- nonlinear leaves --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Leaf:
     """T = t_scale * f(arg_scale * a + arg_shift), a = T's operand: how a leaf op relates to
@@ -123,6 +124,7 @@ _COMPOSED = {("tanh", top.SoftplusOp): "tanh_softplus"}
 
 
 # ---- reading an expression ------------------------------------------------------------
+
 
 class _Reader:
     """Reads values as polynomials in x and one leaf, collecting the ops read through."""
@@ -317,6 +319,7 @@ class RemoveNeutralArith(RewritePattern):
 
 # ---- LayerNorm ------------------------------------------------------------------------------
 
+
 def _private(value: SSAValue, cls: type[TensorOp]) -> TensorOp | None:
     """``value``'s producer if it is a ``cls`` and ``value`` has no other user."""
     op = producer(value, cls)
@@ -427,8 +430,12 @@ class RecognizeLayerNorm(RewritePattern):
             return
         none = top.NoneOp.make([], name="None")
         rewriter.insert(none)
-        ln = top.LayerNormOp.make([x, none.results[0], none.results[0]], top.LayerNormParams(axes[0], norm.eps),
-                                  name=op.names[0], result_types=[op.results[0].type])
+        ln = top.LayerNormOp.make(
+            [x, none.results[0], none.results[0]],
+            top.LayerNormParams(axes[0], norm.eps),
+            name=op.names[0],
+            result_types=[op.results[0].type],
+        )
         rewriter.replace(op, ln)
         _erase_dead(norm.ops[::-1] + [var, square, sub, mean], rewriter)
 
@@ -498,6 +505,7 @@ class RecognizeLayerNormAffine(RewritePattern):
         else:
             c = -c if isinstance(op, top.SubOp) else c
             bias_v = add_weight(rewriter, self.weights, f"{name}_bias", c if bias is None else bias + c, dtype)
-        rewriter.replace(op, top.LayerNormOp.make([x, scale_v, bias_v], ln.params, name=name,
-                                                  result_types=[op.results[0].type]))
+        rewriter.replace(
+            op, top.LayerNormOp.make([x, scale_v, bias_v], ln.params, name=name, result_types=[op.results[0].type])
+        )
         rewriter.erase(ln)
