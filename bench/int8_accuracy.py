@@ -78,6 +78,7 @@ class Head:
 
 HEADS = {
     "mini_yolo": Head(top1_axis=None, scores=(1, 4)),
+    "yolox": Head(top1_axis=None, scores=(2, 4)),
     # DB's own binarisation threshold: the text mask PaddleOCR draws boxes from
     "ppocrv4_det": Head(top1_axis=None, mask=0.3),
 }
@@ -275,6 +276,29 @@ def row(label: str, r: dict, note: str = "") -> str:
     )
 
 
+def default_path(model: Model):
+    """What a manifest without tuning fields builds: calibration's default method on the samples it does not hold
+    back, then the mixed-precision search judged on those it does (as the calibrate and search stages)."""
+    from tpubuild.build.chips import load_chip
+    from tpubuild.build.manifest import DEFAULT_METHOD
+    from tpubuild.calib.calibrate import apply_table, calibrate, validation_samples
+    from tpubuild.lower.search import SearchConfig, search
+
+    entries, _ = calibrate(model.module, model.weights, model.cal, DEFAULT_METHOD)
+    config = SearchConfig()
+    pool = validation_samples(model.cal) or model.cal[: max(config.pool, config.samples)]
+    found = search(
+        apply_table(model.module, entries),
+        model.weights,
+        chip=load_chip(CHIP),
+        cali=entries,
+        asymmetric=False,
+        samples=pool,
+        config=config,
+    )
+    return entries, found
+
+
 def bench_model(manifest: Path, args, workdir: Path) -> None:
     from tpubuild.calib.calibrate import collect_stats, compute_entries
 
@@ -292,6 +316,12 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
     results: dict[str, dict] = {}
     tables = {}
     configured = model.m.calibration.get("method", "kl")
+    if args.default:
+        start = time.perf_counter()
+        entries, found = default_path(model)
+        results["ours default"] = metrics(model.ours(entries, False, found.table), model.refs, model.head)
+        note = f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings"
+        print(row("ours default", results["ours default"], f"{note}, {time.perf_counter() - start:.0f} s"), flush=True)
     for method in dict.fromkeys([*args.methods, configured]):
         start = time.perf_counter()
         tune = itertools.islice(iter(model.cal), 8) if method == "auto" else ()
@@ -397,8 +427,10 @@ def main() -> int:
         help="the table the mixed-precision search starts from (default: the manifest's method)",
     )
     ap.add_argument("--no-search", action="store_true")
+    ap.add_argument("--default", action="store_true", help="also the default path (no tuning fields)")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--build-dir", default=str(REPO / "build"))
+    ap.add_argument("--manifest", action="append", default=[], help="a manifest outside the zoo (repeatable)")
     args = ap.parse_args()
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(args.methods) - set(METHODS))
@@ -410,7 +442,8 @@ def main() -> int:
     folders = [REPO / "configs" / "models"]
     if importlib.util.find_spec("torch") is not None:  # the torch-optional manifests export with torch
         folders.append(REPO / "configs" / "models" / "torch")
-    for path in sorted(p for folder in folders for p in folder.glob("*.yaml")):
+    paths = [Path(m).resolve() for m in args.manifest] or sorted(p for f in folders for p in f.glob("*.yaml"))
+    for path in paths:
         m = load_manifest(path)
         if any(t.mode == "INT8" for t in m.targets) and m.calibration and re.search(args.models, m.name):
             manifests.append(path)

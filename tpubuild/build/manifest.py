@@ -33,6 +33,11 @@ DEFAULT_TOLERANCE: dict[str, Any] = {
     "chip": {"cos": 0.99, "euc": 0.90},
 }
 
+# calibration.method when the manifest names none: KL alone, TPU-MLIR's default, clipped a document model's white
+# paper (255) at 243 and its first SiLU at 2.0 of 26.1, and lost a classifier's decisive logits; ``auto`` judges
+# every method's threshold by the error it causes in the tensor's consumers (tpubuild/calib/tune.py)
+DEFAULT_METHOD = "auto"
+
 _MAX_ERRORS = 5  # more than this is noise: the user fixes the first ones and reruns
 
 
@@ -108,6 +113,12 @@ class Manifest:
 
     def resolve(self, rel: str) -> Path:
         return (self.file.parent / rel).resolve()
+
+    @property
+    def searched(self) -> bool:
+        """Do INT8 targets get the mixed-precision search? By default yes, when there is calibration data: it
+        keeps in float what validation shows INT8 cannot hold (``mixed_precision: {search: false}`` turns it off)."""
+        return self.calibration is not None and bool((self.mixed_precision or {}).get("search", True))
 
 
 @functools.cache

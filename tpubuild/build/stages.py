@@ -220,6 +220,7 @@ def search_qtable(
     asymmetric: bool,
     options: Mapping[str, Any],
     out_table: str,
+    count: int | None = None,
 ) -> None:
     """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
     tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py)."""
@@ -227,6 +228,7 @@ def search_qtable(
 
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import write_text
+    from tpubuild.calib.calibrate import validation_samples
     from tpubuild.calib.data import Samples
     from tpubuild.calib.table import read_table
     from tpubuild.forked import processes
@@ -237,7 +239,9 @@ def search_qtable(
 
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
-    samples = list(itertools.islice(iter(Samples.of(data_files, inputs)), max(config.pool, config.samples)))
+    every = Samples.of(data_files, inputs, count)
+    # judged on the samples calibration held back, when the set is large enough to spare some
+    samples = validation_samples(every) or list(itertools.islice(iter(every), max(config.pool, config.samples)))
     if not samples:
         raise TpuBuildError(
             "no calibration sample to search a quantize table with",

@@ -26,7 +26,7 @@ from doit.tools import config_changed
 
 from tpubuild.build import dispatch, fetch, stages
 from tpubuild.build.chips import load_chip
-from tpubuild.build.manifest import Manifest, ManifestCache, Target
+from tpubuild.build.manifest import DEFAULT_METHOD, Manifest, ManifestCache, Target
 from tpubuild.build.paths import ModelPaths, failed_json
 from tpubuild.build.progress import ProgressReporter
 from tpubuild.build.version import compiler_version
@@ -317,7 +317,7 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
     int8 = target.mode == "INT8"
     in_mlir = p.cali_mlir if int8 else p.canonical_mlir
     qtable = m.quantize_table
-    searched = int8 and bool((m.mixed_precision or {}).get("search")) and m.calibration is not None
+    searched = int8 and m.searched
     if searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
@@ -395,11 +395,13 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
             "asymmetric": target.asymmetric,
             "options": options,
             "out_table": str(tp.qtable),
+            "count": cal.get("count"),
         },
         file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
         targets=[tp.qtable],
         config={
             "mixed_precision": options,
+            "count": cal.get("count"),
             "inputs": inputs,
             "target": {"chip": target.chip, "asymmetric": target.asymmetric},
             "chip_modes": list(load_chip(target.chip).modes),
@@ -546,7 +548,7 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
         message = (
             f"{m.file}: model {m.name} has an INT8 target but no `calibration` section\n"
             "  hint: add calibration: {data: <glob of .npz, .npy or images, relative to the manifest>, "
-            "method: kl} (docs/manifest.md)"
+            "} (docs/manifest.md)"
         )
         return {
             "basename": "calibrate",
@@ -572,11 +574,11 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
             "inputs": inputs,
             "data_files": files,
             "count": cal.get("count"),
-            "method": cal.get("method", "kl"),
+            "method": cal.get("method", DEFAULT_METHOD),
             "user_table": str(table) if table else None,
             "out_mlir": str(p.cali_mlir),
             "out_table": str(p.cali_table),
-            "searched": bool((m.mixed_precision or {}).get("search")),
+            "searched": m.searched,
         },
         file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
         targets=[p.cali_mlir, p.cali_table],

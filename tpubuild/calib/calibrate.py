@@ -1,20 +1,27 @@
 """canonical.mlir + calibration samples -> calibration table -> cali.mlir.
 
-1. ``collect_stats``: TOP inference one sample at a time; an observer feeds
+1. ``validation_split``: a few calibration samples, spread over the set, are
+   held back from the statistics; the mixed-precision search judges INT8 on
+   them (lower/search.py), so that what it accepts holds on inputs the
+   thresholds were not fitted to.
+2. ``collect_stats``: TOP inference one sample at a time; an observer feeds
    every float activation tensor (graph inputs included) into its streaming
    statistics, and tensors are freed after their last use. With two
    processes (tpubuild.forked), a forked one takes every other sample and its
    statistics are merged: exactly those of one process.
-2. ``compute_entries``: a threshold per tensor by the manifest's method
-   (thresholds.py), or ``auto`` (tune.py), except the max for results of
-   bounded ops (Sigmoid, HardSigmoid, Softmax, Tanh: ``BOUNDED``); min and
-   max are the observed ones. Two more rules, whatever the method: a tensor
-   of at most ``VECTOR_SIZE`` values per sample (pooled features, logits)
-   takes its max, and a tensor read only by ops that saturate (HardSigmoid,
-   Clip, Sigmoid, Tanh) is clipped where their result stops changing.
-3. A user table (the manifest's ``calibration.table``) wins: its entries
+3. ``compute_entries``: a threshold per tensor by the manifest's method
+   (thresholds.py), by default ``auto`` (tune.py: per tensor, the candidate
+   of every method that disturbs its consumers least), except for results of
+   bounded ops (Sigmoid, HardSigmoid, Softmax, Tanh: ``BOUNDED``), whose
+   threshold is the op's bound once the data comes near it, the observed max
+   otherwise; min and max are the observed ones. Two more rules, whatever the
+   method: a tensor of at most ``VECTOR_SIZE`` values per sample (pooled
+   features, logits) takes its max, and a tensor read only by ops that
+   saturate (HardSigmoid, Clip, Sigmoid, Tanh) is clipped where their result
+   stops changing.
+4. A user table (the manifest's ``calibration.table``) wins: its entries
    replace computed ones, and when it covers every tensor no inference runs.
-4. ``apply_table``: every calibrated tensor's type becomes
+5. ``apply_table``: every calibrated tensor's type becomes
    ``!quant.calibrated<f32<lo:hi>>`` and ``module.state`` TOP_CALIBRATED.
    As TPU-MLIR's import-calibration-table (symmetric), [lo, hi] is [-T, T],
    or [0, T] for a tensor whose min is >= 0; the table keeps the observed
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 from xdsl.dialects.builtin import FunctionType, ModuleOp, TensorType
@@ -45,6 +52,12 @@ from tpubuild.ir.types import numpy_dtype
 from tpubuild.ir.weights import WeightStore
 
 METHOD_NAMES = (*th.METHODS, "auto")
+# held back from the statistics for validation: at most this many; a set of fewer than VALIDATION_EVERY
+# samples holds none back (the search then judges on calibration samples, as TPU-MLIR's does)
+VALIDATION_SAMPLES = 8
+# every VALIDATION_EVERY-th sample is held back: spread over a set in sorted file order, which often groups
+# one kind of input (pages, then lines), and decided by the index alone, so one pass reads the set
+VALIDATION_EVERY = 5
 # auto's candidates, in tie-break order
 AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
 # ops whose results lie in a fixed interval: no outlier can stretch their range, and the values
@@ -52,12 +65,34 @@ AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
 # whatever the method. KL put PP-OCRv4 det's sigmoid map (88% near 0, 12% near 1) at 0.25:
 # every text pixel saturated below DB's 0.3 threshold and the INT8 map found no text at all.
 BOUNDED = (SigmoidOp, HardSigmoidOp, SoftmaxOp, TanhOp)
+# Their bound is 1 (|x| <= 1 for Tanh). A calibration set that reaches this share of it shows that the op
+# saturates on this data, and values up to the bound are to be expected on other inputs: the bound is the
+# threshold. A 4-way document classifier calibrated on pages of one orientation saw probabilities up to 0.926,
+# and its INT8 output capped every surer image there. A set that stays far below (a 1000-class softmax, whose
+# probabilities stay under 0.01 on photographs) keeps its observed max: the bound would waste its levels.
+BOUND_REACHED = 0.5
 # A tensor this small per sample is a vector of per-image features (a squeeze-excite block's pooled
 # channels, a classifier's logits): every value is signal, and a few hundred values per sample are too
 # few for a histogram method to tell an outlier from the feature that decides the output. KL clipped
 # mini_mobilenet's pooled SE features at 1.35 where photographs reach 2.3, which moved the gates of
 # every channel: output cosine 0.35 on a held-out photograph, 0.92 with the max.
 VECTOR_SIZE = 1024
+
+
+def held_back(index: int) -> bool:
+    """Is calibration sample ``index`` (in the order read) held back from the statistics for validation?"""
+    return index % VALIDATION_EVERY == VALIDATION_EVERY - 1 and index < VALIDATION_EVERY * VALIDATION_SAMPLES
+
+
+def statistics_samples(samples: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Mapping[str, np.ndarray]]:
+    """The samples the statistics read: all but those ``held_back``."""
+    return (sample for i, sample in enumerate(samples) if not held_back(i))
+
+
+def validation_samples(samples: Iterable[Mapping[str, np.ndarray]]) -> list[Mapping[str, np.ndarray]]:
+    """The samples ``held_back`` for validation, in order."""
+    limit = VALIDATION_EVERY * VALIDATION_SAMPLES
+    return [sample for i, sample in enumerate(itertools.islice(iter(samples), limit)) if held_back(i)]
 
 
 def _hardsigmoid_bound(op, out) -> float:
@@ -116,8 +151,9 @@ def collect_stats(
     outputs: list | None = None,
     processes: int = 1,
 ) -> tuple[dict[str, TensorStats], int]:
-    """Streaming statistics of every float activation tensor, and the number of samples seen; with ``outputs``,
-    (sample, its graph outputs in order) appended there for each sample. With ``processes`` 2, a forked process
+    """Streaming statistics of every float activation tensor, and the number of samples they saw (all but those
+    ``held_back``); with ``outputs``, (sample, its graph outputs in order) appended there for each sample, held
+    back ones included. With ``processes`` 2, a forked process
     runs the odd samples (both read the stream; the statistics merge exactly: the same as one process's)."""
     from tpubuild.top.inference import Plan
 
@@ -142,11 +178,17 @@ def collect_stats(
 
         n, kept = 0, []
         for i, sample in enumerate(samples):
-            if i % step == first:
+            if i % step != first:
+                continue
+            if held_back(i):  # validation's: not in the statistics; run only to keep its outputs for the search
+                if outputs is None:
+                    continue
+                found = plan.run(sample, all_tensors=False)
+            else:
                 found = plan.run(sample, all_tensors=False, observer=observe)
                 n += 1
-                if outputs is not None:
-                    kept.append((i, sample, [found[name] for name in names]))
+            if outputs is not None:
+                kept.append((i, sample, [found[name] for name in names]))
         return stats, n, kept
 
     if processes < 2:
@@ -183,7 +225,9 @@ def compute_entries(
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
     values = activation_values(module)
     for name, s in stats.items():
-        if isinstance(getattr(values.get(name), "owner", None), BOUNDED) or 0 < s.count <= VECTOR_SIZE * s.samples:
+        if isinstance(getattr(values.get(name), "owner", None), BOUNDED):
+            chosen[name] = 1.0 if s.absmax >= BOUND_REACHED else th.threshold(s, "max")
+        elif 0 < s.count <= VECTOR_SIZE * s.samples:
             chosen[name] = th.threshold(s, "max")
     entries = {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
     for name, entry in entries.items():
@@ -254,9 +298,12 @@ def calibrate(
         stats, count = collect_stats(module, weights, samples, outputs, processes)
         if count == 0:
             raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
-        tune_samples = itertools.islice(iter(samples), TUNE_SAMPLES) if method == "auto" else ()
+        tune_samples = itertools.islice(statistics_samples(samples), TUNE_SAMPLES) if method == "auto" else ()
         computed = compute_entries(module, weights, stats, method, tune_samples)
         header += [f"sample number: {count}"]
+        header += [
+            f"held back for validation: every {VALIDATION_EVERY}th of the first {VALIDATION_EVERY * VALIDATION_SAMPLES}"
+        ]
         if method == "auto":
             header += [f"tune number: {min(count, TUNE_SAMPLES)}"]
         if user:

@@ -63,7 +63,8 @@ from tpubuild.build.chips import Chip
 from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
-from tpubuild.ir.top import InputOp, WeightOp
+from tpubuild.ir.top import ConcatOp, InputOp, PermuteOp, WeightOp
+from tpubuild.ir.types import shape_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
@@ -125,6 +126,50 @@ def _is_quantized(value: SSAValue) -> bool:
     return QType.of(_elem(value)) is not None
 
 
+# A part counts in a sample's score when its largest |value| in float is at least this share of its output's:
+# the class scores of an image with nothing to detect sit near 0 beside box coordinates in pixels, and their
+# cosine is one of rounding noise, which no quantize table can (or needs to) improve
+PART_SIGNAL = 1e-3
+
+Part = tuple[int, int, int]  # (axis, start, stop) of a graph output
+
+
+def output_parts(module: ModuleOp) -> list[list[Part]]:
+    """Per graph output, the parts a Concat makes of it (each input's slice along its axis, through a
+    Permute after it), or [] where no Concat made it: box coordinates in pixels next to class scores in [0, 1]
+    must each be judged, or the coordinates' norm hides the scores."""
+    found = []
+    for value in mlir.return_op(module).operands:
+        op, perm = value.owner, None
+        if isinstance(op, PermuteOp) and isinstance(op.operands[0].owner, ConcatOp):
+            perm, op = op.params.order, op.operands[0].owner
+        parts: list[Part] = []
+        if isinstance(op, ConcatOp) and len(op.operands) > 1:
+            shapes = [shape_of(v.type) for v in op.operands]
+            axis = op.params.axis % len(shapes[0])
+            out_axis = list(perm).index(axis) if perm is not None else axis
+            start = 0
+            for shape in shapes:
+                parts.append((out_axis, start, start + shape[axis]))
+                start += shape[axis]
+        found.append(parts)
+    return found
+
+
+def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part]) -> list[float]:
+    """The cosine of ``test`` against ``ref`` whole, or of each part with signal (PART_SIGNAL) where it has parts."""
+    if not parts:
+        return [cosine(test, ref)]
+    peak = float(np.max(np.abs(ref))) if ref.size else 0.0
+    found = []
+    for axis, start, stop in parts:
+        index = (slice(None),) * axis + (slice(start, stop),)
+        t, r = test[index], ref[index]
+        if r.size and float(np.max(np.abs(r))) >= PART_SIGNAL * peak:
+            found.append(cosine(t, r))
+    return found or [cosine(test, ref)]
+
+
 class Evaluator:
     """Lowers the calibrated module with a quantize table and scores its outputs against TOP inference."""
 
@@ -150,6 +195,7 @@ class Evaluator:
         self._plan: Plan | None = None
         self.lowerings = 0
         self.memo = Memo(self.samples)
+        self.parts = output_parts(module)
 
     def ref(self, i: int) -> list[np.ndarray]:
         if i not in self.refs:
@@ -174,11 +220,15 @@ class Evaluator:
         return lw, tpu_module, tpu_weights
 
     def sample_score(self, tpu_module: ModuleOp, tpu_weights: WeightStore, i: int) -> float:
-        """Sample i's lowest cosine of any output."""
+        """Sample i's lowest cosine of any output, or of any part of an output a Concat made (output_parts)."""
         names = mlir.output_names(tpu_module)
         types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
         out = self.memo.run(tpu_module, tpu_weights, i)
-        return min(cosine(dequantize(out[n], t), r) for n, t, r in zip(names, types, self.ref(i)))
+        return min(
+            c
+            for n, t, r, parts in zip(names, types, self.ref(i), self.parts, strict=True)
+            for c in part_cosines(dequantize(out[n], t), r, parts)
+        )
 
     def per_sample(
         self,

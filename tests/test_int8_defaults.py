@@ -1,0 +1,162 @@
+"""The default INT8 path, one mechanism per test: each fails when its mechanism is switched off.
+
+- calibration holds samples back from the statistics (the search validates on them);
+- a bounded op's threshold is its bound once the data comes near it;
+- the default method judges candidates by their consumers' error, and wins where KL clips what matters;
+- the search judges each part of a Concat output, so box coordinates cannot hide destroyed class scores;
+- a manifest with calibration data and no tuning fields gets all of this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tpubuild.build.chips import load_chip
+from tpubuild.build.manifest import DEFAULT_METHOD, from_dict
+from tpubuild.calib import calibrate as cal
+from tpubuild.calib.calibrate import apply_table, calibrate, held_back, validation_samples
+from tpubuild.frontend import convert_onnx
+from tpubuild.lower import search as search_module
+from tpubuild.lower.search import SearchConfig, output_parts, part_cosines, search
+from tpubuild.top.canonicalize import canonicalize
+
+BM1684X = load_chip("bm1684x")
+
+
+def node(op, inputs, output, **attrs):
+    return helper.make_node(op, list(inputs), [output], name=output, **attrs)
+
+
+def top_module(make_model, tmp_path, nodes, shape, initializers=None, outputs=None):
+    path = tmp_path / "model.onnx"
+    onnx.save(make_model(nodes, {"x": np.zeros(shape, np.float32)}, outputs, initializers=initializers or {}), path)
+    module, weights = convert_onnx(path, {"x": shape}, "test", "origin_weights.npz")
+    return canonicalize(module, weights, "canonical_weights.npz")
+
+
+def test_every_fifth_sample_is_held_back_from_the_statistics(make_model, tmp_path):
+    module, weights = top_module(make_model, tmp_path, [node("Relu", ["x"], "y")], (1, 4))
+    samples = [{"x": np.full((1, 4), 1.0 + i, np.float32)} for i in range(12)]
+    samples[4]["x"][:] = 1000.0  # held back: an outlier there must not reach the table
+    entries, header = calibrate(module, weights, samples, "max")
+    assert [i for i in range(12) if held_back(i)] == [4, 9]
+    assert entries["x"].max == 12.0  # sample 11 is read; samples 4 (1000) and 9 are not
+    assert [s["x"][0, 0] for s in validation_samples(samples)] == [1000.0, 10.0]
+    assert "sample number: 10" in header
+    # a set too small to spare a sample for validation holds none back
+    assert validation_samples(samples[:4]) == []
+
+
+@pytest.mark.parametrize(("peak", "expected"), [(4.0, 1.0), (-3.0, None)])
+def test_a_softmax_threshold_is_its_bound_once_the_data_comes_near_it(make_model, tmp_path, peak, expected):
+    module, weights = top_module(make_model, tmp_path, [node("Softmax", ["x"], "p", axis=-1)], (1, 64))
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(6):
+        x = rng.uniform(-1, 0, (1, 64)).astype(np.float32)
+        x[0, 0] = peak  # a sure class (p near 0.9) or none (every p near 1/64)
+        samples.append({"x": x})
+    entries, _ = calibrate(module, weights, samples, "max")
+    if expected is None:  # far below the bound: the observed max, not a wasted range
+        assert entries["p"].threshold == pytest.approx(entries["p"].max)
+        assert entries["p"].threshold < 0.2
+    else:
+        assert entries["p"].max < 0.95  # the data never reached the bound...
+        assert entries["p"].threshold == expected  # ...but a surer input is not capped
+
+
+def test_the_default_method_keeps_what_kl_clips_when_the_consumers_need_it(make_model, tmp_path):
+    """HardSwish's minimum (-0.375) piles up in one histogram bin, and KL then clips the few large activations
+    (tests/test_int8_accuracy_kl.py); they are most of what the conv reading them computes. The default judges
+    each candidate by the error in that conv and keeps them."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)
+    module, weights = top_module(make_model, tmp_path, [node("Conv", ["x", "w"], "c")], (1, 4, 64, 64), {"w": w})
+    samples = []
+    for _ in range(10):
+        x = rng.normal(0, 0.15, 4 * 64 * 64)
+        x[rng.random(x.size) < 0.13] = -0.375
+        big = rng.random(x.size) < 0.017
+        x[big] = rng.uniform(2.0, 3.6, big.sum())
+        samples.append({"x": x.reshape(1, 4, 64, 64).astype(np.float32)})
+    kl, _ = calibrate(module, weights, samples, "kl")
+    default, _ = calibrate(module, weights, samples, DEFAULT_METHOD)
+    assert kl["x"].threshold < 1.0  # the trap is real: KL clips the large activations
+    assert default["x"].threshold > 3.0
+
+
+class Detector:
+    """A detection head's output: Concat(box coordinates in the hundreds, sigmoid class scores) along the rows."""
+
+    def __init__(self, make_model, tmp_path):
+        rng = np.random.default_rng(5)
+        nodes = [
+            node("Conv", ["x", "wb"], "boxes"),
+            node("Conv", ["x", "ws"], "logits"),
+            node("Sigmoid", ["logits"], "scores"),
+            node("Concat", ["boxes", "scores"], "out", axis=1),
+        ]
+        inits = {
+            "wb": (rng.standard_normal((4, 8, 1, 1)) * 80).astype(np.float32),
+            "ws": rng.standard_normal((6, 8, 1, 1)).astype(np.float32),
+        }
+        self.module, self.weights = top_module(make_model, tmp_path, nodes, (1, 8, 8, 8), inits)
+        self.samples = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(10)]
+        cali, _ = calibrate(self.module, self.weights, self.samples, "max")
+        # the class logits' range cut 20-fold (as a statistic fooled by a lopsided set might): the scores
+        # saturate, and only their own part of the output shows it
+        self.cali = {**cali, "logits": dataclasses.replace(cali["logits"], threshold=cali["logits"].threshold / 20)}
+
+    def search(self, **config):
+        return search(
+            apply_table(self.module, self.cali),
+            self.weights,
+            chip=BM1684X,
+            cali=self.cali,
+            asymmetric=False,
+            samples=validation_samples(self.samples),
+            config=SearchConfig(**config),
+        )
+
+
+def test_a_concat_output_is_judged_part_by_part(make_model, tmp_path, monkeypatch):
+    det = Detector(make_model, tmp_path)
+    assert output_parts(det.module) == [[(1, 0, 4), (1, 4, 10)]]
+    found = det.search()
+    assert found.int8_score < 0.9  # the scores part is destroyed...
+    assert found.reached and found.chosen  # ...and the search keeps what it needs in float
+    # judged as one tensor, the coordinates' norm hides the scores: INT8 alone looks fine and nothing is kept
+    monkeypatch.setattr(search_module, "output_parts", lambda module: [[]])
+    blind = det.search()
+    assert blind.int8_score > 0.99 and not blind.chosen
+
+
+def test_a_part_without_signal_is_not_judged_by_its_noise():
+    ref = np.concatenate([np.full((1, 4, 5), 300.0), np.full((1, 2, 5), 1e-4)], axis=1)
+    test = ref.copy()
+    test[:, 4:] = -1e-4  # opposite sign: cosine -1, but well below one INT8 step of any useful scale
+    assert part_cosines(test, ref, [(1, 0, 4), (1, 4, 6)]) == [pytest.approx(1.0)]
+    test[:, :4] *= -1
+    assert part_cosines(test, ref, [(1, 0, 4), (1, 4, 6)]) == [pytest.approx(-1.0)]
+
+
+def test_a_manifest_without_tuning_fields_gets_the_default_path(tmp_path):
+    base = {"name": "m", "source": "m.onnx", "inputs": [{"name": "x", "shape": [1, 3]}]}
+    with_data = from_dict({**base, "calibration": {"data": "*.npz"}}, tmp_path / "m.yaml")
+    assert with_data.searched and DEFAULT_METHOD == "auto"
+    assert not from_dict(base, tmp_path / "m.yaml").searched  # nothing to search with
+    off = from_dict(
+        {**base, "calibration": {"data": "*.npz"}, "mixed_precision": {"search": False}}, tmp_path / "m.yaml"
+    )
+    assert not off.searched
+
+
+def test_the_validation_split_is_spread_and_bounded():
+    held = [i for i in range(100) if held_back(i)]
+    assert held == list(range(cal.VALIDATION_EVERY - 1, cal.VALIDATION_EVERY * cal.VALIDATION_SAMPLES, 5))
+    assert len(held) == cal.VALIDATION_SAMPLES
