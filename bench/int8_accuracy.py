@@ -130,6 +130,10 @@ def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: He
         "err": max(err),
         "top1": float(np.mean(agree)) if agree else math.nan,
         "scores": min(scores) if scores else math.nan,
+        "each": [
+            min(cosine(np.asarray(o, np.float64).reshape(r.shape), r) for o, r in zip(o_s, r_s))
+            for o_s, r_s in zip(outs, refs)
+        ],
     }
 
 
@@ -322,6 +326,7 @@ def bench_model(manifest: Path, args, workdir: Path) -> None:
         results["ours default"] = metrics(model.ours(entries, False, found.table), model.refs, model.head)
         note = f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings"
         print(row("ours default", results["ours default"], f"{note}, {time.perf_counter() - start:.0f} s"), flush=True)
+        print("    per evaluation input: " + " ".join(f"{c:.4f}" for c in results["ours default"]["each"]))
     for method in dict.fromkeys([*args.methods, configured]):
         start = time.perf_counter()
         tune = itertools.islice(iter(model.cal), 8) if method == "auto" else ()
