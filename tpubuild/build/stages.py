@@ -241,7 +241,11 @@ def search_qtable(
     module = load_module(in_mlir)
     every = Samples.of(data_files, inputs, count)
     # judged on the samples calibration held back, when the set is large enough to spare some
-    samples = validation_samples(every) or list(itertools.islice(iter(every), max(config.pool, config.samples)))
+    samples = validation_samples(every)
+    pool = f"the {len(samples)} calibration samples held back from the statistics"
+    if not samples:
+        samples = list(itertools.islice(iter(every), max(config.pool, config.samples)))
+        pool = f"the first {len(samples)} calibration samples (too few to hold any back)"
     if not samples:
         raise TpuBuildError(
             "no calibration sample to search a quantize table with",
@@ -265,7 +269,7 @@ def search_qtable(
         processes=processes(),
         refs=refs,
     )
-    header = ["tpubuild quantize table", f"model: {model}", f"target: {target}"]
+    header = ["tpubuild quantize table", f"model: {model}", f"target: {target}", f"pool: {pool}"]
     write_text(out_table, format_result(result, header))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
     print(

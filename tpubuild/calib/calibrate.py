@@ -60,6 +60,7 @@ VALIDATION_SAMPLES = 8
 VALIDATION_EVERY = 5
 # auto's candidates, in tie-break order
 AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
+CANDIDATE_GAP = 0.01
 # ops whose results lie in a fixed interval: no outlier can stretch their range, and the values
 # near its end are the signal (a probability near 1), so their threshold is the observed max
 # whatever the method. KL put PP-OCRv4 det's sigmoid map (88% near 0, 12% near 1) at 0.25:
@@ -150,10 +151,11 @@ def collect_stats(
     samples: Iterable[Mapping[str, np.ndarray]],
     outputs: list | None = None,
     processes: int = 1,
+    hold_back: bool = False,
 ) -> tuple[dict[str, TensorStats], int]:
-    """Streaming statistics of every float activation tensor, and the number of samples they saw (all but those
-    ``held_back``); with ``outputs``, (sample, its graph outputs in order) appended there for each sample, held
-    back ones included. With ``processes`` 2, a forked process
+    """Streaming statistics of every float activation tensor, and the number of samples they saw (with
+    ``hold_back``, all but those ``held_back``); with ``outputs``, (sample, its graph outputs in order) appended
+    there for each sample, held back ones included. With ``processes`` 2, a forked process
     runs the odd samples (both read the stream; the statistics merge exactly: the same as one process's)."""
     from tpubuild.top.inference import Plan
 
@@ -180,7 +182,8 @@ def collect_stats(
         for i, sample in enumerate(samples):
             if i % step != first:
                 continue
-            if held_back(i):  # validation's: not in the statistics; run only to keep its outputs for the search
+            # validation samples stay out of the statistics, and run only to keep their outputs for the search
+            if hold_back and held_back(i):
                 if outputs is None:
                     continue
                 found = plan.run(sample, all_tensors=False)
@@ -213,28 +216,35 @@ def compute_entries(
     tune_samples: Iterable[Mapping[str, np.ndarray]] = (),
 ) -> dict[str, Entry]:
     """A table entry per tensor: the method's threshold and the observed min and max."""
+    values = activation_values(module)
+    fixed = {name: _fixed_threshold(values.get(name), s) for name, s in stats.items()}
     if method == "auto":
         from tpubuild.calib.tune import tune
 
-        candidates = {name: _candidates(s) for name, s in stats.items()}
+        # a tensor whose threshold a rule fixes is not tuned: its candidates would be thrown away
+        candidates = {name: _candidates(s) if fixed[name] is None else [0.0] for name, s in stats.items()}
         levels = {name: th.levels_for(s) for name, s in stats.items()}
         chosen = tune(module, weights, tune_samples, candidates, levels)
     elif method in th.METHODS:
         chosen = {name: th.threshold(s, method) for name, s in stats.items()}
     else:
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
-    values = activation_values(module)
-    for name, s in stats.items():
-        if isinstance(getattr(values.get(name), "owner", None), BOUNDED):
-            chosen[name] = 1.0 if s.absmax >= BOUND_REACHED else th.threshold(s, "max")
-        elif 0 < s.count <= VECTOR_SIZE * s.samples:
-            chosen[name] = th.threshold(s, "max")
+    chosen = {name: value if fixed[name] is None else fixed[name] for name, value in chosen.items()}
     entries = {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
     for name, entry in entries.items():
         bound = _saturation_bound(values.get(name), entries)
         if bound < entry.threshold:
             entries[name] = Entry(bound, entry.min, entry.max)
     return entries
+
+
+def _fixed_threshold(value: SSAValue | None, s: TensorStats) -> float | None:
+    """The threshold a rule fixes whatever the method (a bounded op's result, a per-sample vector), or None."""
+    if isinstance(getattr(value, "owner", None), BOUNDED):
+        return 1.0 if s.absmax >= BOUND_REACHED else th.threshold(s, "max")
+    if 0 < s.count <= VECTOR_SIZE * s.samples:
+        return th.threshold(s, "max")
+    return None
 
 
 def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> float:
@@ -250,11 +260,12 @@ def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> f
 
 
 def _candidates(s: TensorStats) -> list[float]:
-    """The distinct thresholds of auto's candidate methods, in tie-break order."""
+    """The thresholds of auto's candidate methods, in tie-break order, each at least CANDIDATE_GAP from those
+    before it (a closer one changes the step by less than rounding does, and costs a run of every consumer)."""
     found: list[float] = []
     for m in AUTO_CANDIDATES:
         value = th.threshold(s, m)
-        if value not in found:
+        if all(abs(value - f) > CANDIDATE_GAP * max(value, f) for f in found):
             found.append(value)
     return found
 
@@ -293,19 +304,20 @@ def calibrate(
         computed: dict[str, Entry] = {}
         header = [f"method: table ({len(user)} entries from the user table)"]
     else:
-        from tpubuild.calib.tune import TUNE_SAMPLES
+        from tpubuild.calib.tune import tune_count
 
-        stats, count = collect_stats(module, weights, samples, outputs, processes)
+        stats, count = collect_stats(module, weights, samples, outputs, processes, hold_back=True)
         if count == 0:
             raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
-        tune_samples = itertools.islice(statistics_samples(samples), TUNE_SAMPLES) if method == "auto" else ()
+        tuned = tune_count(sum(s.count for s in stats.values()) / count)
+        tune_samples = itertools.islice(statistics_samples(samples), tuned) if method == "auto" else ()
         computed = compute_entries(module, weights, stats, method, tune_samples)
         header += [f"sample number: {count}"]
         header += [
             f"held back for validation: every {VALIDATION_EVERY}th of the first {VALIDATION_EVERY * VALIDATION_SAMPLES}"
         ]
         if method == "auto":
-            header += [f"tune number: {min(count, TUNE_SAMPLES)}"]
+            header += [f"tune number: {min(count, tuned)}"]
         if user:
             header += [f"user table: {len(user)} entries replace computed ones"]
     entries = {n: user[n] if n in user else computed[n] for n in names}

@@ -28,6 +28,15 @@ from tpubuild.kernels import get_kernel
 from tpubuild.top.inference import Plan
 
 TUNE_SAMPLES = 8
+# ...fewer for a large model, down to TUNE_MIN: tuning runs each consumer once per candidate, several times a
+# whole inference per sample, and a 416 x 416 detector's eight samples took minutes where two or three say the same
+TUNE_ELEMENTS = 1 << 26
+TUNE_MIN = 2
+
+
+def tune_count(elements_per_sample: float) -> int:
+    """How many samples tuning runs, for a model whose activations hold this many values per sample."""
+    return int(min(TUNE_SAMPLES, max(TUNE_MIN, TUNE_ELEMENTS // max(elements_per_sample, 1))))
 
 
 def fake_quant(x: np.ndarray, threshold: float, levels: int) -> np.ndarray:

@@ -651,8 +651,8 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
         else ""
     )
     lines += [
-        f"# mixed-precision search: every output's cosine to float >= {result.target} on "
-        f"{result.samples} calibration sample(s){chosen_from}, the lowest over outputs and samples",
+        f"# mixed-precision search: every output's (and Concat-made part's) cosine to float >= {result.target} "
+        f"on {result.samples} sample(s){chosen_from}, the lowest over outputs, parts and samples",
         f"# INT8{' with the user table' if result.user else ''}: {result.int8_score:.6f}; "
         f"with this table: {result.score:.6f} ({result.lowerings} lowerings)",
     ]
