@@ -58,7 +58,7 @@ VALIDATION_SAMPLES = 8
 # every VALIDATION_EVERY-th sample is held back: spread over a set in sorted file order, which often groups
 # one kind of input (pages, then lines), and decided by the index alone, so one pass reads the set
 VALIDATION_EVERY = 5
-# auto's candidates, in tie-break order
+# auto's candidates (the first of two closer than CANDIDATE_GAP is kept)
 AUTO_CANDIDATES = ("kl", "mse", "percentile", "max")
 CANDIDATE_GAP = 0.01
 # ops whose results lie in a fixed interval: no outlier can stretch their range, and the values
@@ -260,7 +260,7 @@ def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> f
 
 
 def _candidates(s: TensorStats) -> list[float]:
-    """The thresholds of auto's candidate methods, in tie-break order, each at least CANDIDATE_GAP from those
+    """The thresholds of auto's candidate methods, in this order, each at least CANDIDATE_GAP from those
     before it (a closer one changes the step by less than rounding does, and costs a run of every consumer)."""
     found: list[float] = []
     for m in AUTO_CANDIDATES:
