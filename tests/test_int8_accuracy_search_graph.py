@@ -96,7 +96,10 @@ def test_search_feeds_int8_lowering_only_and_reruns_on_its_options(zoo):
     assert "calibrate:t" not in ran
 
 
-def test_without_search_there_is_no_search_task(zoo):
+def test_the_search_is_on_by_default_and_search_false_turns_it_off(zoo):
     zoo.manifest("")
+    ran = zoo.doit(*LOWER)
+    assert "search:t/bm1684x-INT8" in ran and "lower:t/bm1684x-INT8" in ran
+    zoo.manifest("mixed_precision: {search: false}\n")
     ran = zoo.doit(*LOWER)
     assert "lower:t/bm1684x-INT8" in ran and not any(t.startswith("search:") for t in ran)
