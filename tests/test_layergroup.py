@@ -21,7 +21,7 @@ from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.top import InputOp
 from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
-from tpubuild.kernels import get_kernel
+from tpubuild.kernels import Operand, get_kernel, prepare
 from tpubuild.testing import upstream_check
 from tpubuild.top.inference import run
 
@@ -93,6 +93,10 @@ def test_conv_on_trimmed_tiles_equals_the_whole_conv(k, s, pad, h, pieces, d):
         np.testing.assert_allclose(tile, full[:, :, lo:hi], rtol=1e-5, atol=1e-5)
 
 
+def _const(a: np.ndarray) -> Operand:
+    return Operand(a.shape, a.dtype, a)
+
+
 def _one_op_graph(op_cls, params, x_shape, w_shape):
     b = mlir.GraphBuilder([tensor_type(x_shape)])
     x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
@@ -103,7 +107,8 @@ def _one_op_graph(op_cls, params, x_shape, w_shape):
     return graph, next(n for n in graph.ops if n.name == "y")
 
 
-# long sums over small pixel counts: the shapes where BLAS's small-matrix kernel summed otherwise
+# long sums over slices of a few rows: on numpy's OpenBLAS (Haswell kernels) one GEMM over a slice's pixels
+# summed some outputs in another order than the whole tensor's (kernels.nn.pixel_gemm runs one per row)
 @pytest.mark.parametrize(
     "ic,oc,k,s,h,pieces",
     [(32, 8, 5, 1, 20, 3), (64, 8, 3, 1, 20, 2), (64, 8, 3, 2, 40, 3), (32, 96, 5, 2, 8, 2), (64, 16, 3, 1, 40, 5)],
@@ -119,6 +124,9 @@ def test_f32_conv_slices_as_exact_f32_allows_give_the_whole_tensors_bits(ic, oc,
     rule = exact_f32(graph, node, local_rule(graph, node))
     kernel = get_kernel(tpu.ConvOp)
     full = kernel(p, x, w, bias)
+    # TPU inference computes the whole tensor with the prepared kernel: the same bits
+    whole = prepare(tpu.ConvOp, p, [Operand(x.shape, x.dtype, None), _const(w), _const(bias)])
+    np.testing.assert_array_equal(whole(x, w, bias), full)
     out_h = full.shape[2]
     for i in range(pieces):
         lo, hi = i * out_h // pieces, (i + 1) * out_h // pieces
@@ -128,19 +136,25 @@ def test_f32_conv_slices_as_exact_f32_allows_give_the_whole_tensors_bits(ic, oc,
         np.testing.assert_array_equal(tile, full[:, :, lo:hi], err_msg=f"rows {lo}..{hi}")
 
 
-def test_f32_pointwise_conv_slices_keep_two_rows_and_the_whole_tensors_bits():
-    """A one-row output's GEMM runs unpadded (kernels.nn.pixel_gemm: no slice can split it), so a slice of
-    a taller conv keeps two rows at least, whose GEMM is padded as the whole one's is."""
+def test_f32_pointwise_conv_slices_of_any_rows_give_the_whole_tensors_bits():
+    """Each output row is its own GEMM (kernels.nn.pixel_gemm), so a 1x1 conv's slices need no minimum: one
+    row, or any run of rows at any offset, gives the whole tensor's bits, as TPU inference (the prepared
+    kernel) computes the whole tensor."""
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 96, 6, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 96, 13, 5)).astype(np.float32)
     w = rng.standard_normal((24, 96, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
     p = tpu.ConvOp.PARAMS(kernel_shape=(1, 1), strides=(1, 1), pads=(0,) * 4, dilations=(1, 1))
     graph, node = _one_op_graph(tpu.ConvOp, p, x.shape, w.shape)
-    assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 2
+    assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 1
     kernel = get_kernel(tpu.ConvOp)
-    full = kernel(p, x, w, None)
-    for lo in range(0, 6, 2):
-        np.testing.assert_array_equal(kernel(p, x[:, :, lo : lo + 2], w, None), full[:, :, lo : lo + 2])
+    full = kernel(p, x, w, bias)
+    whole = prepare(tpu.ConvOp, p, [Operand(x.shape, x.dtype, None), _const(w), _const(bias)])
+    np.testing.assert_array_equal(whole(x, w, bias), full)
+    for lo in range(13):
+        for hi in range(lo + 1, min(lo + 5, 13) + 1):
+            tile = kernel(p, x[1:, :, lo:hi], w, bias)
+            np.testing.assert_array_equal(tile, full[1:, :, lo:hi], err_msg=f"rows {lo}..{hi}")
 
 
 def test_f32_conv_slices_keep_every_tap_live():
@@ -164,6 +178,21 @@ def test_f32_deconv_slices_give_the_whole_tensors_bits():
     full = kernel(p, x, w, None)
     for lo, hi in [(0, 3), (3, 4), (4, 10)]:  # input rows r make output rows 2r, 2r + 1
         np.testing.assert_array_equal(kernel(p, x[:1, :, lo:hi], w, None), full[:1, :, 2 * lo : 2 * hi])
+
+
+def test_f32_1d_conv_n_slices_give_the_whole_batchs_bits():
+    """A 1-D conv's GEMM row is a whole block of its columns, so its blocks are sized by one sample's bytes:
+    a slice of one sample runs the whole batch's blocks (sized by the batch, they differed)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 64, 3000)).astype(np.float32)  # several 2 MB column blocks
+    w = rng.standard_normal((16, 64, 5)).astype(np.float32)
+    p = tpu.ConvOp.PARAMS(kernel_shape=(5,), strides=(1,), pads=(2, 2), dilations=(1,))
+    kernel = get_kernel(tpu.ConvOp)
+    full = kernel(p, x, w, None)
+    whole = prepare(tpu.ConvOp, p, [Operand(x.shape, x.dtype, None), _const(w), Operand(None, None, None)])
+    np.testing.assert_array_equal(whole(x, w, None), full)
+    for i in range(3):
+        np.testing.assert_array_equal(kernel(p, x[i : i + 1], w, None), full[i : i + 1], err_msg=f"sample {i}")
 
 
 # ---- executing a plan tile by tile ----------------------------------------------------------------

@@ -138,12 +138,20 @@ def similarity_by_name(real: dict, ref: dict) -> dict[str, tuple[float, float]]:
 # ---- F32 -----------------------------------------------------------------------------
 
 
-def test_f32_is_bit_equal_to_top(cnn):
+def test_f32_is_within_a_few_float32_ulps_of_top(cnn):
+    """F32 TPU inference computes TOP's float32 arithmetic, but its convs sum through other GEMMs (pixel-major,
+    one per output row, as the chip slices them; TOP's output-channel-major over every pixel), and BLAS sums
+    each in its own order: on FMA kernels (numpy's OpenBLAS, Haswell) the bits differ, on others they may
+    not. What holds everywhere: every tensor within a few float32 ULPs of its largest magnitude (measured
+    at most 3 through this net), where a real difference (a bias, a pad, a tap) is millions of them."""
     tm, raw, real = cnn.tpu("F32")
     compared = sorted(set(real) & set(cnn.top))
     assert len(compared) == len(cnn.top)
     for name in compared:
-        np.testing.assert_array_equal(real[name], cnn.top[name], err_msg=name)
+        ref = np.asarray(cnn.top[name])
+        assert real[name].dtype == ref.dtype == np.float32 and real[name].shape == ref.shape, name
+        ulp = np.spacing(np.abs(ref).max())
+        np.testing.assert_allclose(real[name], ref, rtol=0, atol=16 * ulp, err_msg=name)
     assert not ops_of(tm, tpu.CastOp)
     assert {op.name for op in mlir.body_ops(tm)} <= {"top.Input", "top.Weight", "top.None", "func.return"} | {
         c.name for c in tpu.TPU_OPS

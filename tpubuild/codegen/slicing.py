@@ -226,11 +226,10 @@ def _spatial_rule(p, nd: int) -> Rule:
 def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
     """``rule`` limited so that the op's F32 slices give the whole tensor's bits.
 
-    An F32 conv (not depthwise: that one sums tap by tap) or Deconv sums through a BLAS GEMM,
-    pixel-major, whose bits per output depend only on K (channels x live taps) and N
-    (``kernels.nn.pixel_gemm``): a conv slice matches the whole tensor as long as it keeps every
-    tap live, i.e. each H slice has rows past the pads, and has two rows at least, as the whole
-    tensor has when it can be sliced at all (the GEMM of a one-row output runs unpadded)
+    An F32 conv (not depthwise: that one sums tap by tap) or Deconv sums through BLAS GEMMs,
+    pixel-major, one per row, each of one shape and layout, so a row's bits depend only on its
+    own columns, K (channels x live taps) and N (``kernels.nn.pixel_gemm``): a conv slice matches
+    the whole tensor as long as it keeps every tap live, i.e. each H slice has rows past the pads
     (``Rule.min_rows``); a Deconv's slices (whole runs of one tap's rows) always do. A MatMul's
     GEMM runs on whole tensors. Integer GEMMs are exact and the half modes keep their rule too.
     """
@@ -243,7 +242,7 @@ def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
         w = rule.window
         # a slice of R rows at the top sees an input row through its first tap iff (R - 1) * stride >= pad
         past_pads = 1 if w is None else -(-max(w.pad_begin, w.pad_end) // w.stride) + 1
-        return dataclasses.replace(rule, min_rows=max(2, past_pads))
+        return dataclasses.replace(rule, min_rows=past_pads)
     if isinstance(node.op, tpu.MatMulOp):
         return WHOLE
     return rule

@@ -19,7 +19,7 @@ def _(p: top.DeconvParams, x, w, b):
 
 def deconv(p: top.DeconvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     """The Deconv; ``sliced``: the chip computes it in H or N slices (a TPU F32 Deconv), whose bits must
-    equal the whole tensor's: its GEMM padded as ``pixel_gemm`` pads a small one. A TOP Deconv is never
+    equal the whole tensor's: its GEMMs run one per input row (``pixel_gemm``). A TOP Deconv is never
     sliced."""
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
@@ -33,9 +33,14 @@ def deconv(p: top.DeconvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     dtype = np.result_type(x.dtype, w.dtype)
     xg = x.reshape(n, g, cin, math.prod(spatial)).astype(dtype, copy=False)
     wg = w.reshape(g, cin, cout * math.prod(kernel_shape)).astype(dtype, copy=False)
-    # pixel-major (see pixel_gemm): an input row's contributions do not depend on how many rows share the
-    # call, so an H or N slice, as the chip computes it, matches the whole tensor's bits
-    prod = pixel_gemm(xg, wg) if sliced else np.matmul(xg.swapaxes(2, 3), wg)
+    # sliced: one GEMM per input row (pixel_gemm; all of a 1- or 3-D Deconv's pixels, which only N slices): an
+    # input row's contributions do not depend on how many rows share the call, so an H or N slice, as the
+    # chip computes it, matches the whole tensor's bits
+    if sliced:
+        row = spatial[-1] if nd == 2 else math.prod(spatial)
+        prod = pixel_gemm(xg.reshape(n, g, cin, -1, row), wg).reshape(n, g, -1, wg.shape[-1])
+    else:
+        prod = np.matmul(xg.swapaxes(2, 3), wg)
     taps = prod.swapaxes(2, 3).reshape(n, g, cout, *kernel_shape, *spatial)
     full = [(spatial[i] - 1) * p.strides[i] + (kernel_shape[i] - 1) * p.dilations[i] + 1 + extra[i] for i in range(nd)]
     y = np.zeros((n, g, cout, *full), dtype)

@@ -56,32 +56,31 @@ def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
 # stays in cache between being written and the GEMM reading it
 _COLS_BLOCK = 1 << 21
 
-# OpenBLAS runs a GEMM of at most 100^3 multiply-adds through its small-matrix kernel, which sums
-# each output in another order than the blocked kernel (and a different one per size); every
-# larger GEMM sums each output in an order set by K and N alone (measured on numpy's OpenBLAS
-# 0.3.31, Haswell kernels: any pixel count and offset above the bound gives the same bits)
-_SMALL_GEMM = 100**3
 
+def pixel_gemm(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
+    """cols [..., K, rows, row] (the columns as built) times wt [..., K, N] -> [..., rows, row, N], pixel-major,
+    one BLAS GEMM per row of ``row`` pixels (an output row of a 2-D conv, an input row of a Deconv).
 
-def pixel_gemm(cols: np.ndarray, wt: np.ndarray, sliced_rows: bool = True) -> np.ndarray:
-    """cols [..., K, pixels] (the columns as built) times wt [..., K, N] -> [..., pixels, N], pixel-major.
-
-    A product small enough for the small-matrix kernel gets zero pixels appended up to the
-    blocked one: so each output's bits depend on K, N and its own column, never on how many
-    pixels share the call, and an H slice of a conv, as the chip computes it, matches the
-    whole tensor's bits (layer group slices F32 convs on that). ``sliced_rows`` False: the
-    output has one row, which no slice splits (layer group slices N, whose samples are
-    separate GEMMs here, and H, keeping two rows per F32 conv slice: slicing.exact_f32), so
-    the product runs as it is: padding a squeeze-excite conv's single pixel to the blocked
-    kernel's size cost 60,000 times its work.
+    Each row's columns are copied C-contiguous ([..., rows, K, row]; the GEMM reads their transpose) and
+    numpy's matmul calls BLAS once per row of the stack, so every row's GEMM has one shape and layout,
+    whatever the number of rows: a row's bits depend on its own
+    columns, K and N alone, and an H slice of the op, as the chip computes it, matches the whole tensor's
+    bits (layer group slices F32 convs and Deconvs on that: slicing.exact_f32). One GEMM over every pixel
+    would not: a BLAS kernel sums an output in an order set by where its pixel falls in the kernel's
+    register tiles and threads' shares, which depend on the pixel count (measured on numpy's OpenBLAS
+    0.3.31, Haswell kernels: a 12-row tile sums each output as one FMA chain, an 8- or 4-row remainder as two
+    interleaved ones, a single row takes GEMV, and two threads split the rows; docs/backend.md, Exact F32), so
+    a slice of fewer pixels summed some outputs otherwise. BLAS gives one result for one shape and layout of
+    the same numbers: that is all this relies on.
     """
-    k, m = cols.shape[-2:]
-    n = wt.shape[-1]
-    if not sliced_rows or m * k * n > _SMALL_GEMM:
-        return np.matmul(cols.swapaxes(-1, -2), wt)
-    wide = np.zeros(cols.shape[:-1] + (_SMALL_GEMM // (k * n) + 1,), cols.dtype)
-    wide[..., :m] = cols
-    return np.matmul(wide.swapaxes(-1, -2), wt)[..., :m, :]
+    a = np.ascontiguousarray(np.moveaxis(cols, -2, -3))
+    return np.matmul(a.swapaxes(-1, -2), wt[..., None, :, :])
+
+
+def gemm_row(out_sp: tuple[int, ...]) -> int:
+    """The pixels of one ``pixel_gemm`` row of a conv whose output has spatial dims ``out_sp``: an output row
+    (W) of a 2-D conv, the only kind whose H the chip slices; all of a 1- or 3-D conv's."""
+    return math.prod(out_sp[1:]) if len(out_sp) == 2 else math.prod(out_sp)
 
 
 @kernel(top.ConvOp)
@@ -91,8 +90,8 @@ def _(p: top.ConvParams, x, w, b):
 
 def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     """The conv; ``sliced``: the chip computes it in H slices whose bits must equal the whole tensor's (a TPU
-    F32 conv): its GEMMs run pixel-major and padded (``pixel_gemm``). A TOP conv is never sliced: its GEMMs
-    are the weights times the columns, output-channel-major as the result is laid out, unpadded.
+    F32 conv): its GEMMs run pixel-major, one per output row (``pixel_gemm``). A TOP conv is never sliced: its
+    GEMMs are the weights times the columns, output-channel-major as the result is laid out, all rows at once.
     """
     nd = len(p.kernel_shape)
     n, c = x.shape[:2]
@@ -124,13 +123,14 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     elif len(taps) == 1:
         # one tap (1x1): a plain matmul of the (strided) input pixels (see _im2col)
         xp = padded(x, p.pads[:nd], p.pads[nd:])
-        cols = tap_view(xp, taps[0], p.strides, p.dilations, out_sp).reshape(n, g, c // g, -1)
+        view = tap_view(xp, taps[0], p.strides, p.dilations, out_sp)
+        wg = w.reshape(g, oc // g, c // g)
         if sliced:
-            y = pixel_gemm(cols, w.reshape(g, oc // g, c // g).swapaxes(1, 2), out_sp[0] > 1).swapaxes(2, 3)
+            y = np.moveaxis(pixel_gemm(view.reshape(n, g, c // g, -1, gemm_row(out_sp)), wg.swapaxes(1, 2)), 4, 2)
         elif folds_bias(b, dtype, c, (n, oc) + out_sp):
-            y, b = np.matmul(with_bias(w.reshape(g, oc // g, c // g), b), with_ones(cols)), None
+            y, b = np.matmul(with_bias(wg, b), with_ones(view.reshape(n, g, c // g, -1))), None
         else:
-            y = np.matmul(w.reshape(g, oc // g, c // g), cols)
+            y = np.matmul(wg, view.reshape(n, g, c // g, -1))
     elif not sliced and Im2colFlat.suits(p, x.shape, taps, dtype) and (b is None or b.dtype == dtype):
         y, b = Im2colFlat(p, x.shape, g, oc, out_sp)(x, Im2colFlat.weights(w, g, p.kernel_shape[0], b)), None
     else:
@@ -619,8 +619,9 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype, sliced: bool) -> np.ndarray:
     per group.
 
     The columns are built in blocks of output rows, so a block is still in cache when
-    the GEMM reads it. ``sliced``: the GEMM runs pixel-major (``pixel_gemm``), so an H slice of the
-    output, as the chip computes it, matches the whole tensor's bits; else the weights times the columns.
+    the GEMM reads it. ``sliced``: the GEMMs run pixel-major, one per output row (``pixel_gemm``), so an H
+    slice of the output, as the chip computes it, matches the whole tensor's bits; else the weights times the
+    block's columns.
     """
     n, c = xp.shape[:2]
     oc, k = w.shape[0], len(taps)
@@ -628,7 +629,9 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype, sliced: bool) -> np.ndarray:
     tap_rows, rest_taps = gemm_order(taps)
     wt = gemm_weights(w, g, tap_rows)
     rest = math.prod(out_sp[1:])
-    row_bytes = n * c * k * rest * np.dtype(dtype).itemsize
+    # sliced: blocks sized by one sample's bytes, so an N slice has the whole tensor's blocks (a 1- or 3-D conv's
+    # block is one pixel_gemm row)
+    row_bytes = (1 if sliced else n) * c * k * rest * np.dtype(dtype).itemsize
     rows = max(1, min(out_sp[0], _COLS_BLOCK // max(row_bytes, 1)))
     y = np.empty((n, g, ocg, out_sp[0], rest), dtype)
     cols = np.empty((n, g, tap_rows, cg, rest_taps, rows) + out_sp[1:], dtype)
@@ -645,7 +648,8 @@ def _im2col(xp, w, g, taps, p, out_sp, dtype, sliced: bool) -> np.ndarray:
                 (n, g, cg) + block_sp
             )
         if sliced:
-            prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest), wt, out_sp[0] > 1)  # [n, g, pixels, ocg]
+            row = rest if len(out_sp) == 2 else r * rest  # (gemm_row)
+            prod = pixel_gemm(part.reshape(n, g, cg * k, r * rest // row, row), wt)  # [n, g, rows, row, ocg]
             y[:, :, :, r0 : r0 + r] = np.moveaxis(prod.reshape(n, g, r, rest, ocg), 4, 2)
         else:
             y[:, :, :, r0 : r0 + r] = np.matmul(wt.swapaxes(1, 2), part.reshape(n, g, cg * k, r * rest)).reshape(

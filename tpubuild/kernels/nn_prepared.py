@@ -84,7 +84,7 @@ def _(p: top.ConvParams, operands: list[Operand]) -> Callable | None:
 
 
 def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callable | None:
-    """nn.conv prepared (``sliced``: a TPU F32 conv the chip slices, its GEMMs pixel-major and padded)."""
+    """nn.conv prepared (``sliced``: a TPU F32 conv the chip slices, its GEMMs pixel-major, one per output row)."""
     x, w, b = operands
     if (
         w.const is None
@@ -147,7 +147,7 @@ class _Conv1Tap:
     (``fold``: the weights' last column is the bias, the pixels get a row of ones, nn.folds_bias)."""
 
     def __init__(self, n, g, c, oc, out_sp, wt, pad, tap, epilogue, sliced, fold=False):
-        self.cols_shape = (n, g, c // g, -1)
+        self.cols_shape = (n, g, c // g, -1, nn.gemm_row(out_sp)) if sliced else (n, g, c // g, -1)
         self.wt = wt if fold else wt.reshape(g, oc // g, c // g)
         self.fold = fold
         self.out_shape = (n, oc) + out_sp
@@ -159,7 +159,7 @@ class _Conv1Tap:
     def __call__(self, x, w, b):
         cols = (x if self.whole else self.pad(x)[self.tap]).reshape(self.cols_shape)
         if self.sliced:
-            y = nn.pixel_gemm(cols, self.wt.swapaxes(1, 2), self.out_shape[2] > 1).swapaxes(2, 3)
+            y = np.moveaxis(nn.pixel_gemm(cols, self.wt.swapaxes(1, 2)), 4, 2)
         else:
             y = np.matmul(self.wt, nn.with_ones(cols) if self.fold else cols)
         return self.epilogue(y.reshape(self.out_shape))
@@ -176,7 +176,7 @@ class _Im2col:
         self.wt = nn.gemm_weights(wt, g, self.tap_rows)  # [g, K, ocg]; its transpose is C order
         self.sliced = sliced
         self.rest = math.prod(out_sp[1:])
-        row_bytes = n * c * k * self.rest * F32.itemsize
+        row_bytes = (1 if sliced else n) * c * k * self.rest * F32.itemsize  # (as nn._im2col)
         self.rows = max(1, min(out_sp[0], nn._COLS_BLOCK // max(row_bytes, 1)))
         self.out_sp = out_sp
         self.blocks = []  # (first output row, rows, input rows' slice, each tap's slice of them)
@@ -222,11 +222,12 @@ class _Im2col:
                 block = (n, g, cg, r) + self.out_sp[1:]
                 for t, tap in enumerate(tap_slices):
                     part[:, :, t // self.rest_taps, :, t % self.rest_taps] = xb[tap].reshape(block)
-            pixels = part.reshape(n, g, cg * k, r * rest)
             if self.sliced:
-                prod = nn.pixel_gemm(pixels, self.wt, self.out_sp[0] > 1)  # [n, g, pixels, ocg]
-                y[:, :, :, r0 * rest : (r0 + r) * rest] = prod.transpose(0, 1, 3, 2)  # np.moveaxis(.., 4, 2)
+                row = rest if len(self.out_sp) == 2 else r * rest  # (nn.gemm_row)
+                prod = nn.pixel_gemm(part.reshape(n, g, cg * k, r * rest // row, row), self.wt)  # [n, g, r, row, ocg]
+                y[:, :, :, r0 * rest : (r0 + r) * rest] = np.moveaxis(prod, 4, 2).reshape(n, g, ocg, r * rest)
             else:
+                pixels = part.reshape(n, g, cg * k, r * rest)
                 np.matmul(self.wt.swapaxes(1, 2), pixels, out=y[:, :, :, r0 * rest : (r0 + r) * rest])
         return self.epilogue(y.reshape((n, self.oc) + self.out_sp))
 
