@@ -426,7 +426,9 @@ def verify_tpu(
             f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}"
         )
         if cali_table:
-            hint = int8_failure_hint(target, tpu_mlir, quantize_table) + "; " + inspect
+            from tpubuild.build.paths import failed_json
+
+            hint = int8_failure_hint(target, quantize_table, str(failed_json(out_json))) + "; " + inspect
         else:
             hint = inspect + "; pin the worst ops to a wider float mode in a quantize table"
         raise TpuBuildError(
@@ -443,7 +445,7 @@ def verify_tpu(
         tmp_json.write_text(text, encoding="utf-8")
 
 
-def int8_failure_hint(target: str, tpu_mlir: str, quantize_table: str | None) -> str:
+def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str | None = None) -> str:
     """What a user does about an INT8 target whose outputs (or parts) are too far from float: what the
     mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
     the problem rather than what fixes it."""
@@ -466,9 +468,9 @@ def int8_failure_hint(target: str, tpu_mlir: str, quantize_table: str | None) ->
             "to the manifest's quantize_table"
         )
     return (
-        f"{first}; calibration.method and calibration.count change the INT8 scales themselves; the failing "
-        f"outputs and parts are in {Path(tpu_mlir).parent.name}/verify_tpu.failed.json (report: failed.html). "
-        "Loosening tolerance.tpu.INT8 hides the problem rather than fixing it"
+        f"{first}; calibration.method and calibration.count change the INT8 scales themselves"
+        + (f"; every output and part compared is in {failed_file}" if failed_file else "")
+        + "; loosening tolerance.tpu.INT8 hides the problem rather than fixing it"
     )
 
 

@@ -130,7 +130,7 @@ def _part_rows(test, ref, rows: list[dict], parts: Mapping[str, Sequence[Part]],
             a, b = part.slice(test[t]), part.slice(ref[r])
             judged = judge_part(a, b, tol, part_step(part, steps))
             out.append(
-                {"name": f"{t}[{part.name}]", "of": t, "shape": list(np.shape(a)), **part.to_dict(), **judged.to_dict()}
+                {"name": f"{r}[{part.name}]", "of": t, "shape": list(np.shape(a)), **part.to_dict(), **judged.to_dict()}
             )
     return out
 
@@ -160,7 +160,7 @@ def failed_parts(report: dict) -> list[dict]:
 
 def format_part(row: dict) -> str:
     """A part's verdict in words: its slice, and the figures of the rule that judged it."""
-    where = f"{row['of']}[{row['part']}] (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
+    where = f"{row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
     if row.get("rule") == "tiny":
         return (
             f"{where}: {row['label']}, float values below one INT8 step ({row['step']:.3g}): max abs err "
