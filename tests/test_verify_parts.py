@@ -275,3 +275,20 @@ def test_summary_shows_what_decided(tmp_path):
     assert _min_cos([comp], "tpu") == 0.991
     # a verify file from before parts: its minimum
     assert _min_cos([{"level": "tpu", "min_cos": 0.5}], "tpu") == 0.5
+
+
+def test_report_page_shows_parts_and_what_decided(detector, monkeypatch):
+    """report.html (here a failure page's levels): the failing part called out at the top, a parts table,
+    the deciding cosine next to the intermediate minimum, and the test input's source."""
+    from tpubuild.lower import int8
+    from tpubuild.verify import report
+
+    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    _, comp = lower_and_verify(detector, "page")
+    data = report.PageData("m", "bm1684x-INT8", False, report.levels_of([comp], {}), test_input="calibration sample s")
+    page = report.render(data)
+    callout = page[page.index('id="first-failure"') :]
+    assert callout.index("Output parts below tolerance") < callout.index("output0[scores]") < 2000
+    assert page.count('<table class="parts">') == 1 and "intermediate minimum cos" in page
+    assert f"<td class=num>{report.fmt(comp['decided_cos'])}</td>" in page
+    assert "Test input: calibration sample s" in page

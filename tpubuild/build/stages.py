@@ -744,7 +744,7 @@ def summary_row(comp: Mapping[str, Any]) -> str:
 
 def summary_part_row(row: Mapping[str, Any]) -> str:
     """A part's line under its comparison; a tiny part shows the max abs error that judged it."""
-    what = f"  part {row['name']} ({row['axis']}: {row['range'][0]}:{row['range'][1]})"
+    what = f"  part {row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
     verdict = "PASS" if row["passed"] else "FAIL"
     if row.get("rule") == "tiny":
         from tpubuild.verify.parts import TINY_PART_MAX_STEPS
