@@ -1,4 +1,4 @@
-"""The default test input: the calibration sample calibration holds back (calib/data.py, held_back).
+"""The default test input: the calibration sample calibration holds back (calib/data.py, split_test_sample).
 
 Without `test_input`, a model with calibration data is verified on the last calibration sample (sorted file
 order, after `count`), and no reader of calibration samples (calibrate, the search, a prepare step) reads it.
@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tpubuild.calib.data import Samples, held_back
+from tpubuild.calib.data import Samples, split_test_sample
 from tpubuild.testing import run_doit, tasks_marked
 
 SPEC = [{"name": "x", "shape": [1, 3, 4, 4]}]
@@ -33,30 +33,32 @@ def test_held_back_is_the_last_sample_after_count(tmp_path):
     files = _stacks(tmp_path, [2, 3, 2])
     every = list(Samples.of(files, SPEC))
     for count, last in ((None, 6), (4, 3), (7, 6), (100, 6)):
-        used, held = held_back(Samples.of(files, SPEC, count))
+        used, held = split_test_sample(Samples.of(files, SPEC, count))
         got = list(used)
         assert held is not None and len(got) == last and held.used == last
         for a, b in zip(got, every[:last], strict=True):
             np.testing.assert_array_equal(a["x"], b["x"])
         np.testing.assert_array_equal(held.read()["x"], every[last]["x"])
-    assert held_back(Samples.of(files, SPEC, 4))[1].describe().startswith("calibration sample s1.npz [sample 1]")
+    assert (
+        split_test_sample(Samples.of(files, SPEC, 4))[1].describe().startswith("calibration sample s1.npz [sample 1]")
+    )
     # one sample: calibration needs it, nothing is held back
     one = Samples.of(files[:1], SPEC, 1)
-    assert held_back(one) == (one, None)
+    assert split_test_sample(one) == (one, None)
 
 
 def test_held_back_npy_and_images(tmp_path):
     from PIL import Image
 
     np.save(tmp_path / "a.npy", np.arange(2 * 48, dtype=np.float32).reshape(2, 1, 3, 4, 4))
-    used, held = held_back(Samples.of([tmp_path / "a.npy"], SPEC))
+    used, held = split_test_sample(Samples.of([tmp_path / "a.npy"], SPEC))
     assert len(list(used)) == 1 and held.read()["x"][0, 0, 0, 0] == 48
     paths = []
     for i in range(5):  # two images a sample: the fifth makes no sample
         paths.append(tmp_path / f"i{i}.png")
         Image.fromarray(np.full((4, 4, 3), i * 10, np.uint8)).save(paths[-1])
     spec = [{"name": "x", "shape": [2, 3, 4, 4]}]
-    used, held = held_back(Samples.of(paths, spec))
+    used, held = split_test_sample(Samples.of(paths, spec))
     assert [s["x"][0, 0, 0, 0] for s in used] == [0.0] and held.read()["x"][:, 0, 0, 0].tolist() == [20.0, 30.0]
     assert "i2.png, i3.png" in held.describe()
 

@@ -83,7 +83,7 @@ def detector(tmp_path_factory):
         input_source=p["input.json"],
     )
     stages.calibrate(
-        "m", p["canonical.mlir"], SPECS, files, None, "max", None, p["cali.mlir"], p["cali_table"], hold_back=True
+        "m", p["canonical.mlir"], SPECS, files, None, "max", None, p["cali.mlir"], p["cali_table"], hold_back_test=True
     )
     return d, p
 

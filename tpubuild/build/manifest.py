@@ -119,7 +119,7 @@ class Manifest:
     @property
     def holds_back_test_sample(self) -> bool:
         """True when the test input is a calibration sample that calibration holds back: no `test_input`, and
-        calibration data to take one from (calib/data.py, held_back)."""
+        calibration data to take one from (calib/data.py, split_test_sample)."""
         return self.test_input is None and self.calibration is not None and "data" in self.calibration
 
     def resolve(self, rel: str) -> Path:

@@ -30,7 +30,7 @@ def transform(
 
     Without ``test_input``, ``test_sample`` ({data_files, inputs, count}: the calibration samples, as
     calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
-    held_back); without either, generated noise. ``out_source``: a JSON file saying which it was."""
+    split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx
@@ -38,9 +38,11 @@ def transform(
     shapes = {spec["name"]: list(spec["shape"]) for spec in inputs}
     held = None
     if not test_input and test_sample:
-        from tpubuild.calib.data import Samples, held_back
+        from tpubuild.calib.data import Samples, split_test_sample
 
-        held = held_back(Samples.of(test_sample["data_files"], test_sample["inputs"], test_sample.get("count")))[1]
+        held = split_test_sample(
+            Samples.of(test_sample["data_files"], test_sample["inputs"], test_sample.get("count"))
+        )[1]
     test = make_inputs(model, inputs, test_input, held)
     source = json.dumps({"source": describe_source(test_input, held)}, indent=1) + "\n"
     module, weights = convert_onnx(onnx_path, shapes, model, Path(out_weights).name)
@@ -86,11 +88,11 @@ def calibrate(
     out_mlir: str,
     out_table: str,
     searched: bool = False,
-    hold_back: bool = False,
+    hold_back_test: bool = False,
 ) -> None:
     """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz);
     ``searched``: a mixed-precision search reads them, and takes the samples' TOP outputs from this process;
-    ``hold_back``: the last sample is the test input (no test_input), which calibration never reads."""
+    ``hold_back_test``: the last sample is the test input (no test_input), which calibration never reads."""
     from tpubuild.build.files import all_or_nothing
     from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
     from tpubuild.calib.table import format_table, read_table
@@ -101,7 +103,7 @@ def calibrate(
     module = load_module(in_mlir)
     check_state(module, in_mlir)
     user = read_table(user_table)[1] if user_table else None
-    samples = _calibration_samples(data_files, inputs, count, hold_back)
+    samples = _calibration_samples(data_files, inputs, count, hold_back_test)
     outputs: list | None = [] if searched else None
     entries, header = run_calibration(
         module, weights_for(module, in_mlir), samples, method, user, outputs, processes=processes()
@@ -114,12 +116,12 @@ def calibrate(
         keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
 
 
-def _calibration_samples(data_files: Sequence[str], inputs, count: int | None, hold_back: bool):
-    """The calibration samples a stage reads: without the held-back test sample when ``hold_back``."""
-    from tpubuild.calib.data import Samples, held_back
+def _calibration_samples(data_files: Sequence[str], inputs, count: int | None, hold_back_test: bool):
+    """The calibration samples a stage reads: without the held-back test sample when ``hold_back_test``."""
+    from tpubuild.calib.data import Samples, split_test_sample
 
     samples = Samples.of(data_files, inputs, count)
-    return held_back(samples)[0] if hold_back else samples
+    return split_test_sample(samples)[0] if hold_back_test else samples
 
 
 def _read_source(path: str) -> str:
@@ -251,12 +253,12 @@ def search_qtable(
     asymmetric: bool,
     options: Mapping[str, Any],
     out_table: str,
-    hold_back: bool = False,
+    hold_back_test: bool = False,
     count: int | None = None,
 ) -> None:
     """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
     tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py);
-    ``hold_back``: the samples calibration reads (its ``count``), without the held-back test sample."""
+    ``hold_back_test``: the samples calibration reads (its ``count``), without the held-back test sample."""
     import itertools
 
     from tpubuild.build.chips import load_chip
@@ -272,7 +274,7 @@ def search_qtable(
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
     # the samples calibration reads: without the held-back test sample when there is one (it is their last)
-    every = _calibration_samples(data_files, inputs, count, hold_back)
+    every = _calibration_samples(data_files, inputs, count, hold_back_test)
     # judged on the samples calibration held back for validation, when the set is large enough to spare some
     samples = validation_samples(every)
     pool = f"the {len(samples)} calibration samples held back from the statistics"

@@ -184,8 +184,8 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         kwargs["samples"] = {"data_files": files, "inputs": inputs, "count": count}
         file_dep += [Path(f) for f in files]
         config = {**config, "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count}}
-        if m.holds_back_test_sample:  # {"hold_back": calibration's count}: the test sample is its last (fetch.py)
-            kwargs["samples"]["hold_back"] = config["samples"]["hold_back"] = m.calibration.get("count")
+        if m.holds_back_test_sample:  # {"hold_back_test": calibration's count}: the test sample is its last (fetch.py)
+            kwargs["samples"]["hold_back_test"] = config["samples"]["hold_back_test"] = m.calibration.get("count")
     return _task(
         "fetch",
         m.name,
@@ -421,7 +421,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
             "asymmetric": target.asymmetric,
             "options": options,
             "out_table": str(tp.qtable),
-            "hold_back": m.holds_back_test_sample,
+            "hold_back_test": m.holds_back_test_sample,
             "count": cal.get("count"),
         },
         file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
@@ -429,7 +429,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
         config={
             "mixed_precision": options,
             "count": cal.get("count"),
-            "hold_back": {"count": cal.get("count")} if m.holds_back_test_sample else None,
+            "hold_back_test": {"count": cal.get("count")} if m.holds_back_test_sample else None,
             "inputs": inputs,
             "target": {"chip": target.chip, "asymmetric": target.asymmetric},
             "chip_modes": list(load_chip(target.chip).modes),
@@ -607,11 +607,11 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
             "out_mlir": str(p.cali_mlir),
             "out_table": str(p.cali_table),
             "searched": m.searched,
-            "hold_back": m.holds_back_test_sample,
+            "hold_back_test": m.holds_back_test_sample,
         },
         file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
         targets=[p.cali_mlir, p.cali_table],
-        config={"calibration": cal, "inputs": inputs, "hold_back": m.holds_back_test_sample},
+        config={"calibration": cal, "inputs": inputs, "hold_back_test": m.holds_back_test_sample},
     )
 
 

@@ -1,5 +1,5 @@
 """The test input every verification stage feeds: the manifest's ``test_input``, else a calibration sample that
-calibration holds back (calib/data.py, held_back), else made up deterministically (uniform noise)."""
+calibration holds back (calib/data.py, split_test_sample), else made up deterministically (uniform noise)."""
 
 from __future__ import annotations
 

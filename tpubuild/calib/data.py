@@ -13,7 +13,7 @@
 
 Files are taken in sorted order and at most ``count`` samples are produced.
 
-``held_back(samples)`` sets one sample aside: the last of those ``count`` lets through, which a model
+``split_test_sample(samples)`` sets one sample aside: the last of those ``count`` lets through, which a model
 without a ``test_input`` is verified on (docs/manifest.md, test_input); every reader of calibration
 samples (calibrate, the mixed-precision search, a prepare step on data) then reads the others only.
 """
@@ -32,7 +32,7 @@ import numpy as np
 from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
 from tpubuild.errors import TpuBuildError
 
-__all__ = ["HeldBack", "InputSpec", "Samples", "find_files", "held_back", "preprocess_image"]
+__all__ = ["HeldBack", "InputSpec", "Samples", "find_files", "split_test_sample", "preprocess_image"]
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ class HeldBack:
         return f"calibration sample {what} (held back: calibration reads the {self.used} samples before it)"
 
 
-def held_back(samples: Samples) -> tuple[Samples, HeldBack | None]:
+def split_test_sample(samples: Samples) -> tuple[Samples, HeldBack | None]:
     """(the samples calibration reads, the one it holds back for verification's test input).
 
     The held-back sample is the last of ``samples`` (sorted file order, after ``count``); the others are
