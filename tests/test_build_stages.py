@@ -179,7 +179,8 @@ def test_verify_top_and_summary(tmp_path):
 
     stages.summarize("m", [p["json"]], p["summary"])
     lines = Path(p["summary"]).read_text().splitlines()
-    assert len(lines) == 4 and lines[2].endswith("PASS") and lines[3].endswith("PASS")
+    assert len(lines) == 5 and lines[2].endswith("PASS") and lines[3].endswith("PASS")
+    assert lines[4] == stages.SUMMARY_NOTE  # what the figures are: the minimum of what decided
 
 
 def test_verify_top_fails_below_tolerance(tmp_path):

@@ -92,7 +92,8 @@ def test_only_int8_models_calibrate(zoo):
     assert "calibrate:q" in ran and "calibrate:f" not in ran
     assert (zoo.build / "q" / "cali.mlir").is_file() and (zoo.build / "q" / "cali_table").is_file()
     assert not (zoo.build / "f" / "cali.mlir").exists()
-    assert "# sample number: 6" in (zoo.build / "q" / "cali_table").read_text()
+    # 6 samples: the last is the test input (no test_input), sample 4 of the other 5 is held back for validation
+    assert "# sample number: 4" in (zoo.build / "q" / "cali_table").read_text()
 
 
 def test_method_change_reruns_only_calibration(zoo):
@@ -115,11 +116,15 @@ def test_method_change_reruns_only_calibration(zoo):
 def test_new_calibration_file_recalibrates(zoo):
     zoo.manifest("q")
     assert zoo.doit("compile").returncode == 0
-    np.savez(zoo.models / "calib" / "s9.npz", x=np.full((ROWS, 4), 5.0, np.float32))
+    # sorted before the last sample (s5, the test input without test_input), which stays the test input
+    np.savez(zoo.models / "calib" / "s0a.npz", x=np.full((ROWS, 4), 5.0, np.float32))
     run = zoo.doit("compile")
-    assert run.returncode == 0
+    assert run.returncode == 0, run.stdout
     assert "calibrate:q" in executed(run.stdout) and "canonicalize:q" not in executed(run.stdout)
-    assert "# sample number: 7" in (zoo.build / "q" / "cali_table").read_text()
+    # transform reads the new file (it could have been the last) but makes the same input: nothing after it runs
+    assert "transform:q" in executed(run.stdout) and "reference:q" not in executed(run.stdout)
+    # 7 samples: s5 is the test input, sample 4 of the other 6 is held back for validation
+    assert "# sample number: 5" in (zoo.build / "q" / "cali_table").read_text()
 
 
 def test_int8_without_calibration_fails_clearly(zoo):

@@ -113,8 +113,13 @@ def _publish(
 def _read_samples(samples: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     if not samples:
         return []
-    from tpubuild.calib.data import Samples
+    import itertools
 
+    from tpubuild.calib.data import Samples, split_test_sample
+
+    if "hold_back_test" in samples:  # the test input is the calibration samples' last one: never read it here either
+        every = split_test_sample(Samples.of(samples["data_files"], samples["inputs"], samples["hold_back_test"]))[0]
+        return list(itertools.islice(iter(every), samples["count"]))
     return list(Samples.of(samples["data_files"], samples["inputs"], samples["count"]))
 
 

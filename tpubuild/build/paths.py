@@ -58,6 +58,11 @@ class ModelPaths:
     def input_npz(self) -> Path:
         return self.root / "input.npz"
 
+    @cached_property
+    def input_source(self) -> Path:
+        """Where input.npz came from: {"source": "..."} (test_input, a held-back calibration sample, noise)."""
+        return self.root / "input.json"
+
     # reference
     @cached_property
     def onnx_outs(self) -> Path:

@@ -23,19 +23,36 @@ def transform(
     out_mlir: str,
     out_weights: str,
     out_input: str,
+    test_sample: Mapping[str, Any] | None = None,
+    out_source: str | None = None,
 ) -> None:
-    """ONNX -> origin.mlir + its weights, and the test input every later check feeds."""
+    """ONNX -> origin.mlir + its weights, and the test input every later check feeds.
+
+    Without ``test_input``, ``test_sample`` ({data_files, inputs, count}: the calibration samples, as
+    calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
+    split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
     from tpubuild.build.files import all_or_nothing, write_npz
-    from tpubuild.build.testinput import make_inputs
+    from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx
 
     shapes = {spec["name"]: list(spec["shape"]) for spec in inputs}
-    test = make_inputs(model, inputs, test_input)
+    held = None
+    if not test_input and test_sample:
+        from tpubuild.calib.data import Samples, split_test_sample
+
+        held = split_test_sample(
+            Samples.of(test_sample["data_files"], test_sample["inputs"], test_sample.get("count"))
+        )[1]
+    test = make_inputs(model, inputs, test_input, held)
+    source = json.dumps({"source": describe_source(test_input, held)}, indent=1) + "\n"
     module, weights = convert_onnx(onnx_path, shapes, model, Path(out_weights).name)
-    with all_or_nothing(out_mlir, out_weights, out_input) as (tmp_mlir, tmp_weights, tmp_input):
-        _save_module(module, tmp_mlir)
-        weights.save(tmp_weights)
-        write_npz(tmp_input, test)
+    outs = [out_mlir, out_weights, out_input] + ([out_source] if out_source else [])
+    with all_or_nothing(*outs) as tmp:
+        _save_module(module, tmp[0])
+        weights.save(tmp[1])
+        write_npz(tmp[2], test)
+        if out_source:
+            tmp[3].write_text(source, encoding="utf-8")
 
 
 def reference(onnx_path: str, input_npz: str, out: str) -> None:
@@ -71,12 +88,13 @@ def calibrate(
     out_mlir: str,
     out_table: str,
     searched: bool = False,
+    hold_back_test: bool = False,
 ) -> None:
     """canonical.mlir + calibration data -> cali_table and cali.mlir (same weights: canonical_weights.npz);
-    ``searched``: a mixed-precision search reads them, and takes the samples' TOP outputs from this process."""
+    ``searched``: a mixed-precision search reads them, and takes the samples' TOP outputs from this process;
+    ``hold_back_test``: the last sample is the test input (no test_input), which calibration never reads."""
     from tpubuild.build.files import all_or_nothing
     from tpubuild.calib.calibrate import apply_table, calibrate as run_calibration, check_state
-    from tpubuild.calib.data import Samples
     from tpubuild.calib.table import format_table, read_table
     from tpubuild.forked import processes
     from tpubuild.ir.mlir import file_key, load_module
@@ -85,7 +103,7 @@ def calibrate(
     module = load_module(in_mlir)
     check_state(module, in_mlir)
     user = read_table(user_table)[1] if user_table else None
-    samples = Samples.of(data_files, inputs, count)
+    samples = _calibration_samples(data_files, inputs, count, hold_back_test)
     outputs: list | None = [] if searched else None
     entries, header = run_calibration(
         module, weights_for(module, in_mlir), samples, method, user, outputs, processes=processes()
@@ -96,6 +114,18 @@ def calibrate(
         tmp_table.write_text(text, encoding="utf-8")
     if outputs:
         keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
+
+
+def _calibration_samples(data_files: Sequence[str], inputs, count: int | None, hold_back_test: bool):
+    """The calibration samples a stage reads: without the held-back test sample when ``hold_back_test``."""
+    from tpubuild.calib.data import Samples, split_test_sample
+
+    samples = Samples.of(data_files, inputs, count)
+    return split_test_sample(samples)[0] if hold_back_test else samples
+
+
+def _read_source(path: str) -> str:
+    return json.loads(Path(path).read_text(encoding="utf-8"))["source"]
 
 
 def _save_module(module, path: Path) -> None:
@@ -122,10 +152,12 @@ def verify_top(
     out_origin_outs: str,
     out_top_outs: str,
     out_json: str,
+    input_source: str | None = None,
 ) -> None:
     """TOP inference of origin and canonical, each compared with onnxruntime by tensor name.
 
     Fails (publishing nothing) if either comparison is below tolerance or compares nothing.
+    ``input_source``: transform's note of where the test input came from, recorded as ``test_input``.
     """
     from tpubuild.build.files import all_or_nothing, read_npz, write_npz
     from tpubuild.top.inference import infer_file
@@ -145,6 +177,7 @@ def verify_top(
     doc = {
         "model": model,
         "stage": "verify_top",
+        **({"test_input": _read_source(input_source)} if input_source else {}),
         "comparisons": [
             {"level": "top", "test": f"{Path(mlir).name}", "ref": Path(onnx_outs).name, **report}
             for _, mlir, _, report in levels
@@ -220,16 +253,17 @@ def search_qtable(
     asymmetric: bool,
     options: Mapping[str, Any],
     out_table: str,
+    hold_back_test: bool = False,
     count: int | None = None,
 ) -> None:
     """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
-    tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py)."""
+    tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py);
+    ``hold_back_test``: the samples calibration reads (its ``count``), without the held-back test sample."""
     import itertools
 
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import write_text
     from tpubuild.calib.calibrate import validation_samples
-    from tpubuild.calib.data import Samples
     from tpubuild.calib.table import read_table
     from tpubuild.forked import processes
     from tpubuild.ir.mlir import file_key, load_module
@@ -239,8 +273,9 @@ def search_qtable(
 
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
-    every = Samples.of(data_files, inputs, count)
-    # judged on the samples calibration held back, when the set is large enough to spare some
+    # the samples calibration reads: without the held-back test sample when there is one (it is their last)
+    every = _calibration_samples(data_files, inputs, count, hold_back_test)
+    # judged on the samples calibration held back for validation, when the set is large enough to spare some
     samples = validation_samples(every)
     pool = f"the {len(samples)} calibration samples held back from the statistics"
     if not samples:
@@ -322,27 +357,37 @@ def verify_tpu(
     out_tpu_outs: str,
     out_tpu_raw: str,
     out_json: str,
+    outputs: Mapping[str, Any] | None = None,
+    cali_table: str | None = None,
+    quantize_table: str | None = None,
 ) -> None:
     """TPU inference (real values) vs TOP inference by tensor name, plus per-output max abs error and top-1.
 
     The graph outputs decide (as TPU-MLIR's model_deploy without --compare_all): each must
     pair with TOP's (by name or position) and meet ``tolerance`` (cos, euc; and top1 and
-    max_abs when given). Every other tensor is compared and reported, never failing: its
-    quantization error depends on its own range and size (an SE block's 48 pooled values
-    sit far from float while the outputs do not). Fails (publishing nothing) otherwise.
+    max_abs when given), and so must each part of an output (a Concat's inputs, or the
+    manifest's ``outputs`` parts; tpubuild/verify/parts.py), a tiny part by the tiny-part
+    rule with the thresholds of ``cali_table`` (INT8). Every other tensor is compared and
+    reported, never failing: its quantization error depends on its own range and size (an
+    SE block's 48 pooled values sit far from float while the outputs do not). Fails
+    (publishing nothing) otherwise; an INT8 failure's hint is int8_failure_hint's.
     Keeps the stored bits too (tpu_raw.npz): what the chip simulation must reproduce.
+    ``quantize_table``: the table lowering read (for the hint only).
     """
     import numpy as np
 
     from tpubuild.build.files import all_or_nothing, read_npz, write_npz
+    from tpubuild.ir.mlir import load_module
     from tpubuild.lower.inference import infer_tpu
+    from tpubuild.top.inference import output_names
     from tpubuild.verify.compare import compare_tensors, jsonable
+    from tpubuild.verify.parts import output_parts
 
     tol = _tolerance(tolerance)
     raw, real = infer_tpu(tpu_mlir, read_npz(input_npz))
     ref = read_npz(top_outs)
-    tpu_outputs, top_outputs = _top_outputs(tpu_mlir), _top_outputs(top_mlir)
-    report = compare_tensors(real, ref, tol, test_outputs=tpu_outputs, ref_outputs=top_outputs, decide="outputs")
+    top_module = load_module(top_mlir)
+    tpu_outputs, top_outputs = _top_outputs(tpu_mlir), list(output_names(top_module))
     # graph outputs by position (a lowered output may be a cast of the named tensor), judged beyond one cosine
     pairs = [(t, r) for t, r in zip(tpu_outputs, top_outputs) if np.shape(real[t]) == np.shape(ref[r])]
     if len(pairs) != len(top_outputs):
@@ -353,6 +398,19 @@ def verify_tpu(
             stage="verify_tpu",
             file=tpu_mlir,
         )
+    by_top = output_parts(top_module, outputs, {r: np.shape(ref[r]) for r in top_outputs})
+    parts = {t: by_top[r] for t, r in pairs if r in by_top}
+    thresholds = _thresholds(cali_table)
+    report = compare_tensors(
+        real,
+        ref,
+        tol,
+        test_outputs=tpu_outputs,
+        ref_outputs=top_outputs,
+        decide="outputs",
+        parts=parts,
+        steps=thresholds,
+    )
     report["outputs"] = [_output_checks(t, r, real[t], ref[r], tolerance) for t, r in pairs]
     report["passed"] = report["passed"] and all(out["passed"] for out in report["outputs"])
     doc = {
@@ -365,13 +423,21 @@ def verify_tpu(
     }
     if not report["passed"]:
         _keep_failure(out_json, doc)
+        inspect = (
+            f"to inspect: tpubuild infer {tpu_mlir} --input {input_npz} --output tpu.npz "
+            f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}"
+        )
+        if cali_table:
+            from tpubuild.build.paths import failed_json
+
+            hint = int8_failure_hint(target, quantize_table, str(failed_json(out_json))) + "; " + inspect
+        else:
+            hint = inspect + "; pin the worst ops to a wider float mode in a quantize table"
         raise TpuBuildError(
             f"TPU inference ({target}) does not match TOP inference:\n" + _failure_text("tpu", report),
             model=model,
             stage="verify_tpu",
-            hint=f"to inspect: tpubuild infer {tpu_mlir} --input {input_npz} --output tpu.npz "
-            f"--all-tensors --real && tpubuild compare tpu.npz {top_outs}; pin the worst ops to a "
-            "float mode in a quantize table, or set tolerance.tpu in the manifest",
+            hint=hint,
         )
     _forget_failure(out_json)
     text = json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n"
@@ -379,6 +445,44 @@ def verify_tpu(
         write_npz(tmp_outs, real)
         write_npz(tmp_raw, raw)
         tmp_json.write_text(text, encoding="utf-8")
+
+
+def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str | None = None) -> str:
+    """What a user does about an INT8 target whose outputs (or parts) are too far from float: what the
+    mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
+    the problem rather than what fixes it."""
+    table = Path(quantize_table) if quantize_table else None
+    kept = None
+    if table is not None and table.is_file():
+        lines = table.read_text(encoding="utf-8").splitlines()
+        kept = sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    where = f"{target}/{table.name}" if table is not None and table.parent.name == target else str(table)
+    if kept is None:
+        first = (
+            f"no tensor of {target} is kept in float (its lowering read no quantize table): "
+            "turn on the automatic mixed precision (mixed_precision: {search: true}) so that the tensors "
+            "INT8 hurts most stay in float"
+        )
+    else:
+        first = (
+            f"the tensors kept in float ({kept}) are listed in {where}; raise mixed_precision.target_cos "
+            "(or max_lowerings) so that the search keeps more of them in float, or add the worst tensors "
+            "to the manifest's quantize_table"
+        )
+    return (
+        f"{first}; calibration.method and calibration.count change the INT8 scales themselves"
+        + (f"; every output and part compared is in {failed_file}" if failed_file else "")
+        + "; loosening tolerance.tpu.INT8 hides the problem rather than fixing it"
+    )
+
+
+def _thresholds(cali_table: str | None) -> dict[str, float] | None:
+    """Calibration thresholds by tensor name (the tiny-part rule's INT8 scale), or None without a table."""
+    if not cali_table:
+        return None
+    from tpubuild.calib.table import read_table
+
+    return {name: entry.threshold for name, entry in read_table(cali_table)[1].items()}
 
 
 def run_chip(model_file: str, input_npz: str, out_outs: str, out_profile: str) -> None:
@@ -431,14 +535,19 @@ def verify_chip(
             file=model_file,
             hint="codegen must name the model's outputs as tpu.mlir's graph outputs",
         )
-    report = compare_tensors(chip, {name: raw[name] for name in chip}, _tolerance(tolerance))
+    tpu_doc = json.loads(Path(verify_tpu_json).read_text(encoding="utf-8"))
+    report = compare_tensors(
+        chip, {name: raw[name] for name in chip}, _tolerance(tolerance), parts=_parts_of(tpu_doc, "tpu")
+    )
     required = CHIP_REQUIRED.get(mode)
     if required:
-        for row in report["tensors"]:
+        for row in report["tensors"] + report["parts"]:
             row["required"] = " or ".join(required)
             row["passed"] = row["label"] in required
         report["failed"] = sum(not row["passed"] for row in report["tensors"])
-        report["passed"] = report["compared"] > 0 and report["failed"] == 0
+        report["passed"] = (
+            report["compared"] > 0 and report["failed"] == 0 and all(row["passed"] for row in report["parts"])
+        )
     chip_level = {"level": "chip", "test": f"{target}/{Path(model_file).name}", "ref": Path(tpu_raw).name, **report}
     if not report["passed"]:
         _keep_failure(out_json, {"model": model, "stage": "verify_chip", "target": target, "comparisons": [chip_level]})
@@ -446,7 +555,7 @@ def verify_chip(
             f"  {row['name']}: {row['label']}"
             + (f" (required: {row['required']})" if "required" in row else "")
             + f", cos {row['cos']:.6f}, max abs err {row['max_abs']:.3g}"
-            for row in report["tensors"]
+            for row in report["tensors"] + report["parts"]
             if not row["passed"] or row["label"] in (NOT_MATCH, NOT_SIMILAR)
         ]
         raise TpuBuildError(
@@ -457,10 +566,8 @@ def verify_chip(
             f"tpubuild compare chip.npz {tpu_raw}",
         )
     _forget_failure(out_json)
-    levels = []
-    for path in (verify_top_json, verify_tpu_json):
-        levels += json.loads(Path(path).read_text(encoding="utf-8"))["comparisons"]
-    levels.append(chip_level)
+    top_doc = json.loads(Path(verify_top_json).read_text(encoding="utf-8"))
+    levels = top_doc["comparisons"] + tpu_doc["comparisons"] + [chip_level]
     profile = json.loads(Path(profile_json).read_text(encoding="utf-8"))
     doc = {
         "model": model,
@@ -469,6 +576,7 @@ def verify_chip(
         "levels": ["onnx", "top", "tpu", "chip"],
         "comparisons": levels,
         "passed": all(c["passed"] for c in levels),
+        **({"test_input": top_doc["test_input"]} if "test_input" in top_doc else {}),
         "chip": {k: profile[k] for k in ("total_cycles", "time_ms", "ddr_read_bytes", "ddr_write_bytes")},
     }
     write_text(out_json, json.dumps(jsonable(doc), indent=1, sort_keys=True) + "\n")
@@ -514,6 +622,18 @@ def codegen(model: str, chip: str, in_mlir: str, in_weights: str, out_model: str
         f"{model}: {len(model_file.gdma)} GDMA + {len(model_file.bdc)} BDC commands, "
         f"{len(model_file.weights)} weight bytes, DDR {model_file.header.ddr_size} bytes"
     )
+
+
+def _parts_of(doc: Mapping[str, Any], level: str) -> dict:
+    """The parts a verify document judged at ``level``, by output name (the chip judges the TPU's parts)."""
+    from tpubuild.verify.parts import Part
+
+    parts: dict[str, list] = {}
+    for comp in doc["comparisons"]:
+        if comp["level"] == level:
+            for row in comp.get("parts", ()):
+                parts.setdefault(row["of"], []).append(Part.from_dict(row))
+    return parts
 
 
 def _keep_failure(out_json: str, doc: dict) -> None:
@@ -570,7 +690,7 @@ def _top1(test, ref) -> float | None:
 
 
 def _failure_text(level: str, report: dict) -> str:
-    from tpubuild.verify.compare import format_row, worst
+    from tpubuild.verify.compare import failed_parts, format_part, format_row, worst
 
     if report["compared"] == 0:
         return f"  {level}: no tensor name in common with onnxruntime's, so nothing was compared"
@@ -578,11 +698,12 @@ def _failure_text(level: str, report: dict) -> str:
     if report.get("decided_by") != "graph outputs":
         lines = [f"  {level}: {report['failed']} of {report['compared']} tensors below {tol}; worst:"]
         return "\n".join(lines + [f"    {format_row(row)}" for row in worst(report)])
-    lines = [f"  {level}: graph outputs failing:"]
+    lines = [f"  {level}: graph outputs (or their parts) failing:"]
     lines += [f"    {format_row(row)} (below {tol})" for row in worst(report, outputs=True)]
     lines += [
         f"    {out['name']}: {'; '.join(out['problems'])}" for out in report.get("outputs", []) if out["problems"]
     ]
+    lines += [f"    part {format_part(row)}" for row in failed_parts(report)]
     inner = [row for row in worst(report, count=report["compared"]) if not row["output"]]
     if inner:
         lines.append(f"  {len(inner)} other tensors below {tol} (reported, not deciding); worst:")
@@ -590,13 +711,15 @@ def _failure_text(level: str, report: dict) -> str:
     return "\n".join(lines)
 
 
-SUMMARY_HEADER = (
-    f"{'level':<10} {'compared':<44} {'tensors':>7} {'min cos':>10} {'min euc':>10} {'min SQNR':>10}  result"
+SUMMARY_HEADER = f"{'level':<10} {'compared':<44} {'tensors':>7} {'cos':>10} {'euc':>10} {'SQNR':>10}  result"
+SUMMARY_NOTE = (
+    "cos, euc, SQNR: the lowest of what decides each level (top: every tensor; tpu: the graph outputs and "
+    "their parts; chip: the outputs and parts); report.html shows the intermediate minimum"
 )
 
 
 def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
-    """One line per comparison in the given verify JSON files."""
+    """One line per comparison in the given verify JSON files, then one per output part of it."""
     lines = [SUMMARY_HEADER]
     for path in verify_jsons:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -604,13 +727,45 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
         if doc.get("stage") == "verify_chip":  # its Top and Tpu levels are the files before it in the list
             comparisons = [c for c in comparisons if c["level"] == "chip"]
         for comp in comparisons:
-            what = f"{comp['test']} vs {comp['ref']}"
-            lines.append(
-                f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(comp['min_cos'], 6):>10} "
-                f"{_num(comp['min_euc'], 6):>10} {_num(comp['min_sqnr'], 1, ' dB'):>10}  "
-                f"{'PASS' if comp['passed'] else 'FAIL'}"
-            )
+            lines.append(summary_row(comp))
+            lines += [summary_part_row(row) for row in comp.get("parts", ())]
     return lines
+
+
+def summary_row(comp: Mapping[str, Any]) -> str:
+    """A comparison's summary line: the figures of what decided it (compare.shown_cos), and its verdict."""
+    from tpubuild.verify.compare import shown_cos
+
+    what = f"{comp['test']} vs {comp['ref']}"
+    euc, sqnr = comp.get("decided_euc", comp["min_euc"]), comp.get("decided_sqnr", comp["min_sqnr"])
+    return (
+        f"{comp['level']:<10} {what:<44} {comp['compared']:>7} {_num(shown_cos(comp), 6):>10} "
+        f"{_num(euc, 6):>10} {_num(sqnr, 1, ' dB'):>10}  {'PASS' if comp['passed'] else 'FAIL'}"
+    )
+
+
+def summary_part_row(row: Mapping[str, Any]) -> str:
+    """A part's line under its comparison; a tiny part shows the max abs error that judged it."""
+    what = f"  part {row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
+    verdict = "PASS" if row["passed"] else "FAIL"
+    if row.get("rule") == "tiny":
+        from tpubuild.verify.parts import TINY_PART_MAX_STEPS
+
+        bound = TINY_PART_MAX_STEPS * row["step"]
+        return f"{'':<10} {what:<52} tiny part: max abs err {row['max_abs']:.3g} (at most {bound:.3g})  {verdict}"
+    return (
+        f"{'':<10} {what:<52} {_num(row['cos'], 6):>10} {_num(row['euc'], 6):>10} "
+        f"{_num(row['sqnr'], 1, ' dB'):>10}  {verdict}"
+    )
+
+
+def _test_input_source(verify_jsons: Sequence[str]) -> str | None:
+    """Where the test input came from, as verify_top.json records it."""
+    for path in verify_jsons:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if "test_input" in doc:
+            return doc["test_input"]
+    return None
 
 
 def _num(value, digits: int, unit: str = "") -> str:
@@ -621,6 +776,10 @@ def summarize(model: str, verify_jsons: Sequence[str], out_summary: str) -> None
     """Print the per-stage verification summary and keep it as summary.txt."""
     from tpubuild.build.files import write_text
 
-    text = "\n".join([f"verification summary: {model}"] + summary_lines(verify_jsons)) + "\n"
+    head = [f"verification summary: {model}"]
+    source = _test_input_source(verify_jsons)
+    if source:
+        head.append(f"test input: {source}")
+    text = "\n".join(head + summary_lines(verify_jsons) + [SUMMARY_NOTE]) + "\n"
     write_text(out_summary, text)
     print(text, end="")

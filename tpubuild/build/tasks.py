@@ -184,6 +184,8 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         kwargs["samples"] = {"data_files": files, "inputs": inputs, "count": count}
         file_dep += [Path(f) for f in files]
         config = {**config, "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count}}
+        if m.holds_back_test_sample:  # {"hold_back_test": calibration's count}: the test sample is its last (fetch.py)
+            kwargs["samples"]["hold_back_test"] = config["samples"]["hold_back_test"] = m.calibration.get("count")
     return _task(
         "fetch",
         m.name,
@@ -209,6 +211,14 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     if fetch_task:
         yield fetch_task
     inputs = [spec.config() for spec in m.inputs]
+    # without test_input, the test input is the calibration sample calibration holds back (calib/data.py):
+    # which one it is depends on every file of the glob (their order and sample counts) and on count
+    sample_files = _calibration_files(m, globs) if m.holds_back_test_sample else []
+    test_sample = (
+        {"data_files": sample_files, "inputs": inputs, "count": m.calibration.get("count")}
+        if m.holds_back_test_sample
+        else None
+    )
     yield _task(
         "transform",
         m.name,
@@ -221,10 +231,19 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "out_mlir": str(p.origin_mlir),
             "out_weights": str(p.origin_weights),
             "out_input": str(p.input_npz),
+            "test_sample": test_sample,
+            "out_source": str(p.input_source),
         },
-        file_dep=[src] + ([m.test_input] if m.test_input else []),
-        targets=[p.origin_mlir, p.origin_weights, p.input_npz],
-        config={"model": m.name, "inputs": inputs, "test_input": bool(m.test_input)},
+        file_dep=[src] + ([m.test_input] if m.test_input else []) + [Path(f) for f in sample_files],
+        targets=[p.origin_mlir, p.origin_weights, p.input_npz, p.input_source],
+        config={
+            "model": m.name,
+            "inputs": inputs,
+            "test_input": bool(m.test_input),
+            "test_sample": {"data": m.calibration["data"], "count": m.calibration.get("count")}
+            if test_sample
+            else None,
+        },
     )
     yield _task(
         "reference",
@@ -265,9 +284,11 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "out_origin_outs": str(p.origin_outs),
             "out_top_outs": str(p.top_outs),
             "out_json": str(p.verify_top),
+            "input_source": str(p.input_source),
         },
         file_dep=[
             src,
+            p.input_source,
             p.origin_mlir,
             p.origin_weights,
             p.canonical_mlir,
@@ -360,10 +381,15 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
             "out_tpu_outs": str(tp.tpu_outs),
             "out_tpu_raw": str(tp.tpu_raw),
             "out_json": str(tp.verify_tpu),
+            "outputs": m.outputs,
+            # INT8: the calibration thresholds give each output part its INT8 step (the tiny-part rule)
+            "cali_table": str(p.cali_table) if int8 else None,
+            "quantize_table": str(lower_table) if int8 and lower_table else None,
         },
-        file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs],
+        file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs]
+        + ([p.cali_table] if int8 else []),
         targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu],
-        config={"tolerance": tol},
+        config={"tolerance": tol, "outputs": m.outputs},
     )
     yield from _backend_tasks(m, p, name, tp, target)
 
@@ -395,6 +421,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
             "asymmetric": target.asymmetric,
             "options": options,
             "out_table": str(tp.qtable),
+            "hold_back_test": m.holds_back_test_sample,
             "count": cal.get("count"),
         },
         file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
@@ -402,6 +429,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
         config={
             "mixed_precision": options,
             "count": cal.get("count"),
+            "hold_back_test": {"count": cal.get("count")} if m.holds_back_test_sample else None,
             "inputs": inputs,
             "target": {"chip": target.chip, "asymmetric": target.asymmetric},
             "chip_modes": list(load_chip(target.chip).modes),
@@ -579,11 +607,21 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
             "out_mlir": str(p.cali_mlir),
             "out_table": str(p.cali_table),
             "searched": m.searched,
+            "hold_back_test": m.holds_back_test_sample,
         },
         file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
         targets=[p.cali_mlir, p.cali_table],
-        config={"calibration": cal, "inputs": inputs},
+        config={"calibration": cal, "inputs": inputs, "hold_back_test": m.holds_back_test_sample},
     )
+
+
+def _calibration_files(m: Manifest, globs: dict) -> list[str]:
+    """The files of the manifest's calibration glob, found once per task graph (models often share data)."""
+    from tpubuild.calib.files import find_names
+
+    key = (m.calibration["data"], str(m.file.parent))
+    files = globs[key] = globs[key] if key in globs else find_names(*key)
+    return files
 
 
 def broken_model_task(name: str, message: str) -> dict[str, Any]:

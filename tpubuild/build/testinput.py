@@ -1,4 +1,5 @@
-"""The test input every verification stage feeds: from the manifest or made up deterministically."""
+"""The test input every verification stage feeds: the manifest's ``test_input``, else a calibration sample that
+calibration holds back (calib/data.py, split_test_sample), else made up deterministically (uniform noise)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tpubuild.calib.data import HeldBack
 from tpubuild.calib.files import IMAGE_SUFFIXES
 from tpubuild.errors import TpuBuildError
 
@@ -84,11 +86,26 @@ def _from_image(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.
     return {spec["name"]: np.broadcast_to(chw, tuple(spec["shape"])).astype(spec.get("dtype", "float32"))}
 
 
-def make_inputs(model: str, specs: Sequence[Mapping[str, Any]], test_input: str | None) -> dict[str, np.ndarray]:
-    """The test input by input name: read from ``test_input`` (.npz or image) if given, else generated."""
+def make_inputs(
+    model: str, specs: Sequence[Mapping[str, Any]], test_input: str | None, held: HeldBack | None = None
+) -> dict[str, np.ndarray]:
+    """The test input by input name: read from ``test_input`` (.npz or image) if given, else the held-back
+    calibration sample ``held`` if any, else generated."""
     if test_input:
         path = Path(test_input)
         if path.suffix.lower() in IMAGE_SUFFIXES:
             return _from_image(path, specs)
         return _from_file(path, specs)
+    if held is not None:
+        sample = held.read()
+        return {spec["name"]: np.asarray(sample[spec["name"]]).astype(spec.get("dtype", "float32")) for spec in specs}
     return {spec["name"]: default_input(model, spec) for spec in specs}
+
+
+def describe_source(test_input: str | None, held: HeldBack | None = None) -> str:
+    """Where the test input comes from, in words (verify.json, the summary and report.html show it)."""
+    if test_input:
+        return f"test_input {Path(test_input).name} (from the manifest)"
+    if held is not None:
+        return held.describe()
+    return "generated: uniform noise in each input's range (no test_input, no calibration sample to hold back)"

@@ -12,12 +12,18 @@
   ``(x - mean) * scale`` (defaults 0 and 1).
 
 Files are taken in sorted order and at most ``count`` samples are produced.
+
+``split_test_sample(samples)`` sets one sample aside: the last of those ``count`` lets through, which a model
+without a ``test_input`` is verified on (docs/manifest.md, test_input); every reader of calibration
+samples (calibrate, the mixed-precision search, a prepare step on data) then reads the others only.
 """
 
 from __future__ import annotations
 
+import itertools
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +32,7 @@ import numpy as np
 from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
 from tpubuild.errors import TpuBuildError
 
-__all__ = ["InputSpec", "Samples", "find_files", "preprocess_image"]
+__all__ = ["HeldBack", "InputSpec", "Samples", "find_files", "split_test_sample", "preprocess_image"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,40 @@ class Samples:
                 yield from self._npz_samples(path)
             else:
                 yield from self._npy_samples(path)
+
+    # ---- where each sample is, without reading it ------------------------------
+
+    def locations(self) -> Iterator[tuple[str, tuple[Path, ...], int]]:
+        """(kind, files, index in the file) of every sample ``__iter__`` yields, in the same order and with the
+        same ``count``, from the files' headers only: "npz"/"npy" with one file, "images" with a batch."""
+        yield from itertools.islice(self._all_locations(), self.count)
+
+    def _all_locations(self) -> Iterator[tuple[str, tuple[Path, ...], int]]:
+        if not self.files:
+            next(self._all())  # its error: no data
+        pending: list[Path] = []
+        for path in self.files:
+            suffix = path.suffix.lower()
+            if suffix in IMAGE_SUFFIXES:
+                pending.append(path)
+                if len(pending) == self._image_input().shape[0]:
+                    yield ("images", tuple(pending), 0)
+                    pending = []
+            else:
+                kind = "npz" if suffix == ".npz" else "npy"
+                for i in range(_npz_count(path, self.inputs) if kind == "npz" else _npy_count(path, self.inputs)):
+                    yield (kind, (path,), i)
+
+    def read_at(self, location: tuple[str, tuple[Path, ...], int]) -> dict[str, np.ndarray]:
+        """The sample at one of ``locations()``: the same arrays ``__iter__`` yields there."""
+        kind, files, index = location
+        if kind == "images":
+            return self._image_sample(list(files))
+        samples = self._npz_samples(files[0]) if kind == "npz" else self._npy_samples(files[0])
+        for i, sample in enumerate(samples):
+            if i == index:
+                return sample
+        raise TpuBuildError(f"calibration data has no sample {index}", file=str(files[0]))
 
     # ---- arrays ---------------------------------------------------------------
 
@@ -148,14 +188,96 @@ class Samples:
         return {spec.name: batch.astype(spec.dtype)}
 
 
+def _stack_count(shape: Sequence[int], spec: InputSpec, path: Path) -> int:
+    """How many samples an array of ``shape`` holds (as _stacked, from the shape alone)."""
+    if tuple(shape) == spec.shape:
+        return 1
+    if tuple(shape[1:]) == spec.shape:
+        return int(shape[0])
+    raise _shape_error(shape, spec, path)
+
+
+def _npy_count(path: Path, inputs: Sequence[InputSpec]) -> int:
+    if len(inputs) != 1:
+        return len(list(Samples((path,), tuple(inputs))._npy_samples(path)))  # its error
+    try:
+        shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+    except (OSError, ValueError) as err:
+        raise TpuBuildError(f"cannot read calibration data: {err}", file=str(path)) from None
+    return _stack_count(shape, inputs[0], path)
+
+
+def _npz_count(path: Path, inputs: Sequence[InputSpec]) -> int:
+    """The samples an .npz holds, from its arrays' .npy headers (a compressed member is inflated only that far)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            shapes = {}
+            for member in z.namelist():
+                if member.endswith(".npy"):
+                    with z.open(member) as f:
+                        major, _ = np.lib.format.read_magic(f)
+                        read_header = (
+                            np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                        )
+                        shapes[member[:-4]] = read_header(f)[0]
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise TpuBuildError(f"cannot read calibration data: {err}", file=str(path)) from None
+    if len(inputs) == 1 and len(shapes) == 1 and inputs[0].name not in shapes:
+        shapes = {inputs[0].name: next(iter(shapes.values()))}
+    if any(s.name not in shapes for s in inputs):
+        return len(list(Samples((path,), tuple(inputs))._npz_samples(path)))  # its error
+    counts = {_stack_count(shapes[s.name], s, path) for s in inputs}
+    if len(counts) != 1:
+        return len(list(Samples((path,), tuple(inputs))._npz_samples(path)))  # its error
+    return counts.pop()
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """The calibration sample set aside for verification: where it is, and how to read it."""
+
+    samples: Samples
+    location: tuple[str, tuple[Path, ...], int]
+    used: int  # how many samples calibration reads (those before this one)
+
+    def read(self) -> dict[str, np.ndarray]:
+        return self.samples.read_at(self.location)
+
+    def describe(self) -> str:
+        """E.g. "calibration sample tree_4.jpg (held back: calibration reads the 31 samples before it)"."""
+        kind, files, index = self.location
+        what = ", ".join(f.name for f in files) + (f" [sample {index}]" if kind != "images" else "")
+        return f"calibration sample {what} (held back: calibration reads the {self.used} samples before it)"
+
+
+def split_test_sample(samples: Samples) -> tuple[Samples, HeldBack | None]:
+    """(the samples calibration reads, the one it holds back for verification's test input).
+
+    The held-back sample is the last of ``samples`` (sorted file order, after ``count``); the others are
+    ``samples`` with ``count`` one less, so a reader iterates them exactly as before, one sample short. With
+    one sample or none, nothing is held back (calibration needs it): ``(samples, None)``.
+    Locating the last sample reads the files' headers (and names), never the data of the others.
+    """
+    last, n = None, 0
+    for loc in samples.locations():
+        last, n = loc, n + 1
+    if n < 2 or last is None:
+        return samples, None
+    return replace(samples, count=n - 1), HeldBack(samples, last, n - 1)
+
+
 def _stacked(array: np.ndarray, spec: InputSpec, path: Path) -> np.ndarray:
     """The array as a stack of samples: (1, *shape) for one sample, or as is for (S, *shape)."""
     if tuple(array.shape) == spec.shape:
         return array[None]
     if tuple(array.shape[1:]) == spec.shape:
         return array
-    raise TpuBuildError(
-        f"calibration array for input {spec.name!r} has shape {list(array.shape)}; "
+    raise _shape_error(array.shape, spec, path)
+
+
+def _shape_error(shape: Sequence[int], spec: InputSpec, path: Path) -> TpuBuildError:
+    return TpuBuildError(
+        f"calibration array for input {spec.name!r} has shape {list(shape)}; "
         f"expected {list(spec.shape)} or [S, {', '.join(map(str, spec.shape))}] for S samples",
         file=str(path),
     )

@@ -10,16 +10,26 @@ tensor compared (TOP vs onnxruntime, as TPU-MLIR's model_transform), or only
 the graph outputs (Tpu vs Top, as TPU-MLIR's model_deploy without
 --compare_all), the other tensors still compared and reported. Then the outputs
 must all have been compared: an output without a counterpart fails.
+
+An output may have parts (slices along one axis: a Concat's inputs, or what the manifest declares;
+tpubuild/verify/parts.py): each part is compared on its own and decides as well, so that a small part
+cannot hide behind a large one. The report's ``decided_cos`` is the lowest cosine of what decided (the
+outputs and their parts judged by similarity; every tensor when every tensor decides); ``min_cos`` stays
+the lowest over every tensor compared, intermediate ones included (a cause to look for, not the verdict).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tpubuild.verify.similarity import Tolerance, similarity
+
+if TYPE_CHECKING:
+    from tpubuild.verify.parts import Part
 
 
 def pair_tensors(
@@ -53,11 +63,16 @@ def compare_tensors(
     test_outputs: Sequence[str] = (),
     ref_outputs: Sequence[str] = (),
     decide: str = "all",
+    parts: Mapping[str, Sequence[Part]] | None = None,
+    steps: Mapping[str, float] | None = None,
 ) -> dict:
     """A JSON-able report: per pair the metrics and label, plus minima and the verdict.
 
     ``decide``: "all" (every compared tensor must meet ``tol``) or "outputs" (every one
     of ``test_outputs`` must be compared and meet it; the rest is reported only).
+    ``parts``: by test tensor name, the parts of that tensor, each compared with the same
+    slice of its counterpart (``report["parts"]``) and deciding too; ``steps``: calibration
+    thresholds by TOP tensor name, for the tiny-part rule (parts.judge_part).
     """
     if decide not in ("all", "outputs"):
         raise ValueError(f"decide must be 'all' or 'outputs', not {decide!r}")
@@ -74,11 +89,16 @@ def compare_tensors(
     paired_test = {row["name"] for row in rows}
     paired_ref = {row.get("ref_name", row["name"]) for row in rows}
     compared = len(rows)
+    part_rows = _part_rows(test, ref, rows, parts or {}, tol, steps)
     if decide == "outputs":
         deciding = [row for row in rows if row["output"]]
         passed = bool(outputs) and outputs <= paired_test and all(row["passed"] for row in deciding)
     else:
+        deciding = rows
         passed = compared > 0 and all(row["passed"] for row in rows)
+    passed = passed and all(row["passed"] for row in part_rows)
+    # the cosine of what decided: a tiny part's cosine is noise, its max abs error decided
+    judged = deciding + [row for row in part_rows if row["rule"] == "similarity"]
     return {
         "tolerance": {"cos": tol.cos, "euc": tol.euc},
         "decided_by": "graph outputs" if decide == "outputs" else "every tensor",
@@ -88,10 +108,37 @@ def compare_tensors(
         "min_cos": _min([row["cos"] for row in rows]),
         "min_euc": _min([row["euc"] for row in rows]),
         "min_sqnr": _min([row["sqnr"] for row in rows]),
+        "decided_cos": _min([row["cos"] for row in judged]),
+        "decided_euc": _min([row["euc"] for row in judged]),
+        "decided_sqnr": _min([row["sqnr"] for row in judged]),
         "only_in_test": sorted(set(test) - paired_test),
         "only_in_ref": sorted(set(ref) - paired_ref),
         "tensors": rows,
+        "parts": part_rows,
     }
+
+
+def _part_rows(test, ref, rows: list[dict], parts: Mapping[str, Sequence[Part]], tol: Tolerance, steps) -> list[dict]:
+    """One row per part of a compared tensor: its slice of both sides, judged (parts.judge_part)."""
+    from tpubuild.verify.parts import judge_part, part_step
+
+    out = []
+    for row in rows:
+        t = row["name"]
+        r = row.get("ref_name", t)
+        for part in parts.get(t, ()):
+            a, b = part.slice(test[t]), part.slice(ref[r])
+            judged = judge_part(a, b, tol, part_step(part, steps))
+            out.append(
+                {"name": f"{r}[{part.name}]", "of": t, "shape": list(np.shape(a)), **part.to_dict(), **judged.to_dict()}
+            )
+    return out
+
+
+def shown_cos(comp: Mapping) -> float | str:
+    """The cosine a summary shows for a comparison: what decided it (``decided_cos``), else its minimum
+    (verify files written before parts existed)."""
+    return comp.get("decided_cos", comp.get("min_cos", math.nan))
 
 
 def jsonable(value):
@@ -103,6 +150,32 @@ def jsonable(value):
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     return value
+
+
+def failed_parts(report: dict) -> list[dict]:
+    """The parts that failed, lowest cosine first."""
+    failed = [row for row in report.get("parts", ()) if not row["passed"]]
+    return sorted(failed, key=lambda row: (row["cos"] == row["cos"], row["cos"]))
+
+
+def format_part(row: dict) -> str:
+    """A part's verdict in words: its slice, and the figures of the rule that judged it."""
+    where = f"{row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
+    if row.get("rule") == "tiny":
+        return (
+            f"{where}: {row['label']}, float values below one INT8 step ({row['step']:.3g}): max abs err "
+            f"{row['max_abs']:.3g} (at most {row['step'] * _tiny_steps():.3g})"
+        )
+    return (
+        f"{where}: {row['label']}, cos {row['cos']:.6f}, euc {row['euc']:.6f}, SQNR {row['sqnr']:.1f} dB, "
+        f"max abs err {row['max_abs']:.3g}"
+    )
+
+
+def _tiny_steps() -> float:
+    from tpubuild.verify.parts import TINY_PART_MAX_STEPS
+
+    return TINY_PART_MAX_STEPS
 
 
 def worst(report: dict, count: int = 5, *, outputs: bool = False) -> list[dict]:

@@ -166,7 +166,7 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
         row = Row(model, target, "not built")
     for doc in level_docs(p, target, failure):
         for comp in doc["comparisons"]:
-            cos = float(comp["min_cos"])
+            cos = float(comp.get("decided_cos", comp["min_cos"]))  # what decided, as the summary table
             level = comp["level"]
             row.min_cos[level] = min(cos, row.min_cos.get(level, cos))
             row.level_passed[level] = row.level_passed.get(level, True) and bool(comp["passed"])
@@ -209,13 +209,15 @@ def write_failure_page(build_dir: Path, model: str, target: str | None, failure:
     out = failure_page_path(p, target, failure[0])
     graphs = [g for g in (p.origin_mlir, p.canonical_mlir, tp.tpu_mlir if tp else None) if g and g.is_file()]
     infos = page.graph_infos([str(g) for g in graphs], p.root)
-    comparisons = [c for doc in level_docs(p, tp.root.name if tp else None, failure) for c in doc["comparisons"]]
+    docs = level_docs(p, tp.root.name if tp else None, failure)
+    comparisons = [c for doc in docs for c in doc["comparisons"]]
     data = page.PageData(
         model=model,
         target=tp.root.name if tp else "all targets",
         passed=False,
         levels=page.levels_of(comparisons, infos),
         failure=failure,
+        test_input=next((doc["test_input"] for doc in docs if "test_input" in doc), None),
     )
     write_text(out, page.render(data))
     return out
@@ -268,7 +270,8 @@ def render_index(rows: Sequence[Row]) -> str:
                 f"<style>{css}</style></head><body>",
                 "<h1>tpubuild zoo</h1>",
                 f'<p class="sub">{models} models, {len(rows)} targets: {counts["PASS"]} passed, {counts["FAIL"]} failed, '
-                f"{counts['not built']} not built. Similarities are the lowest cosine over each level's tensors; "
+                f"{counts['not built']} not built. Similarities are the lowest cosine of what decides each level "
+                "(ONNX vs Top: every tensor; Top vs Tpu and Tpu vs Chip: the graph outputs and their parts); "
                 "time and DDR traffic are the cycle model's estimates.</p>",
                 f'<table class="zoo">{head}{"".join(body)}</table>',
                 "</body></html>",

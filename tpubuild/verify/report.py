@@ -4,6 +4,10 @@ What it shows, from the files the build already wrote:
 
 - summary numbers: the cycle model's estimated time and cycles, DDR traffic,
   model file and weight sizes, engine utilisation (profile.json, the .model);
+- where the test input came from (verify.json's test_input);
+- per level the figures of what decided it (graph outputs and their parts for
+  Top vs Tpu) next to the intermediate minimum over every tensor, and the
+  output parts judged one by one;
 - per level (ONNX vs Top, Top vs Tpu, Tpu vs Chip) the per-tensor cosine,
   euclidean similarity and SQNR as charts in graph order, with the first
   tensor below tolerance (or, when all pass, the lowest one) named with its
@@ -146,6 +150,7 @@ class PageData:
     model_bytes: int | None = None
     weight_bytes: int | None = None
     failure: tuple[str, str] | None = None  # (stage, message) of a build that stopped
+    test_input: str | None = None  # where the test input came from (verify.json's test_input)
 
 
 _GROUPS_ATTR = "lg.groups = "
@@ -304,6 +309,7 @@ def target_page(
         target=target,
         passed=bool(doc["passed"]),
         levels=levels_of(doc["comparisons"], infos),
+        test_input=doc.get("test_input"),
         profile=json.loads(Path(profile_json).read_text(encoding="utf-8")),
         groups=read_groups(lg_mlir),
         lane_bytes=mf.header.chip.lane_bytes,
@@ -404,22 +410,64 @@ def summary_cards(d: PageData) -> str:
 
 
 def levels_table(levels: Sequence[Level]) -> str:
+    """One row per level: the figures of what decided it (the summary's), and the intermediate minimum (every
+    tensor compared, deciding or not), which is where to look for a cause."""
     head = (
-        "<tr><th>level</th><th>compared</th><th>tensors</th><th>tolerance cos / euc</th><th>min cos</th>"
-        "<th>min euc</th><th>min SQNR</th><th>below tolerance</th><th>result</th></tr>"
+        "<tr><th>level</th><th>compared</th><th>tensors</th><th>decided by</th><th>tolerance cos / euc</th>"
+        "<th>cos</th><th>euc</th><th>SQNR</th><th>intermediate minimum cos</th><th>below tolerance</th>"
+        "<th>result</th></tr>"
     )
     rows = []
     for lv in levels:
         c = lv.comp
         tol = c["tolerance"]
+        decided = e(c.get("decided_by", "every tensor"))
+        if c.get("parts"):
+            decided += f" and {len(c['parts'])} output parts"
         rows.append(
             f'<tr class="{"" if c["passed"] else "bad"}"><td>{e(lv.title)}</td>'
-            f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td>"
-            f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td><td class=num>{fmt(c['min_cos'])}</td>"
-            f"<td class=num>{fmt(c['min_euc'])}</td><td class=num>{fmt(c['min_sqnr'], 1)} dB</td>"
+            f"<td>{e(c['test'])} vs {e(c['ref'])}</td><td class=num>{c['compared']}</td><td>{decided}</td>"
+            f"<td class=num>{tol['cos']:g} / {tol['euc']:g}</td>"
+            f"<td class=num>{fmt(c.get('decided_cos', c['min_cos']))}</td>"
+            f"<td class=num>{fmt(c.get('decided_euc', c['min_euc']))}</td>"
+            f"<td class=num>{fmt(c.get('decided_sqnr', c['min_sqnr']), 1)} dB</td>"
+            f"<td class=num>{fmt(c['min_cos'])}</td>"
             f"<td class=num>{c['failed']}</td><td>{badge(bool(c['passed']))}</td></tr>"
         )
-    return f'<table class="levels">{head}{"".join(rows)}</table>'
+    note = (
+        "<p>cos, euc and SQNR are the lowest of what decides each level (the verdict); the intermediate "
+        "minimum is over every tensor compared, where a cause of a low figure shows first.</p>"
+    )
+    return f'<table class="levels">{head}{"".join(rows)}</table>{note}'
+
+
+def parts_table(lv: Level) -> str:
+    """The output parts a level judged one by one: slice, rule, figures and verdict."""
+    parts = lv.comp.get("parts") or []
+    if not parts:
+        return ""
+    head = (
+        "<tr><th>output part</th><th>axis</th><th>range</th><th>from</th><th>rule</th><th>label</th><th>cos</th>"
+        "<th>euc</th><th>SQNR dB</th><th>max abs err</th><th>float max |x|</th><th>INT8 step</th><th>result</th></tr>"
+    )
+    rows = []
+    for row in parts:
+        step = row.get("step")
+        origin = "manifest" if row.get("declared") else "Concat input " + ", ".join(row.get("sources") or [])
+        rows.append(
+            f'<tr class="{"" if row["passed"] else "bad"}"><td>{e(row["name"])}</td><td class=num>{row["axis"]}</td>'
+            f"<td class=num>{row['range'][0]}:{row['range'][1]}</td><td>{e(origin)}</td>"
+            f"<td>{e(row.get('rule', 'similarity'))}</td><td>{e(row['label'])}</td>"
+            f"<td class=num>{fmt(row['cos'])}</td><td class=num>{fmt(row['euc'])}</td>"
+            f"<td class=num>{fmt(row['sqnr'], 1)}</td><td class=num>{_f(row['max_abs']):.3g}</td>"
+            f"<td class=num>{_f(row.get('ref_max_abs', math.nan)):.3g}</td>"
+            f"<td class=num>{'' if step is None else f'{_f(step):.3g}'}</td><td>{badge(bool(row['passed']))}</td></tr>"
+        )
+    return (
+        f"<p>Output parts, each judged on its own ({len(parts)}): a tiny part (every float value below one INT8 "
+        "step of its calibrated scale) by its max abs error, every other by cos and euc.</p>"
+        f'<table class="parts">{head}{"".join(rows)}</table>'
+    )
 
 
 def _where(lv: Level, row: dict) -> str:
@@ -449,6 +497,16 @@ def first_failure(levels: Sequence[Level]) -> str:
     """
     notes = []
     for i, lv in enumerate(levels):
+        bad_parts = [r for r in lv.comp.get("parts", ()) if not r["passed"]]
+        if bad_parts:  # a part decides on its own: a whole output within tolerance does not excuse it
+            ident = "" if notes else ' id="first-failure"'
+            items = "".join(f"<li>{e(format_part(r))}</li>" for r in bad_parts)
+            notes.append(
+                f'<div class="callout"{ident}><b>Output parts below tolerance</b> '
+                f'(<a href="#level-{i}">{e(lv.title)}, {e(lv.comp["test"])} vs {e(lv.comp["ref"])}</a>; '
+                f"tolerance cos {lv.comp['tolerance']['cos']:g}, euc {lv.comp['tolerance']['euc']:g}):"
+                f"<ul>{items}</ul></div>"
+            )
         if lv.first_failed is None:
             continue
         row = lv.rows[lv.first_failed]
@@ -462,6 +520,7 @@ def first_failure(levels: Sequence[Level]) -> str:
             )
         )
         failed_outputs = [r["name"] for r in lv.rows if r.get("output") and not r["passed"]]
+        failed_outputs += [r["name"] for r in lv.comp.get("parts", ()) if not r["passed"]]
         if deciding and failed_outputs and lv.comp.get("decided_by") == "graph outputs":
             why = f" (the level fails on its graph outputs {', '.join(map(e, failed_outputs))})"
         ident = "" if notes else ' id="first-failure"'
@@ -482,6 +541,12 @@ def first_failure(levels: Sequence[Level]) -> str:
         f'<div class="callout ok" id="first-failure"><b>Every tensor is within tolerance</b> at every level. '
         f"Lowest cosine ({e(lv.title)}): {_where(lv, row)}; {_metrics(row)}</div>"
     )
+
+
+def format_part(row: dict) -> str:
+    from tpubuild.verify.compare import format_part as text
+
+    return text(row)
 
 
 def tensor_table(lv: Level) -> str:
@@ -529,6 +594,7 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
         parts.append(f"<details><summary>chart</summary>{chart}</details>" if fold else chart)
     else:
         parts.append("<p>No tensor in common: nothing was compared.</p>")
+    parts.append(parts_table(lv))
     for key, what in (("only_in_test", "only in the tested graph"), ("only_in_ref", "only in the reference")):
         if c.get(key):
             count = len(c[key])
@@ -620,6 +686,7 @@ def render(d: PageData) -> str:
         f"<style>{CSS}</style></head><body>",
         f"<h1>{e(d.model)} · {e(d.target)} {status}</h1>",
         f'<p class="sub">tpubuild verification and performance report{chip_line}</p>',
+        f'<p class="test-input">Test input: {e(d.test_input)}</p>' if d.test_input else "",
         summary_cards(d),
         failure,
         '<h2 id="similarity">Similarity</h2>',

@@ -1,0 +1,294 @@
+"""Output parts judged one by one (tpubuild/verify/parts.py): a small part cannot hide behind a large one.
+
+The model: a detector-like head whose output is Concat(box coordinates up to about 300, 18 sigmoid class
+scores) on axis 1. With its scores destroyed (the Concat quantized to one INT8 scale, the boxes', as the
+lowering did before its float fallback for such Concats) the whole output keeps a cosine above 0.99 and
+verification must still fail, on the scores part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpubuild.build import stages
+from tpubuild.errors import TpuBuildError
+from tpubuild.verify.compare import compare_tensors
+from tpubuild.verify.parts import TINY_PART_MAX_STEPS, Part, concat_parts, declared_parts, judge_part
+from tpubuild.verify.similarity import Tolerance
+
+INT8_TOL = {"cos": 0.90, "euc": 0.80}
+BOXES, SCORES, ANCHORS, CH = 4, 18, 64, 8
+SPECS = [{"name": "x", "shape": [1, CH, 1, ANCHORS], "dtype": "float32", "range": [0.0, 1.0]}]
+
+
+def detector_onnx(path: Path) -> None:
+    """x (1, 8, 1, 64) in [0, 1) -> Concat(boxes = conv(x) in 0..~300, scores = sigmoid(conv(x))) on axis 1,
+    then a Relu (an op the parts are found through)."""
+    rng = np.random.default_rng(11)
+    wb = rng.uniform(10, 65, (BOXES, CH, 1, 1)).astype(np.float32)
+    ws = (rng.standard_normal((SCORES, CH, 1, 1)) * 2).astype(np.float32)
+    bs = rng.uniform(-2, 0, SCORES).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "wb"], ["boxes"], name="boxes"),
+        helper.make_node("Conv", ["x", "ws", "bs"], ["logits"], name="logits"),
+        helper.make_node("Sigmoid", ["logits"], ["scores"], name="scores"),
+        helper.make_node("Concat", ["boxes", "scores"], ["cat"], name="cat", axis=1),
+        helper.make_node("Relu", ["cat"], ["output0"], name="output0"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CH, 1, ANCHORS])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, BOXES + SCORES, 1, ANCHORS])],
+        initializer=[numpy_helper.from_array(a, n) for n, a in (("wb", wb), ("ws", ws), ("bs", bs))],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    """The model through transform (on a held-back calibration sample), verify_top and calibrate."""
+    d = tmp_path_factory.mktemp("parts")
+    detector_onnx(d / "m.onnx")
+    rng = np.random.default_rng(2)
+    for i in range(4):
+        np.savez(d / f"cal{i}.npz", x=rng.uniform(0, 1, (4, 1, CH, 1, ANCHORS)).astype(np.float32))
+    p = {k: str(d / k) for k in ("origin.mlir", "ow.npz", "input.npz", "input.json", "onnx.npz", "canonical.mlir")}
+    p.update({k: str(d / k) for k in ("cw.npz", "oo.npz", "top.npz", "vt.json", "cali.mlir", "cali_table")})
+    files = [str(d / f"cal{i}.npz") for i in range(4)]
+    sample = {"data_files": files, "inputs": SPECS, "count": None}
+    stages.transform(
+        str(d / "m.onnx"), SPECS, "m", None, p["origin.mlir"], p["ow.npz"], p["input.npz"], sample, p["input.json"]
+    )
+    stages.reference(str(d / "m.onnx"), p["input.npz"], p["onnx.npz"])
+    stages.canonicalize(p["origin.mlir"], p["ow.npz"], p["canonical.mlir"], p["cw.npz"])
+    stages.verify_top(
+        "m",
+        str(d / "m.onnx"),
+        p["origin.mlir"],
+        p["canonical.mlir"],
+        p["input.npz"],
+        p["onnx.npz"],
+        {"cos": 0.99999, "euc": 0.999},
+        p["oo.npz"],
+        p["top.npz"],
+        p["vt.json"],
+        input_source=p["input.json"],
+    )
+    stages.calibrate(
+        "m", p["canonical.mlir"], SPECS, files, None, "max", None, p["cali.mlir"], p["cali_table"], hold_back_test=True
+    )
+    return d, p
+
+
+def lower_and_verify(detector, tag: str, outputs=None, **lowering):
+    d, p = detector
+    tpu, w = str(d / f"{tag}_tpu.mlir"), str(d / f"{tag}_w.npz")
+    stages.lower("m", p["cali.mlir"], p["cali_table"], None, "bm1684x", "INT8", False, tpu, w)
+    out = {k: str(d / f"{tag}_{k}") for k in ("outs.npz", "raw.npz", "v.json")}
+    try:
+        stages.verify_tpu(
+            "m",
+            "bm1684x-INT8",
+            tpu,
+            p["canonical.mlir"],
+            p["input.npz"],
+            p["top.npz"],
+            INT8_TOL,
+            out["outs.npz"],
+            out["raw.npz"],
+            out["v.json"],
+            outputs=outputs,
+            cali_table=p["cali_table"],
+        )
+    except TpuBuildError as err:
+        kept = Path(out["v.json"]).with_suffix(".failed.json")
+        if not kept.is_file():  # not a comparison that failed: a problem with the parts themselves
+            raise
+        return err, json.loads(kept.read_text())["comparisons"][0]
+    return None, json.loads(Path(out["v.json"]).read_text())["comparisons"][0]
+
+
+def test_concat_parts_found_through_an_elementwise_op(detector):
+    from tpubuild.ir.mlir import load_module
+
+    _, p = detector
+    parts = concat_parts(load_module(p["canonical.mlir"]))
+    assert parts == {
+        "output0": [
+            Part("boxes", 1, 0, BOXES, ("boxes",)),
+            Part("scores", 1, BOXES, BOXES + SCORES, ("scores",)),
+        ]
+    }
+
+
+def test_default_lowering_passes_part_by_part(detector):
+    err, comp = lower_and_verify(detector, "ok")
+    assert err is None and comp["passed"]
+    parts = {row["part"]: row for row in comp["parts"]}
+    assert set(parts) == {"boxes", "scores"} and all(r["passed"] and r["rule"] == "similarity" for r in parts.values())
+    # what decided: the lowest cosine of the output and its parts
+    deciding = [r["cos"] for r in comp["tensors"] if r["output"]] + [r["cos"] for r in comp["parts"]]
+    assert comp["decided_cos"] == min(deciding)
+
+
+def test_destroyed_scores_fail_although_the_whole_output_is_similar(detector, monkeypatch):
+    """One INT8 scale for the whole Concat (the boxes'): every score rounds to 0 or one step of 2.4."""
+    from tpubuild.lower import int8
+
+    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    err, comp = lower_and_verify(detector, "destroyed")
+    (whole,) = [r for r in comp["tensors"] if r["output"]]
+    assert whole["cos"] > 0.99 and whole["passed"], whole  # one cosine over the output would PASS
+    parts = {row["part"]: row for row in comp["parts"]}
+    assert parts["boxes"]["passed"] and not parts["scores"]["passed"], parts
+    assert parts["scores"]["rule"] == "similarity", parts["scores"]
+    assert err is not None and not comp["passed"]
+    message = str(err)
+    assert "output0[scores]" in message and "part" in message
+    # the hint points at what fixes the model before any tolerance
+    hint = message[message.index("hint") :]
+    assert "mixed_precision" in hint and hint.index("mixed_precision") < hint.index("tolerance")
+    assert comp["decided_cos"] == parts["scores"]["cos"] < comp["tensors"][0]["cos"] + 1  # the summary's figure
+
+
+def test_manifest_parts_win_over_the_concat(detector, monkeypatch):
+    from tpubuild.lower import int8
+
+    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    outputs = {"output0": {"parts": {"xy": {"axis": 1, "range": [0, 2]}, "cls": {"axis": -3, "range": [4, 22]}}}}
+    err, comp = lower_and_verify(detector, "declared", outputs)
+    assert [(r["part"], r["range"], r["declared"]) for r in comp["parts"]] == [
+        ("xy", [0, 2], True),
+        ("cls", [4, 22], True),
+    ]
+    assert comp["parts"][1]["sources"] == ["scores"] and not comp["parts"][1]["passed"] and err is not None
+    with pytest.raises(TpuBuildError, match="range"):
+        lower_and_verify(detector, "bad", {"output0": {"parts": {"cls": {"axis": 1, "range": [4, 23]}}}})
+    with pytest.raises(TpuBuildError, match="no graph output 'nope'"):
+        lower_and_verify(detector, "bad2", {"nope": {"parts": {"a": {"axis": 1, "range": [0, 1]}}}})
+
+
+def test_the_test_input_is_the_held_back_sample(detector):
+    d, p = detector
+    from tpubuild.build.files import read_npz
+
+    last = np.load(d / "cal3.npz")["x"][-1]
+    np.testing.assert_array_equal(read_npz(p["input.npz"])["x"], last)
+    source = json.loads(Path(p["vt.json"]).read_text())["test_input"]
+    assert source.startswith("calibration sample cal3.npz [sample 3]") and "the 15 samples before it" in source
+
+
+# ---- the rule for a tiny part, and compare's bookkeeping ------------------------------------------------
+
+
+def test_tiny_part_is_judged_by_its_max_abs_error_in_int8_steps():
+    tol = Tolerance(0.9, 0.8)
+    step = 1.0 / 127  # a sigmoid calibrated at 1.0
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(0, 0.004, 200)  # nothing to detect: every score below one step
+    rounded = np.round(ref / step) * step  # what INT8 holds: 0 or one step
+    assert judge_part(rounded, ref, tol, step).sim.cos < 0.9  # the cosine is noise
+    ok = judge_part(rounded, ref, tol, step)
+    assert ok.rule == "tiny" and ok.passed and ok.to_dict()["label"] == "TINY OK"
+    false_detection = rounded.copy()
+    false_detection[7] = 0.5
+    bad = judge_part(false_detection, ref, tol, step)
+    assert bad.rule == "tiny" and not bad.passed and bad.to_dict()["label"] == "TINY NOT OK"
+    edge = ref + TINY_PART_MAX_STEPS * step * 0.999
+    assert judge_part(edge, ref, tol, step).passed
+    # a part with values above one step, or without a calibrated scale, is judged by cos and euc
+    assert judge_part(rounded, ref + 0.5, tol, step).rule == "similarity"
+    assert judge_part(rounded, ref, tol, None).rule == "similarity" and not judge_part(rounded, ref, tol, None).passed
+
+
+def test_compare_judges_parts_and_reports_what_decided():
+    rng = np.random.default_rng(3)
+    boxes = rng.uniform(0, 300, (1, 4, 50))
+    scores = rng.uniform(0, 1, (1, 18, 50))
+    ref = np.concatenate([boxes, scores], axis=1)
+    test = np.concatenate([boxes, np.zeros_like(scores)], axis=1)
+    inner_ref = rng.standard_normal(100)
+    parts = {"out": [Part("boxes", 1, 0, 4, ("b",)), Part("scores", 1, 4, 22, ("s",))]}
+    tol = Tolerance(0.9, 0.8)
+    args = dict(test_outputs=["out"], ref_outputs=["out"], decide="outputs")
+    report = compare_tensors({"out": test, "inner": -inner_ref}, {"out": ref, "inner": inner_ref}, tol, **args)
+    assert report["passed"] and report["min_cos"] < 0 and report["decided_cos"] > 0.99  # intermediate vs decided
+    report = compare_tensors({"out": test}, {"out": ref}, tol, parts=parts, steps={"b": 300.0, "s": 1.0}, **args)
+    assert not report["passed"] and report["tensors"][0]["passed"] and report["tensors"][0]["cos"] > 0.99
+    assert [r["passed"] for r in report["parts"]] == [True, False] and report["decided_cos"] == 0.0
+    # a tiny part's cosine is not what decided: it is left out of decided_cos
+    small = np.concatenate([boxes, scores * 0.001], axis=1)
+    report = compare_tensors({"out": boxes_only(small)}, {"out": small}, tol, parts=parts, steps={"s": 1.0}, **args)
+    assert report["passed"] and report["parts"][1]["rule"] == "tiny"
+    assert report["decided_cos"] == min(report["tensors"][0]["cos"], report["parts"][0]["cos"])
+
+
+def boxes_only(a: np.ndarray) -> np.ndarray:
+    out = a.copy()
+    out[:, 4:] = 0
+    return out
+
+
+def test_declared_parts_take_sources_from_the_concat_they_overlap():
+    auto = {"y": [Part("a", 1, 0, 4, ("a",)), Part("b", 1, 4, 10, ("b",))]}
+    got = declared_parts({"y": {"parts": {"p": {"axis": 1, "range": [3, 6]}}}}, {"y": (1, 10)}, auto)
+    assert got == {"y": [Part("p", 1, 3, 6, ("a", "b"), declared=True)]}
+
+
+def test_summary_shows_what_decided(tmp_path):
+    """The summary's Tpu cosine is the deciding outputs' and parts' minimum, not an intermediate tensor's."""
+    from tpubuild.build.progress import _min_cos
+
+    comp = {
+        "level": "tpu",
+        "test": "t/tpu.mlir",
+        "ref": "top_outs.npz",
+        "compared": 30,
+        "passed": True,
+        "min_cos": 0.438,
+        "min_euc": 0.1,
+        "min_sqnr": 1.0,
+        "decided_cos": 0.991,
+        "decided_euc": 0.95,
+        "decided_sqnr": 20.0,
+        "parts": [
+            {"name": "y[s]", "of": "y", "part": "s", "axis": 1, "range": [4, 22], "rule": "similarity",
+             "cos": 0.991, "euc": 0.95, "sqnr": 20.0, "max_abs": 0.01, "passed": True},
+            {"name": "y[t]", "of": "y", "part": "t", "axis": 1, "range": [22, 23], "rule": "tiny", "step": 0.0078,
+             "cos": 0.2, "euc": -1.0, "sqnr": 0.0, "max_abs": 0.008, "passed": True},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "verify_tpu.json"
+    path.write_text(json.dumps({"stage": "verify_tpu", "comparisons": [comp]}))
+    lines = stages.summary_lines([str(path)])
+    assert "0.991000" in lines[1] and "0.438" not in lines[1] and lines[1].endswith("PASS")
+    assert "y[s]" in lines[2] and "0.991000" in lines[2]
+    assert "y[t]" in lines[3] and "tiny part: max abs err 0.008" in lines[3]
+    assert _min_cos([comp], "tpu") == 0.991
+    # a verify file from before parts: its minimum
+    assert _min_cos([{"level": "tpu", "min_cos": 0.5}], "tpu") == 0.5
+
+
+def test_report_page_shows_parts_and_what_decided(detector, monkeypatch):
+    """report.html (here a failure page's levels): the failing part called out at the top, a parts table,
+    the deciding cosine next to the intermediate minimum, and the test input's source."""
+    from tpubuild.lower import int8
+    from tpubuild.verify import report
+
+    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    _, comp = lower_and_verify(detector, "page")
+    data = report.PageData("m", "bm1684x-INT8", False, report.levels_of([comp], {}), test_input="calibration sample s")
+    page = report.render(data)
+    callout = page[page.index('id="first-failure"') :]
+    assert callout.index("Output parts below tolerance") < callout.index("output0[scores]") < 2000
+    assert page.count('<table class="parts">') == 1 and "intermediate minimum cos" in page
+    assert f"<td class=num>{report.fmt(comp['decided_cos'])}</td>" in page
+    assert "Test input: calibration sample s" in page

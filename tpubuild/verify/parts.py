@@ -1,0 +1,260 @@
+"""Parts of a graph output, judged one by one: what a user reads of an output is often several things at once.
+
+A detector's output is often ``Concat(boxes, class scores)`` along one axis: box coordinates up to
+hundreds of pixels next to sigmoid scores below 1. One cosine over the whole tensor is the boxes'
+cosine: scores that INT8 destroyed (quantized with the boxes' scale, say) move it by less than 0.01.
+So verification judges each part of such an output on its own, as well as the whole:
+
+- automatic parts: an output produced by a ``top.Concat`` (possibly through ops that keep its shape,
+  such as an activation or a cast) has one part per Concat input, its slice along the Concat axis;
+  nested Concats on the same axis are flattened (their inputs are the parts);
+- declared parts: the manifest's ``outputs: {<output>: {parts: {<part>: {axis, range: [start, stop]}}}}``
+  (docs/manifest.md); an output with declared parts uses those and no automatic ones.
+
+A part whose float values are all tiny is judged by its largest absolute error, not its cosine
+(``judge_part``): an image with nothing to detect has class scores near zero in float, and the cosine
+between those and INT8's zeros and single steps is noise, not a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpubuild.errors import TpuBuildError
+from tpubuild.verify.similarity import Similarity, Tolerance, similarity
+
+# The tiny-part rule (docs/manifest.md, "Output parts"). A part is tiny when every float (reference) value
+# is below one INT8 step of its calibrated scale, step = T / 127 with T the largest calibration threshold
+# of the tensors the part comes from; it then passes when its largest absolute error is at most
+# TINY_PART_MAX_STEPS such steps (the error rounding to the nearest step and the layers before it can make,
+# far below any decision threshold: 4 steps of a sigmoid's [0, 1] range is 0.031).
+INT8_STEPS = 127
+TINY_PART_MAX_STEPS = 4.0
+
+_CONCAT = "top.Concat"
+# The ops an output is read through back to its Concat: element by element, so that a slice of their output
+# is the same slice of their input (with one activation operand of the same shape; weights may broadcast).
+# A whitelist: a Reshape or Permute may keep the shape and still move elements between the parts.
+_ELEMENTWISE = frozenset(
+    f"top.{n}"
+    for n in [
+        "Identity",
+        "Cast",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Clip",
+        "LeakyRelu",
+        "PRelu",
+        "Elu",
+        "Celu",
+        "HardSigmoid",
+        "HardSwish",
+        "SiLU",
+        "Swish",
+        "GELU",
+        "Mish",
+        "Softplus",
+        "Softsign",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Abs",
+        "Reciprocal",
+        "Round",
+        "Floor",
+        "Ceil",
+        "Erf",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Max",
+        "Min",
+        "Pow",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A slice ``[start, stop)`` along ``axis`` of one graph output, named; ``sources``: the TOP tensors it
+    comes from (the Concat inputs it covers), whose calibration thresholds give its INT8 scale."""
+
+    name: str
+    axis: int
+    start: int
+    stop: int
+    sources: tuple[str, ...] = ()
+    declared: bool = False  # from the manifest (else found in the graph)
+
+    def slice(self, array: np.ndarray) -> np.ndarray:
+        index = [slice(None)] * np.ndim(array)
+        index[self.axis] = slice(self.start, self.stop)
+        return np.asarray(array)[tuple(index)]
+
+    def to_dict(self) -> dict:
+        return {
+            "part": self.name,
+            "axis": self.axis,
+            "range": [self.start, self.stop],
+            "sources": list(self.sources),
+            "declared": self.declared,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Part:
+        return cls(
+            d["part"],
+            int(d["axis"]),
+            int(d["range"][0]),
+            int(d["range"][1]),
+            tuple(d.get("sources", ())),
+            bool(d.get("declared", False)),
+        )
+
+
+def _producer_through_shape_keepers(value):
+    """The op that makes ``value``, looking through ops with one non-weight operand of the same shape."""
+    from tpubuild.ir.base import TensorOp, is_none, tensor_shape
+    from tpubuild.ir.top import WeightOp
+
+    seen = 0
+    while seen < 64:  # a chain of activations and casts is short; a cycle cannot happen in SSA
+        seen += 1
+        op = value.owner
+        if not isinstance(op, TensorOp) or op.name not in _ELEMENTWISE:
+            return op
+        acts = [v for v in op.operands if not is_none(v) and not isinstance(v.owner, WeightOp)]
+        if len(op.results) != 1 or len(acts) != 1 or tensor_shape(acts[0]) != tensor_shape(value):
+            return op
+        value = acts[0]
+    return value.owner
+
+
+def _concat_inputs(op, axis: int) -> list:
+    """The Concat's inputs along ``axis``, nested Concats on the same axis flattened."""
+    from tpubuild.ir.base import tensor_shape
+
+    out = []
+    for v in op.operands:
+        inner = v.owner
+        if getattr(inner, "name", None) == _CONCAT:
+            rank = len(tensor_shape(v))
+            if inner.params.axis % rank == axis:
+                out += _concat_inputs(inner, axis)
+                continue
+        out.append(v)
+    return out
+
+
+def concat_parts(module) -> dict[str, list[Part]]:
+    """Each graph output made by a Concat (through shape-keeping ops): one part per Concat input."""
+    from tpubuild.ir.base import tensor_shape
+    from tpubuild.ir.mlir import return_op, value_name
+
+    parts: dict[str, list[Part]] = {}
+    for value in return_op(module).operands:
+        op = _producer_through_shape_keepers(value)
+        if getattr(op, "name", None) != _CONCAT:
+            continue
+        rank = len(tensor_shape(value))
+        axis = op.params.axis % rank
+        inputs = _concat_inputs(op, axis)
+        if len(inputs) < 2:
+            continue
+        start, found = 0, []
+        for v in inputs:
+            size = tensor_shape(v)[axis]
+            name = value_name(v)
+            found.append(Part(name, axis, start, start + size, (name,)))
+            start += size
+        parts[value_name(value)] = found
+    return parts
+
+
+def declared_parts(
+    outputs: Mapping[str, Mapping] | None, shapes: Mapping[str, Sequence[int]], auto: Mapping[str, Sequence[Part]]
+) -> dict[str, list[Part]]:
+    """The manifest's ``outputs`` parts, checked against the outputs' shapes (``shapes``, by TOP output name).
+
+    A declared part's sources are the automatic parts it overlaps (their Concat inputs), if any.
+    """
+    out: dict[str, list[Part]] = {}
+    for output, spec in (outputs or {}).items():
+        where = f"outputs.{output}"
+        if output not in shapes:
+            raise TpuBuildError(
+                f"{where}: the model has no graph output {output!r} (its outputs: {sorted(shapes)})",
+                hint="key `outputs` by the ONNX graph output names",
+            )
+        shape = list(shapes[output])
+        found = []
+        for name, p in (spec.get("parts") or {}).items():
+            axis = int(p["axis"])
+            rank = len(shape)
+            if not -rank <= axis < rank:
+                raise TpuBuildError(f"{where}.parts.{name}: axis {axis} is outside the output's {rank} dimensions")
+            axis %= rank
+            start, stop = (int(v) for v in p["range"])
+            if not 0 <= start < stop <= shape[axis]:
+                raise TpuBuildError(
+                    f"{where}.parts.{name}: range [{start}, {stop}] is not within the output's axis {axis} "
+                    f"of size {shape[axis]}",
+                    hint="range is [start, stop) with 0 <= start < stop <= the axis size",
+                )
+            sources = tuple(
+                s
+                for a in auto.get(output, ())
+                if a.axis == axis and a.start < stop and start < a.stop
+                for s in a.sources
+            )
+            found.append(Part(name, axis, start, stop, sources, declared=True))
+        out[output] = found
+    return out
+
+
+def output_parts(module, outputs: Mapping[str, Mapping] | None, shapes: Mapping[str, Sequence[int]]):
+    """The parts of every graph output of the TOP ``module``: declared ones win over automatic ones."""
+    auto = concat_parts(module)
+    declared = declared_parts(outputs, shapes, auto)
+    return {**{k: v for k, v in auto.items() if k not in declared}, **{k: v for k, v in declared.items() if v}}
+
+
+@dataclass(frozen=True)
+class PartJudgement:
+    sim: Similarity
+    passed: bool
+    rule: str  # "similarity" or "tiny"
+    step: float | None  # the part's INT8 step (calibrated threshold / 127), when known
+    ref_max: float
+
+    def to_dict(self) -> dict:
+        d = self.sim.to_dict()
+        d.update(passed=self.passed, rule=self.rule, step=self.step, ref_max_abs=self.ref_max)
+        if self.rule == "tiny":
+            d["label"] = "TINY OK" if self.passed else "TINY NOT OK"
+        return d
+
+
+def part_step(part: Part, thresholds: Mapping[str, float] | None) -> float | None:
+    """One INT8 step of the part's calibrated scale: the largest threshold of its sources over 127."""
+    known = [float(thresholds[s]) for s in part.sources if thresholds and s in thresholds]
+    known = [t for t in known if math.isfinite(t) and t > 0]
+    return max(known) / INT8_STEPS if known else None
+
+
+def judge_part(test: np.ndarray, ref: np.ndarray, tol: Tolerance, step: float | None) -> PartJudgement:
+    """A part's metrics and verdict: cos/euc as any tensor, except a tiny part (every |float value| below
+    one INT8 ``step`` of its calibrated scale), which passes when its max abs error is at most
+    TINY_PART_MAX_STEPS steps. Without a known step (float targets, no calibration), cos/euc decide."""
+    sim = similarity(test, ref, tol)
+    ref_max = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
+    if step is not None and sim.label != "NOT MATCH" and ref_max < step:
+        passed = sim.label in ("EQUAL", "CLOSE") or sim.max_abs <= TINY_PART_MAX_STEPS * step
+        return PartJudgement(sim, passed, "tiny", step, ref_max)
+    return PartJudgement(sim, sim.passed, "similarity", step, ref_max)
