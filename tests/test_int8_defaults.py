@@ -22,7 +22,8 @@ from tpubuild.calib import calibrate as cal
 from tpubuild.calib.calibrate import apply_table, calibrate, held_back, validation_samples
 from tpubuild.frontend import convert_onnx
 from tpubuild.lower import search as search_module
-from tpubuild.lower.search import SearchConfig, output_parts, part_cosines, search
+from tpubuild.lower.search import SearchConfig, part_cosines, search
+from tpubuild.verify.parts import Part, concat_parts
 from tpubuild.top.canonicalize import canonicalize
 
 BM1684X = load_chip("bm1684x")
@@ -126,23 +127,25 @@ class Detector:
 
 def test_a_concat_output_is_judged_part_by_part(make_model, tmp_path, monkeypatch):
     det = Detector(make_model, tmp_path)
-    assert output_parts(det.module) == [[(1, 0, 4), (1, 4, 10)]]
+    assert [(p.axis, p.start, p.stop) for p in concat_parts(det.module)["out"]] == [(1, 0, 4), (1, 4, 10)]
     found = det.search()
     assert found.int8_score < 0.9  # the scores part is destroyed...
     assert found.reached and found.chosen  # ...and the search keeps what it needs in float
     # judged as one tensor, the coordinates' norm hides the scores: INT8 alone looks fine and nothing is kept
-    monkeypatch.setattr(search_module, "output_parts", lambda module: [[]])
+    monkeypatch.setattr(search_module, "concat_parts", lambda module: {})
     blind = det.search()
     assert blind.int8_score > 0.99 and not blind.chosen
 
 
-def test_a_part_without_signal_is_not_judged_by_its_noise():
-    ref = np.concatenate([np.full((1, 4, 5), 300.0), np.full((1, 2, 5), 1e-4)], axis=1)
+def test_a_part_below_one_int8_step_is_not_judged_by_its_noise():
+    parts = [Part("boxes", 1, 0, 4, ("boxes",)), Part("scores", 1, 4, 6, ("scores",))]
+    thresholds = {"boxes": 320.0, "scores": 1.0}  # one step of the scores: 1/127
+    ref = np.concatenate([np.full((1, 4, 5), 300.0), np.full((1, 2, 5), 1e-3)], axis=1)
     test = ref.copy()
-    test[:, 4:] = -1e-4  # opposite sign: cosine -1, but well below one INT8 step of any useful scale
-    assert part_cosines(test, ref, [(1, 0, 4), (1, 4, 6)]) == [pytest.approx(1.0)]
-    test[:, :4] *= -1
-    assert part_cosines(test, ref, [(1, 0, 4), (1, 4, 6)]) == [pytest.approx(-1.0)]
+    test[:, 4:] = -1e-3  # opposite sign: cosine -1, but a fraction of one step
+    assert part_cosines(test, ref, parts, thresholds) == [pytest.approx(1.0)]
+    ref[:, 4:] = 0.5  # the same part with signal is judged, and fails
+    assert part_cosines(test, ref, parts, thresholds)[1] == pytest.approx(-1.0)
 
 
 def test_a_manifest_without_tuning_fields_gets_the_default_path(tmp_path):

@@ -63,13 +63,13 @@ from tpubuild.build.chips import Chip
 from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
-from tpubuild.ir.top import ConcatOp, InputOp, PermuteOp, WeightOp
-from tpubuild.ir.types import shape_of
+from tpubuild.ir.top import InputOp, WeightOp
 from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
 from tpubuild.top.inference import Memo, Plan
+from tpubuild.verify.parts import Part, concat_parts, part_step
 from tpubuild.verify.similarity import cosine
 
 
@@ -126,48 +126,19 @@ def _is_quantized(value: SSAValue) -> bool:
     return QType.of(_elem(value)) is not None
 
 
-# A part counts in a sample's score when its largest |value| in float is at least this share of its output's:
-# the class scores of an image with nothing to detect sit near 0 beside box coordinates in pixels, and their
-# cosine is one of rounding noise, which no quantize table can (or needs to) improve
-PART_SIGNAL = 1e-3
-
-Part = tuple[int, int, int]  # (axis, start, stop) of a graph output
-
-
-def output_parts(module: ModuleOp) -> list[list[Part]]:
-    """Per graph output, the parts a Concat makes of it (each input's slice along its axis, through a
-    Permute after it), or [] where no Concat made it: box coordinates in pixels next to class scores in [0, 1]
-    must each be judged, or the coordinates' norm hides the scores."""
-    found = []
-    for value in mlir.return_op(module).operands:
-        op, perm = value.owner, None
-        if isinstance(op, PermuteOp) and isinstance(op.operands[0].owner, ConcatOp):
-            perm, op = op.params.order, op.operands[0].owner
-        parts: list[Part] = []
-        if isinstance(op, ConcatOp) and len(op.operands) > 1:
-            shapes = [shape_of(v.type) for v in op.operands]
-            axis = op.params.axis % len(shapes[0])
-            out_axis = list(perm).index(axis) if perm is not None else axis
-            start = 0
-            for shape in shapes:
-                parts.append((out_axis, start, start + shape[axis]))
-                start += shape[axis]
-        found.append(parts)
-    return found
-
-
-def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part]) -> list[float]:
-    """The cosine of ``test`` against ``ref`` whole, or of each part with signal (PART_SIGNAL) where it has parts."""
+def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part], thresholds: Mapping[str, float]) -> list:
+    """The cosine of ``test`` against ``ref`` whole, or of each of its ``parts`` but those verification judges by
+    their error in INT8 steps (all of their float values below one step: tpubuild/verify/parts.py), whose
+    cosine is one of rounding noise that no quantize table can (or needs to) improve."""
     if not parts:
         return [cosine(test, ref)]
-    peak = float(np.max(np.abs(ref))) if ref.size else 0.0
     found = []
-    for axis, start, stop in parts:
-        index = (slice(None),) * axis + (slice(start, stop),)
-        t, r = test[index], ref[index]
-        if r.size and float(np.max(np.abs(r))) >= PART_SIGNAL * peak:
-            found.append(cosine(t, r))
-    return found or [cosine(test, ref)]
+    for part in parts:
+        r = part.slice(ref)
+        step = part_step(part, thresholds)
+        if r.size and (step is None or float(np.max(np.abs(r))) >= step):
+            found.append(cosine(part.slice(test), r))
+    return found
 
 
 class Evaluator:
@@ -195,7 +166,9 @@ class Evaluator:
         self._plan: Plan | None = None
         self.lowerings = 0
         self.memo = Memo(self.samples)
-        self.parts = output_parts(module)
+        by_output = concat_parts(module)
+        self.parts = [by_output.get(name, []) for name in mlir.output_names(module)]
+        self.thresholds = {name: entry.threshold for name, entry in cali.items()}
 
     def ref(self, i: int) -> list[np.ndarray]:
         if i not in self.refs:
@@ -220,14 +193,17 @@ class Evaluator:
         return lw, tpu_module, tpu_weights
 
     def sample_score(self, tpu_module: ModuleOp, tpu_weights: WeightStore, i: int) -> float:
-        """Sample i's lowest cosine of any output, or of any part of an output a Concat made (output_parts)."""
+        """Sample i's lowest cosine of any output, or of any part of an output a Concat made (part_cosines)."""
         names = mlir.output_names(tpu_module)
         types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
         out = self.memo.run(tpu_module, tpu_weights, i)
         return min(
-            c
-            for n, t, r, parts in zip(names, types, self.ref(i), self.parts, strict=True)
-            for c in part_cosines(dequantize(out[n], t), r, parts)
+            (
+                c
+                for n, t, r, parts in zip(names, types, self.ref(i), self.parts, strict=True)
+                for c in part_cosines(dequantize(out[n], t), r, parts, self.thresholds)
+            ),
+            default=1.0,  # every output a set of tiny parts: nothing a table could improve
         )
 
     def per_sample(

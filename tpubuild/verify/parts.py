@@ -6,7 +6,8 @@ cosine: scores that INT8 destroyed (quantized with the boxes' scale, say) move i
 So verification judges each part of such an output on its own, as well as the whole:
 
 - automatic parts: an output produced by a ``top.Concat`` (possibly through ops that keep its shape,
-  such as an activation or a cast) has one part per Concat input, its slice along the Concat axis;
+  such as an activation or a cast, and one transpose) has one part per Concat input, its slice along the
+  Concat axis (where the transpose moved it);
   nested Concats on the same axis are flattened (their inputs are the parts);
 - declared parts: the manifest's ``outputs: {<output>: {parts: {<part>: {axis, range: [start, stop]}}}}``
   (docs/manifest.md); an output with declared parts uses those and no automatic ones.
@@ -36,6 +37,7 @@ INT8_STEPS = 127
 TINY_PART_MAX_STEPS = 4.0
 
 _CONCAT = "top.Concat"
+_PERMUTE = "top.Permute"
 # The ops an output is read through back to its Concat: element by element, so that a slice of their output
 # is the same slice of their input (with one activation operand of the same shape; weights may broadcast).
 # A whitelist: a Reshape or Permute may keep the shape and still move elements between the parts.
@@ -159,7 +161,10 @@ def concat_parts(module) -> dict[str, list[Part]]:
 
     parts: dict[str, list[Part]] = {}
     for value in return_op(module).operands:
-        op = _producer_through_shape_keepers(value)
+        op, order = _producer_through_shape_keepers(value), None
+        if getattr(op, "name", None) == _PERMUTE:  # a detection head's (1, 4 + classes, anchors) transposed
+            order = list(op.params.order)
+            op = _producer_through_shape_keepers(op.operands[0])
         if getattr(op, "name", None) != _CONCAT:
             continue
         rank = len(tensor_shape(value))
@@ -167,11 +172,12 @@ def concat_parts(module) -> dict[str, list[Part]]:
         inputs = _concat_inputs(op, axis)
         if len(inputs) < 2:
             continue
+        out_axis = order.index(axis) if order is not None else axis
         start, found = 0, []
         for v in inputs:
             size = tensor_shape(v)[axis]
             name = value_name(v)
-            found.append(Part(name, axis, start, start + size, (name,)))
+            found.append(Part(name, out_axis, start, start + size, (name,)))
             start += size
         parts[value_name(value)] = found
     return parts
