@@ -6,9 +6,7 @@ operand in turn is fake-quantized at each of its candidates (the other
 operands stay float), the op's kernel runs again, and the squared error of
 its results against the float results is accumulated, relative to their
 energy. A tensor's score for a candidate is the sum over its consumers (and,
-for a graph output, over itself); the widest candidate scoring within
-``NEAR_BEST`` of the lowest wins (on unseen inputs a wider range is the safer
-of two that tie on the tuning samples).
+for a graph output, over itself); the lowest wins, the first listed on a tie.
 
 This is TPU-MLIR's tuning step (which tries 10 thresholds between KL's and
 the max) with the candidates of every method instead, and streaming: memory
@@ -110,18 +108,5 @@ def tune(
         score = np.zeros(len(cands))
         for key, errs in err.get(name, {}).items():
             score += errs / max(energy[key], 1e-30)
-        chosen[name] = _widest_near_best(cands, score)
+        chosen[name] = float(cands[int(np.argmin(score))])
     return chosen
-
-
-# A candidate whose error is within this factor of the best one's is as good on the tuning samples, and the
-# widest such range is the safer one on inputs tuning never saw: a clip point fitted to a few samples cuts
-# whatever goes beyond them, while a slightly wider step costs every input the same small amount
-NEAR_BEST = 1.25
-
-
-def _widest_near_best(candidates: Sequence[float], score: np.ndarray) -> float:
-    """The largest candidate scoring within NEAR_BEST of the lowest score (the lowest itself on exact ties)."""
-    best = float(np.min(score))
-    near = [c for c, s in zip(candidates, score, strict=True) if s <= best * NEAR_BEST]
-    return float(max(near))
