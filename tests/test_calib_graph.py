@@ -107,7 +107,7 @@ def test_method_change_reruns_only_calibration(zoo):
     ran = executed(run.stdout)
     assert {"calibrate:q", "lower:q/bm1684x-INT8"} <= ran  # new thresholds: INT8 lowering again
     # the INT8 target's stages from lowering on, and nothing of the F32 target, earlier stages or model r
-    int8_stages = ("lower", "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report")
+    int8_stages = ("search", "lower", "verify_tpu", "layergroup", "assign", "codegen", "run", "verify_chip", "report")
     assert ran <= {"calibrate:q", "compile:q"} | {f"{s}:q/bm1684x-INT8" for s in int8_stages}, ran
     assert (zoo.build / "q" / "cali_table").read_text() != before
     assert executed(zoo.doit("compile").stdout) == set()

@@ -271,6 +271,8 @@ def search_qtable(
     from tpubuild.lower.search import SearchConfig, format_result, search
     from tpubuild.top.inference import kept_outputs, weights_for
 
+    import dataclasses
+
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
     # the samples calibration reads: without the held-back test sample when there is one (it is their last)
@@ -278,6 +280,9 @@ def search_qtable(
     # judged on the samples calibration held back for validation, when the set is large enough to spare some
     samples = validation_samples(every)
     pool = f"the {len(samples)} calibration samples held back from the statistics"
+    if samples and "samples" not in options:
+        # every one of them: a table scored on the few where INT8 alone is worst can leave another below target
+        config = dataclasses.replace(config, samples=len(samples))
     if not samples:
         samples = list(itertools.islice(iter(every), max(config.pool, config.samples)))
         pool = f"the first {len(samples)} calibration samples (too few to hold any back)"
