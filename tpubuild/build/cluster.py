@@ -108,6 +108,14 @@ class Session:
         info = self.client.scheduler_info()
         return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
 
+    def warm_up(self) -> None:
+        """Each worker imports the stage modules now, while the first stages' inputs are made (as idle doit
+        processes do, dispatch._serve): a module's first import in a process costs seconds."""
+        from tpubuild.build.stages import import_stage_modules
+
+        with contextlib.suppress(Exception):  # only a speed-up
+            self.client.run(import_stage_modules, wait=False)
+
     def digest(self, path: str) -> str:
         from tpubuild.build.cache import file_digest
 
@@ -244,7 +252,10 @@ class DaskRunner(MThreadRunner):
         except TpuBuildError as err:
             print(f"tpubuild: error: {err}", file=sys.stderr)
             return ERROR
-        self.num_process = max(self.num_process, self.session.threads())
+        # twice the worker threads: a worker that finishes a stage finds the next one queued at the scheduler while
+        # the client restores the last one's targets
+        self.num_process = max(self.num_process, 2 * self.session.threads())
+        self.session.warm_up()
         try:
             return super().run_all(task_dispatcher)  # its finally saves the DB of every finished task
         except SchedulerLost as err:
@@ -333,8 +344,8 @@ def work(request: Mapping[str, Any]) -> dict[str, Any]:
     """Run one stage on a Dask worker (the function the client submits): refuse another compiler version, fetch
     the inputs by content key into a scratch folder, run, store the targets in the cache under the client's key.
 
-    Returns {"stdout": text, "files": [...]} or {"error": message, "kept": {client path: text}}; paths in both
-    are the client's. A stage's own error is an answer, not an exception: Dask retries only lost workers.
+    Returns {"stdout": text, "seconds": the stage's run time} or {"error": message, "kept": {client path: text}};
+    paths in both are the client's. A stage's own error is an answer, not an exception: Dask retries only lost workers.
     """
     from tpubuild.build.version import compiler_version
 
@@ -366,6 +377,7 @@ def _work_in(request: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
         Path(here.path(target)).parent.mkdir(parents=True, exist_ok=True)
     kwargs = here.map(request["kwargs"])
     _debug_delay(task_id)
+    t0 = time.perf_counter()
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), _processes_here():
@@ -382,7 +394,7 @@ def _work_in(request: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
     cache.store(request["key"], task_id, targets, stdout)
     for target in targets:  # the next stage on this worker reads them without a download
         _keep_local(target)
-    return {"stdout": stdout}
+    return {"stdout": stdout, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 class _Mirror:
