@@ -53,7 +53,15 @@ def scheduler_address() -> str | None:
 # -- the client ------------------------------------------------------------------------------
 
 
-def connect(address: str, timeout: float = CONNECT_TIMEOUT):
+def connect_timeout() -> float:
+    """Seconds to reach the scheduler: TPUBUILD_SCHEDULER_TIMEOUT, else CONNECT_TIMEOUT."""
+    try:
+        return float(os.environ.get("TPUBUILD_SCHEDULER_TIMEOUT") or CONNECT_TIMEOUT)
+    except ValueError:
+        return CONNECT_TIMEOUT
+
+
+def connect(address: str, timeout: float | None = None):
     """A distributed.Client of the scheduler at ``address``; a TpuBuildError saying what to do if it is not there."""
     try:
         from distributed import Client
@@ -63,7 +71,7 @@ def connect(address: str, timeout: float = CONNECT_TIMEOUT):
             hint="pip install 'tpubuild[cluster]'",
         ) from None
     try:
-        return Client(address, timeout=timeout, set_as_default=False)
+        return Client(address, timeout=connect_timeout() if timeout is None else timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as err:
         raise TpuBuildError(
             f"cannot reach the Dask scheduler at {address} ({type(err).__name__}: {err})".replace("\n", " "),
@@ -391,6 +399,7 @@ def _work_in(request: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
         return {"error": here.back(str(err.with_context(model=model, stage=stage))), "kept": kept}
     targets = [here.path(t) for t in request["targets"]]
     stdout = here.back(out.getvalue())
+    _debug_delay(f"store:{task_id}")  # (tests kill a worker here: outputs made, none stored)
     cache.store(request["key"], task_id, targets, stdout)
     for target in targets:  # the next stage on this worker reads them without a download
         _keep_local(target)
