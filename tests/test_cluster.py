@@ -182,10 +182,10 @@ def test_cluster_build_on_s3_gives_the_local_bytes(manifest, local_build, s3, tm
         assert again.returncode == 0, again.stdout + again.stderr
         assert "14 ran (14 restored from the artifact cache)" in again.stdout
         assert artifacts(tmp_path / "again") == local
-    # each worker worked in its own folder, and left no stage's scratch behind
-    folders = sorted(p for p in (tmp_path / "workers").rglob("tpubuild") if p.is_dir())
-    assert len(folders) == 2
-    assert all(sorted(q.name for q in f.iterdir()) == ["blobs"] for f in folders)
+        # each worker worked in its own folder (removed with the cluster), and left no stage's scratch behind
+        folders = sorted(p for p in (tmp_path / "workers").rglob("tpubuild") if p.is_dir())
+        assert len(folders) == 2
+        assert all(sorted(q.name for q in f.iterdir()) == ["blobs"] for f in folders)
 
 
 def _processing(client, prefix: str) -> str | None:
@@ -248,6 +248,7 @@ def test_worker_of_another_compiler_version_is_refused(manifest, tmp_path):
     theirs = subprocess.run(
         [sys.executable, "-c", "from tpubuild.build.version import compiler_version as v; print(v())"],
         env=env,
+        cwd=tmp_path,  # not the checkout: python -c puts the current folder first on the path
         capture_output=True,
         text=True,
         check=True,

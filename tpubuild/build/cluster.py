@@ -121,8 +121,11 @@ class Session:
         processes do, dispatch._serve): a module's first import in a process costs seconds."""
         from tpubuild.build.stages import import_stage_modules
 
-        with contextlib.suppress(Exception):  # only a speed-up
-            self.client.run(import_stage_modules, wait=False)
+        def run() -> None:
+            with contextlib.suppress(Exception):  # only a speed-up
+                self.client.run(import_stage_modules)
+
+        threading.Thread(target=run, name="tpubuild-warm-up", daemon=True).start()
 
     def digest(self, path: str) -> str:
         from tpubuild.build.cache import file_digest
