@@ -214,20 +214,20 @@ def test_worker_killed_mid_stage_still_gives_the_local_bytes(manifest, local_bui
     the stage again on a worker, the build ends with the local bytes, and the cache holds no partial entry."""
     cache = tmp_path / "cache"
     stage = "lower:demo_cnn/bm1684x-INT8"
-    with local_cluster(tmp_path / "workers", TPUBUILD_DEBUG_DELAY=f"store:{stage}=4") as cluster:
-        with distributed.Client(cluster) as client:
-            build = tmp_path / "build"
-            cmd = compile_cmd(manifest, build, "--scheduler", cluster.scheduler_address, "--cache", f"file://{cache}")
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-            try:
-                address = _wait_for(lambda: _processing(client, stage), proc=proc)
-                time.sleep(1.0)  # in the delay after the stage ran, before the store
-                pid = client.run(os.getpid, workers=[address])[address]
-                os.kill(pid, signal.SIGKILL)
-                out, err = proc.communicate(timeout=300)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+    delay = {"TPUBUILD_DEBUG_DELAY": f"store:{stage}=4"}
+    with local_cluster(tmp_path / "workers", **delay) as cluster, distributed.Client(cluster) as client:
+        build = tmp_path / "build"
+        cmd = compile_cmd(manifest, build, "--scheduler", cluster.scheduler_address, "--cache", f"file://{cache}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            address = _wait_for(lambda: _processing(client, stage), proc=proc)
+            time.sleep(1.0)  # in the delay after the stage ran, before the store
+            pid = client.run(os.getpid, workers=[address])[address]
+            os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode == 0, out + err
     assert artifacts(build) == local_build[0]
     for meta in cache.glob("??/*/meta.json"):  # every entry complete
@@ -325,7 +325,7 @@ def test_scheduler_gone_stops_the_build_with_one_error_and_keeps_finished_tasks(
         cluster.close()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert err.count("tpubuild: error: lost the Dask scheduler") == 1, err
+    assert err.count("tpubuild: error: lost the Dask scheduler") == 1, out + err
     assert "Traceback" not in out + err
     with sqlite3.connect(build / ".doit.db") as db:
         done = {row[0] for row in db.execute("SELECT task_id FROM doit")}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import multiprocessing
 import os
 import shutil
@@ -70,6 +71,8 @@ def connect(address: str, timeout: float | None = None):
             f"a build on the scheduler {address} needs dask and distributed",
             hint="pip install 'tpubuild[cluster]'",
         ) from None
+    # the build's own error says the scheduler went away; distributed's log line about it would be a second one
+    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     try:
         return Client(address, timeout=connect_timeout() if timeout is None else timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as err:
@@ -201,19 +204,15 @@ class Session:
 
     def _submit(self, task_id: str, key: str, request: dict, priority: int) -> dict:
         """``work(request)`` on the cluster (the scheduler reruns it elsewhere if its worker dies)."""
-        from distributed import CancelledError
-
         try:
             future = self.client.submit(work, request, key=f"{task_id}-{key[:12]}", pure=False, priority=priority)
             try:
                 return future.result()
             finally:
                 future.release()
-        except (CancelledError, OSError, TimeoutError) as err:
-            if self.client.status not in ("running", "connecting"):
+        except Exception as err:  # distributed's own types vary by version: judged by the client's state
+            if getattr(err, "reason", None) == "scheduler-connection-lost" or self.client.status != "running":
                 raise SchedulerLost(self._lost_message(err)) from None
-            raise
-        except Exception as err:
             if type(err).__name__ == "KilledWorker":  # a stage that took several workers down with it
                 raise TpuBuildError(
                     f"{task_id}: the Dask workers running it died {err}",
