@@ -187,7 +187,10 @@ class UrlCache:
         if self.local:  # whole or not at all: a reader checks the digest, but a rename is cheap
             tmp = f"{dst}.{uuid.uuid4().hex}.tmp"
             self.fs.makedirs(self._path("blobs", sha[:2]), exist_ok=True)
-            self.fs.put_file(str(path), tmp)
+            try:
+                os.link(path, tmp)  # a stage's fresh target: never written again (stages publish by rename)
+            except OSError:
+                self.fs.put_file(str(path), tmp)
             os.replace(tmp, dst)
         else:
             self.fs.put_file(str(path), dst)
