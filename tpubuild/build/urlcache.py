@@ -202,7 +202,13 @@ class UrlCache:
         src = self._path(source) if source else self.blob_path(sha)
         tmp = f"{dest}.{uuid.uuid4().hex}.tmp"
         try:
-            self.fs.get_file(src, tmp)
+            try:
+                self.fs.get_file(src, tmp)
+            except FileNotFoundError:
+                if not source:
+                    raise
+                src = self.blob_path(sha)  # the entry was pruned: its stage stored each file as a blob too
+                self.fs.get_file(src, tmp)
         except FileNotFoundError:
             raise TpuBuildError(
                 f"the artifact cache {self.url} has no file {sha[:12]} ({src})",
