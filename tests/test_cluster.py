@@ -351,3 +351,22 @@ def test_loading_the_graph_imports_no_dask(tmp_path, manifest):
         }
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_files_named_in_options_travel_with_the_inputs(tmp_path):
+    """A float target's lower reads the user's quantize table through its options only (its config holds the
+    digest): the client ships every existing file the options name, once, besides the inputs and targets."""
+    from tpubuild.build.cluster import _named_files
+
+    table, mlir = tmp_path / "user.qtable", tmp_path / "canonical.mlir"
+    table.write_text("x F32\n", encoding="utf-8")
+    mlir.write_text("", encoding="utf-8")
+    options = {
+        "in_mlir": str(mlir),
+        "quantize_table": str(table),
+        "tables": [str(table)],
+        "search_dir": str(tmp_path),
+        "out_mlir": str(tmp_path / "tpu.mlir"),
+        "mode": "F32",
+    }
+    assert _named_files(options, {str(mlir), str(tmp_path / "tpu.mlir")}) == [str(table)]

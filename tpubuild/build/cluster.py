@@ -182,7 +182,7 @@ class Session:
             "key": key,
             "compiler": self.compiler,
             "cache": self.cache.url,
-            "inputs": [self.location(p) for p in inputs],
+            "inputs": [self.location(p) for p in [*inputs, *_named_files(kwargs, {*inputs, *targets})]],
         }
         answer = self._submit(task_id, key, request, priority)
         for path, text in answer.get("kept", {}).items():  # a failed comparison's page, for the reports
@@ -229,6 +229,20 @@ class Session:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # a scheduler already gone: nothing left to close cleanly
             self.client.close(timeout=2)
+
+
+def _named_files(value: Any, known: set[str]) -> list[str]:
+    """Existing files the stage's options name besides its inputs and targets (a user's quantize table is in a
+    float target's config by digest, not in its file_dep): the worker gets them too, as cache.stage_key keys them
+    by content."""
+    if isinstance(value, Mapping):
+        return [f for v in value.values() for f in _named_files(v, known)]
+    if isinstance(value, (list, tuple)):
+        return [f for v in value for f in _named_files(v, known)]
+    if isinstance(value, str) and value not in known and os.path.isabs(value) and os.path.isfile(value):
+        known.add(value)
+        return [value]
+    return []
 
 
 def _clear(spec: Mapping[str, Any]) -> None:
