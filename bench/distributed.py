@@ -20,6 +20,7 @@ The compiler is imported from this checkout; the temp folders are removed at the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import os
 import shutil
@@ -234,7 +235,9 @@ def _run_no_stages(manifests: Path, build: Path) -> tuple[int, int]:
         """The no-op stages."""
         yield from (dict(t) for t in tasks)
 
-    code = DoitMain(ModuleTaskLoader({"DOIT_CONFIG": config, "task_tpubuild": task_tpubuild})).run(["run", "compile"])
+    main = DoitMain(ModuleTaskLoader({"DOIT_CONFIG": config, "task_tpubuild": task_tpubuild}))
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # a table of every synthetic target
+        code = main.run(["run", "compile"])
     return sum(1 for t in tasks if t.get("actions")), code
 
 
