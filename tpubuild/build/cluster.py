@@ -314,7 +314,7 @@ class DaskRunner(MThreadRunner):
         result: dict[str, Any] = {"name": task.name}
         action = task.actions[0] if len(task.actions) == 1 else None
         call = getattr(action, "py_callable", None)
-        args = list(getattr(action, "args", ()))
+        args: list[Any] = list(getattr(action, "args", ()))
         if call is not run_stage or len(args) < 4 or not (args[3] or {}).get("targets"):
             with self.inline:
                 failure = task.execute(self.stream)
@@ -516,12 +516,3 @@ def _worker_name() -> str:
         return f"{worker.address} (pid {os.getpid()})"
     except (ImportError, ValueError):
         return f"pid {os.getpid()}"
-
-
-def wait_for_workers(client, count: int, timeout: float = 60.0) -> None:
-    """Block until ``count`` workers are connected (tests, bench)."""
-    deadline = time.monotonic() + timeout
-    while len(client.scheduler_info().get("workers", {})) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{count} Dask workers did not connect within {timeout:.0f} s")
-        time.sleep(0.1)
