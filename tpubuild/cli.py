@@ -19,6 +19,10 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 def cmd_compile(args: argparse.Namespace) -> int:
     from tpubuild.build.runner import run_doit
 
+    if args.cache:
+        os.environ["TPUBUILD_ARTIFACT_CACHE"] = args.cache
+    if args.scheduler:
+        os.environ["TPUBUILD_SCHEDULER"] = args.scheduler
     return run_doit(args.manifests, args.build_dir, ["run", "-n", str(args.jobs), "compile"])
 
 
@@ -96,6 +100,13 @@ def cmd_ops(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from tpubuild.build.cache import ArtifactCache, cache_root, format_bytes
 
+    from tpubuild.build.cache import cache_url
+
+    if cache_url():
+        raise TpuBuildError(
+            f"`tpubuild cache` reads a cache folder; {cache_url()} is a URL",
+            hint="use the store's own tools (aws s3 ls/rm) for a cache at a URL",
+        )
     root = cache_root()
     if root is None:
         print("the artifact cache is off (TPUBUILD_CACHE or TPUBUILD_ARTIFACT_CACHE is 'off')")
@@ -156,6 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifests", nargs="+", metavar="MANIFEST.yaml", help="manifest files, folders or globs")
     p.add_argument("--build-dir", default="build", help="build tree and doit DB (default: ./build)")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N tasks in parallel")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=os.environ.get("TPUBUILD_SCHEDULER"),
+        help="run the stages on this Dask cluster (tcp://host:8786; default: $TPUBUILD_SCHEDULER); "
+        "the artifacts travel through the artifact cache (docs/distributed.md)",
+    )
+    p.add_argument(
+        "--cache",
+        metavar="URL",
+        help="the artifact cache: a folder, file:// or s3://bucket/prefix, which every worker must reach "
+        "(default: $TPUBUILD_ARTIFACT_CACHE)",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("infer", help="reference inference of a stage file (.mlir)")

@@ -26,6 +26,8 @@ write into a restored file. meta.json's mtime is the entry's last use (LRU).
 
 Location: $TPUBUILD_ARTIFACT_CACHE, else $TPUBUILD_CACHE/artifacts, else
 ~/.cache/tpubuild/artifacts. Either variable set to "off" disables the cache.
+$TPUBUILD_ARTIFACT_CACHE may also be a URL (s3://bucket/prefix, file:///path):
+the same entries through fsspec (urlcache.py), which cluster builds share.
 
 Size: at most $TPUBUILD_CACHE_MAX_SIZE (default 10G; 0 = no limit), kept as
 ccache keeps its own: entries fall into 16 groups by their key's first hex digit,
@@ -93,6 +95,12 @@ def cache_root() -> Path | None:
     if base and base.lower() == OFF:
         return None
     return Path(base or Path.home() / ".cache" / "tpubuild") / "artifacts"
+
+
+def cache_url() -> str | None:
+    """$TPUBUILD_ARTIFACT_CACHE when it is a URL (s3://bucket/prefix, file:///path; urlcache.py), else None."""
+    own = os.environ.get("TPUBUILD_ARTIFACT_CACHE") or ""
+    return own if "://" in own else None
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -174,7 +182,13 @@ class ArtifactCache:
         self.root = Path(root)
 
     @classmethod
-    def from_env(cls) -> "ArtifactCache | None":
+    def from_env(cls) -> Any:
+        """The cache the environment names: this class for a folder, urlcache.UrlCache for a URL; None if off."""
+        url = cache_url()
+        if url is not None:
+            from tpubuild.build.urlcache import UrlCache
+
+            return UrlCache(url)
         root = cache_root()
         return cls(root) if root else None
 
@@ -400,10 +414,23 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _check_meta(meta: Any, key: str) -> str | None:
+    """Why ``meta`` is not the meta.json of entry ``key`` (None: it is)."""
+    if (
+        not isinstance(meta, dict)
+        or meta.get("format") != FORMAT
+        or meta.get("key") != key
+        or not isinstance(meta.get("files"), list)
+    ):
+        return "meta.json does not describe this entry"
+    return None
+
+
 def _check(path: Path, meta: Mapping[str, Any], key: str) -> str | None:
     """Why the entry at ``path`` cannot be used (None: intact)."""
-    if meta.get("format") != FORMAT or meta.get("key") != key or not isinstance(meta.get("files"), list):
-        return "meta.json does not describe this entry"
+    problem = _check_meta(meta, key)
+    if problem:
+        return problem
     for i, f in enumerate(meta["files"]):
         member = path / str(i)
         try:

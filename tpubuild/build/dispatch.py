@@ -91,7 +91,8 @@ class _Tagged:
 
 
 def _serve(runner: MRunner, jobs, results, index: int, reporter_class, idle: bool) -> None:
-    if idle:  # no task for it yet: it imports what the stages will (stages.STAGE_MODULES)
+    # no task for it yet: it imports what the stages will (stages.STAGE_MODULES); not a cluster build's client thread
+    if idle and getattr(runner, "warms_up", True):
         from tpubuild.build.stages import import_stage_modules
 
         import_stage_modules()

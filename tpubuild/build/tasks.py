@@ -710,10 +710,17 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
     verify stages' dot products, calibration statistics) while they spin between calls: on a busy 2-core
     machine, ppocr_mobile_v2_cls's INT8 flow took 17 s of CPU with two threads, 9 s with one. And doit's
     dispatcher takes ready tasks by priority, each process with its own queue of them (DISPATCH, dispatch.py).
+    With TPUBUILD_SCHEDULER set, doit's runner hands every stage that must run to that Dask cluster (cluster.py).
     """
     for var in BLAS_THREAD_VARS:
         os.environ.setdefault(var, "1")
     dispatch.install()
+    if os.environ.get("TPUBUILD_SCHEDULER") or "tpubuild.build.cluster" in sys.modules:
+        # stages run on a Dask cluster (cluster.py), or again locally after a cluster build in this process;
+        # the module imports no dask until a build starts
+        from tpubuild.build import cluster
+
+        cluster.install(bool(os.environ.get("TPUBUILD_SCHEDULER")))
     # Python's cyclic GC at its defaults collects the young generation every 700 new objects and all of them
     # every 70,000: a stage building an xDSL module makes millions, and each full collection walks every live
     # object of the process (the imported compiler, the modules kept for the next stage). At 10,000 the

@@ -1,0 +1,241 @@
+"""The artifact cache at an fsspec URL: a path (NFS), file://, or s3://bucket/prefix (any S3-compatible store).
+
+The same entries as the folder cache (cache.py), so a local build and a cluster build sharing a cache hit each
+other's: <root>/<key[:2]>/<key>/meta.json with the targets as 0, 1, ... by position. Beside them, raw files by
+their sha256, <root>/blobs/<sha[:2]>/<sha>: the sources a cluster build's client uploads for its workers
+(a manifest's .onnx, calibration data) and the files workers fetch by content key (docs/distributed.md).
+
+What makes an entry visible is its meta.json. On a local file system an entry is written in <root>/tmp/ and
+renamed into place, as cache.py does; on an object store (no rename) the members are uploaded first and
+meta.json last, each object put whole, so a reader never sees an entry whose files are not all there, and a
+writer killed midway leaves members without a meta.json, which no lookup reads (the next store overwrites them).
+Every file read from the cache is checked against its sha256; an entry that does not match is reported,
+dropped and rebuilt, as the folder cache does.
+
+The endpoint of s3:// is the standard AWS_ENDPOINT_URL when it is set (moto, MinIO, Ceph); credentials come
+from the usual AWS variables or files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tpubuild.build.cache import FORMAT, Entry, _check_meta, file_digest
+from tpubuild.errors import TpuBuildError
+
+_META = "meta.json"
+
+
+def is_url(text: str) -> bool:
+    """True for 'scheme://...' (file:// included); a plain path is not a URL."""
+    return "://" in text
+
+
+def open_fs(url: str):
+    """(fsspec file system, root path inside it) for ``url``; s3:// gets AWS_ENDPOINT_URL as its endpoint."""
+    try:
+        import fsspec
+    except ImportError:
+        raise TpuBuildError(
+            f"the artifact cache {url} is a URL, which needs fsspec",
+            hint="pip install 'tpubuild[cluster]' (fsspec, s3fs, dask, distributed)",
+        ) from None
+    protocol = url.split("://", 1)[0]
+    options: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if protocol in ("s3", "s3a") and endpoint:
+        # recent botocore reads AWS_ENDPOINT_URL itself; passing it keeps older stacks and s3fs's own client in line
+        options["client_kwargs"] = {"endpoint_url": endpoint}
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as err:
+        raise TpuBuildError(
+            f"cannot open the artifact cache {url}: {err}",
+            hint="s3:// needs s3fs (pip install 'tpubuild[cluster]'); other schemes their fsspec package",
+        ) from None
+    return fs, root.rstrip("/")
+
+
+class UrlCache:
+    """The artifact cache through fsspec: lookup, restore and store as cache.ArtifactCache, plus blobs by sha256."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.fs, self.root = open_fs(url)
+        self.local = "file" in _protocols(self.fs)
+        # blobs this process knows are stored (put or checked): no second round trip for them
+        self.known: set[str] = set()
+
+    def __reduce__(self):  # to workers by URL: a file system object carries connections and credentials
+        return (UrlCache, (self.url,))
+
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def entry_dir(self, key: str) -> str:
+        return self._path(key[:2], key)
+
+    def blob_path(self, sha: str) -> str:
+        return self._path("blobs", sha[:2], sha)
+
+    # -- entries ----------------------------------------------------------------------------
+
+    def lookup(self, key: str) -> Entry | None:
+        """The entry for ``key`` if its meta.json is there and describes it (members are checked on restore)."""
+        try:
+            meta = json.loads(self.fs.cat_file(self._path(key[:2], key, _META)))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            self._discard(key, f"unreadable meta.json ({err})")
+            return None
+        problem = _check_meta(meta, key)
+        if problem:
+            self._discard(key, problem)
+            return None
+        return Entry(key, Path(self.entry_dir(key)), meta)
+
+    def restore(self, entry: Entry, targets: Sequence[str]) -> bool:
+        """Download the entry's files as ``targets`` (all or none, each checked against its sha256);
+        False if one is missing or corrupt (the entry is then dropped)."""
+        from tpubuild.build.files import all_or_nothing
+
+        files = entry.meta["files"]
+        if len(files) != len(targets):
+            return False
+        try:
+            with all_or_nothing(*targets) as temps:
+                for i, (tmp, f) in enumerate(zip(temps, files, strict=True)):
+                    self.fs.get_file(self._path(entry.key[:2], entry.key, str(i)), str(tmp))
+                    if file_digest(tmp) != f["sha256"]:
+                        raise _Corrupt(f"file {i} ({f['name']}) does not match its digest")
+        except FileNotFoundError:
+            self._discard(entry.key, "a member is missing")
+            return False
+        except _Corrupt as err:
+            self._discard(entry.key, str(err))
+            return False
+        return True
+
+    def store(self, key: str, task_id: str, targets: Sequence[str], stdout: str) -> bool:
+        """Add the freshly built ``targets`` under ``key``, each also as a blob (the next stage's inputs);
+        False if the entry was there already."""
+        if self.fs.exists(self._path(key[:2], key, _META)):
+            return False
+        files = []
+        for target in targets:
+            sha = file_digest(target)
+            files.append({"name": Path(target).name, "size": os.path.getsize(target), "sha256": sha})
+        meta = {"format": FORMAT, "key": key, "task": task_id, "created": time.time(), "files": files, "stdout": stdout}
+        text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
+        final = self.entry_dir(key)
+        if self.local:
+            self._store_local(final, targets, text)
+        else:
+            for i, target in enumerate(targets):
+                self.fs.put_file(str(target), f"{final}/{i}")
+            self.fs.pipe_file(f"{final}/{_META}", text.encode("utf-8"))  # last: it makes the entry visible
+        for target, f in zip(targets, files, strict=True):
+            self.put_blob(target, f["sha256"])
+        return True
+
+    def _store_local(self, final: str, targets: Sequence[str], meta_text: str) -> None:
+        """As cache.ArtifactCache.store: built in <root>/tmp/, renamed into place (the first of two writers wins)."""
+        base = Path(self._path("tmp"))
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+        try:
+            for i, target in enumerate(targets):
+                shutil.copyfile(target, tmp / str(i))
+                os.chmod(tmp / str(i), 0o444)
+            (tmp / _META).write_text(meta_text, encoding="utf-8")
+            Path(final).parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):  # another process stored the same key first
+                os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def log(self, event: str, task_id: str) -> None:
+        """The folder cache's event log is an O_APPEND file; object stores cannot append, so nothing is kept."""
+
+    # -- blobs: files by content ------------------------------------------------------------
+
+    def has_blob(self, sha: str) -> bool:
+        if sha in self.known:
+            return True
+        if self.fs.exists(self.blob_path(sha)):
+            self.known.add(sha)
+            return True
+        return False
+
+    def put_blob(self, path: str | os.PathLike, sha: str | None = None) -> str:
+        """Store the file at ``path`` by its sha256 (once); returns the sha256."""
+        sha = sha or file_digest(path)
+        if self.has_blob(sha):
+            return sha
+        dst = self.blob_path(sha)
+        if self.local:  # whole or not at all: a reader checks the digest, but a rename is cheap
+            tmp = f"{dst}.{uuid.uuid4().hex}.tmp"
+            self.fs.makedirs(self._path("blobs", sha[:2]), exist_ok=True)
+            try:
+                os.link(path, tmp)  # a stage's fresh target: never written again (stages publish by rename)
+            except OSError:
+                self.fs.put_file(str(path), tmp)
+            os.replace(tmp, dst)
+        else:
+            self.fs.put_file(str(path), dst)
+        self.known.add(sha)
+        return sha
+
+    def get_blob(self, sha: str, dest: str | os.PathLike, source: str | None = None) -> None:
+        """Download the blob ``sha`` (or the cache file ``source``, an entry member) to ``dest``, checked."""
+        src = self._path(source) if source else self.blob_path(sha)
+        tmp = f"{dest}.{uuid.uuid4().hex}.tmp"
+        try:
+            try:
+                self.fs.get_file(src, tmp)
+            except FileNotFoundError:
+                if not source:
+                    raise
+                src = self.blob_path(sha)  # the entry was pruned: its stage stored each file as a blob too
+                self.fs.get_file(src, tmp)
+        except FileNotFoundError:
+            raise TpuBuildError(
+                f"the artifact cache {self.url} has no file {sha[:12]} ({src})",
+                hint="an entry was pruned during the build; run the build again",
+            ) from None
+        if file_digest(tmp) != sha:
+            os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                self.fs.rm_file(src)
+            raise TpuBuildError(
+                f"the artifact cache file {src} does not match its sha256 {sha[:12]}; it was dropped",
+                hint="run the build again: the stage that made it runs again",
+            )
+        os.replace(tmp, dest)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _discard(self, key: str, problem: str) -> None:
+        print(f"tpubuild: artifact cache: ignoring corrupt entry {self.entry_dir(key)} ({problem})", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            self.fs.rm(self.entry_dir(key), recursive=True)
+
+
+class _Corrupt(Exception):
+    """A cache member whose bytes do not match meta.json."""
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
