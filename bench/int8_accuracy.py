@@ -43,13 +43,13 @@ over the evaluation inputs, per output part:
   as a calibration cache; for MinMax with the options quantize_static itself
   gives it. Percentile: 2048 bins of |x|, symmetric (its defaults), at 99.99%
   (CalibPercentile, which quantize_static forwards; TensorRT's default, and the
-  one its docstring states) instead of its 99.999%, which on demo_cnn gave every
-  range equal to MinMax's (0 of 16 tensors differ by more than 1%). For Entropy
+  one its docstring states) instead of its 99.999%, which on demo_cnn (10 samples)
+  gave every range equal to MinMax's (0 of 16 tensors differ by more than 1%). For Entropy
   quantize_static gives the calibrator no bin count (extra_options cannot carry
   one), so it histograms into 128 bins for 128 quantized bins: a single
   candidate, the full range, and Entropy comes out as MinMax. Here its calibrator
   gets num_bins 512: 193 candidate ranges (2048, as its Percentile's histogram,
-  took 77 s on demo_cnn alone: its search over candidates is Python loops).
+  took 77 s on demo_cnn's 16 tensors alone: its search over candidates is Python loops).
   The output counts the tensors whose range differs from MinMax's by more than 1%;
 - TPU-MLIR 1.30.2 defaults, where its venv exists (.anchors/tpumlir-venv or
   --venv): model_transform, run_calibration (KL plus its auto-tune) on the same
@@ -599,7 +599,7 @@ def bench_table(manifest: Path, args, workdir: Path) -> Result:
 
 def json_table(results: list[Result]) -> dict:
     peers = ["onnxruntime MinMax", "onnxruntime Percentile 99.99", "onnxruntime Entropy (512 bins)", "TPU-MLIR 1.30.2"]
-    columns = ["model", "output part", "inputs", "ours (default)", *peers, "best peer", "ours >= best peer"]
+    columns = ["model", "output part", "inputs judged", "ours (default)", *peers, "best peer", "ours >= best peer"]
     columns += [f"ours >= {GOAL_COS}"]
     rows = []
     for r in results:
