@@ -154,6 +154,7 @@ class Cell:
     cos: float | None = None
     worst: int | None = None  # the evaluation input (index) where it is lowest
     judged: int = 0  # inputs with signal in the part
+    each: list[float | None] = field(default_factory=list)  # per evaluation input (None: no signal there)
 
 
 def lowest_by_part(outs, refs, parts) -> list[Cell]:
@@ -165,6 +166,7 @@ def lowest_by_part(outs, refs, parts) -> list[Cell]:
             cell = Cell()
             for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
                 c = part_cosine(out[o], ref[o], part)
+                cell.each.append(c)
                 if c is None:
                     continue
                 cell.judged += 1
@@ -522,6 +524,12 @@ def print_result(r: Result, notes: list[str]) -> None:
         for k, label in enumerate(r.labels)
         if ours[k].cos is not None and ours[k].cos < GOAL_COS
     ]
+    for k, label in enumerate(r.labels):
+        if ours[k].cos is not None and ours[k].cos < GOAL_COS:
+            each = ", ".join(
+                f"{n} {'-' if c is None else f'{c:.4f}'}" for n, c in zip(r.eval_names, ours[k].each, strict=True)
+            )
+            print(f"  ours on {label} per input: {each}")
     print(
         f"  {r.name}: ours >= best peer on every part: "
         + ("n/a (no peer result)" if beats is None else "yes" if beats else "NO (" + "; ".join(below) + ")")

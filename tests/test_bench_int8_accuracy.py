@@ -89,3 +89,15 @@ def test_ranges_differ():
     a = {"t0": (0.0, 1.0), "t1": (-2.0, 2.0), "t2": (0.0, 5.0)}
     b = {"t0": (0.0, 1.005), "t1": (-2.0, 3.0), "t2": (0.0, 5.0)}
     assert bench.ranges_differ(a, b) == (1, 3)
+
+
+def test_print_result_names_the_failing_part_and_input(capsys):
+    cell = bench.Cell
+    r = bench.Result("m", ["out[:, 0:4]", "out[:, 4:6]"], "2 inputs", eval_names=["x.jpg", "y.jpg"])
+    r.columns["ours"] = [cell(0.999, 1, 2, [0.9995, 0.999]), cell(0.87, 0, 1, [0.87, None])]
+    r.columns["TPU-MLIR"] = [cell(0.998, 0, 2, [0.998, 0.999]), cell(0.95, 0, 1, [0.95, None])]
+    bench.print_result(r, ["a note"])
+    out = capsys.readouterr().out
+    assert "ours on out[:, 4:6] per input: x.jpg 0.8700, y.jpg -" in out
+    assert "m: ours >= best peer on every part: NO (out[:, 4:6] 0.870000 < TPU-MLIR 0.950000)" in out
+    assert "m: ours >= 0.99 everywhere: NO (out[:, 4:6] 0.870000 on x.jpg)" in out
