@@ -525,6 +525,8 @@ def print_result(r: Result, notes: list[str]) -> None:
         if ours[k].cos is not None and ours[k].cos < GOAL_COS
     ]
     for k, label in enumerate(r.labels):
+        if ours[k].judged == 0:
+            print(f"  {label}: no signal on any evaluation input (part_cosines' rule): judged nowhere, by no column")
         if ours[k].cos is not None and ours[k].cos < GOAL_COS:
             each = ", ".join(
                 f"{n} {'-' if c is None else f'{c:.4f}'}" for n, c in zip(r.eval_names, ours[k].each, strict=True)

@@ -101,3 +101,6 @@ def test_print_result_names_the_failing_part_and_input(capsys):
     assert "ours on out[:, 4:6] per input: x.jpg 0.8700, y.jpg -" in out
     assert "m: ours >= best peer on every part: NO (out[:, 4:6] 0.870000 < TPU-MLIR 0.950000)" in out
     assert "m: ours >= 0.99 everywhere: NO (out[:, 4:6] 0.870000 on x.jpg)" in out
+    r.columns["ours"][1] = cell(None, None, 0, [None, None])
+    bench.print_result(r, [])
+    assert "out[:, 4:6]: no signal on any evaluation input" in capsys.readouterr().out
