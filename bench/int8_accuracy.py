@@ -59,10 +59,10 @@ over the evaluation inputs, per output part:
   INT8 outputs it deploys again with a tolerance nothing fails (as vs_tpumlir.py).
 
 Output parts: a graph output made by a Concat (through a Permute) is judged per
-Concat input (tpubuild.lower.search.output_parts on canonical.mlir), so box
+Concat input (tpubuild.verify.parts.concat_parts on canonical.mlir), so box
 coordinates cannot hide class scores; other outputs whole. On an input where a
-part's largest |float value| is below PART_SIGNAL of its output's (as
-part_cosines: class scores of an image with nothing to detect), that part is not
+part's largest |float value| is below PART_SIGNAL of its output's (class
+scores of an image with nothing to detect), that part is not
 judged; the `n` column says on how many inputs each part was.
 
 Per model two verdicts: ours at least the best peer's cosine on every part, and
@@ -129,11 +129,24 @@ def part_label(output: str, part) -> str:
     return f"{output}[{':, ' * axis}{start}:{stop}]"
 
 
+# A part with signal on an input: its largest |float value| at least this share of its output's. One rule for
+# every column, whatever its quantizer (verification's tiny-part rule needs our calibration's steps); mini_yolo's
+# class scores peak at 3-6e-4 of its box coordinates and are judged
+PART_SIGNAL = 1e-4
+
+
+def output_parts(module) -> list[list[tuple[int, int, int]]]:
+    """Per graph output, the (axis, start, stop) of the parts verification judges (tpubuild/verify/parts.py)."""
+    from tpubuild.ir import mlir
+    from tpubuild.verify.parts import concat_parts
+
+    found = concat_parts(module)
+    return [[(p.axis, p.start, p.stop) for p in found.get(name, [])] for name in mlir.output_names(module)]
+
+
 def part_cosine(test: np.ndarray, ref: np.ndarray, part) -> float | None:
     """The cosine of a part (axis, start, stop; None: the whole output) of ``test`` against ``ref``; None when
-    the part has no signal in ``ref``: its largest |value| below PART_SIGNAL of the output's (part_cosines' rule)."""
-    from tpubuild.lower.search import PART_SIGNAL
-
+    the part has no signal in ``ref``: its largest |value| below PART_SIGNAL of the output's."""
     test = np.asarray(test, np.float64).reshape(np.shape(ref))
     ref = np.asarray(ref, np.float64)
     if part is None:
@@ -191,7 +204,6 @@ class Model:
         from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
         from tpubuild.ir import mlir
         from tpubuild.ir.mlir import load_module
-        from tpubuild.lower.search import output_parts
         from tpubuild.top.inference import weights_for
 
         self.m = m = load_manifest(manifest)
@@ -286,8 +298,10 @@ def default_path(model: Model):
     from tpubuild.lower.search import SearchConfig, search
 
     entries, _ = calibrate(model.module, model.weights, model.cal, DEFAULT_METHOD)
-    config = SearchConfig()
-    pool = validation_samples(model.cal) or model.cal[: max(config.pool, config.samples)]
+    pool = validation_samples(model.cal)
+    # as the search stage: every held-back sample scored, or the first calibration samples of a small set
+    config = SearchConfig(samples=len(pool)) if pool else SearchConfig()
+    pool = pool or model.cal[: max(config.pool, config.samples)]
     found = search(
         apply_table(model.module, entries),
         model.weights,
@@ -526,7 +540,7 @@ def print_result(r: Result, notes: list[str]) -> None:
     ]
     for k, label in enumerate(r.labels):
         if ours[k].judged == 0:
-            print(f"  {label}: no signal on any evaluation input (part_cosines' rule): judged nowhere, by no column")
+            print(f"  {label}: no signal on any evaluation input (PART_SIGNAL): judged nowhere, by no column")
         if ours[k].cos is not None and ours[k].cos < GOAL_COS:
             each = ", ".join(
                 f"{n} {'-' if c is None else f'{c:.4f}'}" for n, c in zip(r.eval_names, ours[k].each, strict=True)

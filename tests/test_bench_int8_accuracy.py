@@ -48,9 +48,7 @@ def test_part_cosine_judges_a_small_part_on_its_own():
 
 
 def test_part_without_signal_is_not_judged():
-    from tpubuild.lower.search import PART_SIGNAL
-
-    ref = _detections(320 * PART_SIGNAL / 10)  # scores far below PART_SIGNAL of the output's peak
+    ref = _detections(320 * bench.PART_SIGNAL / 10)  # scores far below PART_SIGNAL of the output's peak
     assert bench.part_cosine(ref + 1.0, ref, (1, 4, 6)) is None
     assert bench.part_cosine(ref, ref, (1, 0, 4)) == pytest.approx(1.0)
 
