@@ -163,3 +163,19 @@ def test_the_validation_split_is_spread_and_bounded():
     held = [i for i in range(100) if held_back(i)]
     assert held == list(range(cal.VALIDATION_EVERY - 1, cal.VALIDATION_EVERY * cal.VALIDATION_SAMPLES, 5))
     assert len(held) == cal.VALIDATION_SAMPLES
+
+
+def test_a_failing_int8_target_is_pointed_at_what_fixes_it(tmp_path):
+    from tpubuild.build.stages import int8_failure_hint
+
+    target = tmp_path / "bm1684x-INT8"
+    target.mkdir()
+    table = target / "qtable.txt"
+    assert "remove mixed_precision: {search: false}" in int8_failure_hint("bm1684x-INT8", None)
+    table.write_text("# mixed-precision search: ...\n# TARGET NOT REACHED: ...\na F16\nb F16\n")
+    hint = int8_failure_hint("bm1684x-INT8", str(table))
+    assert "kept 2 ops in float (bm1684x-INT8/qtable.txt)" in hint and "max_lowerings" in hint
+    table.write_text("# mixed-precision search: ...\na F16\n")
+    hint = int8_failure_hint("bm1684x-INT8", str(table))
+    assert "calibration.data more inputs like the test input" in hint
+    assert hint.index("calibration.data") < hint.index("tolerance")  # the fix before the check's loosening

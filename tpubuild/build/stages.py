@@ -457,22 +457,25 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
     mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
     the problem rather than what fixes it."""
     table = Path(quantize_table) if quantize_table else None
-    kept = None
-    if table is not None and table.is_file():
-        lines = table.read_text(encoding="utf-8").splitlines()
-        kept = sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    lines = table.read_text(encoding="utf-8").splitlines() if table is not None and table.is_file() else None
+    kept = None if lines is None else sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
     where = f"{target}/{table.name}" if table is not None and table.parent.name == target else str(table)
-    if kept is None:
+    if lines is None or not any("mixed-precision search" in line for line in lines):
+        kept_text = "no tensor" if lines is None else f"only the quantize table's {kept} ops"
         first = (
-            f"no tensor of {target} is kept in float (its lowering read no quantize table): "
-            "turn on the automatic mixed precision (mixed_precision: {search: true}) so that the tensors "
-            "INT8 hurts most stay in float"
+            f"{kept_text} of {target} stay in float, as the search is off: remove mixed_precision: "
+            "{search: false} from the manifest so that the search keeps in float what INT8 cannot hold"
+        )
+    elif any("TARGET NOT REACHED" in line for line in lines):
+        first = (
+            f"the search kept {kept} ops in float ({where}) but ran out of lowerings before its target: raise "
+            "mixed_precision.max_lowerings"
         )
     else:
         first = (
-            f"the tensors kept in float ({kept}) are listed in {where}; raise mixed_precision.target_cos "
-            "(or max_lowerings) so that the search keeps more of them in float, or add the worst tensors "
-            "to the manifest's quantize_table"
+            f"the search reached its target on the calibration samples held back for it, keeping {kept} ops in "
+            f"float ({where}), but the test input is further from float: give calibration.data more inputs like "
+            "the test input, or raise mixed_precision.target_cos so that more stays in float"
         )
     return (
         f"{first}; calibration.method and calibration.count change the INT8 scales themselves"
