@@ -595,6 +595,8 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
         comparisons = doc["comparisons"]
         if doc.get("stage") == "verify_chip":  # its Top and Tpu levels are the files before it in the list
             comparisons = [c for c in comparisons if c["level"] == "chip"]
+        elif doc.get("stage") == "verify_iree":  # a cpu target's: its Top level is verify_top.json's
+            comparisons = [c for c in comparisons if c["level"] == "iree"]
         for comp in comparisons:
             what = f"{comp['test']} vs {comp['ref']}"
             lines.append(

@@ -153,8 +153,9 @@ _CMPF = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "one": 6, "ord": 7, "
 class Emitter:
     """Writes one function's ops as generic MLIR text; weights go to resources."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, resources: bool = True):
         self.model = model
+        self.resources_on = resources
         self.lines: list[str] = []
         self.resources: list[tuple[str, str]] = []
         self._count = 0
@@ -236,6 +237,9 @@ class Emitter:
             text = f"dense<{json.dumps(_nested(a))}>"
         elif a.size == 0:
             text = "dense<[]>" if a.ndim == 1 else f"dense<{json.dumps(np.zeros(a.shape).tolist())}>"
+        elif not self.resources_on:
+            # inline hex: IREE's f32 -> f16 demotion rewrites dense attributes, not resource blobs
+            text = f'dense<"0x{np.ascontiguousarray(a).view(np.uint8).tobytes().hex().upper()}">'
         else:
             key = f"w{len(self.resources)}"
             blob = np.ascontiguousarray(a).view(np.uint8).tobytes()
@@ -426,15 +430,16 @@ def _nested(a: np.ndarray):
     return a.tolist()
 
 
-def export_module(module, weights, model: str) -> str:
-    """A TOP module (origin or canonical) and its weight store -> the upstream MLIR text."""
+def export_module(module, weights, model: str, *, resources: bool = True) -> str:
+    """A TOP module (origin or canonical) and its weight store -> the upstream MLIR text; ``resources``: large
+    weights as dense_resource blobs (else inline dense hex)."""
     from tpubuild.ir import mlir
     from tpubuild.ir.base import TensorOp, is_none
     from tpubuild.ir.top import InputOp, NoneOp, WeightOp
     from tpubuild.ir.types import dtype_of, shape_of
 
     load_rules()
-    e = Emitter(model)
+    e = Emitter(model, resources)
     values: dict[int, Val | None] = {}
     missing = [
         (op.name, op.loc_name)
@@ -501,7 +506,7 @@ def export_module(module, weights, model: str) -> str:
     return e.module_text(args, [r for r in returned if r is not None], reflection)
 
 
-def export_file(in_mlir: str, out_mlir: str, model: str | None = None) -> None:
+def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resources: bool = True) -> None:
     """A TOP .mlir (origin or canonical, its weights beside it) -> an upstream .mlir."""
     from tpubuild.build.files import write_text
     from tpubuild.ir.mlir import load_module, module_attr
@@ -516,4 +521,4 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None) -> None:
             file=in_mlir,
             hint="export origin.mlir or canonical.mlir",
         )
-    write_text(out_mlir, export_module(module, weights_for(module, in_mlir), name))
+    write_text(out_mlir, export_module(module, weights_for(module, in_mlir), name, resources=resources))
