@@ -106,10 +106,13 @@ def iree_compile(model: str, in_mlir: str, mode: str, out_vmfb: str) -> None:
     print(f"{model}: iree-compile {seconds:.2f} s, {Path(out_vmfb).stat().st_size} bytes")
 
 
+_FLOATS = {"f16": "float16", "f32": "float32"}
+
+
 class Vmfb:
     """A loaded .vmfb: ``run(inputs by name) -> outputs by name`` (names from the export's reflection)."""
 
-    def __init__(self, path: str, driver: str = "local-sync"):
+    def __init__(self, path: str, driver: str = "local-sync", function: str = "main"):
         try:
             import iree.runtime as rt
         except ImportError:
@@ -120,14 +123,14 @@ class Vmfb:
         except (RuntimeError, ValueError, OSError) as err:
             raise TpuBuildError(f"not a loadable IREE module ({err})", file=path) from None
         self.context = rt.SystemContext(config=config, vm_modules=[module])
-        function = module.lookup_function("main")
-        if function is None:
-            raise TpuBuildError("the module has no @main", file=path)
-        reflection = function.reflection
+        found = module.lookup_function(function)
+        if found is None:
+            raise TpuBuildError(f"the module has no @{function}", file=path)
+        reflection = found.reflection
         self.model = reflection.get("tpubuild.model", Path(path).stem)
         self.inputs: list[str] = json.loads(reflection.get("tpubuild.inputs", "[]"))
         self.outputs: list[str] = json.loads(reflection.get("tpubuild.outputs", "[]"))
-        self.main = self.context.modules.module["main"]
+        self.main = self.context.modules.module[function]
         self.path = path
         # each argument's element type as compiled (an F16 build takes f16 inputs)
         declaration = reflection.get("iree.abi.declaration", "")
@@ -144,8 +147,9 @@ class Vmfb:
                 hint="the input npz must hold one array per model input, named as the input",
             )
         arrays = [inputs[n] for n in self.inputs] if self.inputs else list(inputs.values())
+        # as compiled: IREE demotes f64 to f32 (and an F16 build takes f16)
         return [
-            np.ascontiguousarray(a, np.float16 if t == "f16" and np.asarray(a).dtype.kind == "f" else None)
+            np.ascontiguousarray(a, _FLOATS[t] if t in _FLOATS and np.asarray(a).dtype.kind == "f" else None)
             for a, t in itertools.zip_longest(arrays, self.arg_types[: len(arrays)])
         ]
 

@@ -20,12 +20,6 @@ _NHWC = (0, 2, 3, 1)
 _NCHW = (0, 3, 1, 2)
 
 
-def _array(v: Val, what: str, op) -> np.ndarray:
-    if v.array is None:
-        raise NotImplementedError(f"{op.name} with a computed (not constant) {what}")
-    return v.array
-
-
 def _fit_windows(e: Emitter, x: Val, axes, kernel, strides, dilations, pads_begin, pads_end, outs):
     """(x, end pads) such that every output's window ends inside the padded input exactly (TOSA's rule):
     the end pad from the output size; input rows past the last window sliced off."""
@@ -41,25 +35,27 @@ def _fit_windows(e: Emitter, x: Val, axes, kernel, strides, dilations, pads_begi
     return x, ends
 
 
-def _conv2d_nhwc(e: Emitter, x: Val, w: np.ndarray, bias: Val, p, out_hw, depthwise: bool, mult: int = 1) -> Val:
-    """tosa.conv2d or depthwise_conv2d of NHWC ``x`` with a TOP filter array [OC, IC/g, KH, KW]."""
+def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, mult: int = 1) -> Val:
+    """tosa.conv2d or depthwise_conv2d of NHWC ``x`` with a TOP filter [OC, IC/g, KH, KW]: an array (reordered
+    here) or a computed value (reordered by tosa ops)."""
     kh, kw = w.shape[2:]
     x, ends = _fit_windows(e, x, (1, 2), (kh, kw), p.strides, p.dilations, p.pads[:2], p.pads[2:], out_hw)
     pad = [p.pads[0], ends[0], p.pads[1], ends[1]]
     oc = w.shape[0]
     if depthwise:
         c = x.shape[3]
-        weight = w.reshape(c, mult, kh, kw).transpose(2, 3, 0, 1)  # [KH, KW, C, M]
-        name = "tosa.depthwise_conv2d"
+        shape, perm, name = (c, mult, kh, kw), (2, 3, 0, 1), "tosa.depthwise_conv2d"  # [KH, KW, C, M]
     else:
-        weight = w.transpose(0, 2, 3, 1)  # [OC, KH, KW, IC]
-        name = "tosa.conv2d"
+        shape, perm, name = w.shape, (0, 2, 3, 1), "tosa.conv2d"  # [OC, KH, KW, IC]
+    if isinstance(w, np.ndarray):
+        wv = e.const(np.ascontiguousarray(w.reshape(shape).transpose(perm)))
+    else:
+        wv = e.transpose(e.reshape(w, shape), perm)
     zp = e.zero_point(x.dtype)
     props = (
         f"acc_type = {element(x.dtype)}, dilation = array<i64: {p.dilations[0]}, {p.dilations[1]}>, "
         f"pad = array<i64: {', '.join(map(str, pad))}>, stride = array<i64: {p.strides[0]}, {p.strides[1]}>"
     )
-    wv = e.const(np.ascontiguousarray(weight))
     return e.op1(name, [x, wv, bias, zp, zp], [x.shape[0], *out_hw, oc], x.dtype, props)
 
 
@@ -77,7 +73,8 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray, b: Val | None, out_shape
             relu_limit=p.relu_limit,
         )
         x2 = e.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
-        y = conv_nchw(e, op, p2, x2, w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), b, [*out_shape[:2], 1, out_shape[2]])
+        w2 = _reshaped(e, w, (w.shape[0], w.shape[1], 1, w.shape[2]))
+        y = conv_nchw(e, op, p2, x2, w2, b, [*out_shape[:2], 1, out_shape[2]])
         return e.reshape(y, out_shape)
     if nd != 2:
         raise NotImplementedError(f"{nd}-D convolution")
@@ -103,17 +100,22 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray, b: Val | None, out_shape
                 bi = e.const(bias_all[i * ocg : (i + 1) * ocg])
             else:
                 bi = e.slice(b, [i * ocg], [ocg])
-            parts.append(_conv2d_nhwc(e, xi, w[i * ocg : (i + 1) * ocg], bi, p, out_hw, False))
+            wi = w[i * ocg : (i + 1) * ocg] if isinstance(w, np.ndarray) else e.slice(w, [i * ocg, 0, 0, 0], [ocg, *w.shape[1:]])
+            parts.append(_conv2d_nhwc(e, xi, wi, bi, p, out_hw, False))
         y = e.concat(parts, 3)
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return e.transpose(y, _NCHW)
 
 
+def _reshaped(e: Emitter, w, shape):
+    return w.reshape(shape) if isinstance(w, np.ndarray) else e.reshape(w, shape)
+
+
 @rule(top.ConvOp)
 def _(e: Emitter, op, p: top.ConvParams, args):
     x, w, b = args
-    return conv_nchw(e, op, p, x, _array(w, "filter", op), b, op.results[0].type.get_shape())
+    return conv_nchw(e, op, p, x, w.array if w.array is not None else w, b, op.results[0].type.get_shape())
 
 
 @rule(top.DeconvOp)
@@ -121,14 +123,21 @@ def _(e: Emitter, op, p: top.DeconvParams, args):
     """A transposed conv as a conv: the input with stride - 1 zeros between its pixels, padded by
     (k - 1) * d - pad, convolved with the flipped filter (its in/out channels swapped per group)."""
     x, w, b = args
-    wa = _array(w, "filter", op)
     nd = len(p.kernel_shape)
     out_shape = list(op.results[0].type.get_shape())
     g = p.group
-    ic, ocg = wa.shape[:2]
+    ic, ocg = w.shape[:2]
+    k = tuple(w.shape[2:])
     # [IC, OC/g, k...] -> [OC, IC/g, k...], flipped in space
-    wt = wa.reshape(g, ic // g, ocg, *wa.shape[2:]).swapaxes(1, 2).reshape(g * ocg, ic // g, *wa.shape[2:])
-    wt = np.ascontiguousarray(np.flip(wt, axis=tuple(range(2, 2 + nd))))
+    grouped = (g, ic // g, ocg, *k)
+    swap = (0, 2, 1, *range(3, 3 + nd))
+    if w.array is not None:
+        wt = w.array.reshape(grouped).transpose(swap).reshape(g * ocg, ic // g, *k)
+        wt = np.ascontiguousarray(np.flip(wt, axis=tuple(range(2, 2 + nd))))
+    else:
+        wt = e.reshape(e.transpose(e.reshape(w, grouped), swap), (g * ocg, ic // g, *k))
+        for axis in range(2, 2 + nd):
+            wt = e.unary("tosa.reverse", wt, f"axis = {axis} : i32")
     # zeros between pixels: each spatial dim as [L, 1] padded to [L, s], flattened, the trailing zeros cut
     spatial = list(x.shape[2:])
     for i, s in enumerate(p.strides):

@@ -40,6 +40,9 @@ _ELEMENT = {
     np.dtype(np.bool_): "i1",
 }
 
+# weight bytes hex-encoded per write
+_CHUNK = 1 << 22
+
 # constants of at most this many elements are written inline (dense<[...]>), larger ones as resources
 _INLINE = 16
 
@@ -153,11 +156,12 @@ _CMPF = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "one": 6, "ord": 7, "
 class Emitter:
     """Writes one function's ops as generic MLIR text; weights go to resources."""
 
-    def __init__(self, model: str, resources: bool = True):
+    def __init__(self, model: str, resources: bool = True, key_prefix: str = ""):
         self.model = model
+        self.key_prefix = key_prefix
         self.resources_on = resources
         self.lines: list[str] = []
-        self.resources: list[tuple[str, str]] = []
+        self.resources: list[tuple[str, np.ndarray]] = []
         self._count = 0
         self.loc = "unknown"
         self._weights: dict[int, Val] = {}
@@ -231,7 +235,7 @@ class Emitter:
             a = a.astype(np.float32)
         ttype = tensor_type(a.shape, a.dtype)
         flat = a.reshape(-1)
-        if a.size and (flat == flat[0]).all() and not (a.dtype.kind == "f" and np.isnan(flat).any()):
+        if _splat(flat):
             text = f"dense<{scalar_literal(flat[0], a.dtype)}>"
         elif a.dtype == np.bool_ or (a.dtype.kind in "iu" and a.size <= _INLINE):
             text = f"dense<{json.dumps(_nested(a))}>"
@@ -241,9 +245,8 @@ class Emitter:
             # inline hex: IREE's f32 -> f16 demotion rewrites dense attributes, not resource blobs
             text = f'dense<"0x{np.ascontiguousarray(a).view(np.uint8).tobytes().hex().upper()}">'
         else:
-            key = f"w{len(self.resources)}"
-            blob = np.ascontiguousarray(a).view(np.uint8).tobytes()
-            self.resources.append((key, struct.pack("<I", max(a.dtype.itemsize, 4)).hex() + blob.hex()))
+            key = f"{self.key_prefix}w{len(self.resources)}"
+            self.resources.append((key, np.ascontiguousarray(a)))
             text = f"dense_resource<{key}>"
         return self.op1("tosa.const", [], a.shape, a.dtype, f"values = {text} : {ttype}")
 
@@ -335,7 +338,11 @@ class Emitter:
     # ---- elementwise through tosa and linalg ------------------------------------------------------------
 
     def binary(self, name: str, a: Val, b: Val, dtype=None) -> Val:
-        """A broadcasting TOSA binary op (ranks aligned first); tosa.mul gets its zero shift."""
+        """A broadcasting TOSA binary op (ranks aligned first); tosa.mul gets its zero shift. 8- and 16-bit
+        integers compute in i32 (TOSA's integer profile), the result cast back."""
+        if a.dtype.kind == "i" and a.dtype.itemsize < 4 and b.dtype == a.dtype:
+            wide = self.binary(name, self.cast(a, np.int32), self.cast(b, np.int32), dtype)
+            return wide if wide.dtype == np.bool_ else self.cast(wide, a.dtype)
         rank = max(a.rank, b.rank)
         a, b = self.ranked(a, rank), self.ranked(b, rank)
         shape = np.broadcast_shapes(a.shape, b.shape)
@@ -400,28 +407,29 @@ class Emitter:
 
     # ---- the module --------------------------------------------------------------------------------------
 
-    def module_text(self, args: Sequence[Val], results: Sequence[Val], reflection: dict[str, str]) -> str:
-        """The module: ``func.func @main`` over the ops written, then the weight blobs."""
+    def function_text(self, name: str, args: Sequence[Val], results: Sequence[Val], reflection: dict[str, str]) -> str:
+        """``func.func @name`` over the ops written (IREE keeps ``iree.reflection`` for the runtime to read)."""
         params = ", ".join(f"{a.name}: {a.type}" for a in args)
         ret_types = ", ".join(r.type for r in results)
         refl = ", ".join(f"{k} = {json.dumps(v)}" for k, v in reflection.items())
-        out = [
-            f"// exported by tpubuild from TOP: model {self.model}",
-            "module {",
-            f"  func.func @main({params}) -> ({ret_types}) attributes {{iree.reflection = {{{refl}}}}} {{",
-        ]
-        out += [f"    {line}" for text in self.lines for line in text.split("\n")]
-        out.append(f"    return {', '.join(r.name for r in results)} : {ret_types}")
-        out += ["  }", "}"]
-        if self.resources:
-            out.append("{-#\n  dialect_resources: {\n    builtin: {")
-            out.append(",\n".join(f'      {k}: "0x{h}"' for k, h in self.resources))
-            out.append("    }\n  }\n#-}")
-        return "\n".join(out) + "\n"
+        lines = [f"  func.func @{name}({params}) -> ({ret_types}) attributes {{iree.reflection = {{{refl}}}}} {{"]
+        lines += [f"    {line}" for text in self.lines for line in text.split("\n")]
+        lines.append(f"    return {', '.join(r.name for r in results)} : {ret_types}")
+        lines.append("  }")
+        return "\n".join(lines) + "\n"
 
     def refuse(self, problem: str, op=None) -> TpuBuildError:
         loc = op.loc_name if op is not None else self.loc
         return TpuBuildError(problem, model=self.model, loc=loc, stage="export")
+
+
+def _splat(flat: np.ndarray) -> bool:
+    """Are all elements equal (and not NaN)? Two looks first: most weights differ at their first elements."""
+    if not flat.size or (flat.size > 1 and (flat[0] != flat[1] or flat[0] != flat[-1])):
+        return False
+    if flat.dtype.kind == "f" and np.isnan(flat[0]):
+        return False
+    return bool((flat == flat[0]).all())
 
 
 def _nested(a: np.ndarray):
@@ -433,13 +441,62 @@ def _nested(a: np.ndarray):
 def export_module(module, weights, model: str, *, resources: bool = True) -> str:
     """A TOP module (origin or canonical) and its weight store -> the upstream MLIR text; ``resources``: large
     weights as dense_resource blobs (else inline dense hex)."""
+    import io
+
+    buf = io.BytesIO()
+    write_module(buf, module, weights, model, resources=resources)
+    return buf.getvalue().decode()
+
+
+@dataclass
+class Exported:
+    """One TOP module translated: its emitter (ops and weight blobs), arguments, results and names."""
+
+    emitter: Emitter
+    args: list[Val]
+    results: list[Val]
+    reflection: dict[str, str]
+
+    def function_text(self, name: str = "main") -> str:
+        return self.emitter.function_text(name, self.args, self.results, self.reflection)
+
+
+def write_module(fh, module, weights, model: str, *, resources: bool = True) -> None:
+    """export_module, written to the binary file ``fh``."""
+    write_functions(fh, [("main", translate(module, weights, model, resources=resources))], model)
+
+
+def write_functions(fh, functions: Sequence[tuple[str, Exported]], model: str) -> None:
+    """A module of the translated functions to the binary file ``fh``, then their weight blobs as hex, streamed a
+    piece at a time (a 500 MB model is 1 GB of text, never held whole)."""
+    fh.write(f"// exported by tpubuild from TOP: model {model}\nmodule {{\n".encode())
+    for name, exported in functions:
+        fh.write(exported.function_text(name).encode())
+    fh.write(b"}\n")
+    blobs = [blob for _, exported in functions for blob in exported.emitter.resources]
+    if not blobs:
+        return
+    fh.write(b"{-#\n  dialect_resources: {\n    builtin: {\n")
+    for i, (key, array) in enumerate(blobs):
+        # a blob is its alignment (little-endian u32) then its bytes
+        fh.write(f'      {key}: "0x{struct.pack("<I", max(array.dtype.itemsize, 4)).hex()}'.encode())
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        for at in range(0, len(data), _CHUNK):
+            fh.write(data[at : at + _CHUNK].hex().encode())
+        fh.write(b'",\n' if i + 1 < len(blobs) else b'"\n')
+    fh.write(b"    }\n  }\n#-}\n")
+
+
+def translate(module, weights, model: str, *, resources: bool = True, key_prefix: str = "") -> Exported:
+    """A TOP module's ops through their export rules; refuses (TpuBuildError naming op, location and model) an
+    op without a rule or one its rule cannot express."""
     from tpubuild.ir import mlir
     from tpubuild.ir.base import TensorOp, is_none
     from tpubuild.ir.top import InputOp, NoneOp, WeightOp
     from tpubuild.ir.types import dtype_of, shape_of
 
     load_rules()
-    e = Emitter(model, resources)
+    e = Emitter(model, resources, key_prefix)
     values: dict[int, Val | None] = {}
     missing = [
         (op.name, op.loc_name)
@@ -503,12 +560,12 @@ def export_module(module, weights, model: str, *, resources: bool = True) -> str
         "tpubuild.inputs": json.dumps(names),
         "tpubuild.outputs": json.dumps(mlir.output_names(module)),
     }
-    return e.module_text(args, [r for r in returned if r is not None], reflection)
+    return Exported(e, args, [r for r in returned if r is not None], reflection)
 
 
 def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resources: bool = True) -> None:
     """A TOP .mlir (origin or canonical, its weights beside it) -> an upstream .mlir."""
-    from tpubuild.build.files import write_text
+    from tpubuild.build.files import all_or_nothing
     from tpubuild.ir.mlir import load_module, module_attr
     from tpubuild.top.inference import weights_for
 
@@ -521,4 +578,6 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resour
             file=in_mlir,
             hint="export origin.mlir or canonical.mlir",
         )
-    write_text(out_mlir, export_module(module, weights_for(module, in_mlir), name, resources=resources))
+    weights = weights_for(module, in_mlir)
+    with all_or_nothing(out_mlir) as (tmp,), open(tmp, "wb") as fh:
+        write_module(fh, module, weights, name, resources=resources)
