@@ -119,7 +119,9 @@ class Vmfb:
             raise TpuBuildError("IREE's runtime is not installed", file=path, hint=_MISSING) from None
         config = rt.Config(driver)
         try:
-            module = rt.VmModule.mmap(config.vm_instance, str(path))
+            # copied, not mapped: a vmfb rewritten in place (a rebuild, a bench's next batch) under a mapping
+            # is a bus error at the next access
+            module = rt.VmModule.copy_buffer(config.vm_instance, Path(path).read_bytes())
         except (RuntimeError, ValueError, OSError) as err:
             raise TpuBuildError(f"not a loadable IREE module ({err})", file=path) from None
         self.context = rt.SystemContext(config=config, vm_modules=[module])

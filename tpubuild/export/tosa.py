@@ -32,7 +32,8 @@ _ELEMENT = {
     np.dtype(np.float32): "f32",
     np.dtype(np.float16): "f16",
     np.dtype(ml_dtypes.bfloat16): "bf16",
-    np.dtype(np.float64): "f64",
+    # TOSA has no f64: computed in f32, as IREE's own f64 -> f32 demotion would
+    np.dtype(np.float64): "f32",
     np.dtype(np.int64): "i64",
     np.dtype(np.int32): "i32",
     np.dtype(np.int16): "i16",
@@ -101,6 +102,8 @@ def scalar_literal(value, dtype) -> str:
     """A scalar as MLIR writes it in an attribute of this element type: floats by their bits (exact, and inf and
     NaN have no decimal form), integers in decimal, i1 as true/false."""
     dt = np.dtype(dtype)
+    if dt == np.float64:
+        dt = np.dtype(np.float32)  # written as f32 (see _ELEMENT)
     if dt == np.bool_:
         return "true" if value else "false"
     if dt.kind in "iu":
@@ -231,7 +234,7 @@ class Emitter:
     def const(self, array, dtype=None) -> Val:
         """A tosa.const holding ``array`` (a splat or a small one inline, else a resource blob)."""
         a = np.asarray(array, dtype=dtype)
-        if a.dtype == np.float64 and dtype is None:
+        if a.dtype == np.float64:
             a = a.astype(np.float32)
         ttype = tensor_type(a.shape, a.dtype)
         flat = a.reshape(-1)
