@@ -121,12 +121,14 @@ def bench_model(manifest: Path, build_dir: Path, runs: int, onnx_path: bool, wor
     row["vmfb_ms"] = median_ms(lambda: module.run(inputs), runs)
     source = source_file(m, p)
     row["ort_ms"] = onnxruntime_ms(source, inputs, runs)
-    del module
+    module = None  # its buffers freed before the next model
     vmfb.unlink()
     if onnx_path:
         imported, theirs = work / f"{m.name}.onnx.mlir", work / f"{m.name}.onnx.vmfb"
         try:
-            row["import"] = timed([str(Path(sys.executable).parent / "iree-import-onnx"), str(source), "-o", str(imported)])[:2]
+            row["import"] = timed(
+                [str(Path(sys.executable).parent / "iree-import-onnx"), str(source), "-o", str(imported)]
+            )[:2]
             row["onnx_compile"] = timed([*compile_cmd, str(imported), "-o", str(theirs)])[:2]
         except RuntimeError as err:
             row["onnx_error"] = str(err)
@@ -145,8 +147,10 @@ def report(rows: list[dict]) -> None:
         f"{'iree-compile s':>15} {'IREE ONNX s':>15} {'ours/IREE':>9} {'cos vs TOP':>11} {'vmfb ms':>9} "
         f"{'ort 1T ms':>9}"
     )
-    print("\nwall seconds (CPU seconds of the tool); ours = tpubuild export + iree-compile, IREE ONNX = "
-          "iree-import-onnx + iree-compile on the same ONNX file; latency: median, one thread each")
+    print(
+        "\nwall seconds (CPU seconds of the tool); ours = tpubuild export + iree-compile, IREE ONNX = "
+        "iree-import-onnx + iree-compile on the same ONNX file; latency: median, one thread each"
+    )
     print(head)
     print("-" * len(head))
     faster = 0

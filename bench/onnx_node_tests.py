@@ -383,7 +383,9 @@ def _iree_batch(batch: list, work: Path) -> None:
             fn = module.context.modules.module[name]
             names = json.loads(exported.reflection["tpubuild.inputs"])
             # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
-            outs = fn(*[np.ascontiguousarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None) for n in names])
+            outs = fn(
+                *[np.ascontiguousarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None) for n in names]
+            )
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
         except Exception as e:  # a runtime error is this case's failure, not the bench's

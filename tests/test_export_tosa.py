@@ -19,7 +19,9 @@ import pytest
 from tpubuild.errors import TpuBuildError
 
 REPO = Path(__file__).resolve().parents[1]
-HAS_IREE = importlib.util.find_spec("iree.compiler") is not None and importlib.util.find_spec("iree.runtime") is not None
+HAS_IREE = (
+    importlib.util.find_spec("iree.compiler") is not None and importlib.util.find_spec("iree.runtime") is not None
+)
 needs_iree = pytest.mark.skipif(not HAS_IREE, reason="the iree extra (iree-base-compiler, iree-base-runtime) is absent")
 
 
@@ -88,7 +90,8 @@ def test_a_stage_file_past_top_is_refused(tmp_path):
 
     bad = tmp_path / "tpu.mlir"
     bad.write_text(
-        '"builtin.module"() ({\n^bb0:\n}) {module.name = "m", module.state = "TPU_LOWERED"} : () -> ()\n', encoding="utf-8"
+        '"builtin.module"() ({\n^bb0:\n}) {module.name = "m", module.state = "TPU_LOWERED"} : () -> ()\n',
+        encoding="utf-8",
     )
     with pytest.raises(TpuBuildError, match="only TOP modules"):
         export_file(str(bad), str(tmp_path / "out.mlir"))
@@ -100,8 +103,10 @@ def test_cpu_target_modes_are_checked(tmp_path):
 
     base = {"name": "m", "source": "m.onnx", "inputs": [{"name": "x", "shape": [1, 3]}]}
     check_targets(from_dict({**base, "targets": [{"chip": "cpu", "mode": "F32"}]}, tmp_path / "m.yaml"))
-    for target, problem in (({"chip": "cpu", "mode": "INT8"}, "does not support mode INT8"),
-                            ({"chip": "cpu", "mode": "F32", "asymmetric": True}, "no asymmetric")):
+    for target, problem in (
+        ({"chip": "cpu", "mode": "INT8"}, "does not support mode INT8"),
+        ({"chip": "cpu", "mode": "F32", "asymmetric": True}, "no asymmetric"),
+    ):
         with pytest.raises(TpuBuildError, match=problem):
             check_targets(from_dict({**base, "targets": [target]}, tmp_path / "m.yaml"))
 
@@ -198,8 +203,19 @@ def test_cpu_target_builds_runs_and_verifies(tmp_path, capsys):
     assert main(["export", "--tosa", str(build / "demo_cnn" / "canonical.mlir"), "-o", str(exported)]) == 0
     assert exported.read_bytes() == (target / "tosa.mlir").read_bytes()  # the stage's output, byte for byte
     outs = tmp_path / "outs.npz"
-    assert main(["run", str(target / "demo_cnn.vmfb"), "--input", str(build / "demo_cnn" / "input.npz"),
-                 "--output", str(outs)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(target / "demo_cnn.vmfb"),
+                "--input",
+                str(build / "demo_cnn" / "input.npz"),
+                "--output",
+                str(outs),
+            ]
+        )
+        == 0
+    )
     np.testing.assert_array_equal(read_npz(outs)["probs"], read_npz(target / "iree_outs.npz")["probs"])
 
 

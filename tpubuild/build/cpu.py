@@ -162,7 +162,7 @@ class Vmfb:
         results = results if isinstance(results, (list, tuple)) else [results]
         arrays = [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
         names = self.outputs if len(self.outputs) == len(arrays) else [f"output_{i}" for i in range(len(arrays))]
-        return dict(zip(names, arrays))
+        return dict(zip(names, arrays, strict=False))
 
 
 def iree_run(vmfb: str, input_npz: str, out_outs: str) -> None:

@@ -532,7 +532,11 @@ def _cpu_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[str,
         {"model": m.name, "in_mlir": str(tp.tosa_mlir), "mode": target.mode, "out_vmfb": str(tp.vmfb)},
         file_dep=[tp.tosa_mlir],
         targets=[tp.vmfb],
-        config={"mode": target.mode, "flags": [*cpu.COMPILE_FLAGS, *cpu.MODE_FLAGS[target.mode]], "cpu": cpu.host_cpu()},
+        config={
+            "mode": target.mode,
+            "flags": [*cpu.COMPILE_FLAGS, *cpu.MODE_FLAGS[target.mode]],
+            "cpu": cpu.host_cpu(),
+        },
     )
     yield _task(
         "iree_run",

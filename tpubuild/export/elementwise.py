@@ -163,7 +163,9 @@ def _c(bd: Body, value: float, el: str) -> str:
 def _sigmoid(bd: Body, x: str, el: str) -> str:
     """1 / (1 + exp(-x))."""
     one = _c(bd, 1.0, el)
-    return bd.f("arith.divf", one, bd.f("arith.addf", one, bd.f("math.exp", bd.f("arith.negf", x, el=el), el=el), el=el), el=el)
+    return bd.f(
+        "arith.divf", one, bd.f("arith.addf", one, bd.f("math.exp", bd.f("arith.negf", x, el=el), el=el), el=el), el=el
+    )
 
 
 def _softplus(bd: Body, x: str, el: str) -> str:
@@ -197,7 +199,9 @@ def _gelu(bd, x, el, p):
 
 def _elu(bd, x, el, alpha):
     zero = _c(bd, 0.0, el)
-    neg = bd.f("arith.mulf", _c(bd, alpha, el), bd.f("math.expm1", bd.f("arith.minimumf", x, zero, el=el), el=el), el=el)
+    neg = bd.f(
+        "arith.mulf", _c(bd, alpha, el), bd.f("math.expm1", bd.f("arith.minimumf", x, zero, el=el), el=el), el=el
+    )
     return bd.select(bd.cmpf("ogt", x, zero, el), x, neg, el)
 
 

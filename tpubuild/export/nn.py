@@ -25,7 +25,7 @@ def _fit_windows(e: Emitter, x: Val, axes, kernel, strides, dilations, pads_begi
     the end pad from the output size; input rows past the last window sliced off."""
     ends = []
     size = list(x.shape)
-    for axis, k, s, d, pb, out in zip(axes, kernel, strides, dilations, pads_begin, outs):
+    for axis, k, s, d, pb, out in zip(axes, kernel, strides, dilations, pads_begin, outs, strict=False):
         need = (out - 1) * s + (k - 1) * d + 1 - x.shape[axis] - pb
         if need < 0:
             size[axis] += need
@@ -100,7 +100,11 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray, b: Val | None, out_shape
                 bi = e.const(bias_all[i * ocg : (i + 1) * ocg])
             else:
                 bi = e.slice(b, [i * ocg], [ocg])
-            wi = w[i * ocg : (i + 1) * ocg] if isinstance(w, np.ndarray) else e.slice(w, [i * ocg, 0, 0, 0], [ocg, *w.shape[1:]])
+            wi = (
+                w[i * ocg : (i + 1) * ocg]
+                if isinstance(w, np.ndarray)
+                else e.slice(w, [i * ocg, 0, 0, 0], [ocg, *w.shape[1:]])
+            )
             parts.append(_conv2d_nhwc(e, xi, wi, bi, p, out_hw, False))
         y = e.concat(parts, 3)
     if p.do_relu:
@@ -162,9 +166,7 @@ def _(e: Emitter, op, p: top.DeconvParams, args):
         ends.append(reach - p.pads[nd + i] + extra[i])
     # negative pads crop: done on the zero-stuffed input before the conv
     start = [0, 0] + [max(0, -b_) for b_ in begins]
-    size = [x.shape[0], x.shape[1]] + [
-        x.shape[2 + i] - max(0, -begins[i]) - max(0, -ends[i]) for i in range(nd)
-    ]
+    size = [x.shape[0], x.shape[1]] + [x.shape[2 + i] - max(0, -begins[i]) - max(0, -ends[i]) for i in range(nd)]
     if any(v < 0 for v in begins + ends):
         x = e.slice(x, start, size)
     del crop_begin
@@ -239,10 +241,12 @@ def _pool_2d(e: Emitter, op, p: top.PoolParams, x: Val, kind: str, out_shape) ->
         # the declared pads count: written as zeros, then pooled without padding
         xh = e.pad(xh, [0, p.pads[0], p.pads[1], 0], [0, p.pads[2], p.pads[3], 0])
         begins = [0, 0]
-    xh, ends = _fit_windows(e, xh, (1, 2), p.kernel_shape, p.strides, (1, 1), begins, None or [0, 0], out_shape[2:])
+    xh, ends = _fit_windows(e, xh, (1, 2), p.kernel_shape, p.strides, (1, 1), begins, [0, 0], out_shape[2:])
     if kind == "avg" and p.count_include_pad and any(p.pads):
         ends = [max(0, v) for v in ends]
-    if any(pb >= k for pb, k in zip(begins, p.kernel_shape)) or any(pe >= k for pe, k in zip(ends, p.kernel_shape)):
+    if any(pb >= k for pb, k in zip(begins, p.kernel_shape, strict=False)) or any(
+        pe >= k for pe, k in zip(ends, p.kernel_shape, strict=False)
+    ):
         fill = -math.inf if kind == "max" else 0.0
         if kind != "max":
             raise NotImplementedError("average pooling with pads as large as its window")
@@ -280,11 +284,18 @@ def _(e: Emitter, op, p: top.SoftmaxParams, args):
     axis = p.axis % x.rank
     if p.beta != 1.0:
         x = e.binary("tosa.mul", x, e.scalar(p.beta, x.dtype, x.rank))
-    m = e.op1("tosa.reduce_max", [x], [1 if i == axis else d for i, d in enumerate(x.shape)], x.dtype, f"axis = {axis} : i32")
+    m = e.op1(
+        "tosa.reduce_max", [x], [1 if i == axis else d for i, d in enumerate(x.shape)], x.dtype, f"axis = {axis} : i32"
+    )
     ex = e.map([x, m], lambda bd, v: bd.f("math.exp", bd.f("arith.subf", *v, el=el), el=el))
     s = reduce_sum(e, ex, [axis])
     if p.log:
-        return e.map([x, m, s], lambda bd, v: bd.f("arith.subf", bd.f("arith.subf", v[0], v[1], el=el), bd.f("math.log", v[2], el=el), el=el))
+        return e.map(
+            [x, m, s],
+            lambda bd, v: bd.f(
+                "arith.subf", bd.f("arith.subf", v[0], v[1], el=el), bd.f("math.log", v[2], el=el), el=el
+            ),
+        )
     return e.map([ex, s], lambda bd, v: bd.f("arith.divf", *v, el=el))
 
 
@@ -294,7 +305,9 @@ def _normalize(e: Emitter, x: Val, axes, eps: float) -> tuple[Val, Val, Val]:
     mean = reduce_mean(e, x, axes)
     centered = e.binary("tosa.sub", x, mean)
     var = reduce_mean(e, e.binary("tosa.mul", centered, centered), axes)
-    rstd = e.map([var], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(eps, x.dtype), el=el), el=el))
+    rstd = e.map(
+        [var], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(eps, x.dtype), el=el), el=el)
+    )
     return e.binary("tosa.mul", centered, rstd), mean, rstd
 
 
@@ -316,7 +329,9 @@ def _(e: Emitter, op, p: top.RMSNormParams, args):
     el = element(x.dtype)
     axes = range(p.axis % x.rank, x.rank)
     ms = reduce_mean(e, e.binary("tosa.mul", x, x), axes)
-    rstd = e.map([ms], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el))
+    rstd = e.map(
+        [ms], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el)
+    )
     y = e.binary("tosa.mul", x, rstd)
     return e.binary("tosa.mul", y, gamma) if gamma is not None else y
 
@@ -332,7 +347,10 @@ def _(e: Emitter, op, p: top.EpsParams, args):
     el = element(x.dtype)
     rank = x.rank
     y = e.binary("tosa.sub", x, _per_channel(e, mean, rank))
-    rstd = e.map([_per_channel(e, var, rank)], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el))
+    rstd = e.map(
+        [_per_channel(e, var, rank)],
+        lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el),
+    )
     y = e.binary("tosa.mul", y, rstd)
     if scale is not None:
         y = e.binary("tosa.mul", y, _per_channel(e, scale, rank))
@@ -381,12 +399,16 @@ def _(e: Emitter, op, p: top.LRNParams, args):
     lo, hi = (p.size - 1) // 2, p.size // 2
     t = e.pad(t, [0, lo, 0, 0], [0, hi, 0, 0])
     zp = e.zero_point(x.dtype)
-    props = f"acc_type = {el}, kernel = array<i64: {p.size}, 1>, pad = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1>"
+    props = (
+        f"acc_type = {el}, kernel = array<i64: {p.size}, 1>, pad = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1>"
+    )
     avg = e.op1("tosa.avg_pool2d", [t, zp, zp], [n, c, hw, 1], x.dtype, props)
     avg = e.reshape(avg, x.shape)
 
     def body(bd, v):
-        base = bd.f("arith.addf", bd.const(p.bias, x.dtype), bd.f("arith.mulf", bd.const(p.alpha, x.dtype), v[1], el=el), el=el)
+        base = bd.f(
+            "arith.addf", bd.const(p.bias, x.dtype), bd.f("arith.mulf", bd.const(p.alpha, x.dtype), v[1], el=el), el=el
+        )
         return bd.f("arith.divf", v[0], bd.f("math.powf", base, bd.const(p.beta, x.dtype), el=el), el=el)
 
     return e.map([x, avg], body)

@@ -73,7 +73,7 @@ def _step(e: Emitter, x: Val, axis: int, step: int, count: int) -> Val:
 @rule(top.SliceOp)
 def _(e: Emitter, op, p: top.SliceParams, args):
     (x,) = args
-    for axis, (start, stop, step) in enumerate(zip(p.offset, p.ends, p.steps)):
+    for axis, (start, stop, step) in enumerate(zip(p.offset, p.ends, p.steps, strict=False)):
         n = x.shape[axis]
         count = len(range(start, stop, step))
         if count == n and step == 1:
@@ -99,7 +99,7 @@ def _(e: Emitter, op, p: top.PadParams, args):
     begins, ends = list(p.paddings[:rank]), list(p.paddings[rank:])
     # negative pads crop first
     start = [max(0, -b) for b in begins]
-    size = [d - max(0, -b) - max(0, -a) for d, b, a in zip(x.shape, begins, ends)]
+    size = [d - max(0, -b) - max(0, -a) for d, b, a in zip(x.shape, begins, ends, strict=False)]
     x = e.slice(x, start, size)
     begins, ends = [max(0, b) for b in begins], [max(0, a) for a in ends]
     if p.mode == "constant":

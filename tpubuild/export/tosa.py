@@ -139,7 +139,9 @@ class Body:
     def const(self, value, dtype) -> str:
         out = self.e.fresh()
         el = element(dtype)
-        self.lines.append(f'{out} = "arith.constant"() <{{value = {scalar_literal(value, dtype)} : {el}}}> : () -> {el}')
+        self.lines.append(
+            f'{out} = "arith.constant"() <{{value = {scalar_literal(value, dtype)} : {el}}}> : () -> {el}'
+        )
         return out
 
     # the few float ops rules use, by name
@@ -318,22 +320,20 @@ class Emitter:
         if all(m == 1 for m in multiples):
             return v
         m = self.shape(multiples)
-        shape = [d * k for d, k in zip(v.shape, multiples)]
-        return self.op(
-            "tosa.tile", [v, m], [(shape, v.dtype)], operand_types=[v.type, f"!tosa.shape<{v.rank}>"]
-        )[0]
+        shape = [d * k for d, k in zip(v.shape, multiples, strict=False)]
+        return self.op("tosa.tile", [v, m], [(shape, v.dtype)], operand_types=[v.type, f"!tosa.shape<{v.rank}>"])[0]
 
     def broadcast_to(self, v: Val, shape: Sequence[int]) -> Val:
         v = self.ranked(v, len(shape))
-        return self.tile(v, [s if d == 1 else 1 for d, s in zip(v.shape, shape)])
+        return self.tile(v, [s if d == 1 else 1 for d, s in zip(v.shape, shape, strict=False)])
 
     def pad(self, v: Val, begins: Sequence[int], ends: Sequence[int], value: float = 0.0) -> Val:
         if not any(begins) and not any(ends):
             return v
-        flat = [x for pair in zip(begins, ends) for x in pair]
+        flat = [x for pair in zip(begins, ends, strict=False) for x in pair]
         p = self.shape(flat)
         c = self.const(np.full((1,), value, dtype=v.dtype))
-        shape = [d + b + e for d, b, e in zip(v.shape, begins, ends)]
+        shape = [d + b + e for d, b, e in zip(v.shape, begins, ends, strict=False)]
         return self.op(
             "tosa.pad", [v, p, c], [(shape, v.dtype)], operand_types=[v.type, f"!tosa.shape<{2 * v.rank}>", c.type]
         )[0]
@@ -368,7 +368,9 @@ class Emitter:
             lo, hi = max(lo, info.min), min(hi, info.max)
         el = element(v.dtype)
         return self.unary(
-            "tosa.clamp", v, f"max_val = {scalar_literal(hi, v.dtype)} : {el}, min_val = {scalar_literal(lo, v.dtype)} : {el}"
+            "tosa.clamp",
+            v,
+            f"max_val = {scalar_literal(hi, v.dtype)} : {el}, min_val = {scalar_literal(lo, v.dtype)} : {el}",
         )
 
     def relu(self, v: Val, limit: float = -1.0) -> Val:
@@ -384,7 +386,10 @@ class Emitter:
         dims = [f"d{i}" for i in range(rank)]
         maps = []
         for v in inputs:
-            exprs = ["0" if d == 1 and s != 1 else dims[rank - v.rank + i] for i, (d, s) in enumerate(zip(v.shape, shape[rank - v.rank :]))]
+            exprs = [
+                "0" if d == 1 and s != 1 else dims[rank - v.rank + i]
+                for i, (d, s) in enumerate(zip(v.shape, shape[rank - v.rank :], strict=False))
+            ]
             maps.append(f"affine_map<({', '.join(dims)}) -> ({', '.join(exprs)})>")
         maps.append(f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>")
         init = self.op1("tensor.empty", [], shape, out_dt)
@@ -393,7 +398,7 @@ class Emitter:
         out_arg = self.fresh()
         result = body(b, args)
         inputs = [self.use(v) for v in inputs]
-        block = ", ".join(f"{a}: {element(v.dtype)}" for a, v in zip(args, inputs))
+        block = ", ".join(f"{a}: {element(v.dtype)}" for a, v in zip(args, inputs, strict=False))
         block = f"{block}, {out_arg}: {element(out_dt)}" if block else f"{out_arg}: {element(out_dt)}"
         region = [f"^bb0({block}):", *b.lines, f'"linalg.yield"({result}) : ({element(out_dt)}) -> ()']
         iterators = ", ".join(["#linalg.iterator_type<parallel>"] * rank)
@@ -546,7 +551,7 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
         except TpuBuildError as err:
             raise err.with_context(model=model, loc=op.loc_name, stage="export") from None
         outs = out if isinstance(out, tuple) else (out,)
-        for result, val in zip(op.results, outs):
+        for result, val in zip(op.results, outs, strict=False):
             expect = (shape_of(result.type), dtype_of(result.type))
             if val is not None and (val.shape, val.dtype) != expect:
                 raise TpuBuildError(
