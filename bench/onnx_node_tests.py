@@ -395,6 +395,8 @@ def _iree_batch(batch: list, work: Path) -> None:
             r.iree, r.iree_reason = "fail", f"{len(got)} outputs, expected {len(expected)}"
             continue
         for j, (g, want) in enumerate(zip(got, expected)):
+            if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
+                g = g.reshape(())
             problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
             if problem:
                 r.iree, r.iree_reason = "fail", f"output {j}: {problem}"

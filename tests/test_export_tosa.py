@@ -178,7 +178,7 @@ def _demo_manifest(tmp_path: Path) -> Path:
 
 
 @needs_iree
-def test_cpu_target_builds_runs_and_verifies(tmp_path, capsys):
+def test_cpu_target_builds_runs_and_verifies(tmp_path):
     """demo_cnn's cpu target through doit: tosa.mlir, the vmfb, IREE's outputs, verify.json's fifth level, the
     page and the summary; then the CLI's export and run on the same files."""
     from tpubuild.build.files import read_npz
@@ -196,8 +196,6 @@ def test_cpu_target_builds_runs_and_verifies(tmp_path, capsys):
     assert "Top vs IREE" in (target / "report.html").read_text(encoding="utf-8")
     summary = (build / "demo_cnn" / "summary.txt").read_text(encoding="utf-8")
     assert "iree       cpu-F32/demo_cnn.vmfb vs top_outs.npz" in summary
-    out = capsys.readouterr().out
-    assert "IREE cos" in out
 
     exported = tmp_path / "again.mlir"
     assert main(["export", "--tosa", str(build / "demo_cnn" / "canonical.mlir"), "-o", str(exported)]) == 0

@@ -415,3 +415,83 @@ def _(e: Emitter, op, p: top.LRNParams, args):
 
 
 __all__ = ["conv_nchw", "scalar_literal"]
+
+
+@rule(top.EinsumOp)
+def _(e: Emitter, op, p: top.EinsumParams, args):
+    """One ``linalg.generic``: a loop per subscript letter, the output's parallel and the rest reductions, the
+    products of the operands' elements summed into a zero tensor."""
+    if "." in p.mode or "->" not in p.mode:
+        raise NotImplementedError(f"einsum {p.mode!r} (ellipsis or implicit output)")
+    lhs, out = p.mode.replace(" ", "").split("->")
+    subs = lhs.split(",")
+    x0 = args[0]
+    if not x0.is_float or any(v.dtype != x0.dtype for v in args):
+        raise NotImplementedError(f"einsum of {[v.dtype.name for v in args]}")
+    letters = list(dict.fromkeys(out + "".join(subs)))
+    sizes = {}
+    for sub, v in zip(subs, args, strict=True):
+        for letter, d in zip(sub, v.shape, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    if any(
+        d not in (1, sizes[letter])
+        for sub, v in zip(subs, args, strict=True)
+        for letter, d in zip(sub, v.shape, strict=True)
+    ):
+        raise NotImplementedError(f"einsum {p.mode!r} on shapes {[v.shape for v in args]}")
+    dims = ", ".join(f"d{i}" for i in range(len(letters)))
+    index = {letter: f"d{i}" for i, letter in enumerate(letters)}
+
+    def amap(sub: str, shape) -> str:
+        exprs = ["0" if d == 1 and sizes[letter] != 1 else index[letter] for letter, d in zip(sub, shape, strict=True)]
+        return f"affine_map<({dims}) -> ({', '.join(exprs)})>"
+
+    shape = [sizes[letter] for letter in out]
+    el = element(x0.dtype)
+    init = e.const(np.zeros(shape, x0.dtype))
+    ins = [e.use(v) for v in args]
+    names = [e.fresh() for _ in args]
+    acc = e.fresh()
+    lines = [f"^bb0({', '.join(f'{n}: {el}' for n in names)}, {acc}: {el}):"]
+    prod = names[0]
+    for n in names[1:]:
+        new = e.fresh()
+        lines.append(f'{new} = "arith.mulf"({prod}, {n}) : ({el}, {el}) -> {el}')
+        prod = new
+    total = e.fresh()
+    lines.append(f'{total} = "arith.addf"({acc}, {prod}) : ({el}, {el}) -> {el}')
+    lines.append(f'"linalg.yield"({total}) : ({el}) -> ()')
+    maps = [amap(s, v.shape) for s, v in zip(subs, args, strict=True)] + [amap(out, shape)]
+    iterators = ", ".join(
+        "#linalg.iterator_type<parallel>" if letter in out else "#linalg.iterator_type<reduction>" for letter in letters
+    )
+    props = (
+        f"indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}], "
+        f"operandSegmentSizes = array<i32: {len(ins)}, 1>"
+    )
+    return e.op("linalg.generic", [*ins, init], [(shape, x0.dtype)], props, region=lines)[0]
+
+
+@rule(top.CumSumOp)
+def _(e: Emitter, op, p: top.CumSumParams, args):
+    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last)."""
+    (x,) = args
+    if not x.is_float:
+        raise NotImplementedError(f"cumulative sum of {x.dtype}")
+    axis = p.axis % x.rank
+    n = x.shape[axis]
+    i, j = np.indices((n, n))
+    keep = (i >= j) if p.reverse else (i <= j)
+    if p.exclusive:
+        keep &= i != j
+    perm = [d for d in range(x.rank) if d != axis] + [axis]
+    moved = e.transpose(x, perm)
+    rows = math.prod(moved.shape[:-1])
+    zp = e.zero_point(x.dtype)
+    prod = e.op1(
+        "tosa.matmul",
+        [e.reshape(moved, [1, rows, n]), e.const(keep.astype(x.dtype).reshape(1, n, n)), zp, zp],
+        [1, rows, n],
+        x.dtype,
+    )
+    return e.transpose(e.reshape(prod, moved.shape), np.argsort(perm))
