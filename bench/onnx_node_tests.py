@@ -383,9 +383,9 @@ def _iree_batch(batch: list, work: Path) -> None:
             fn = module.context.modules.module[name]
             names = json.loads(exported.reflection["tpubuild.inputs"])
             # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
-            outs = fn(
-                *[np.ascontiguousarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None) for n in names]
-            )
+            # unsigned integers as the signed ones of the same bits (the export's integers are signless)
+            args = [np.ascontiguousarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None) for n in names]
+            outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
         except Exception as e:  # a runtime error is this case's failure, not the bench's
@@ -397,6 +397,8 @@ def _iree_batch(batch: list, work: Path) -> None:
         for j, (g, want) in enumerate(zip(got, expected)):
             if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
                 g = g.reshape(())
+            if want.dtype.kind == "u" and g.dtype.kind == "i" and g.dtype.itemsize == want.dtype.itemsize:
+                g = g.view(want.dtype)
             problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
             if problem:
                 r.iree, r.iree_reason = "fail", f"output {j}: {problem}"

@@ -109,6 +109,12 @@ def iree_compile(model: str, in_mlir: str, mode: str, out_vmfb: str) -> None:
 _FLOATS = {"f16": "float16", "f32": "float32"}
 
 
+def _signless(a):
+    """An unsigned array as the signed one of the same bits: the export's integers are signless (IREE's ABI
+    checks the element type)."""
+    return a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a
+
+
 class Vmfb:
     """A loaded .vmfb: ``run(inputs by name) -> outputs by name`` (names from the export's reflection)."""
 
@@ -151,7 +157,7 @@ class Vmfb:
         arrays = [inputs[n] for n in self.inputs] if self.inputs else list(inputs.values())
         # as compiled: IREE demotes f64 to f32 (and an F16 build takes f16)
         return [
-            np.ascontiguousarray(a, _FLOATS[t] if t in _FLOATS and np.asarray(a).dtype.kind == "f" else None)
+            _signless(np.ascontiguousarray(a, _FLOATS[t] if t in _FLOATS and np.asarray(a).dtype.kind == "f" else None))
             for a, t in itertools.zip_longest(arrays, self.arg_types[: len(arrays)])
         ]
 

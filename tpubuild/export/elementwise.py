@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tpubuild.export.tosa import Body, Emitter, Val, element, rule, scalar_literal
@@ -48,7 +49,8 @@ def _(e: Emitter, op, p, args):
     el = element(a.dtype)
     if a.is_float:
         return e.map(args, lambda bd, x: bd.f("arith.divf", *x, el=el))
-    return e.map(args, lambda bd, x: bd.op("arith.divsi", *x, type=el))  # ONNX integer Div truncates
+    div = "arith.divui" if a.dtype.kind == "u" else "arith.divsi"  # ONNX integer Div truncates
+    return e.map(args, lambda bd, x: bd.op(div, *x, type=el))
 
 
 @rule(top.MaxOp, top.MinOp)
@@ -86,6 +88,8 @@ def _(e: Emitter, op, p: top.ModParams, args):
             return bd.select(fix, bd.f("arith.addf", r, x[1], el=el), r, el)
         return bd.op("arith.remsi", *x, type=el)  # integer fmod: the dividend's sign
 
+    if a.dtype.kind == "u":  # no signs: both modes are the remainder
+        return e.map(args, lambda bd, x: bd.op("arith.remui", *x, type=el))
     if not a.is_float and not p.fmod:
         # floor modulo of integers: remsi, then the divisor added where the signs differ
         def ibody(bd: Body, x):
@@ -335,6 +339,8 @@ def _(e: Emitter, op, p: top.CastParams, args):
     (x,) = args
     to = dtype_from_name(p.to)
     element(to)
+    if "u" in (x.dtype.kind, to.kind) and to != np.bool_ and x.dtype != np.bool_:
+        return _unsigned_cast(e, x, to)
     if x.is_float and to.kind in "iu":
         # float -> int truncates toward zero, as C casts (tosa.cast rounds to nearest)
         el = element(x.dtype)
@@ -342,6 +348,22 @@ def _(e: Emitter, op, p: top.CastParams, args):
     if to == np.bool_ and x.dtype != np.bool_:
         return e.unary("tosa.logical_not", e.binary("tosa.equal", x, e.scalar(0, x.dtype, x.rank), np.bool_))
     return e.cast(x, to)
+
+
+def _unsigned_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
+    """A cast from or to an unsigned type: the arith op that reads (or writes) the bits unsigned."""
+    src, dst = element(x.dtype), element(to)
+    if x.is_float:
+        return e.map([x], lambda bd, v: bd.typed("arith.fptoui", [(v[0], src)], dst), dtype=to)
+    if to.kind == "f" or to == np.dtype(ml_dtypes.bfloat16):
+        op = "arith.uitofp" if x.dtype.kind == "u" else "arith.sitofp"
+        return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
+    if x.dtype.itemsize == to.itemsize:
+        return Val(x.name, x.shape, to, x.array)  # the same bits, signless
+    if x.dtype.itemsize > to.itemsize:
+        return e.map([x], lambda bd, v: bd.typed("arith.trunci", [(v[0], src)], dst), dtype=to)
+    op = "arith.extui" if x.dtype.kind == "u" else "arith.extsi"
+    return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
 
 
 # ---- reductions -----------------------------------------------------------------------------------------
@@ -370,6 +392,8 @@ def _(e: Emitter, op, p: top.ReduceParams, args):
     (x,) = args
     el = element(x.dtype)
     mode = p.mode
+    if x.dtype.kind == "u" and mode in ("ReduceMax", "ReduceMin"):
+        raise NotImplementedError(f"{mode} of unsigned integers (TOSA's compare signed)")
     if mode in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd") or (mode == "ReduceMean" and x.is_float):
         name = {
             "ReduceMax": "tosa.reduce_max",
@@ -409,6 +433,8 @@ def _(e: Emitter, op, p: top.ReduceParams, args):
 @rule(top.ArgOp)
 def _(e: Emitter, op, p: top.ArgParams, args):
     (x,) = args
+    if x.dtype.kind == "u":
+        raise NotImplementedError("arg max/min of unsigned integers (TOSA's compare signed)")
     if p.select_last_index:
         x = e.unary("tosa.reverse", x, f"axis = {p.axis} : i32")
     if p.mode == "ArgMin":

@@ -39,6 +39,25 @@ _ELEMENT = {
     np.dtype(np.int16): "i16",
     np.dtype(np.int8): "i8",
     np.dtype(np.bool_): "i1",
+    # unsigned integers are signless of the same width; the ops whose meaning depends on the sign (compare,
+    # divide, max/min, casts) take unsigned arith ops (Emitter.binary, the cast rule), the others are the same bits
+    np.dtype(np.uint8): "i8",
+    np.dtype(np.uint16): "i16",
+    np.dtype(np.uint32): "i32",
+    np.dtype(np.uint64): "i64",
+}
+
+# TOSA binary ops on integers that TOSA's profile refuses (8/16-bit, unsigned), as arith ops in a linalg.generic:
+# (op, unsigned variant, cmpi predicate or None)
+_INT_BINARY = {
+    "tosa.add": ("arith.addi", "arith.addi", None),
+    "tosa.sub": ("arith.subi", "arith.subi", None),
+    "tosa.mul": ("arith.muli", "arith.muli", None),
+    "tosa.maximum": ("arith.maxsi", "arith.maxui", None),
+    "tosa.minimum": ("arith.minsi", "arith.minui", None),
+    "tosa.equal": ("arith.cmpi", "arith.cmpi", (0, 0)),
+    "tosa.greater": ("arith.cmpi", "arith.cmpi", (4, 8)),
+    "tosa.greater_equal": ("arith.cmpi", "arith.cmpi", (5, 9)),
 }
 
 # weight bytes hex-encoded per write
@@ -341,11 +360,20 @@ class Emitter:
     # ---- elementwise through tosa and linalg ------------------------------------------------------------
 
     def binary(self, name: str, a: Val, b: Val, dtype=None) -> Val:
-        """A broadcasting TOSA binary op (ranks aligned first); tosa.mul gets its zero shift. 8- and 16-bit
-        integers compute in i32 (TOSA's integer profile), the result cast back."""
-        if a.dtype.kind == "i" and a.dtype.itemsize < 4 and b.dtype == a.dtype:
-            wide = self.binary(name, self.cast(a, np.int32), self.cast(b, np.int32), dtype)
-            return wide if wide.dtype == np.bool_ else self.cast(wide, a.dtype)
+        """A broadcasting TOSA binary op (ranks aligned first); tosa.mul gets its zero shift. 8- and 16-bit and
+        unsigned integers, which TOSA's integer profile refuses, as the arith op in a linalg.generic."""
+        if a.dtype.kind in "iu" and (a.dtype.itemsize < 4 or a.dtype.kind == "u") and name in _INT_BINARY:
+            signed, unsigned, predicates = _INT_BINARY[name]
+            arith = unsigned if a.dtype.kind == "u" else signed
+            el = element(a.dtype)
+            if predicates is None:
+                return self.map([a, b], lambda bd, x: bd.op(arith, *x, type=el))
+            pred = predicates[a.dtype.kind == "u"]
+            return self.map(
+                [a, b],
+                lambda bd, x: bd.op(arith, *x, type=el, result="i1", props=f"predicate = {pred} : i64"),
+                dtype=np.bool_,
+            )
         rank = max(a.rank, b.rank)
         a, b = self.ranked(a, rank), self.ranked(b, rank)
         shape = np.broadcast_shapes(a.shape, b.shape)
@@ -366,6 +394,10 @@ class Emitter:
         else:
             info = np.iinfo(v.dtype)
             lo, hi = max(lo, info.min), min(hi, info.max)
+            if v.dtype.kind == "u" or v.dtype.itemsize < 4:  # not in TOSA's integer profile: max then min
+                a, b = self.scalar(lo, v.dtype, v.rank), self.scalar(hi, v.dtype, v.rank)
+                up = self.binary("tosa.maximum", v, a)
+                return self.binary("tosa.minimum", up, b)
         el = element(v.dtype)
         return self.unary(
             "tosa.clamp",
