@@ -384,7 +384,9 @@ def _iree_batch(batch: list, work: Path) -> None:
             names = json.loads(exported.reflection["tpubuild.inputs"])
             # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
             # unsigned integers as the signed ones of the same bits (the export's integers are signless)
-            args = [np.ascontiguousarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None) for n in names]
+            args = [
+                np.asarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None, order="C") for n in names
+            ]
             outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]

@@ -157,7 +157,9 @@ class Vmfb:
         arrays = [inputs[n] for n in self.inputs] if self.inputs else list(inputs.values())
         # as compiled: IREE demotes f64 to f32 (and an F16 build takes f16)
         return [
-            _signless(np.ascontiguousarray(a, _FLOATS[t] if t in _FLOATS and np.asarray(a).dtype.kind == "f" else None))
+            _signless(
+                np.asarray(a, _FLOATS[t] if t in _FLOATS and np.asarray(a).dtype.kind == "f" else None, order="C")
+            )
             for a, t in itertools.zip_longest(arrays, self.arg_types[: len(arrays)])
         ]
 
