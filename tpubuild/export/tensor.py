@@ -261,3 +261,25 @@ def _(e: Emitter, op, p: top.TriluParams, args):
     zero = e.scalar(0, x.dtype, x.rank)
     element(x.dtype)
     return e.op1("tosa.select", [mask, x, zero], x.shape, x.dtype)
+
+
+@rule(top.GatherElementsOp)
+def _(e: Emitter, op, p: top.AxisParams, args):
+    """A linalg.generic over the indices: each element extracted from the input at its own position, the axis
+    replaced by its index (negatives counted from the end)."""
+    x, idx = args
+    axis = p.axis % x.rank
+    x = e.use(x)
+    el_idx = element(idx.dtype)
+
+    def body(bd, v):
+        raw = bd.typed("arith.index_cast", [(v[0], el_idx)], "index")
+        dim = bd.typed("arith.constant", [], "index", f"value = {x.shape[axis]} : index")
+        zero = bd.typed("arith.constant", [], "index", "value = 0 : index")
+        neg = bd.typed("arith.cmpi", [(raw, "index"), (zero, "index")], "i1", "predicate = 2 : i64")
+        wrapped = bd.typed("arith.addi", [(raw, "index"), (dim, "index")], "index")
+        k = bd.typed("arith.select", [(neg, "i1"), (wrapped, "index"), (raw, "index")], "index")
+        at = [k if d == axis else bd.typed("linalg.index", [], "index", f"dim = {d} : i64") for d in range(x.rank)]
+        return bd.typed("tensor.extract", [(x.name, x.type)] + [(i, "index") for i in at], element(x.dtype))
+
+    return e.generic([idx], idx.shape, x.dtype, body)
