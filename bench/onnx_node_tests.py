@@ -42,6 +42,8 @@ import onnx
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
+# bench/iree.py would shadow the `iree` package (the IREE column) were this folder first on the path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 CACHE = ROOT / "build" / "onnx-node-cases"
 WHEEL_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 SUITES = ("node", "pytorch-converted", "pytorch-operator")
@@ -197,6 +199,10 @@ class Result:
     status: str  # pass, fail, unsupported
     reason: str = ""
     frozen: tuple[str, ...] = ()
+    # the converted graphs and their data, kept for the IREE column: (module, weights, feeds, expected) per data set
+    graphs: list = dataclasses.field(default_factory=list, repr=False)
+    iree: str = ""  # through TOSA/IREE: pass, fail ("" not run)
+    iree_reason: str = ""
 
 
 def _freeze(model: onnx.ModelProto, name: str, value: onnx.TensorProto) -> None:
@@ -269,6 +275,7 @@ def run_case(case: Case) -> Result:
     if reason:
         return Result(case, op, "unsupported", reason)
     frozen: list[str] = []
+    graphs: list = []
     for ins, expected in case.data_sets():
         inits = {t.name for t in model.graph.initializer}
         real = [i.name for i in model.graph.input if i.name not in inits]
@@ -297,19 +304,107 @@ def run_case(case: Case) -> Result:
             if canonicalize is not None:
                 module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
             module = mlir.parse_module(mlir.print_module(module))
-            outs = run(module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, all_tensors=False)
+            arrays = {n: numpy_helper.to_array(t) for n, t in feeds.items()}
+            graphs.append((module, weights, arrays, expected))
+            outs = run(module, weights, arrays, all_tensors=False)
         except TpuBuildError as e:
-            return Result(case, op, "fail", f"canonicalize/inference: {e.problem}", tuple(frozen))
+            return Result(case, op, "fail", f"canonicalize/inference: {e.problem}", tuple(frozen), graphs)
         except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
-            return Result(case, op, "fail", f"{type(e).__name__}: {e}", tuple(frozen))
+            return Result(case, op, "fail", f"{type(e).__name__}: {e}", tuple(frozen), graphs)
         names = mlir.output_names(module)
         if len(names) != len(expected):
-            return Result(case, op, "fail", f"{len(names)} outputs, expected {len(expected)}", tuple(frozen))
+            return Result(case, op, "fail", f"{len(names)} outputs, expected {len(expected)}", tuple(frozen), graphs)
         for j, (name, want) in enumerate(zip(names, expected)):
             problem = _compare(np.asarray(outs[name]), want)
             if problem:
-                return Result(case, op, "fail", f"output {j} ({name}): {problem}", tuple(frozen))
-    return Result(case, op, "pass", frozen=tuple(frozen))
+                return Result(case, op, "fail", f"output {j} ({name}): {problem}", tuple(frozen), graphs)
+    return Result(case, op, "pass", frozen=tuple(frozen), graphs=graphs)
+
+
+# ---- the same cases through TOSA and IREE ----------------------------------------------------------------
+
+# functions per iree-compile: one compile of many small cases instead of one each (a compile failure splits the
+# batch in halves until the failing case is alone)
+IREE_BATCH = 64
+
+
+def run_iree(results: Sequence[Result], work: Path) -> None:
+    """Each supported case's graphs exported to TOSA, compiled by IREE (llvm-cpu) and run on the case's inputs,
+    against the expected outputs as TOP's are; sets ``r.iree`` and ``r.iree_reason``."""
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.export.tosa import translate
+
+    functions = []  # (name, result, exported, feeds, expected)
+    for i, r in enumerate(results):
+        if r.status == "unsupported" or not r.graphs:
+            if r.status != "unsupported":
+                r.iree, r.iree_reason = "fail", f"not converted: {r.reason}"
+            continue
+        r.iree = "pass"
+        for j, (module, weights, feeds, expected) in enumerate(r.graphs):
+            name = f"c{i}_{j}"
+            try:
+                exported = translate(module, weights, r.case.name, key_prefix=f"{name}_")
+            except (TpuBuildError, NotImplementedError) as e:
+                r.iree, r.iree_reason = "fail", f"export: {getattr(e, 'problem', e)}"
+                break
+            functions.append((name, r, exported, feeds, expected))
+    functions = [f for f in functions if f[1].iree == "pass"]
+    for at in range(0, len(functions), IREE_BATCH):
+        _iree_batch(functions[at : at + IREE_BATCH], work)
+
+
+def _iree_batch(batch: list, work: Path) -> None:
+    import subprocess
+
+    from tpubuild.build.cpu import COMPILE_FLAGS, Vmfb, iree_tool
+    from tpubuild.export.tosa import write_functions
+
+    if not batch:
+        return
+    src, vmfb = work / "batch.mlir", work / "batch.vmfb"
+    with open(src, "wb") as fh:
+        write_functions(fh, [(name, exported) for name, _, exported, _, _ in batch], "onnx-node-tests")
+    done = subprocess.run([iree_tool("iree-compile"), *COMPILE_FLAGS, str(src), "-o", str(vmfb)], capture_output=True)
+    if done.returncode != 0:
+        if len(batch) == 1:
+            errors = [ln for ln in done.stderr.decode(errors="replace").splitlines() if "error" in ln]
+            batch[0][1].iree, batch[0][1].iree_reason = "fail", f"iree-compile: {(errors or ['?'])[0][:200]}"
+            return
+        half = len(batch) // 2
+        _iree_batch(batch[:half], work)
+        _iree_batch(batch[half:], work)
+        return
+    module = Vmfb(str(vmfb), function=batch[0][0])
+    for name, r, exported, feeds, expected in batch:
+        if r.iree != "pass":
+            continue
+        try:
+            fn = module.context.modules.module[name]
+            names = json.loads(exported.reflection["tpubuild.inputs"])
+            # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
+            # unsigned integers as the signed ones of the same bits (the export's integers are signless)
+            args = [
+                np.asarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None, order="C") for n in names
+            ]
+            outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
+        except Exception as e:  # a runtime error is this case's failure, not the bench's
+            r.iree, r.iree_reason = "fail", f"run: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        if len(got) != len(expected):
+            r.iree, r.iree_reason = "fail", f"{len(got)} outputs, expected {len(expected)}"
+            continue
+        for j, (g, want) in enumerate(zip(got, expected)):
+            if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
+                g = g.reshape(())
+            if want.dtype.kind == "u" and g.dtype.kind == "i" and g.dtype.itemsize == want.dtype.itemsize:
+                g = g.view(want.dtype)
+            problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
+            if problem:
+                r.iree, r.iree_reason = "fail", f"output {j}: {problem}"
+                break
 
 
 # ---- report ---------------------------------------------------------------------------
@@ -320,18 +415,25 @@ def report(suite: str, results: Sequence[Result], seconds: float, verbose: bool)
     for r in results:
         by_op[r.op].append(r)
     print(f"\n=== {suite}: {len(results)} cases ({seconds:.1f} s) ===")
-    print(f"{'op type':40s} {'pass':>5s} {'fail':>5s} {'unsup':>6s}")
+    iree = any(r.iree for r in results)
+    print(f"{'op type':40s} {'pass':>5s} {'fail':>5s} {'unsup':>6s}" + (f" {'IREE pass':>9s}" if iree else ""))
     for op in sorted(by_op):
         rs = by_op[op]
         n = collections.Counter(r.status for r in rs)
         if n["pass"] + n["fail"] == 0 and not verbose:
             continue
-        print(f"{op:40s} {n['pass']:5d} {n['fail']:5d} {n['unsupported']:6d}")
+        through = f" {sum(r.iree == 'pass' for r in rs):9d}" if iree else ""
+        print(f"{op:40s} {n['pass']:5d} {n['fail']:5d} {n['unsupported']:6d}{through}")
     fails = [r for r in results if r.status == "fail"]
     if fails:
         print(f"\n--- {suite}: failures ---")
         for r in fails:
             print(f"FAIL {r.case.name} [{r.op}]: {r.reason}")
+    iree_fails = [r for r in results if r.iree == "fail"]
+    if iree_fails:
+        print(f"\n--- {suite}: failures through TOSA/IREE ---")
+        for r in iree_fails:
+            print(f"IREE FAIL {r.case.name} [{r.op}]: {r.iree_reason}")
     if verbose:
         unsup = collections.Counter(r.reason for r in results if r.status == "unsupported")
         print(f"\n--- {suite}: unsupported, by reason ---")
@@ -346,6 +448,12 @@ def report(suite: str, results: Sequence[Result], seconds: float, verbose: bool)
         f"{len(supported) - passed} fail: pass rate {rate:.1f}% "
         f"({frozen} with graph inputs frozen to constants)"
     )
+    if iree:
+        through = sum(r.iree == "pass" for r in supported)
+        print(
+            f"{suite}: through TOSA/IREE: {through} pass of the {len(supported)} supported cases: pass rate "
+            f"{100.0 * through / max(len(supported), 1):.1f}% (TOP: {rate:.1f}%)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -354,18 +462,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--filter", help="regex on case names")
     ap.add_argument("--limit", type=int, help="at most N cases per suite")
     ap.add_argument("-v", "--verbose", action="store_true", help="also list unsupported op types and reasons")
+    ap.add_argument("--iree", action="store_true", help="also export each case to TOSA and run it with IREE")
     args = ap.parse_args(argv)
     totals = []
     for suite in args.suite or SUITES:
         cases = list_cases(suite, args.filter)[: args.limit]
         start = time.perf_counter()
         results = [run_case(c) for c in cases]
+        if args.iree:
+            with tempfile.TemporaryDirectory(prefix="tpubuild-node-iree-") as tmp:
+                run_iree(results, Path(tmp))
         report(suite, results, time.perf_counter() - start, args.verbose)
         supported = [r for r in results if r.status != "unsupported"]
-        totals.append((suite, len(supported), sum(r.status == "pass" for r in supported)))
+        through = sum(r.iree == "pass" for r in supported)
+        totals.append((suite, len(supported), sum(r.status == "pass" for r in supported), through))
     print("\n=== summary ===")
-    for suite, n, passed in totals:
-        print(f"{suite:20s} {passed:5d} / {n:5d} supported cases pass ({100.0 * passed / max(n, 1):.1f}%)")
+    for suite, n, passed, through in totals:
+        line = f"{suite:20s} {passed:5d} / {n:5d} supported cases pass ({100.0 * passed / max(n, 1):.1f}%)"
+        if args.iree:
+            line += f"; through TOSA/IREE {through:5d} ({100.0 * through / max(n, 1):.1f}%)"
+        print(line)
     return 0
 
 

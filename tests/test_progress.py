@@ -133,7 +133,7 @@ def test_table_rows(tmp_path):
     lines = zoo_table(plan, outcome)
     assert lines[0].startswith("summary: 1 of 3 model targets PASS")
     rows = {tuple(line.split()[:2]): line.split() for line in lines[3:6]}
-    assert rows[("m", "chipA-INT8")][2:] == ["PASS", "0.999910", "0.987654", "1.000000", "1.235", "2.0", "KB"]
+    assert rows[("m", "chipA-INT8")][2:] == ["PASS", "0.999910", "0.987654", "1.000000", "-", "1.235", "2.0", "KB"]
     assert rows[("m", "chipA-F32")][2:6] == ["FAIL", "verify_tpu", "0.999910", "-"]
     # the failed comparison the verify stage kept for the reports shows how far off it was
     write_json(

@@ -47,6 +47,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import json
 
+    if args.model.endswith(".vmfb"):
+        return _run_vmfb(args)
+
     from tpubuild.build.files import write_npz, write_text
     from tpubuild.sim.chip import run_file
 
@@ -62,6 +65,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"wrote {len(result.outputs)} outputs to {args.output}")
     if args.profile:
         write_text(args.profile, json.dumps(p, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+def _run_vmfb(args: argparse.Namespace) -> int:
+    """An IREE module (a cpu target's <model>.vmfb) on the local CPU."""
+    import time
+
+    from tpubuild.build.cpu import Vmfb
+    from tpubuild.build.files import write_npz
+
+    if args.profile:
+        raise TpuBuildError("--profile is for .model files (the chip's cycle model); a .vmfb runs on this CPU")
+    module = Vmfb(args.model)
+    start = time.perf_counter()
+    outputs = module.run(_read_npz(args.input))
+    ms = (time.perf_counter() - start) * 1e3
+    write_npz(args.output, outputs)
+    print(f"ran {module.model} with IREE on the local CPU in {ms:.3f} ms (first call)")
+    print(f"wrote {len(outputs)} outputs to {args.output}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tpubuild.export.tosa import export_file
+
+    export_file(args.mlir, args.output, resources=not args.inline_weights)
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -195,12 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_infer)
 
-    p = sub.add_parser("run", help="run a .model file on the simulated chip (outputs and a cycle estimate)")
-    p.add_argument("model", metavar="MODEL.model")
+    p = sub.add_parser(
+        "run",
+        help="run a .model file on the simulated chip (outputs and a cycle estimate), or a .vmfb with IREE on this CPU",
+    )
+    p.add_argument("model", metavar="MODEL.model|MODEL.vmfb")
     p.add_argument("--input", required=True, metavar="in.npz", help="one array per model input, by name")
     p.add_argument("--output", required=True, metavar="out.npz", help="the model outputs, in their stored types")
     p.add_argument("--profile", metavar="profile.json", help="write cycles, time, DDR bytes and utilisation here")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "export", help="export a TOP .mlir (origin or canonical) to upstream MLIR: tosa, linalg, arith, math, tensor"
+    )
+    p.add_argument("--tosa", required=True, dest="mlir", metavar="FILE.mlir", help="the TOP module (weights beside it)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.mlir")
+    p.add_argument(
+        "--inline-weights",
+        action="store_true",
+        help="weights as inline dense hex instead of dense_resource blobs (what IREE's f32->f16 demotion needs)",
+    )
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("compare", help="compare two .npz files tensor by tensor (B is the reference)")
     p.add_argument("a", metavar="A.npz")

@@ -176,7 +176,20 @@ class TargetPaths:
     def profile(self) -> Path:
         return self.root / "profile.json"
 
-    # verify_chip: Chip vs Tpu, with the ONNX/Top/Tpu comparisons, as one report
+    # the cpu target (IREE, tpubuild/build/cpu.py): the export, its compiled module, its outputs
+    @cached_property
+    def tosa_mlir(self) -> Path:
+        return self.root / "tosa.mlir"
+
+    @cached_property
+    def vmfb(self) -> Path:
+        return self.root / f"{self.root.parent.name}.vmfb"
+
+    @cached_property
+    def iree_outs(self) -> Path:
+        return self.root / "iree_outs.npz"
+
+    # verify_chip: Chip vs Tpu, with the ONNX/Top/Tpu comparisons, as one report (verify_iree for a cpu target)
     @cached_property
     def verify(self) -> Path:
         return self.root / "verify.json"

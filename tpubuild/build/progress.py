@@ -37,6 +37,7 @@ _FAILED_LEVEL = {
     "verify_top": ("top", "verify_top.json"),
     "verify_tpu": ("tpu", "verify_tpu.json"),
     "verify_chip": ("chip", "verify.json"),
+    "verify_iree": ("iree", "verify.json"),
 }
 
 
@@ -332,6 +333,7 @@ def _from_verify(doc: Mapping[str, Any]) -> dict[str, Any]:
         "top": _min_cos(comps, "top"),
         "tpu": _min_cos(comps, "tpu"),
         "chip": _min_cos(comps, "chip"),
+        "iree": _min_cos(comps, "iree"),
         "time_ms": chip.get("time_ms"),
     }
 
@@ -359,7 +361,7 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
     targets: dict[str, list[str]] = {}
     for name in plan:
         stage, model, target = split_task(name)
-        if stage == "verify_chip" and target:
+        if stage in ("verify_chip", "verify_iree") and target:
             targets.setdefault(model, []).append(target)
     roots = [Path(plan[c].meta["summary"]).parent for c in compiles if (plan[c].meta or {}).get("summary")]
     cache = _RowCache(roots[0].parent if roots else None)
@@ -369,14 +371,16 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
         meta = plan[compile_name].meta or {}
         if "summary" not in meta:  # a broken manifest: its compile task is all there is
             status = "FAIL manifest" if outcome.get(compile_name) == "failed" else "not run"
-            rows.append([model, "-", status, "-", "-", "-", "-", "-"])
+            rows.append([model, "-", status, "-", "-", "-", "-", "-", "-"])
             continue
         root = Path(meta["summary"]).parent
         top = None
         if outcome.get(f"verify_top:{model}") == "ok":
             top = cache.get(root / "verify_top.json", lambda d: {"top": _min_cos(d["comparisons"], "top")})
         for target in sorted(targets.get(model, [])) or [None]:
-            task = f"verify_chip:{model}/{target}" if target else compile_name
+            # a cpu target (IREE) ends at verify_iree, a chip target at verify_chip
+            last = "verify_iree" if target and target.startswith("cpu-") else "verify_chip"
+            task = f"{last}:{model}/{target}" if target else compile_name
             failed = _first_failure(plan, outcome, [task, f"report:{model}/{target}"] if target else [task])
             if failed:
                 status = f"FAIL {split_task(failed)[0]}"
@@ -402,11 +406,11 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
                 if doc and doc.get("cos") is not None:
                     cells[level] = f"{_cos(doc['cos'])}!"
             time_ms = cells.get("time_ms")
-            size = (
-                _size(root / target / f"{model}.model")
-                if target and outcome.get(f"codegen:{model}/{target}") == "ok"
-                else "-"
-            )
+            size = "-"
+            if target and outcome.get(f"codegen:{model}/{target}") == "ok":
+                size = _size(root / target / f"{model}.model")
+            elif target and outcome.get(f"iree_compile:{model}/{target}") == "ok":
+                size = _size(root / target / f"{model}.vmfb")
             rows.append(
                 [
                     model,
@@ -415,14 +419,15 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
                     _cos(cells.get("top")),
                     _cos(cells.get("tpu")),
                     _cos(cells.get("chip")),
+                    _cos(cells.get("iree")),
                     f"{time_ms:.4g}" if isinstance(time_ms, (int, float)) else "-",
                     size,
                 ]
             )
     cache.save()
-    header = ["model", "target", "status", "Top cos", "Tpu cos", "Chip cos", "chip ms", ".model"]
+    header = ["model", "target", "status", "Top cos", "Tpu cos", "Chip cos", "IREE cos", "chip ms", ".model"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    right = {3, 4, 5, 6, 7}
+    right = {3, 4, 5, 6, 7, 8}
 
     def fmt(row):
         return "  ".join(

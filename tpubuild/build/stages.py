@@ -734,6 +734,8 @@ def summary_lines(verify_jsons: Sequence[str]) -> list[str]:
         comparisons = doc["comparisons"]
         if doc.get("stage") == "verify_chip":  # its Top and Tpu levels are the files before it in the list
             comparisons = [c for c in comparisons if c["level"] == "chip"]
+        elif doc.get("stage") == "verify_iree":  # a cpu target's: its Top level is verify_top.json's
+            comparisons = [c for c in comparisons if c["level"] == "iree"]
         for comp in comparisons:
             lines.append(summary_row(comp))
             lines += [summary_part_row(row) for row in comp.get("parts", ())]

@@ -24,7 +24,7 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from tpubuild.build import dispatch, fetch, stages
+from tpubuild.build import cpu, dispatch, fetch, stages
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import DEFAULT_METHOD, Manifest, ManifestCache, Target
 from tpubuild.build.paths import ModelPaths, failed_json
@@ -51,6 +51,10 @@ STAGE_DOCS = {
     "codegen": "addr.mlir + tpu_weights.npz -> <model>.model: header, weights, GDMA/BDC command streams",
     "run": "the simulated chip runs <model>.model on the test input -> chip_outs.npz + profile.json (cycles)",
     "verify_chip": "chip outputs vs TPU inference's stored outputs -> verify.json with the ONNX/Top/Tpu/Chip levels",
+    "export": "canonical.mlir -> cpu-<mode>/tosa.mlir: TOP in upstream dialects (tosa, linalg, arith, math, tensor)",
+    "iree_compile": "tosa.mlir -> cpu-<mode>/<model>.vmfb: IREE (iree-compile, llvm-cpu) for this machine's CPU",
+    "iree_run": "the IREE runtime runs <model>.vmfb on the test input -> iree_outs.npz",
+    "verify_iree": "IREE outputs vs TOP inference's -> verify.json with the ONNX/Top/IREE levels (cpu targets)",
     "report": "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)",
     "compile": "build a model to a verified result and print its verification summary",
 }
@@ -306,6 +310,10 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
         yield calibrate
     verify_jsons = [p.verify_top]
     for target in m.targets:
+        if target.chip == cpu.CPU:
+            yield from _cpu_tasks(m, p, target)
+            verify_jsons.append(p.target(target.id).verify)
+            continue
         yield from _target_tasks(m, p, target, globs)
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
     reports = [p.target(target.id).report for target in m.targets]
@@ -535,6 +543,82 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
     )
 
 
+def _cpu_tasks(m: Manifest, p: ModelPaths, target: Target) -> Iterator[dict[str, Any]]:
+    """export, iree_compile, iree_run, verify_iree and report for a cpu target (tpubuild/build/cpu.py): TOP
+    exported to TOSA, compiled and run by IREE, its outputs checked against TOP inference's."""
+    tp = p.target(target.id)
+    name = f"{m.name}/{target.id}"
+    yield _task(
+        "export",
+        name,
+        cpu.export,
+        {"model": m.name, "in_mlir": str(p.canonical_mlir), "out_mlir": str(tp.tosa_mlir), "mode": target.mode},
+        file_dep=[p.canonical_mlir, p.canonical_weights],
+        targets=[tp.tosa_mlir],
+        config={"mode": target.mode},
+    )
+    yield _task(
+        "iree_compile",
+        name,
+        cpu.iree_compile,
+        {"model": m.name, "in_mlir": str(tp.tosa_mlir), "mode": target.mode, "out_vmfb": str(tp.vmfb)},
+        file_dep=[tp.tosa_mlir],
+        targets=[tp.vmfb],
+        config={
+            "mode": target.mode,
+            "flags": [*cpu.COMPILE_FLAGS, *cpu.MODE_FLAGS[target.mode]],
+            "cpu": cpu.host_cpu(),
+        },
+    )
+    yield _task(
+        "iree_run",
+        name,
+        cpu.iree_run,
+        {"vmfb": str(tp.vmfb), "input_npz": str(p.input_npz), "out_outs": str(tp.iree_outs)},
+        file_dep=[tp.vmfb, p.input_npz],
+        targets=[tp.iree_outs],
+        config={},
+    )
+    tol = m.tolerance["iree"][target.mode]
+    yield _task(
+        "verify_iree",
+        name,
+        cpu.verify_iree,
+        {
+            "model": m.name,
+            "target": target.id,
+            "mode": target.mode,
+            "vmfb": str(tp.vmfb),
+            "iree_outs": str(tp.iree_outs),
+            "top_outs": str(p.top_outs),
+            "top_mlir": str(p.canonical_mlir),
+            "verify_top_json": str(p.verify_top),
+            "tolerance": tol,
+            "out_json": str(tp.verify),
+        },
+        file_dep=[tp.iree_outs, p.top_outs, p.canonical_mlir, p.verify_top],
+        targets=[tp.verify],
+        config={"tolerance": tol},
+    )
+    graphs = [p.origin_mlir, p.canonical_mlir]
+    yield _task(
+        "report",
+        name,
+        cpu.write_report,
+        {
+            "model": m.name,
+            "target": target.id,
+            "verify_json": str(tp.verify),
+            "vmfb": str(tp.vmfb),
+            "graphs": [str(g) for g in graphs],
+            "out_html": str(tp.report),
+        },
+        file_dep=[tp.verify, tp.vmfb, *graphs],
+        targets=[tp.report],
+        config={},
+    )
+
+
 @functools.cache
 def _chip_config(chip: str) -> dict[str, Any]:
     from dataclasses import asdict
@@ -558,6 +642,11 @@ def check_targets(m: Manifest) -> None:
     """Refuse an unknown chip or a mode the chip does not support, before any stage runs."""
     for i, target in enumerate(m.targets):
         try:
+            if target.chip == cpu.CPU:
+                cpu.check_mode(target.mode)
+                if target.asymmetric:
+                    raise TpuBuildError("the cpu target has no asymmetric form (it is float)")
+                continue
             load_chip(target.chip).check_mode(target.mode)
         except TpuBuildError as err:
             raise TpuBuildError(f"targets[{i}] ({target.id}): {err.problem}", file=str(m.file), hint=err.hint) from None

@@ -42,6 +42,10 @@ STAGE_ORDER = (
     "codegen",
     "run",
     "verify_chip",
+    "export",
+    "iree_compile",
+    "iree_run",
+    "verify_iree",
     "report",
     "compile",
 )
@@ -133,6 +137,8 @@ def _read(path: Path) -> dict | None:
 def level_docs(p: ModelPaths, target: str | None, failure: tuple[str, str] | None) -> list[dict]:
     """The verify documents a row may show: levels before the failing stage, the failing one's kept comparison."""
     tp = p.target(target) if target else None
+    if failure and failure[0] == "verify_iree":  # a cpu target's verify.json: read where the chip's is
+        failure = ("verify_chip", failure[1])
     files = {
         "verify_top": p.verify_top,
         "verify_tpu": tp.verify_tpu if tp else None,
@@ -150,7 +156,9 @@ def level_docs(p: ModelPaths, target: str | None, failure: tuple[str, str] | Non
         else:
             doc = _read(path)
         if doc:
-            docs.append({**doc, "comparisons": [c for c in doc["comparisons"] if c["level"] == level]})
+            # a cpu target's Top vs IREE shows in the chip column (its last level, from its verify.json)
+            wanted = (level, "iree") if level == "chip" else (level,)
+            docs.append({**doc, "comparisons": [c for c in doc["comparisons"] if c["level"] in wanted]})
     return docs
 
 
@@ -167,7 +175,7 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
     for doc in level_docs(p, target, failure):
         for comp in doc["comparisons"]:
             cos = float(comp.get("decided_cos", comp["min_cos"]))  # what decided, as the summary table
-            level = comp["level"]
+            level = "chip" if comp["level"] == "iree" else comp["level"]
             row.min_cos[level] = min(cos, row.min_cos.get(level, cos))
             row.level_passed[level] = row.level_passed.get(level, True) and bool(comp["passed"])
     if row.status == "PASS":
@@ -175,7 +183,8 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
         row.time_ms = profile.get("time_ms")
         if profile:
             row.ddr_bytes = profile["ddr_read_bytes"] + profile["ddr_write_bytes"]
-        row.model_bytes = tp.model_file.stat().st_size if tp.model_file.is_file() else None
+        built = tp.model_file if tp.model_file.is_file() else tp.vmfb  # a cpu target's module is its .vmfb
+        row.model_bytes = built.stat().st_size if built.is_file() else None
         row.link = _href(build_dir, tp.report)
     elif row.status == "FAIL":
         page_path = failure_page_path(p, target, failure[0])
@@ -239,7 +248,7 @@ def render_index(rows: Sequence[Row]) -> str:
     models = len({r.model for r in rows})
     head = (
         "<tr><th>model</th><th>target</th><th>status</th><th>ONNX vs Top<br>min cos</th>"
-        "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>min cos</th><th>est. time</th><th>DDR traffic</th>"
+        "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>(cpu: Top vs IREE)<br>min cos</th><th>est. time</th><th>DDR traffic</th>"
         "<th>model size</th><th>page</th></tr>"
     )
     body = []

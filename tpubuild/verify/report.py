@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # matplotlib is imported only when a page is drawn: the task graph imports this module
     from tpubuild.verify import charts
 
-LEVEL_TITLES = {"top": "ONNX vs Top", "tpu": "Top vs Tpu", "chip": "Tpu vs Chip"}
+LEVEL_TITLES = {"top": "ONNX vs Top", "tpu": "Top vs Tpu", "chip": "Tpu vs Chip", "iree": "Top vs IREE (cpu)"}
 EXACT = ("EQUAL", "CLOSE")
 
 
@@ -290,7 +290,8 @@ def levels_of(comparisons: Sequence[dict], graphs: Mapping[str, GraphInfo]) -> l
     out = []
     for comp in comparisons:
         test = Path(comp["test"]).name
-        graph = graphs.get("tpu.mlir" if comp["level"] == "chip" else test)
+        # the chip ran tpu.mlir's ops; IREE's outputs are canonical.mlir's graph outputs
+        graph = graphs.get({"chip": "tpu.mlir", "iree": "canonical.mlir"}.get(comp["level"], test))
         out.append(order_level(comp, graph))
     return out
 
@@ -718,3 +719,21 @@ def write_report(
     from tpubuild.build.files import write_text
 
     write_text(out_html, render(target_page(model, target, verify_json, profile_json, lg_mlir, model_file, graphs)))
+
+
+def write_cpu_report(
+    model: str, target: str, verify_json: str, vmfb: str, graphs: Sequence[str], out_html: str
+) -> None:
+    """A cpu (IREE) target's report.html: its levels (ONNX vs Top, Top vs IREE) and the .vmfb's size."""
+    from tpubuild.build.files import write_text
+
+    doc = json.loads(Path(verify_json).read_text(encoding="utf-8"))
+    infos = graph_infos(graphs, Path(verify_json).parent.parent)
+    data = PageData(
+        model=model,
+        target=target,
+        passed=bool(doc["passed"]),
+        levels=levels_of(doc["comparisons"], infos),
+        model_bytes=Path(vmfb).stat().st_size,
+    )
+    write_text(out_html, render(data))

@@ -1,0 +1,204 @@
+"""The upstream bridge's figures: our TOSA export + iree-compile against IREE's own ONNX path, per zoo model.
+
+    python bench/iree.py [MODEL ...] [--build-dir DIR] [--runs N] [--no-onnx-path]
+
+For each model (default: every manifest in configs/models), after `doit verify_top:<model>` has built its
+canonical.mlir and TOP outputs:
+
+- ours: `tpubuild export --tosa canonical.mlir` then `iree-compile` (llvm-cpu, this CPU): seconds of each;
+- IREE's: `iree-import-onnx` on the same ONNX file the build read, then the same `iree-compile`;
+- cosine of the vmfb's outputs (IREE runtime, local-sync) against TOP inference's on the test input (goal
+  >= 0.99999), the worst output;
+- latency: the vmfb (local-sync: one thread) against onnxruntime on one thread (intra and inter op), the
+  median of N runs after a warm-up, on the same input.
+
+Tools run as subprocesses (their start-up included on both sides); wall seconds, and in brackets the CPU seconds
+the tool used (user + system), which a busy machine does not inflate. Prints one row per model, then the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# this file is bench/iree.py: its folder first on the path would shadow the `iree` package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+from tpubuild.build.cpu import COMPILE_FLAGS, Vmfb, iree_tool  # noqa: E402
+from tpubuild.build.paths import ModelPaths  # noqa: E402
+
+GOAL_COS = 0.99999
+TPUBUILD = str(Path(sys.executable).parent / "tpubuild")
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the child, stderr tail); raises on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if result.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed: " + " ".join(result.stderr.strip().splitlines()[-3:])[:300])
+    return wall, cpu, result.stderr
+
+
+def build_top(manifest: Path, model: str, build_dir: Path) -> None:
+    """canonical.mlir, input.npz and top_outs.npz of the model (doit: up to date, or built)."""
+    cmd = [sys.executable, "-c", _BUILD, str(manifest), str(build_dir), f"verify_top:{model}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building verify_top:{model} failed: {result.stdout[-500:]} {result.stderr[-500:]}")
+
+
+_BUILD = (
+    "import sys; from tpubuild.build.runner import run_doit; "
+    "sys.exit(run_doit([sys.argv[1]], sys.argv[2], ['run', sys.argv[3]]))"
+)
+
+
+def cosine(a, b) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / den) if den else float(np.array_equal(a, b))
+
+
+def median_ms(fn, runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def onnxruntime_ms(onnx_path: Path, inputs: dict, runs: int) -> float:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    feed = {n: inputs[n] for n in names}
+    return median_ms(lambda: session.run(None, feed), runs)
+
+
+def bench_model(manifest: Path, build_dir: Path, runs: int, onnx_path: bool, work: Path) -> dict:
+    from tpubuild.build.files import read_npz
+    from tpubuild.build.manifest import load_manifest
+    from tpubuild.build.tasks import source_file
+    from tpubuild.ir.mlir import load_module, output_names
+
+    m = load_manifest(manifest)
+    row: dict = {"model": m.name}
+    build_top(manifest, m.name, build_dir)
+    p = ModelPaths.of(build_dir, m.name)
+    tosa, vmfb = work / f"{m.name}.tosa.mlir", work / f"{m.name}.vmfb"
+    compile_cmd = [iree_tool("iree-compile"), *COMPILE_FLAGS]
+    row["export"] = timed([TPUBUILD, "export", "--tosa", str(p.canonical_mlir), "-o", str(tosa)])[:2]
+    row["compile"] = timed([*compile_cmd, str(tosa), "-o", str(vmfb)])[:2]
+    tosa.unlink()
+    module = Vmfb(str(vmfb))
+    inputs = read_npz(p.input_npz)
+    outs = module.run(inputs)
+    ref = read_npz(p.top_outs)
+    names = output_names(load_module(p.canonical_mlir))
+    row["cos"] = min(cosine(outs[n], ref[n]) for n in names)
+    row["vmfb_ms"] = median_ms(lambda: module.run(inputs), runs)
+    source = source_file(m, p)
+    row["ort_ms"] = onnxruntime_ms(source, inputs, runs)
+    module = None  # its buffers freed before the next model
+    vmfb.unlink()
+    if onnx_path:
+        imported, theirs = work / f"{m.name}.onnx.mlir", work / f"{m.name}.onnx.vmfb"
+        try:
+            row["import"] = timed(
+                [str(Path(sys.executable).parent / "iree-import-onnx"), str(source), "-o", str(imported)]
+            )[:2]
+            row["onnx_compile"] = timed([*compile_cmd, str(imported), "-o", str(theirs)])[:2]
+        except RuntimeError as err:
+            row["onnx_error"] = str(err)
+        for f in (imported, theirs):
+            f.unlink(missing_ok=True)
+    return row
+
+
+def _secs(pair) -> str:
+    return f"{pair[0]:.2f} ({pair[1]:.2f})" if pair else "-"
+
+
+def report(rows: list[dict]) -> None:
+    head = (
+        f"{'model':<22} {'export s':>13} {'compile s':>15} {'ours s':>15} {'iree-import s':>14} "
+        f"{'iree-compile s':>15} {'IREE ONNX s':>15} {'ours/IREE':>9} {'cos vs TOP':>11} {'vmfb ms':>9} "
+        f"{'ort 1T ms':>9}"
+    )
+    print(
+        "\nwall seconds (CPU seconds of the tool); ours = tpubuild export + iree-compile, IREE ONNX = "
+        "iree-import-onnx + iree-compile on the same ONNX file; latency: median, one thread each"
+    )
+    print(head)
+    print("-" * len(head))
+    faster = 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<22} ERROR {r['error']}")
+            continue
+        ours = (r["export"][0] + r["compile"][0], r["export"][1] + r["compile"][1])
+        theirs = None
+        if "onnx_compile" in r:
+            theirs = (r["import"][0] + r["onnx_compile"][0], r["import"][1] + r["onnx_compile"][1])
+        ratio = f"{ours[1] / theirs[1]:.2f}x" if theirs else r.get("onnx_error", "-")[:40]
+        faster += bool(theirs and ours[1] <= theirs[1])
+        print(
+            f"{r['model']:<22} {_secs(r['export']):>13} {_secs(r['compile']):>15} {_secs(ours):>15} "
+            f"{_secs(r.get('import')):>14} {_secs(r.get('onnx_compile')):>15} {_secs(theirs):>15} {ratio:>9} "
+            f"{r['cos']:>11.7f} {r['vmfb_ms']:>9.3f} {r['ort_ms']:>9.3f}"
+        )
+    ok = [r for r in rows if "error" not in r]
+    print(
+        f"\n{sum(r['cos'] >= GOAL_COS for r in ok)} of {len(rows)} models at cosine >= {GOAL_COS} vs TOP; "
+        f"export + compile took no more CPU than IREE's ONNX path on {faster} of "
+        f"{sum('onnx_compile' in r for r in ok)} where IREE's path built (ratio: CPU seconds, ours / IREE's)"
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="model names (configs/models/<name>.yaml); default: all")
+    ap.add_argument("--build-dir", default=str(REPO / "build"))
+    ap.add_argument("--runs", type=int, default=20, help="latency runs per model (median)")
+    ap.add_argument("--no-onnx-path", action="store_true", help="skip IREE's own ONNX import + compile")
+    args = ap.parse_args(argv)
+    configs = REPO / "configs" / "models"
+    manifests = [configs / f"{n}.yaml" for n in args.models] or sorted(configs.glob("*.yaml"))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tpubuild-iree-") as tmp:
+        for manifest in manifests:
+            try:
+                row = bench_model(manifest, Path(args.build_dir).resolve(), args.runs, not args.no_onnx_path, Path(tmp))
+            except (RuntimeError, OSError) as err:
+                row = {"model": manifest.stem, "error": str(err)[:300]}
+            rows.append(row)
+            print(row, flush=True)
+    report(rows)
+    return 0 if all("error" not in r and r["cos"] >= GOAL_COS for r in rows) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    sys.exit(main())

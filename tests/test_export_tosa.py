@@ -1,0 +1,254 @@
+"""The upstream bridge: TOP exported to TOSA, compiled and run by IREE (the cpu target).
+
+The export's text is checked without IREE; everything IREE compiles or runs skips only where the `iree` extra
+is absent. Ops are covered by ONNX node cases (one iree-compile for all of them, as bench/onnx_node_tests.py
+--iree runs them) and one zoo model through the whole cpu target; the whole zoo is the `slow` test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tpubuild.errors import TpuBuildError
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_IREE = (
+    importlib.util.find_spec("iree.compiler") is not None and importlib.util.find_spec("iree.runtime") is not None
+)
+needs_iree = pytest.mark.skipif(not HAS_IREE, reason="the iree extra (iree-base-compiler, iree-base-runtime) is absent")
+
+
+def _bench(name: str):
+    # not under its own name: bench/iree.py as `iree` would shadow IREE's package
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _top_module(tmp_path, model, inputs):
+    from tpubuild.frontend import convert_onnx
+    from tpubuild.ir import mlir
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    module, weights = convert_onnx(str(path), {k: list(v.shape) for k, v in inputs.items()}, "tiny", "w.npz")
+    return mlir.parse_module(mlir.print_module(module)), weights
+
+
+def test_export_is_upstream_mlir_with_main_and_resources(tmp_path):
+    from onnx import helper
+
+    from tpubuild.export.tosa import export_module
+
+    conftest = _conftest()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    model = conftest.make_onnx(nodes, {"x": x}, initializers={"w": w})
+    module, weights = _top_module(tmp_path, model, {"x": x})
+    text = export_module(module, weights, "tiny")
+    assert "func.func @main(%arg0: tensor<1x3x8x8xf32>) -> (tensor<1x4x8x8xf32>)" in text
+    assert '"tosa.conv2d"' in text and '"tosa.clamp"' in text
+    assert "dense_resource<w0>" in text and "dialect_resources" in text
+    assert '"top.' not in text  # nothing of our dialect is left
+    assert 'tpubuild.inputs = "[\\"x\\"]"' in text and 'loc("y")' in text
+
+
+def test_an_op_without_a_rule_is_refused_naming_op_location_and_model(tmp_path):
+    from onnx import helper
+
+    from tpubuild.export.tosa import export_module, get_rule
+    from tpubuild.ir import top
+
+    assert get_rule(top.TopKOp) is None  # the op this test relies on having no rule
+    conftest = _conftest()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    k = np.array([2], np.int64)
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, name="topk")
+    model = conftest.make_onnx([node], {"x": x}, initializers={"k": k})
+    module, weights = _top_module(tmp_path, model, {"x": x})
+    with pytest.raises(TpuBuildError) as err:
+        export_module(module, weights, "tiny")
+    text = str(err.value)
+    assert "top.TopK" in text and "model tiny" in text and "op 'v'" in text and "no TOSA export rule" in text
+
+
+def test_a_stage_file_past_top_is_refused(tmp_path):
+    from tpubuild.export.tosa import export_file
+
+    bad = tmp_path / "tpu.mlir"
+    bad.write_text(
+        '"builtin.module"() ({\n^bb0:\n}) {module.name = "m", module.state = "TPU_LOWERED"} : () -> ()\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(TpuBuildError, match="only TOP modules"):
+        export_file(str(bad), str(tmp_path / "out.mlir"))
+
+
+def test_cpu_target_modes_are_checked(tmp_path):
+    from tpubuild.build.manifest import from_dict
+    from tpubuild.build.tasks import check_targets
+
+    base = {"name": "m", "source": "m.onnx", "inputs": [{"name": "x", "shape": [1, 3]}]}
+    check_targets(from_dict({**base, "targets": [{"chip": "cpu", "mode": "F32"}]}, tmp_path / "m.yaml"))
+    for target, problem in (
+        ({"chip": "cpu", "mode": "INT8"}, "does not support mode INT8"),
+        ({"chip": "cpu", "mode": "F32", "asymmetric": True}, "no asymmetric"),
+    ):
+        with pytest.raises(TpuBuildError, match=problem):
+            check_targets(from_dict({**base, "targets": [target]}, tmp_path / "m.yaml"))
+
+
+# a representative op of each family and the tricky variants (pads TOSA wants recomputed, groups, steps,
+# computed filters, integer widths, f64 demotion)
+NODE_CASES = [
+    "test_conv_with_strides_and_asymmetric_padding",
+    "test_conv_with_autopad_same",
+    "test_convtranspose_pads",
+    "test_convtranspose_group_2_image_3",
+    "test_maxpool_2d_ceil",
+    "test_averagepool_2d_pads_count_include_pad",
+    "test_matmul_4d_1d",
+    "test_gemm_all_attributes",
+    "test_softmax_axis_0",
+    "test_logsoftmax_large_number",
+    "test_layer_normalization_3d_axis1_epsilon",
+    "test_instancenorm_example",
+    "test_lrn",
+    "test_gelu_default_1",
+    "test_hardswish",
+    "test_leakyrelu",
+    "test_div_int8",
+    "test_mod_mixed_sign_float64",
+    "test_less_equal_int16",
+    "test_where_long_example",
+    "test_cast_FLOAT_to_FLOAT16",
+    "test_reduce_mean_keepdims_random",
+    "test_reduce_log_sum_exp_do_not_keepdims_example",
+    "test_argmax_negative_axis_keepdims_random_select_last_index",
+    "test_gather_negative_indices",
+    "test_gather_elements_negative_indices",
+    "test_einsum_batch_matmul",
+    "test_cumsum_1d_reverse_exclusive",
+    "test_max_uint8",
+    "test_div_uint32",
+    "test_slice_neg_steps",
+    "test_reflect_pad",
+    "test_resize_upsample_scales_linear_align_corners",
+    "test_resize_downsample_sizes_nearest_not_smaller",
+    "test_depthtospace_crd_mode_example",
+    "test_expand_dim_changed",
+    "test_tril_neg",
+]
+
+
+@needs_iree
+def test_node_cases_through_iree(tmp_path):
+    bench = _bench("onnx_node_tests")
+    results = [bench.run_case(bench.Case("node", n, bench.suite_dir("node") / n)) for n in NODE_CASES]
+    assert all(r.status == "pass" for r in results), [(r.case.name, r.reason) for r in results if r.status != "pass"]
+    bench.run_iree(results, tmp_path)
+    failed = [(r.case.name, r.iree_reason) for r in results if r.iree != "pass"]
+    assert not failed, failed
+
+
+def _conftest():
+    spec = importlib.util.spec_from_file_location("tpubuild_tests_conftest", REPO / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _demo_manifest(tmp_path: Path) -> Path:
+    text = (REPO / "configs" / "models" / "demo_cnn.yaml").read_text(encoding="utf-8")
+    text = text.replace("../../models/", f"{REPO}/models/")
+    start = text.index("targets:")
+    end = text.index("tolerance:")
+    text = text[:start] + "targets:\n  - {chip: cpu, mode: F32}\n" + text[end:]
+    path = tmp_path / "demo_cnn.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@needs_iree
+def test_cpu_target_builds_runs_and_verifies(tmp_path):
+    """demo_cnn's cpu target through doit: tosa.mlir, the vmfb, IREE's outputs, verify.json's fifth level, the
+    page and the summary; then the CLI's export and run on the same files."""
+    from tpubuild.build.files import read_npz
+    from tpubuild.build.runner import run_doit
+    from tpubuild.cli import main
+
+    manifest = _demo_manifest(tmp_path)
+    build = tmp_path / "build"
+    assert run_doit([str(manifest)], build, ["run", "compile:demo_cnn"]) == 0
+    target = build / "demo_cnn" / "cpu-F32"
+    doc = json.loads((target / "verify.json").read_text(encoding="utf-8"))
+    assert doc["levels"] == ["onnx", "top", "iree"] and doc["passed"]
+    (iree,) = [c for c in doc["comparisons"] if c["level"] == "iree"]
+    assert iree["compared"] == 1 and iree["min_cos"] >= 0.99999
+    assert "Top vs IREE" in (target / "report.html").read_text(encoding="utf-8")
+    summary = (build / "demo_cnn" / "summary.txt").read_text(encoding="utf-8")
+    assert "iree       cpu-F32/demo_cnn.vmfb vs top_outs.npz" in summary
+
+    exported = tmp_path / "again.mlir"
+    assert main(["export", "--tosa", str(build / "demo_cnn" / "canonical.mlir"), "-o", str(exported)]) == 0
+    assert exported.read_bytes() == (target / "tosa.mlir").read_bytes()  # the stage's output, byte for byte
+    outs = tmp_path / "outs.npz"
+    assert (
+        main(
+            [
+                "run",
+                str(target / "demo_cnn.vmfb"),
+                "--input",
+                str(build / "demo_cnn" / "input.npz"),
+                "--output",
+                str(outs),
+            ]
+        )
+        == 0
+    )
+    np.testing.assert_array_equal(read_npz(outs)["probs"], read_npz(target / "iree_outs.npz")["probs"])
+
+
+@needs_iree
+def test_iree_verifies_the_export_without_unregistered_dialects(tmp_path):
+    """iree-opt parses and verifies the export with only its own dialects registered."""
+    from tpubuild.build.cpu import iree_tool
+    from tpubuild.export.tosa import export_module
+
+    conftest = _conftest()
+    from onnx import helper
+
+    x = np.ones((2, 4), np.float32)
+    nodes = [
+        helper.make_node("Div", ["x", "x"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("ReduceMean", ["e"], ["y"], axes=[1], keepdims=0),
+    ]
+    model = conftest.make_onnx(nodes, {"x": x}, opset=17)
+    module, weights = _top_module(tmp_path, model, {"x": x})
+    path = tmp_path / "e.mlir"
+    path.write_text(export_module(module, weights, "tiny"), encoding="utf-8")
+    done = subprocess.run([iree_tool("iree-opt"), "--verify-each", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+@needs_iree
+def test_zoo_cpu_targets_match_top():
+    """The goal: every zoo model's vmfb matches TOP at cosine >= 0.99999 on its test input (bench/iree.py)."""
+    bench = _bench("iree")
+    code = bench.main(["--no-onnx-path", "--runs", "1"])
+    assert code == 0

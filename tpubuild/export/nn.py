@@ -1,0 +1,497 @@
+"""Export rules of the network ops: convolutions, matmul, pooling, softmax and normalisations.
+
+TOP is NCHW and TOSA's convolutions and pools NHWC: each such rule transposes its input to NHWC and its
+result back (IREE cancels the pairs that meet between two convs). TOSA also wants every window to end
+exactly on the input's (padded) edge: the end padding is recomputed from the output size TOP inferred, and
+rows no window reads are sliced off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpubuild.export.elementwise import reduce_mean, reduce_sum
+from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
+from tpubuild.ir import top
+
+_NHWC = (0, 2, 3, 1)
+_NCHW = (0, 3, 1, 2)
+
+
+def _fit_windows(e: Emitter, x: Val, axes, kernel, strides, dilations, pads_begin, pads_end, outs):
+    """(x, end pads) such that every output's window ends inside the padded input exactly (TOSA's rule):
+    the end pad from the output size; input rows past the last window sliced off."""
+    ends = []
+    size = list(x.shape)
+    for axis, k, s, d, pb, out in zip(axes, kernel, strides, dilations, pads_begin, outs, strict=False):
+        need = (out - 1) * s + (k - 1) * d + 1 - x.shape[axis] - pb
+        if need < 0:
+            size[axis] += need
+            need = 0
+        ends.append(need)
+    x = e.slice(x, [0] * x.rank, size)
+    return x, ends
+
+
+def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, mult: int = 1) -> Val:
+    """tosa.conv2d or depthwise_conv2d of NHWC ``x`` with a TOP filter [OC, IC/g, KH, KW]: an array (reordered
+    here) or a computed value (reordered by tosa ops)."""
+    kh, kw = w.shape[2:]
+    x, ends = _fit_windows(e, x, (1, 2), (kh, kw), p.strides, p.dilations, p.pads[:2], p.pads[2:], out_hw)
+    pad = [p.pads[0], ends[0], p.pads[1], ends[1]]
+    oc = w.shape[0]
+    if depthwise:
+        c = x.shape[3]
+        shape, perm, name = (c, mult, kh, kw), (2, 3, 0, 1), "tosa.depthwise_conv2d"  # [KH, KW, C, M]
+    else:
+        shape, perm, name = w.shape, (0, 2, 3, 1), "tosa.conv2d"  # [OC, KH, KW, IC]
+    if isinstance(w, np.ndarray):
+        wv = e.const(np.ascontiguousarray(w.reshape(shape).transpose(perm)))
+    else:
+        wv = e.transpose(e.reshape(w, shape), perm)
+    zp = e.zero_point(x.dtype)
+    props = (
+        f"acc_type = {element(x.dtype)}, dilation = array<i64: {p.dilations[0]}, {p.dilations[1]}>, "
+        f"pad = array<i64: {', '.join(map(str, pad))}>, stride = array<i64: {p.strides[0]}, {p.strides[1]}>"
+    )
+    return e.op1(name, [x, wv, bias, zp, zp], [x.shape[0], *out_hw, oc], x.dtype, props)
+
+
+def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray, b: Val | None, out_shape) -> Val:
+    """A TOP Conv (1-D or 2-D, any group) through TOSA's NHWC convs."""
+    nd = len(p.kernel_shape)
+    if nd == 1:  # as a 2-D conv of height 1
+        p2 = top.ConvParams(
+            kernel_shape=(1, *p.kernel_shape),
+            strides=(1, *p.strides),
+            pads=(0, p.pads[0], 0, p.pads[1]),
+            dilations=(1, *p.dilations),
+            group=p.group,
+            do_relu=p.do_relu,
+            relu_limit=p.relu_limit,
+        )
+        x2 = e.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
+        w2 = _reshaped(e, w, (w.shape[0], w.shape[1], 1, w.shape[2]))
+        y = conv_nchw(e, op, p2, x2, w2, b, [*out_shape[:2], 1, out_shape[2]])
+        return e.reshape(y, out_shape)
+    if nd != 2:
+        raise NotImplementedError(f"{nd}-D convolution")
+    n, c = x.shape[:2]
+    oc, g = w.shape[0], p.group
+    out_hw = list(out_shape[2:])
+    bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
+    xh = e.transpose(x, _NHWC)
+    if g == 1:
+        y = _conv2d_nhwc(e, xh, w, bias, p, out_hw, False)
+    elif g == c:
+        y = _conv2d_nhwc(e, xh, w, bias, p, out_hw, True, oc // c)
+    else:
+        # grouped: one conv per group on its channels, concatenated
+        icg, ocg = c // g, oc // g
+        parts = []
+        bias_all = b.array if b is not None and b.array is not None else None
+        for i in range(g):
+            xi = e.slice(xh, [0, 0, 0, i * icg], [n, xh.shape[1], xh.shape[2], icg])
+            if b is None:
+                bi = e.const(np.zeros(ocg, x.dtype))
+            elif bias_all is not None:
+                bi = e.const(bias_all[i * ocg : (i + 1) * ocg])
+            else:
+                bi = e.slice(b, [i * ocg], [ocg])
+            wi = (
+                w[i * ocg : (i + 1) * ocg]
+                if isinstance(w, np.ndarray)
+                else e.slice(w, [i * ocg, 0, 0, 0], [ocg, *w.shape[1:]])
+            )
+            parts.append(_conv2d_nhwc(e, xi, wi, bi, p, out_hw, False))
+        y = e.concat(parts, 3)
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return e.transpose(y, _NCHW)
+
+
+def _reshaped(e: Emitter, w, shape):
+    return w.reshape(shape) if isinstance(w, np.ndarray) else e.reshape(w, shape)
+
+
+@rule(top.ConvOp)
+def _(e: Emitter, op, p: top.ConvParams, args):
+    x, w, b = args
+    return conv_nchw(e, op, p, x, w.array if w.array is not None else w, b, op.results[0].type.get_shape())
+
+
+@rule(top.DeconvOp)
+def _(e: Emitter, op, p: top.DeconvParams, args):
+    """A transposed conv as a conv: the input with stride - 1 zeros between its pixels, padded by
+    (k - 1) * d - pad, convolved with the flipped filter (its in/out channels swapped per group)."""
+    x, w, b = args
+    nd = len(p.kernel_shape)
+    out_shape = list(op.results[0].type.get_shape())
+    g = p.group
+    ic, ocg = w.shape[:2]
+    k = tuple(w.shape[2:])
+    # [IC, OC/g, k...] -> [OC, IC/g, k...], flipped in space
+    grouped = (g, ic // g, ocg, *k)
+    swap = (0, 2, 1, *range(3, 3 + nd))
+    if w.array is not None:
+        wt = w.array.reshape(grouped).transpose(swap).reshape(g * ocg, ic // g, *k)
+        wt = np.ascontiguousarray(np.flip(wt, axis=tuple(range(2, 2 + nd))))
+    else:
+        wt = e.reshape(e.transpose(e.reshape(w, grouped), swap), (g * ocg, ic // g, *k))
+        for axis in range(2, 2 + nd):
+            wt = e.unary("tosa.reverse", wt, f"axis = {axis} : i32")
+    # zeros between pixels: each spatial dim as [L, 1] padded to [L, s], flattened, the trailing zeros cut
+    spatial = list(x.shape[2:])
+    for i, s in enumerate(p.strides):
+        if s == 1:
+            continue
+        axis = 2 + i
+        shape = list(x.shape)
+        x = e.reshape(x, [*shape[: axis + 1], 1, *shape[axis + 1 :]])
+        ends = [0] * x.rank
+        ends[axis + 1] = s - 1
+        x = e.pad(x, [0] * x.rank, ends)
+        shape[axis] *= s
+        x = e.reshape(x, shape)
+        size = list(x.shape)
+        size[axis] = (spatial[i] - 1) * s + 1
+        x = e.slice(x, [0] * x.rank, size)
+    extra = p.output_padding or (0,) * nd
+    begins, ends, crop_begin = [], [], []
+    for i in range(nd):
+        reach = (p.kernel_shape[i] - 1) * p.dilations[i]
+        begins.append(reach - p.pads[i])
+        ends.append(reach - p.pads[nd + i] + extra[i])
+    # negative pads crop: done on the zero-stuffed input before the conv
+    start = [0, 0] + [max(0, -b_) for b_ in begins]
+    size = [x.shape[0], x.shape[1]] + [x.shape[2 + i] - max(0, -begins[i]) - max(0, -ends[i]) for i in range(nd)]
+    if any(v < 0 for v in begins + ends):
+        x = e.slice(x, start, size)
+    del crop_begin
+    pads = tuple(max(0, v) for v in begins) + tuple(max(0, v) for v in ends)
+    cp = top.ConvParams(
+        kernel_shape=p.kernel_shape,
+        strides=(1,) * nd,
+        pads=pads,
+        dilations=p.dilations,
+        group=g,
+        do_relu=p.do_relu,
+        relu_limit=p.relu_limit,
+    )
+    return conv_nchw(e, op, cp, x, wt, b, out_shape)
+
+
+@rule(top.MatMulOp)
+def _(e: Emitter, op, p: top.ReluParams, args):
+    a, b, bias = args
+    out_shape = list(op.results[0].type.get_shape())
+    a2 = e.reshape(a, [1, a.shape[0]]) if a.rank == 1 else a
+    b2 = e.reshape(b, [b.shape[0], 1]) if b.rank == 1 else b
+    m, k = a2.shape[-2:]
+    n = b2.shape[-1]
+    batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    nb = math.prod(batch)
+    if b2.rank == 2:
+        # weights shared by every row: one [1, batch * M, K] x [1, K, N] product
+        a3 = e.reshape(a2, [1, nb * m, k])
+        b3 = e.reshape(b2, [1, k, n])
+    else:
+        a3 = e.reshape(e.broadcast_to(a2, [*batch, m, k]), [nb, m, k])
+        b3 = e.reshape(e.broadcast_to(b2, [*batch, k, n]), [nb, k, n])
+    zp = e.zero_point(a.dtype)
+    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], a.dtype)
+    y = e.reshape(y, out_shape)
+    if bias is not None:
+        y = e.binary("tosa.add", y, bias)
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return y
+
+
+def _pool(e: Emitter, op, p: top.PoolParams, x: Val, kind: str) -> Val:
+    out_shape = list(op.results[0].type.get_shape())
+    nd = len(p.kernel_shape)
+    if nd == 1:
+        p2 = top.PoolParams(
+            kernel_shape=(1, *p.kernel_shape),
+            strides=(1, *p.strides),
+            pads=(0, p.pads[0], 0, p.pads[1]),
+            dilations=(1, *(p.dilations or (1,))),
+            ceil_mode=p.ceil_mode,
+            count_include_pad=p.count_include_pad,
+            do_relu=p.do_relu,
+            relu_limit=p.relu_limit,
+        )
+        x2 = e.reshape(x, [*x.shape[:2], 1, x.shape[2]])
+        y = _pool_2d(e, op, p2, x2, kind, [*out_shape[:2], 1, out_shape[2]])
+        return e.reshape(y, out_shape)
+    if nd != 2 or x.rank != 4:
+        raise NotImplementedError(f"{nd}-D pooling")
+    return _pool_2d(e, op, p, x, kind, out_shape)
+
+
+def _pool_2d(e: Emitter, op, p: top.PoolParams, x: Val, kind: str, out_shape) -> Val:
+    if any(d != 1 for d in (p.dilations or ())):
+        raise NotImplementedError("dilated pooling")
+    xh = e.transpose(x, _NHWC)
+    begins = list(p.pads[:2])
+    if kind == "avg" and p.count_include_pad and any(p.pads):
+        # the declared pads count: written as zeros, then pooled without padding
+        xh = e.pad(xh, [0, p.pads[0], p.pads[1], 0], [0, p.pads[2], p.pads[3], 0])
+        begins = [0, 0]
+    xh, ends = _fit_windows(e, xh, (1, 2), p.kernel_shape, p.strides, (1, 1), begins, [0, 0], out_shape[2:])
+    if kind == "avg" and p.count_include_pad and any(p.pads):
+        ends = [max(0, v) for v in ends]
+    if any(pb >= k for pb, k in zip(begins, p.kernel_shape, strict=False)) or any(
+        pe >= k for pe, k in zip(ends, p.kernel_shape, strict=False)
+    ):
+        fill = -math.inf if kind == "max" else 0.0
+        if kind != "max":
+            raise NotImplementedError("average pooling with pads as large as its window")
+        xh = e.pad(xh, [0, begins[0], begins[1], 0], [0, ends[0], ends[1], 0], fill)
+        begins, ends = [0, 0], [0, 0]
+    pad = f"array<i64: {begins[0]}, {ends[0]}, {begins[1]}, {ends[1]}>"
+    kernel = f"array<i64: {p.kernel_shape[0]}, {p.kernel_shape[1]}>"
+    stride = f"array<i64: {p.strides[0]}, {p.strides[1]}>"
+    shape = [x.shape[0], out_shape[2], out_shape[3], x.shape[1]]
+    if kind == "max":
+        y = e.op1("tosa.max_pool2d", [xh], shape, x.dtype, f"kernel = {kernel}, pad = {pad}, stride = {stride}")
+    else:
+        zp = e.zero_point(x.dtype)
+        props = f"acc_type = {element(x.dtype)}, kernel = {kernel}, pad = {pad}, stride = {stride}"
+        y = e.op1("tosa.avg_pool2d", [xh, zp, zp], shape, x.dtype, props)
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return e.transpose(y, _NCHW)
+
+
+@rule(top.MaxPoolOp)
+def _(e: Emitter, op, p, args):
+    return _pool(e, op, p, args[0], "max")
+
+
+@rule(top.AvgPoolOp)
+def _(e: Emitter, op, p, args):
+    return _pool(e, op, p, args[0], "avg")
+
+
+@rule(top.SoftmaxOp)
+def _(e: Emitter, op, p: top.SoftmaxParams, args):
+    (x,) = args
+    el = element(x.dtype)
+    axis = p.axis % x.rank
+    if p.beta != 1.0:
+        x = e.binary("tosa.mul", x, e.scalar(p.beta, x.dtype, x.rank))
+    m = e.op1(
+        "tosa.reduce_max", [x], [1 if i == axis else d for i, d in enumerate(x.shape)], x.dtype, f"axis = {axis} : i32"
+    )
+    ex = e.map([x, m], lambda bd, v: bd.f("math.exp", bd.f("arith.subf", *v, el=el), el=el))
+    s = reduce_sum(e, ex, [axis])
+    if p.log:
+        return e.map(
+            [x, m, s],
+            lambda bd, v: bd.f(
+                "arith.subf", bd.f("arith.subf", v[0], v[1], el=el), bd.f("math.log", v[2], el=el), el=el
+            ),
+        )
+    return e.map([ex, s], lambda bd, v: bd.f("arith.divf", *v, el=el))
+
+
+def _normalize(e: Emitter, x: Val, axes, eps: float) -> tuple[Val, Val, Val]:
+    """(x - mean) / sqrt(var + eps) over ``axes``, with the mean and 1 / sqrt(var + eps) (kept dims)."""
+    el = element(x.dtype)
+    mean = reduce_mean(e, x, axes)
+    centered = e.binary("tosa.sub", x, mean)
+    var = reduce_mean(e, e.binary("tosa.mul", centered, centered), axes)
+    rstd = e.map(
+        [var], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(eps, x.dtype), el=el), el=el)
+    )
+    return e.binary("tosa.mul", centered, rstd), mean, rstd
+
+
+@rule(top.LayerNormOp)
+def _(e: Emitter, op, p: top.LayerNormParams, args):
+    x, scale, bias = args
+    axis = p.axis % x.rank
+    y, mean, rstd = _normalize(e, x, range(axis, x.rank), p.eps)
+    if scale is not None:
+        y = e.binary("tosa.mul", y, scale)
+    if bias is not None:
+        y = e.binary("tosa.add", y, bias)
+    return (y, mean, rstd) if p.stats else y
+
+
+@rule(top.RMSNormOp)
+def _(e: Emitter, op, p: top.RMSNormParams, args):
+    x, gamma = args
+    el = element(x.dtype)
+    axes = range(p.axis % x.rank, x.rank)
+    ms = reduce_mean(e, e.binary("tosa.mul", x, x), axes)
+    rstd = e.map(
+        [ms], lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el)
+    )
+    y = e.binary("tosa.mul", x, rstd)
+    return e.binary("tosa.mul", y, gamma) if gamma is not None else y
+
+
+def _per_channel(e: Emitter, v: Val, rank: int) -> Val:
+    """A [C] vector as [1, C, 1, ...] against an N, C, ... tensor."""
+    return e.reshape(v, [1, v.shape[0]] + [1] * (rank - 2))
+
+
+@rule(top.BatchNormOp)
+def _(e: Emitter, op, p: top.EpsParams, args):
+    x, mean, var, scale, bias = args
+    el = element(x.dtype)
+    rank = x.rank
+    y = e.binary("tosa.sub", x, _per_channel(e, mean, rank))
+    rstd = e.map(
+        [_per_channel(e, var, rank)],
+        lambda bd, v: bd.f("math.rsqrt", bd.f("arith.addf", v[0], bd.const(p.eps, x.dtype), el=el), el=el),
+    )
+    y = e.binary("tosa.mul", y, rstd)
+    if scale is not None:
+        y = e.binary("tosa.mul", y, _per_channel(e, scale, rank))
+    if bias is not None:
+        y = e.binary("tosa.add", y, _per_channel(e, bias, rank))
+    return y
+
+
+@rule(top.InstanceNormOp)
+def _(e: Emitter, op, p: top.EpsParams, args):
+    x, weight, bias = args
+    y, _, _ = _normalize(e, x, range(2, x.rank), p.eps)
+    if weight is not None:
+        y = e.binary("tosa.mul", y, _per_channel(e, weight, x.rank))
+    if bias is not None:
+        y = e.binary("tosa.add", y, _per_channel(e, bias, x.rank))
+    return y
+
+
+@rule(top.GroupNormOp)
+def _(e: Emitter, op, p: top.GroupNormParams, args):
+    x, weight, bias = args
+    n, c = x.shape[:2]
+    g = p.num_groups
+    xg = e.reshape(x, [n, g, (c // g) * math.prod(x.shape[2:])])
+    y, _, _ = _normalize(e, xg, [2], p.eps)
+    y = e.reshape(y, x.shape)
+    if weight is not None:
+        y = e.binary("tosa.mul", y, _per_channel(e, weight, x.rank))
+    if bias is not None:
+        y = e.binary("tosa.add", y, _per_channel(e, bias, x.rank))
+    return y
+
+
+@rule(top.LRNOp)
+def _(e: Emitter, op, p: top.LRNParams, args):
+    """x / (bias + alpha / size * sum of squares over ``size`` neighbouring channels) ** beta; the sum as an
+    average pool over channels of the zero-padded squares (so every window counts ``size``)."""
+    (x,) = args
+    el = element(x.dtype)
+    n, c = x.shape[:2]
+    hw = math.prod(x.shape[2:])
+    sq = e.binary("tosa.mul", x, x)
+    # [N, C, HW, 1] read as NHWC: pooled over "H" = the channels
+    t = e.reshape(sq, [n, c, hw, 1])
+    lo, hi = (p.size - 1) // 2, p.size // 2
+    t = e.pad(t, [0, lo, 0, 0], [0, hi, 0, 0])
+    zp = e.zero_point(x.dtype)
+    props = (
+        f"acc_type = {el}, kernel = array<i64: {p.size}, 1>, pad = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1>"
+    )
+    avg = e.op1("tosa.avg_pool2d", [t, zp, zp], [n, c, hw, 1], x.dtype, props)
+    avg = e.reshape(avg, x.shape)
+
+    def body(bd, v):
+        base = bd.f(
+            "arith.addf", bd.const(p.bias, x.dtype), bd.f("arith.mulf", bd.const(p.alpha, x.dtype), v[1], el=el), el=el
+        )
+        return bd.f("arith.divf", v[0], bd.f("math.powf", base, bd.const(p.beta, x.dtype), el=el), el=el)
+
+    return e.map([x, avg], body)
+
+
+__all__ = ["conv_nchw", "scalar_literal"]
+
+
+@rule(top.EinsumOp)
+def _(e: Emitter, op, p: top.EinsumParams, args):
+    """One ``linalg.generic``: a loop per subscript letter, the output's parallel and the rest reductions, the
+    products of the operands' elements summed into a zero tensor."""
+    if "." in p.mode or "->" not in p.mode:
+        raise NotImplementedError(f"einsum {p.mode!r} (ellipsis or implicit output)")
+    lhs, out = p.mode.replace(" ", "").split("->")
+    subs = lhs.split(",")
+    x0 = args[0]
+    if not x0.is_float or any(v.dtype != x0.dtype for v in args):
+        raise NotImplementedError(f"einsum of {[v.dtype.name for v in args]}")
+    letters = list(dict.fromkeys(out + "".join(subs)))
+    sizes = {}
+    for sub, v in zip(subs, args, strict=True):
+        for letter, d in zip(sub, v.shape, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    if any(
+        d not in (1, sizes[letter])
+        for sub, v in zip(subs, args, strict=True)
+        for letter, d in zip(sub, v.shape, strict=True)
+    ):
+        raise NotImplementedError(f"einsum {p.mode!r} on shapes {[v.shape for v in args]}")
+    dims = ", ".join(f"d{i}" for i in range(len(letters)))
+    index = {letter: f"d{i}" for i, letter in enumerate(letters)}
+
+    def amap(sub: str, shape) -> str:
+        exprs = ["0" if d == 1 and sizes[letter] != 1 else index[letter] for letter, d in zip(sub, shape, strict=True)]
+        return f"affine_map<({dims}) -> ({', '.join(exprs)})>"
+
+    shape = [sizes[letter] for letter in out]
+    el = element(x0.dtype)
+    init = e.const(np.zeros(shape, x0.dtype))
+    ins = [e.use(v) for v in args]
+    names = [e.fresh() for _ in args]
+    acc = e.fresh()
+    lines = [f"^bb0({', '.join(f'{n}: {el}' for n in names)}, {acc}: {el}):"]
+    prod = names[0]
+    for n in names[1:]:
+        new = e.fresh()
+        lines.append(f'{new} = "arith.mulf"({prod}, {n}) : ({el}, {el}) -> {el}')
+        prod = new
+    total = e.fresh()
+    lines.append(f'{total} = "arith.addf"({acc}, {prod}) : ({el}, {el}) -> {el}')
+    lines.append(f'"linalg.yield"({total}) : ({el}) -> ()')
+    maps = [amap(s, v.shape) for s, v in zip(subs, args, strict=True)] + [amap(out, shape)]
+    iterators = ", ".join(
+        "#linalg.iterator_type<parallel>" if letter in out else "#linalg.iterator_type<reduction>" for letter in letters
+    )
+    props = (
+        f"indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}], "
+        f"operandSegmentSizes = array<i32: {len(ins)}, 1>"
+    )
+    return e.op("linalg.generic", [*ins, init], [(shape, x0.dtype)], props, region=lines)[0]
+
+
+@rule(top.CumSumOp)
+def _(e: Emitter, op, p: top.CumSumParams, args):
+    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last)."""
+    (x,) = args
+    if not x.is_float:
+        raise NotImplementedError(f"cumulative sum of {x.dtype}")
+    axis = p.axis % x.rank
+    n = x.shape[axis]
+    i, j = np.indices((n, n))
+    keep = (i >= j) if p.reverse else (i <= j)
+    if p.exclusive:
+        keep &= i != j
+    perm = [d for d in range(x.rank) if d != axis] + [axis]
+    moved = e.transpose(x, perm)
+    rows = math.prod(moved.shape[:-1])
+    zp = e.zero_point(x.dtype)
+    prod = e.op1(
+        "tosa.matmul",
+        [e.reshape(moved, [1, rows, n]), e.const(keep.astype(x.dtype).reshape(1, n, n)), zp, zp],
+        [1, rows, n],
+        x.dtype,
+    )
+    return e.transpose(e.reshape(prod, moved.shape), np.argsort(perm))

@@ -1,0 +1,285 @@
+"""Export rules of data movement: reshape, permute, concat, split, slice, pad, tile, expand, gather, resize."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpubuild.export.tosa import Emitter, Val, element, rule
+from tpubuild.ir import top
+from tpubuild.kernels.resize import axis_taps, resampled
+
+
+@rule(top.IdentityOp)
+def _(e: Emitter, op, p, args):
+    return args[0]
+
+
+@rule(top.ReshapeOp)
+def _(e: Emitter, op, p: top.ShapeParams, args):
+    return e.reshape(args[0], p.shape)
+
+
+@rule(top.PermuteOp)
+def _(e: Emitter, op, p: top.PermuteParams, args):
+    return e.transpose(args[0], p.order)
+
+
+@rule(top.ConcatOp)
+def _(e: Emitter, op, p: top.AxisParams, args):
+    axis = p.axis % args[0].rank
+    return e.concat([v for v in args if v.shape[axis] > 0] or args[:1], axis)
+
+
+@rule(top.SplitOp)
+def _(e: Emitter, op, p: top.SplitParams, args):
+    (x,) = args
+    axis = p.axis % x.rank
+    outs, start = [], 0
+    for size in p.split_size:
+        begin = [0] * x.rank
+        begin[axis] = start
+        shape = list(x.shape)
+        shape[axis] = size
+        outs.append(e.slice(x, begin, shape))
+        start += size
+    return tuple(outs)
+
+
+def _step(e: Emitter, x: Val, axis: int, step: int, count: int) -> Val:
+    """Every ``step``-th element along ``axis`` from the first, ``count`` of them: the axis padded to count x step,
+    split into [count, step], the first of each step kept."""
+    shape = list(x.shape)
+    total = count * step
+    if total > shape[axis]:
+        ends = [0] * x.rank
+        ends[axis] = total - shape[axis]
+        x = e.pad(x, [0] * x.rank, ends)
+    else:
+        size = list(shape)
+        size[axis] = total
+        x = e.slice(x, [0] * x.rank, size)
+    split = [*shape[:axis], count, step, *shape[axis + 1 :]]
+    x = e.reshape(x, split)
+    size = list(split)
+    size[axis + 1] = 1
+    x = e.slice(x, [0] * x.rank, size)
+    out = list(shape)
+    out[axis] = count
+    return e.reshape(x, out)
+
+
+@rule(top.SliceOp)
+def _(e: Emitter, op, p: top.SliceParams, args):
+    (x,) = args
+    for axis, (start, stop, step) in enumerate(zip(p.offset, p.ends, p.steps, strict=False)):
+        n = x.shape[axis]
+        count = len(range(start, stop, step))
+        if count == n and step == 1:
+            continue
+        if step < 0:
+            # reversed: the slice of the reversed axis from n - 1 - start, stepping -step
+            x = e.unary("tosa.reverse", x, f"axis = {axis} : i32")
+            start, step = n - 1 - start, -step
+        begin = [0] * x.rank
+        begin[axis] = start
+        size = list(x.shape)
+        size[axis] = min(n - start, (count - 1) * step + 1) if count else 0
+        x = e.slice(x, begin, size)
+        if step > 1 and count:
+            x = _step(e, x, axis, step, count)
+    return x
+
+
+@rule(top.PadOp)
+def _(e: Emitter, op, p: top.PadParams, args):
+    (x,) = args
+    rank = x.rank
+    begins, ends = list(p.paddings[:rank]), list(p.paddings[rank:])
+    # negative pads crop first
+    start = [max(0, -b) for b in begins]
+    size = [d - max(0, -b) - max(0, -a) for d, b, a in zip(x.shape, begins, ends, strict=False)]
+    x = e.slice(x, start, size)
+    begins, ends = [max(0, b) for b in begins], [max(0, a) for a in ends]
+    if p.mode == "constant":
+        return e.pad(x, begins, ends, p.val)
+    for axis in range(rank):
+        b, a = begins[axis], ends[axis]
+        if not b and not a:
+            continue
+        n = x.shape[axis]
+        parts = [_edge_run(e, x, axis, p.mode, n, b, True), x, _edge_run(e, x, axis, p.mode, n, a, False)]
+        x = e.concat([v for v in parts if v is not None], axis)
+    return x
+
+
+def _take(e: Emitter, x: Val, axis: int, index: int) -> Val:
+    begin = [0] * x.rank
+    begin[axis] = index
+    size = list(x.shape)
+    size[axis] = 1
+    return e.slice(x, begin, size)
+
+
+def _edge_run(e: Emitter, x: Val, axis: int, mode: str, n: int, count: int, before: bool) -> Val | None:
+    """The ``count`` elements a reflect/edge/wrap pad adds before (or after) ``x`` along ``axis``, in order."""
+    if not count:
+        return None
+    if mode == "edge":
+        idx = [0] * count if before else [n - 1] * count
+    elif mode == "reflect":
+        idx = [count - i for i in range(count)] if before else [n - 2 - i for i in range(count)]
+    elif mode == "wrap":
+        idx = [(i - count) % n for i in range(count)] if before else [i % n for i in range(count)]
+    else:
+        raise NotImplementedError(f"pad mode {mode}")
+    return e.concat([_take(e, x, axis, i) for i in idx], axis)
+
+
+@rule(top.TileOp)
+def _(e: Emitter, op, p: top.TileParams, args):
+    return e.tile(args[0], p.tile)
+
+
+@rule(top.ExpandOp)
+def _(e: Emitter, op, p: top.ShapeParams, args):
+    return e.broadcast_to(args[0], op.results[0].type.get_shape())
+
+
+def gather_axis(e: Emitter, x: Val, axis: int, idx: Val, index_shape) -> Val:
+    """x taken at ``idx`` (int32, non-negative, flat [W]) along ``axis``: tosa.gather on x as [N, K, C]."""
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1 :])
+    k = x.shape[axis]
+    w = idx.shape[0]
+    values = e.reshape(x, [outer, k, inner])
+    indices = e.tile(e.reshape(idx, [1, w]), [outer, 1])
+    y = e.op1("tosa.gather", [values, indices], [outer, w, inner], x.dtype)
+    return e.reshape(y, [*x.shape[:axis], *index_shape, *x.shape[axis + 1 :]])
+
+
+def _indices(e: Emitter, idx: Val, k: int) -> Val:
+    """Indices as int32, negatives counted from the end: numpy when constant, a select otherwise."""
+    if idx.array is not None:
+        a = np.asarray(idx.array).astype(np.int64)
+        return e.const((np.where(a < 0, a + k, a)).reshape(-1).astype(np.int32))
+    flat = e.cast(e.reshape(idx, [math.prod(idx.shape)]), np.int32)
+    neg = e.binary("tosa.greater", e.scalar(0, np.int32, 1), flat, np.bool_)
+    wrapped = e.binary("tosa.add", flat, e.scalar(k, np.int32, 1))
+    return e.op1("tosa.select", [neg, wrapped, flat], flat.shape, np.int32)
+
+
+# constant indices of at most this many take slices (concatenated) rather than a tosa.gather: IREE lowers a gather
+# to an element-wise extract, where slices stay copies (mini_vit's q/k/v picks: 54 -> 1 ms)
+_SLICED_GATHER = 16
+
+
+@rule(top.GatherOp)
+def _(e: Emitter, op, p: top.AxisParams, args):
+    x, idx = args
+    axis = p.axis % x.rank
+    k = x.shape[axis]
+    if idx.array is not None and 0 < idx.array.size <= _SLICED_GATHER:
+        flat = [int(i) % k for i in np.asarray(idx.array).reshape(-1)]
+        out = [*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]]
+        runs: list[list[int]] = []  # consecutive ascending indices as one slice
+        for i in flat:
+            if runs and i == runs[-1][0] + runs[-1][1]:
+                runs[-1][1] += 1
+            else:
+                runs.append([i, 1])
+        parts = []
+        for start, count in runs:
+            begin = [0] * x.rank
+            begin[axis] = start
+            size = list(x.shape)
+            size[axis] = count
+            parts.append(e.slice(x, begin, size))
+        return e.reshape(e.concat(parts, axis), out)
+    return gather_axis(e, x, axis, _indices(e, idx, k), idx.shape)
+
+
+@rule(top.InterpOp)
+def _(e: Emitter, op, p: top.InterpParams, args):
+    """Resize one axis at a time, as the kernel: nearest as a gather of the source indices, linear and cubic as
+    a product with the [in, out] matrix of the kernel's taps and weights (clamped taps summed)."""
+    (x,) = args
+    if not x.is_float:
+        raise NotImplementedError(f"resize of {x.dtype}")
+    for axis in resampled(p, x.shape):
+        idx, weights, outside = axis_taps(x.shape[axis], axis, p.shape[axis], p)
+        out_len = idx.shape[0]
+        if p.mode == "nearest":
+            y = gather_axis(e, x, axis, e.const(idx[:, 0].astype(np.int32)), [out_len])
+        else:
+            matrix = np.zeros((x.shape[axis], out_len), np.float64)
+            for j in range(idx.shape[1]):
+                np.add.at(matrix, (idx[:, j], np.arange(out_len)), weights[:, j])
+            perm = [i for i in range(x.rank) if i != axis] + [axis]
+            moved = e.transpose(x, perm)
+            rows = math.prod(moved.shape[:-1])
+            a3 = e.reshape(moved, [1, rows, x.shape[axis]])
+            b3 = e.const(matrix.astype(x.dtype).reshape(1, x.shape[axis], out_len))
+            zp = e.zero_point(x.dtype)
+            prod = e.op1("tosa.matmul", [a3, b3, zp, zp], [1, rows, out_len], x.dtype)
+            prod = e.reshape(prod, [*moved.shape[:-1], out_len])
+            y = e.transpose(prod, np.argsort(perm))
+        if outside is not None and outside.any():
+            mask = e.const(outside.reshape((1,) * axis + (out_len,) + (1,) * (x.rank - axis - 1)))
+            y = e.op1("tosa.select", [mask, e.scalar(p.extrapolation_value, x.dtype, x.rank), y], y.shape, y.dtype)
+        x = y
+    return x
+
+
+@rule(top.Depth2SpaceOp)
+def _(e: Emitter, op, p: top.Depth2SpaceParams, args):
+    (x,) = args
+    n, c, h, w = x.shape
+    bh, bw = p.block_h, p.block_w
+    out = op.results[0].type.get_shape()
+    if p.is_inversed:
+        t = e.reshape(x, [n, c, h // bh, bh, w // bw, bw])
+        t = e.transpose(t, [0, 3, 5, 1, 2, 4] if not p.is_CRD else [0, 1, 3, 5, 2, 4])
+        return e.reshape(t, out)
+    if p.is_CRD:
+        t = e.reshape(x, [n, c // (bh * bw), bh, bw, h, w])
+        t = e.transpose(t, [0, 1, 4, 2, 5, 3])
+    else:
+        t = e.reshape(x, [n, bh, bw, c // (bh * bw), h, w])
+        t = e.transpose(t, [0, 3, 4, 1, 5, 2])
+    return e.reshape(t, out)
+
+
+@rule(top.TriluOp)
+def _(e: Emitter, op, p: top.TriluParams, args):
+    (x,) = args
+    rows, cols = x.shape[-2:]
+    i, j = np.indices((rows, cols))
+    keep = (j - i >= p.diagonal) if p.upper else (j - i <= p.diagonal)
+    mask = e.const(keep.reshape((1,) * (x.rank - 2) + (rows, cols)))
+    zero = e.scalar(0, x.dtype, x.rank)
+    element(x.dtype)
+    return e.op1("tosa.select", [mask, x, zero], x.shape, x.dtype)
+
+
+@rule(top.GatherElementsOp)
+def _(e: Emitter, op, p: top.AxisParams, args):
+    """A linalg.generic over the indices: each element extracted from the input at its own position, the axis
+    replaced by its index (negatives counted from the end)."""
+    x, idx = args
+    axis = p.axis % x.rank
+    x = e.use(x)
+    el_idx = element(idx.dtype)
+
+    def body(bd, v):
+        raw = bd.typed("arith.index_cast", [(v[0], el_idx)], "index")
+        dim = bd.typed("arith.constant", [], "index", f"value = {x.shape[axis]} : index")
+        zero = bd.typed("arith.constant", [], "index", "value = 0 : index")
+        neg = bd.typed("arith.cmpi", [(raw, "index"), (zero, "index")], "i1", "predicate = 2 : i64")
+        wrapped = bd.typed("arith.addi", [(raw, "index"), (dim, "index")], "index")
+        k = bd.typed("arith.select", [(neg, "i1"), (wrapped, "index"), (raw, "index")], "index")
+        at = [k if d == axis else bd.typed("linalg.index", [], "index", f"dim = {d} : i64") for d in range(x.rank)]
+        return bd.typed("tensor.extract", [(x.name, x.type)] + [(i, "index") for i in at], element(x.dtype))
+
+    return e.generic([idx], idx.shape, x.dtype, body)
