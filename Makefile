@@ -22,9 +22,14 @@ demo: $(STAMP)
 test: $(STAMP) browser lint
 	$(VENV)/bin/pytest -q
 
-# Style is checked before the tests: the formatter's check (configured in pyproject.toml)
+# Style and types are checked before the tests (all configured in pyproject.toml): ruff's lint rules, its
+# formatter's check, then pyright (basic) over tpubuild/. PYRIGHT_PYTHON_IGNORE_WARNINGS: no look-up of a
+# newer pyright on PyPI (the pinned one runs from its wheel).
+LINTED := tpubuild tests bench models dodo.py
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check tpubuild tests bench models dodo.py
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENV)/bin/pyright
 
 # Headless Chromium for the report page tests (tests/test_report.py), installed from Debian when
 # missing and we are root (CI on a fresh machine); otherwise those tests skip.

@@ -105,8 +105,8 @@ def top1(test: np.ndarray, ref: np.ndarray, axis: int) -> float:
 def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: Head) -> dict:
     """outs[sample][output] vs refs[sample][output]."""
     cos, err, agree, scores = [], [], [], []
-    for o_s, r_s in zip(outs, refs):
-        for o, r in zip(o_s, r_s):
+    for o_s, r_s in zip(outs, refs, strict=True):
+        for o, r in zip(o_s, r_s, strict=True):
             o, r = np.asarray(o, np.float64).reshape(r.shape), np.asarray(r, np.float64)
             cos.append(cosine(o, r))
             peak = float(np.max(np.abs(r))) or 1.0
@@ -131,8 +131,8 @@ def metrics(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]], head: He
         "top1": float(np.mean(agree)) if agree else math.nan,
         "scores": min(scores) if scores else math.nan,
         "each": [
-            min(cosine(np.asarray(o, np.float64).reshape(r.shape), r) for o, r in zip(o_s, r_s))
-            for o_s, r_s in zip(outs, refs)
+            min(cosine(np.asarray(o, np.float64).reshape(r.shape), r) for o, r in zip(o_s, r_s, strict=True))
+            for o_s, r_s in zip(outs, refs, strict=True)
         ],
     }
 

@@ -257,59 +257,90 @@ def _canonicalize():
     return canonicalize
 
 
-def run_case(case: Case) -> Result:
-    from tpubuild.errors import TpuBuildError
-    from tpubuild.frontend.onnx_graph import OnnxConverter
-    from tpubuild.ir import mlir
-    from tpubuild.top.inference import run
+class _CaseFailed(Exception):
+    """A case's failure (its reason), raised by run_case's steps."""
 
+
+def run_case(case: Case) -> Result:
     model = case.model
     op = op_key(case, model)
     reason = unsupported_reason(case, model)
     if reason:
         return Result(case, op, "unsupported", reason)
     frozen: list[str] = []
-    for ins, expected in case.data_sets():
-        inits = {t.name for t in model.graph.initializer}
-        real = [i.name for i in model.graph.input if i.name not in inits]
-        feeds = {}
-        for j, tensor in enumerate(ins):
-            name = tensor.name if tensor.name in real else real[j]
-            feeds[name] = tensor
-        for _ in range(len(feeds) + 1):
-            shapes = {n: list(t.dims) for n, t in feeds.items()}
-            try:
-                converter = OnnxConverter(model, shapes, file=f"{case.name}/model.onnx")
-                module, weights = converter.convert(case.name, f"{case.name}_weights.npz")
-                break
-            except TpuBuildError as e:
-                m = FROZEN_RE.search(str(e))
-                names = _shape_inputs(model, m.group(1), feeds) if m else []
-                if not names:
-                    return Result(case, op, "fail", f"frontend: {e.problem}", tuple(frozen))
-                for name in names:
-                    frozen.append(name)
-                    _freeze(model, name, feeds.pop(name))
-            except Exception as e:  # e.g. an element type the IR lacks; this case's failure, not the bench's
-                return Result(case, op, "fail", f"frontend: {type(e).__name__}: {e}", tuple(frozen))
-        canonicalize = _canonicalize()
-        try:
-            if canonicalize is not None:
-                module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
-            module = mlir.parse_module(mlir.print_module(module))
-            outs = run(module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, all_tensors=False)
-        except TpuBuildError as e:
-            return Result(case, op, "fail", f"canonicalize/inference: {e.problem}", tuple(frozen))
-        except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
-            return Result(case, op, "fail", f"{type(e).__name__}: {e}", tuple(frozen))
-        names = mlir.output_names(module)
-        if len(names) != len(expected):
-            return Result(case, op, "fail", f"{len(names)} outputs, expected {len(expected)}", tuple(frozen))
-        for j, (name, want) in enumerate(zip(names, expected)):
-            problem = _compare(np.asarray(outs[name]), want)
-            if problem:
-                return Result(case, op, "fail", f"output {j} ({name}): {problem}", tuple(frozen))
+    try:
+        for ins, expected in case.data_sets():
+            feeds = _feeds(model, ins)
+            module, weights = _convert(case, feeds, frozen)
+            names, outs = _infer(case, module, weights, feeds)
+            _check_outputs(names, outs, expected)
+    except _CaseFailed as e:
+        return Result(case, op, "fail", str(e), tuple(frozen))
     return Result(case, op, "pass", frozen=tuple(frozen))
+
+
+def _feeds(model, ins) -> dict:
+    """The data set's input tensors by the model's (non-initializer) input names."""
+    inits = {t.name for t in model.graph.initializer}
+    real = [i.name for i in model.graph.input if i.name not in inits]
+    feeds = {}
+    for j, tensor in enumerate(ins):
+        name = tensor.name if tensor.name in real else real[j]
+        feeds[name] = tensor
+    return feeds
+
+
+def _convert(case: Case, feeds: dict, frozen: list[str]):
+    """The case's model through the frontend; inputs the frontend needs as constants (shapes) are frozen into
+    the model (taken out of ``feeds``, named in ``frozen``) and the conversion retried."""
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.frontend.onnx_graph import OnnxConverter
+
+    model = case.model
+    for _ in range(len(feeds) + 1):
+        shapes = {n: list(t.dims) for n, t in feeds.items()}
+        try:
+            converter = OnnxConverter(model, shapes, file=f"{case.name}/model.onnx")
+            return converter.convert(case.name, f"{case.name}_weights.npz")
+        except TpuBuildError as e:
+            m = FROZEN_RE.search(str(e))
+            names = _shape_inputs(model, m.group(1), feeds) if m else []
+            if not names:
+                raise _CaseFailed(f"frontend: {e.problem}") from None
+            for name in names:
+                frozen.append(name)
+                _freeze(model, name, feeds.pop(name))
+        except Exception as e:  # e.g. an element type the IR lacks; this case's failure, not the bench's
+            raise _CaseFailed(f"frontend: {type(e).__name__}: {e}") from None
+    raise _CaseFailed("frontend: every input frozen, and the conversion still fails")
+
+
+def _infer(case: Case, module, weights, feeds: dict):
+    """Canonicalized (when the pass exists), printed, parsed and run: the output names and every output."""
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.ir import mlir
+    from tpubuild.top.inference import run
+
+    canonicalize = _canonicalize()
+    try:
+        if canonicalize is not None:
+            module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
+        module = mlir.parse_module(mlir.print_module(module))
+        outs = run(module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, all_tensors=False)
+    except TpuBuildError as e:
+        raise _CaseFailed(f"canonicalize/inference: {e.problem}") from None
+    except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
+        raise _CaseFailed(f"{type(e).__name__}: {e}") from None
+    return mlir.output_names(module), outs
+
+
+def _check_outputs(names, outs, expected) -> None:
+    if len(names) != len(expected):
+        raise _CaseFailed(f"{len(names)} outputs, expected {len(expected)}")
+    for j, (name, want) in enumerate(zip(names, expected, strict=True)):
+        problem = _compare(np.asarray(outs[name]), want)
+        if problem:
+            raise _CaseFailed(f"output {j} ({name}): {problem}")
 
 
 # ---- report ---------------------------------------------------------------------------

@@ -226,7 +226,7 @@ def _three_entries(tmp_path: Path) -> list:
         run_toy(tmp_path / f"t{i}", calls, content=content)
     entries = sorted(ArtifactCache(cache_root()).entries(), key=lambda e: e.bytes)
     now = time.time()
-    for age_days, entry in zip([10, 5, 0], entries):  # the smallest was used longest ago
+    for age_days, entry in zip([10, 5, 0], entries, strict=True):  # the smallest was used longest ago
         t = now - age_days * 86400
         os.utime(entry.path / "meta.json", (t, t))
     return entries

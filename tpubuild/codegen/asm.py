@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpubuild.codegen import commands as cmd
-from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
+from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor, shape4
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 
 DDR_ALIGN = 64
@@ -106,12 +106,12 @@ class Assembler:
             Direction.DDR2DDR,
             dtype,
             src,
-            tuple(src_strides),
+            shape4(src_strides),
             0,
             0,
-            tuple(shape),
+            shape4(shape),
             dst,
-            tuple(dst_strides),
+            shape4(dst_strides),
         )
         self.gdma.append(g)
         return g.id

@@ -37,6 +37,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
@@ -44,6 +45,7 @@ from xdsl.ir import Attribute
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import alloc, cost
+from tpubuild.codegen.commands import Shape4, shape4
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph, build_graph
 from tpubuild.codegen.slicing import Rule, align, exact_f32, local_rule, spread_shape, weight_lane_bytes
@@ -67,7 +69,7 @@ def split(total: int, parts: int, index: int) -> tuple[int, int]:
 
 Block = tuple[int, ...]
 CopyDims = tuple[list[tuple[int, int]], int]  # (size, source stride) per output dim, source offset
-_COPIES: dict[type, Callable[[Graph, object, Mapping[str, int]], "CopyDims | None"]] = {}
+_COPIES: dict[type, Callable[[Graph, object, Mapping[str, int]], CopyDims | None]] = {}
 
 
 def copy_for(*classes: type):
@@ -102,7 +104,10 @@ def _slice_copy(graph: Graph, node, scalars) -> CopyDims | None:
         return None
     src = _row_major(graph.tensors[data[0]].shape)
     out = graph.tensors[node.name].shape
-    return ([(out[i], src[i] * p.steps[i]) for i in range(len(out))], sum(o * st for o, st in zip(p.offset, src)))
+    return (
+        [(out[i], src[i] * p.steps[i]) for i in range(len(out))],
+        sum(o * st for o, st in zip(p.offset, src, strict=True)),
+    )
 
 
 @copy_for(tpu.MIRROR[top.GatherOp])
@@ -120,7 +125,7 @@ def _gather_copy(graph: Graph, node, scalars) -> CopyDims | None:
     return [(shape[i], src[i]) for i in range(len(shape)) if i != axis], at * src[axis]
 
 
-def as_copy(graph: Graph, node, scalars: Mapping[str, int] | None = None) -> tuple[Block, Block, int] | None:
+def as_copy(graph: Graph, node, scalars: Mapping[str, int] | None = None) -> tuple[Shape4, Shape4, int] | None:
     """A layout op (Permute; and Slice, Gather of a constant index, which otherwise run as global
     ops) as one strided DDR-to-DDR copy: (block, source strides in elements, source offset in
     elements) over at most 4 dims, merging output dims that stay adjacent in the source; None if it
@@ -141,7 +146,7 @@ def as_copy(graph: Graph, node, scalars: Mapping[str, int] | None = None) -> tup
     if len(merged) > 4:
         return None
     merged = [[1, 0]] * (4 - len(merged)) + merged
-    return tuple(m[0] for m in merged), tuple(m[1] for m in merged), offset
+    return shape4([m[0] for m in merged]), shape4([m[1] for m in merged]), offset
 
 
 def with_h_pads(params, top: int, bottom: int):
@@ -199,7 +204,7 @@ class Pack:
     def data(self, arrays: Sequence[np.ndarray]) -> bytes:
         """The DDR bytes of the pack from its weights' values (each in its own dtype)."""
         out = np.zeros((self.channels, self.row), np.uint8)
-        for array, offset in zip(arrays, self.offsets):
+        for array, offset in zip(arrays, self.offsets, strict=True):
             rows = np.ascontiguousarray(array).reshape(self.channels, -1).view(np.uint8)
             out[:, offset : offset + rows.shape[1]] = rows
         return out.tobytes()
@@ -214,14 +219,14 @@ def pack_of(graph: Graph, node) -> Pack | None:
     if len({b[1] for b in blocks}) != 1:
         return None
     offsets, row = [], 0
-    for w, b in zip(weights, blocks):
+    for w, b in zip(weights, blocks, strict=True):
         row = align(row, 4)
         offsets.append(row)
         row += b[3] * graph.tensors[w].dtype.itemsize
     return Pack(tuple(weights), tuple(offsets), blocks[0][1], row)
 
 
-def packs_of(graph: Graph, groups: Sequence["Group"], chip: Chip) -> dict[str, Pack]:
+def packs_of(graph: Graph, groups: Sequence[Group], chip: Chip) -> dict[str, Pack]:
     """Weight -> its pack, for the ops of channel-layout and fold local groups but a fold group's
     folded conv (what layer group planned them with: ``Planner._facts``; a global op reads its weights
     whole from DDR, a folded conv its W')."""
@@ -275,6 +280,13 @@ class OpFacts:
     global_cycles: int
     global_bytes: int  # DDR bytes read and written as a global op (or alone, unsliced)
 
+    @property
+    def slice_rule(self) -> Rule:
+        """The slice rule of an op placed in a local group (an op without one never is)."""
+        if self.rule is None:
+            raise ValueError(f"{self.name}: a {self.kind} op has no slice rule")
+        return self.rule
+
 
 # ---- a planned group ----------------------------------------------------------------------------
 
@@ -309,7 +321,7 @@ class Group:
     def slices(self) -> int:
         return self.n_secs * self.h_secs
 
-    def weight_loads(self, graph: Graph, packs: Mapping[str, "Pack"]) -> list[list[str]]:
+    def weight_loads(self, graph: Graph, packs: Mapping[str, Pack]) -> list[list[str]]:
         """Per op of the group, the weights loaded before it: those no earlier op of the group uses
         (a weight two ops share is loaded once, for the first); a pack as its key."""
         seen: set[str] = set()
@@ -622,7 +634,7 @@ class Planner:
         """DDR bytes of loading weight w: its pack's when it is one's key."""
         return self.packs[w].nbytes if w in self.packs else self.g.tensors[w].nbytes
 
-    def layout(self, group: Group) -> "Planner":
+    def layout(self, group: Group) -> Planner:
         """The planner of ``group``'s layout."""
         if group.layout == FOLD:
             return self.fold.get(group.ops[0], self)
@@ -681,7 +693,7 @@ class Planner:
         n_max = min(self.t[o].shape4[0] for o in outputs) if outputs else 1
         h_max = min(self.t[o].shape4[2] for o in outputs) if outputs else 1
         for p in range(i, j):
-            rule = self.ops[p].rule
+            rule = self.ops[p].slice_rule
             if not rule.n_split:
                 n_max = 1
             if not rule.h_split:
@@ -734,15 +746,15 @@ class Planner:
             o4 = self.t[f.name].shape4
             if r is None:
                 r = self.own_range(f.name, ns, hs, ni, hi)
-            if not f.rule.rows:  # whole rows in, whole rows out (and whole N unless it slices N)
-                r = (r[0], r[1], 0, o4[2]) if f.rule.n_split else (0, o4[0], 0, o4[2])
-            r = (r[0], r[1], *f.rule.computed(r[2], r[3], o4[2]))
+            if not f.slice_rule.rows:  # whole rows in, whole rows out (and whole N unless it slices N)
+                r = (r[0], r[1], 0, o4[2]) if f.slice_rule.n_split else (0, o4[0], 0, o4[2])
+            r = (r[0], r[1], *f.slice_rule.computed(r[2], r[3], o4[2]))
             need[f.name] = r
             for k, t, same in f.operands:
                 s4 = self.t[t].shape4
                 if same:
                     n_lo, n_hi = (r[0], r[1]) if s4[0] == o4[0] else (0, s4[0])
-                    h_lo, h_hi, _, _ = f.rule.in_h_range(k, r[2], r[3], s4[2], o4[2])
+                    h_lo, h_hi, _, _ = f.slice_rule.in_h_range(k, r[2], r[3], s4[2], o4[2])
                 else:
                     n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
                 old = need.get(t)
@@ -828,9 +840,9 @@ class Planner:
             )
         for p in range(i, j):
             f = self.ops[p]
-            if f.rule.buffer_factor:
+            if f.slice_rule.buffer_factor:
                 sizes[f"{f.name}#buf"] = align(
-                    int(sizes[f.name] * f.rule.buffer_factor * 4 / self.t[f.name].esize), chip.eu_bytes
+                    int(sizes[f.name] * f.slice_rule.buffer_factor * 4 / self.t[f.name].esize), chip.eu_bytes
                 )
         return sizes
 
@@ -879,8 +891,8 @@ class Planner:
             if op.name not in whole:
                 diff[p - i] += size
                 diff[last.get(op.name, p) - i + 1] -= size
-            if op.rule.buffer_factor:
-                scratch = int(size * op.rule.buffer_factor * 4 / f.esize)
+            if op.slice_rule.buffer_factor:
+                scratch = int(size * op.slice_rule.buffer_factor * 4 / f.esize)
                 diff[p - i] += scratch
                 diff[p - i + 1] -= scratch
         live = top = 0
@@ -901,7 +913,7 @@ class Planner:
         (more slices overlap more DMA with compute but add halo rows and command overheads), in the
         channel layout or, for layout-free ops, the lane-spread one; None: none fits."""
         best = self._best_local(i, j, hint)
-        alts = [self.spread] if self.spreads(i, j) else []
+        alts = [self.spread] if self.spread is not None and self.spreads(i, j) else []
         if i in self.folds and j > self.folds[i].conv:  # X' never leaves the group
             alts.append(self.fold[i])
         for planner in alts:
@@ -974,7 +986,7 @@ class Planner:
         """Dynamic programming over the op order: [(first op, end, kind, estimate)] covering every op."""
         n = len(self.ops)
         best = [0] + [math.inf] * n
-        choice: list[tuple[int, str, Estimate | None] | None] = [None] * (n + 1)
+        choice: list[tuple[int, str, Estimate | None]] = [(0, GLOBAL, None)] * (n + 1)  # [0]: never read
         for j in range(1, n + 1):
             cycles, kind, est = self.alone_cycles(j - 1)
             best[j], choice[j] = best[j - 1] + cycles, (j - 1, kind, est)
@@ -1009,7 +1021,7 @@ class Planner:
                 needs.append(self.ranges(i, j, ns, hs, ni, hi))
                 owns.append({o: self.own_range(o, ns, hs, ni, hi) for o in outputs})
         if hs > 1 and any(
-            need[self.ops[p].name][3] - need[self.ops[p].name][2] < self.ops[p].rule.min_rows
+            need[self.ops[p].name][3] - need[self.ops[p].name][2] < self.ops[p].slice_rule.min_rows
             for p in range(i, j)
             for need in needs
         ):
@@ -1028,7 +1040,7 @@ class Planner:
             )
         except alloc.AllocError:
             return None
-        per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns)]
+        per_slice = [self.slice_costs(i, j, need, own) for need, own in zip(needs, owns, strict=True)]
         wbytes = sum(self.weight_nbytes(w) for w in weights)
         keyed = {b.key: b.size for b in bufs}
         group = Group(
@@ -1075,13 +1087,13 @@ class Planner:
             s4 = self.t[t].shape4
             if len(self.g.tensors[t].shape) == out_rank:
                 n_lo, n_hi = (out_r[0], out_r[1]) if s4[0] == out4[0] else (0, s4[0])
-                h_lo, h_hi, top, bottom = f.rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
-                if k == 0 and f.rule.window is not None:
+                h_lo, h_hi, top, bottom = f.slice_rule.in_h_range(k, out_r[2], out_r[3], s4[2], out4[2])
+                if k == 0 and f.slice_rule.window is not None:
                     params = with_h_pads(params, top, bottom)
             else:
                 n_lo, n_hi, h_lo, h_hi = 0, s4[0], 0, s4[2]
             operands.append((t, (n_lo, n_hi, h_lo, h_hi)))
-        if f.rule.sized:
+        if f.slice_rule.sized:
             params = dataclasses.replace(params, shape=logical_shape(self.g.tensors[node.name].shape, out_r))
         return params, operands
 
@@ -1155,6 +1167,7 @@ class Planner:
                 groups.append(self._single(len(groups), i, kind))
                 k += 1
                 continue
+            assert est is not None, "the search's local groups carry their estimate"
             placed = self._place(len(groups), i, j, est)
             if j - i > 1 and not (len(placed) == 1 and placed[0].kind == LOCAL):
                 self.unfit.add((i, j))
@@ -1164,7 +1177,7 @@ class Planner:
             while k + 1 < len(chosen) and chosen[k + 1][2] == LOCAL and chosen[k + 1][1] - i <= MAX_GROUP_OPS:
                 j2, est2 = chosen[k + 1][1], chosen[k + 1][3]
                 merged = self.best_local(i, j2)
-                if merged is None:
+                if merged is None or est2 is None:
                     break
                 whole = self._place(len(groups), i, j2, merged)
                 split = placed + self._place(len(groups) + len(placed), j, j2, est2)
@@ -1297,7 +1310,8 @@ def _split_pieces(g: Graph, kinds: Mapping[int, str], o: str) -> tuple[int, list
         return None
     firsts = np.cumsum((0, *node.op.params.split_size))
     return node.index, [
-        Piece(out, int(firsts[k]), int(n)) for k, (out, n) in enumerate(zip(node.outputs, node.op.params.split_size))
+        Piece(out, int(firsts[k]), int(n))
+        for k, (out, n) in enumerate(zip(node.outputs, node.op.params.split_size, strict=True))
     ]
 
 
@@ -1375,63 +1389,74 @@ def schedule(n_ops: int, slices: int, copies: int, weighted: Sequence[bool]) -> 
     that read it; a slice's first op waits for its loads and for the store of slice s - 2 that read its
     output buffer; a store waits for its slice's last op.
     """
-    steps: list[Step] = []
-    loads: dict[int, int] = {}
-    stores: dict[int, int] = {}
-    last_op: dict[int, int] = {}
-    weights: dict[int, int] = {}
+    order = _StepOrder(n_ops, copies)
+    order.load(0)
+    order.weight_loads(weighted)
+    if slices == 1:
+        order.compute(0)
+        order.store(0)
+        return order.steps
+    order.load(1)
+    order.compute(0)
+    for t in range(2, slices + 2):
+        if t < slices:
+            order.load(t)
+        order.store(t - 2)
+        if 1 <= t - 1 < slices:
+            order.compute(t - 1)
+    return order.steps
 
-    def load(s: int) -> None:
-        loads[s] = len(steps)
-        steps.append(
+
+class _StepOrder:
+    """``schedule``'s steps as they are appended, with the indices later steps wait for."""
+
+    def __init__(self, n_ops: int, copies: int):
+        self.n_ops, self.copies = n_ops, copies
+        self.steps: list[Step] = []
+        self.loads: dict[int, int] = {}
+        self.stores: dict[int, int] = {}
+        self.last_op: dict[int, int] = {}
+        self.weights: dict[int, int] = {}
+
+    def load(self, s: int) -> None:
+        self.loads[s] = len(self.steps)
+        reuse = s >= self.copies  # the buffer held slice s - copies: its compute must be done
+        self.steps.append(
             Step(
                 "gdma",
                 "load",
                 s,
-                wait=last_op[s - copies] if s >= copies else START,
-                after=(last_op[s - copies],) if s >= copies else (),
+                wait=self.last_op[s - self.copies] if reuse else START,
+                after=(self.last_op[s - self.copies],) if reuse else (),
             )
         )
 
-    def store(s: int) -> None:
-        stores[s] = len(steps)
-        steps.append(Step("gdma", "store", s, wait=last_op[s], after=(last_op[s],)))
+    def weight_loads(self, weighted: Sequence[bool]) -> None:
+        for p in range(self.n_ops):
+            if weighted[p]:
+                self.weights[p] = len(self.steps)
+                self.steps.append(Step("gdma", "weights", 0, p, wait=NONE))
 
-    def compute(s: int) -> None:
-        for p in range(n_ops):
-            waits = [loads[s]] if p == 0 else []
-            if p == 0 and s >= copies:
-                waits.append(stores[s - copies])
-            if s == 0 and p in weights:
-                waits.append(weights[p])
-            steps.append(Step("bdc", "compute", s, p, wait=max(waits) if waits else NONE, after=tuple(waits)))
-        last_op[s] = len(steps) - 1
+    def store(self, s: int) -> None:
+        self.stores[s] = len(self.steps)
+        self.steps.append(Step("gdma", "store", s, wait=self.last_op[s], after=(self.last_op[s],)))
 
-    load(0)
-    for p in range(n_ops):
-        if weighted[p]:
-            weights[p] = len(steps)
-            steps.append(Step("gdma", "weights", 0, p, wait=NONE))
-    if slices == 1:
-        compute(0)
-        store(0)
-        return steps
-    load(1)
-    compute(0)
-    for t in range(2, slices + 2):
-        if t < slices:
-            load(t)
-        store(t - 2)
-        if 1 <= t - 1 < slices:
-            compute(t - 1)
-    return steps
+    def compute(self, s: int) -> None:
+        for p in range(self.n_ops):
+            waits = [self.loads[s]] if p == 0 else []
+            if p == 0 and s >= self.copies:
+                waits.append(self.stores[s - self.copies])
+            if s == 0 and p in self.weights:
+                waits.append(self.weights[p])
+            self.steps.append(Step("bdc", "compute", s, p, wait=max(waits) if waits else NONE, after=tuple(waits)))
+        self.last_op[s] = len(self.steps) - 1
 
 
 def replay_steps(steps: Sequence[Step], durations: Sequence[int]) -> int:
     """Makespan of ``steps`` on two in-order queues with their waits (START: time 0)."""
     end = [0] * len(steps)
     free = {"gdma": 0, "bdc": 0}
-    for i, (step, d) in enumerate(zip(steps, durations)):
+    for i, (step, d) in enumerate(zip(steps, durations, strict=True)):
         start = max(free[step.queue], end[step.wait] if step.wait >= 0 else 0)
         end[i] = free[step.queue] = start + d
     return max(free.values())
@@ -1532,7 +1557,8 @@ def layer_group(module: ModuleOp, chip: Chip, *, exact_f32: bool = True) -> tupl
 # ---- reading lg.mlir back -----------------------------------------------------------------------
 
 
-def _py(attr: Attribute):
+def _py(attr: Attribute) -> Any:
+    """An lg.groups attribute as plain Python: int, str, list or dict (of those)."""
     if isinstance(attr, IntegerAttr):
         return attr.value.data
     if isinstance(attr, StringAttr):
@@ -1545,7 +1571,9 @@ def _py(attr: Attribute):
 
 
 def _ranges(d: dict) -> list[Range]:
-    return [(n, n + ns, h, h + hs) for n, ns, h, hs in zip(d["n_idx"], d["n_slice"], d["h_idx"], d["h_slice"])]
+    return [
+        (n, n + ns, h, h + hs) for n, ns, h, hs in zip(d["n_idx"], d["n_slice"], d["h_idx"], d["h_slice"], strict=True)
+    ]
 
 
 def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:

@@ -27,7 +27,7 @@ def tensor_types(module: ModuleOp) -> dict[str, TensorType]:
     types: dict[str, TensorType] = {}
     for op in mlir.body_ops(module):
         if isinstance(op, TensorOp):
-            for name, value in zip(op.names, op.results):
+            for name, value in zip(op.names, op.results, strict=True):
                 if isinstance(value.type, TensorType):
                     types[name] = value.type
     return types
