@@ -434,7 +434,7 @@ def test_a_run_with_no_exact_plan_is_searched_around_not_split_op_by_op(monkeypa
     assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
     local = [g for g in groups if g.kind == LOCAL]
     assert all(len(g.ops) <= 6 for g in local)
-    monkeypatch.setattr("tpubuild.codegen.layergroup.MAX_GROUP_OPS", 6)
+    monkeypatch.setattr("tpubuild.codegen.layergroup.search.MAX_GROUP_OPS", 6)
     capped = Planner(graph, BM1684X, exact_f32=False).search()
     assert len(local) <= sum(kind == LOCAL for _, _, kind, _ in capped)
     assert sum(len(g.ops) > 1 for g in local) * 2 > len(local)
