@@ -55,9 +55,12 @@ class Assembler:
         self.inputs.append(t)
         return t
 
-    def output(self, name: str, shape: Sequence[int], dtype: str, scale: float = 1.0, zero_point: int = 0) -> IoTensor:
+    def output(
+        self, name: str, shape: Sequence[int], dtype: str, scale: float = 1.0, zero_point: int = 0, source: str = ""
+    ) -> IoTensor:
+        """A graph output; ``source``: its name in the source model where it differs."""
         t = IoTensor(name, tuple(shape), dtype, 0, scale, zero_point)
-        t = IoTensor(name, t.shape, dtype, self.ddr(t.nbytes), scale, zero_point)
+        t = IoTensor(name, t.shape, dtype, self.ddr(t.nbytes), scale, zero_point, source)
         self.outputs.append(t)
         return t
 

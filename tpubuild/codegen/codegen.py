@@ -536,13 +536,13 @@ class Emitter:
         self._bdc(node, params, operands, [result], wait_gdma)
 
 
-def _io(module: ModuleOp, graph: Graph, name: str, addr: int) -> IoTensor:
+def _io(module: ModuleOp, graph: Graph, name: str, addr: int, source: str = "") -> IoTensor:
     t = graph.tensors[name]
     scale, zp = 1.0, 0
     ttype = _types(module).get(name)
     if ttype is not None and isinstance(ttype.element_type, UniformType) and ttype.element_type.quant_axis < 0:
         scale, zp = float(ttype.element_type.scale_list[0]), int(ttype.element_type.zero_point_list[0])
-    return IoTensor(name, tuple(t.shape), t.dtype.name, addr, scale, zp)
+    return IoTensor(name, tuple(t.shape), t.dtype.name, addr, scale, zp, source)
 
 
 def _types(module: ModuleOp) -> dict[str, TensorType]:
@@ -595,13 +595,16 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
             )
         blob[addr : addr + len(data)] = data
     emitter.run()
+    from tpubuild.lower.inference import source_output_names
+
+    sources = source_output_names(module)
     header = Header(
         model=mlir.module_attr(module, "name", "") or "",
         chip=ChipParams.from_chip(chip),
         ddr_size=read_int(module.attributes["addr.ddr_bytes"]),
         weight_base=0,
         inputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.inputs),
-        outputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.outputs),
+        outputs=tuple(_io(module, graph, n, a_addr[n], sources.get(n, "")) for n in graph.outputs),
         mode=mlir.module_attr(module, "mode", "") or "",
     )
     return ModelFile(header, bytes(blob), tuple(emitter.gdma), tuple(emitter.bdc))

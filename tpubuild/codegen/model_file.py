@@ -147,13 +147,19 @@ class IoTensor:
     ddr_addr: int
     scale: float = 1.0
     zero_point: int = 0
+    source: str = ""  # an output's name in the source model where lowering renamed it ("y" of "y_f32")
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * cmd.itemsize(self.dtype)
 
+    @property
+    def source_name(self) -> str:
+        """The name the source model (ONNX) gives this tensor."""
+        return self.source or self.name
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype,
@@ -161,6 +167,7 @@ class IoTensor:
             "scale": self.scale,
             "zero_point": self.zero_point,
         }
+        return {**doc, "source": self.source} if self.source else doc
 
 
 @dataclass(frozen=True)
@@ -392,6 +399,7 @@ def _io(doc: Any) -> IoTensor:
         ddr_addr=_int(doc.get("ddr_addr")),
         scale=_num(doc.get("scale", 1.0)),
         zero_point=_int(doc.get("zero_point", 0), -(1 << 31), 1 << 31),
+        source=_str(doc["source"]) if "source" in doc else "",
     )
 
 
