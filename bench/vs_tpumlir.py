@@ -87,7 +87,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after sys.path: the repo before an installed copy)
 
 FLOW_GOAL, MATRIX_GOAL = 0.25, 0.15
 DEFAULT_MODELS = "demo_cnn,ppocr_mobile_v2_cls,ppocrv4_rec,mini_yolo"

@@ -69,7 +69,7 @@ def test_unknown_package_version(tmp_path, cache):
 def test_torch_source_without_torch_is_a_clear_error(tmp_path):
     pytest.importorskip("onnx")
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (only whether it imports)
 
         pytest.skip("torch is installed")
     except ImportError:

@@ -26,9 +26,9 @@ matplotlib.use("Agg")
 # Figures are made and printed without pyplot: it would load a GUI-less backend and its figure
 # manager for nothing (a third of matplotlib's import time); savefig prints through the SVG canvas
 # either way, so the bytes are the same.
-from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402  (after matplotlib.use: the backend is chosen first)
+from matplotlib.figure import Figure  # noqa: E402  (after matplotlib.use: the backend is chosen first)
+from matplotlib.patches import Patch  # noqa: E402  (after matplotlib.use: the backend is chosen first)
 
 PASS_COLOR, FAIL_COLOR, EXACT_COLOR, WORST_COLOR = "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
 GROUP_COLORS = ("#d9d9d9", "#b0b0b0")  # alternate, so neighbouring groups stay apart
