@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: .venv venv demo test lint browser bench clean
+.PHONY: .venv venv demo test lint browser bench bench-all clean
 
 .venv venv: $(STAMP)
 
@@ -39,8 +39,12 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium not found (not root, or no apt-get): the report page tests will skip"; fi; }
 
+# docs/benchmarks.md, generated: the bench scripts that declare PAGE (bench/page.py), a quick subset or all
 bench: $(STAMP)
-	$(VENV)/bin/python bench/noop_rebuild.py
+	$(VENV)/bin/python bench/page.py
+
+bench-all: $(STAMP)
+	$(VENV)/bin/python bench/page.py --all
 
 clean:
 	-$(VENV)/bin/doit clean
