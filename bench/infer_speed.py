@@ -257,6 +257,11 @@ def print_table(rows: list[dict], threads: int, clock_name: str) -> None:
 PAGE = {"quick": ["--models", "^demo_cnn$|^tiny_transformer$", "--repeat", "3"], "all": []}
 
 
+def top_goal_met(ort: float, top: float) -> bool:
+    """DESIGN.md's goal: within TOP_GOAL x of onnxruntime where it takes 1 ms or more, else under 1 ms more."""
+    return top / ort <= TOP_GOAL if ort >= 1e-3 else top - ort < 1e-3
+
+
 def page(rows: list[dict], threads: int, clock_name: str) -> dict:
     """The result as docs/benchmarks.md shows it (bench/page.py's convention)."""
     table = []
@@ -273,15 +278,17 @@ def page(rows: list[dict], threads: int, clock_name: str) -> dict:
                 f"{r['top'] / r['ort']:.2f}x",
                 f"{sim * 1e3:.2f}" if isinstance(sim, float) else "-",
                 f"{1 - r['top_cos']:.1e}",
-                "yes" if r["top"] / r["ort"] <= TOP_GOAL else "no",
+                "yes" if top_goal_met(r["ort"], r["top"]) else "no",
             ]
         )
     return {
         "title": "Inference speed: TOP inference (numpy) and the simulated chip vs onnxruntime",
-        "goal": f"TOP inference within {TOP_GOAL:g}x of onnxruntime on the same input (DESIGN.md, Numerics)",
+        "goal": f"TOP inference within {TOP_GOAL:g}x of onnxruntime where onnxruntime takes 1 ms or more, under "
+        "1 ms more than it on smaller models (DESIGN.md, Numerics)",
         "peer": f"onnxruntime on the source model, same process and input, {threads} thread(s), {clock_name} time",
         "columns": ["model", "onnxruntime ms (peer)", "TOP ms", "TOP/ORT", "SIM ms", "TOP 1-cos", "goal met"],
         "rows": table,
+        "notes": [f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end of the run"],
     }
 
 

@@ -204,6 +204,10 @@ def _bench(args: argparse.Namespace, result: dict) -> int:
                 [f"CPU s (user+sys), median of {args.runs}", f"{statistics.median(cpus):.3f}", f"{full_cpu:.3f}", ""],
                 ["tasks", str(tasks), str(tasks), ""],
             ],
+            notes=[
+                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times include waiting for a "
+                "CPU; the CPU time is what the run costs"
+            ],
         )
         return 0
     finally:

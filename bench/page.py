@@ -7,8 +7,8 @@ A bench script takes part by two things (the convention docs/benchmarks.md's hea
 - a module-level ``PAGE = {"quick": [args...], "all": [args...]}``: the arguments it runs with in each mode (a
   mode it leaves out, it is not run in); read from the file's text (``ast``), the script is not imported;
 - a ``--json`` flag: its progress goes to stderr and its stdout is one JSON object
-  ``{"title", "goal", "peer", "columns", "rows"}`` (``rows``: lists of cells, as text), with the peer's
-  figure measured in the same run in a column of its own.
+  ``{"title", "goal", "peer", "columns", "rows"}`` (``rows``: lists of cells, as text; optional ``notes``),
+  with the peer's figure measured in the same run in a column of its own.
 
 Each script runs in its own process, in this tree; the page gets one section per script: the table, the
 goal, what the peer is, and when, on which commit and machine it ran. A script that fails gets a section
@@ -45,7 +45,7 @@ to.
   `make bench` and `make bench-all` (leave a mode out to skip the script in it);
 - a `--json` flag: progress to stderr, and on stdout one JSON object
   `{"title": ..., "goal": ..., "peer": ..., "columns": [...], "rows": [[...], ...]}` with every cell as
-  text, the peer's figure in a column of its own.
+  text, the peer's figure in a column of its own (optional: `"notes": [...]`, lines under the table).
 
 `bench/page.py` finds such scripts by their `PAGE`; nothing else needs registering.
 """
@@ -117,6 +117,8 @@ def section(path: Path, args: list[str], result: dict | None, error: str, second
         "",
         *table(result),
         "",
+        *[f"Note: {note}." for note in result.get("notes", [])],
+        *([""] if result.get("notes") else []),
     ]
 
 
