@@ -122,6 +122,20 @@ def test_cnn_on_the_chip_matches_tpu_inference(make_model, tmp_path, mode, chip)
     assert any(g.kind == LOCAL and len(g.ops) > 2 for g in groups)
 
 
+@pytest.mark.parametrize("mode", ["INT8", "F32"])
+def test_an_output_descriptor_names_the_onnx_output(make_model, tmp_path, mode):
+    """Lowering returns an INT8 model's output cast back to f32 (``<name>_f32``): the .model's output
+    descriptor keeps the ONNX name as ``source``; an F32 output keeps its name and needs none."""
+    tm, tw, _ = lowered(cnn(make_model), {"x": (2, 3, 24, 24)}, tmp_path, mode)
+    lg, _ = layer_group(mlir.parse_module(mlir.print_module(tm)), BM1684X)
+    addr, _ = memory_assign(lg, BM1684X)
+    (out,) = decode_model(encode_model(codegen(addr, tw, BM1684X))).header.outputs
+    onnx_name = cnn(make_model).graph.output[0].name
+    assert out.source_name == onnx_name
+    assert (out.source != "") == (mode == "INT8")
+    assert out.name == (f"{onnx_name}_f32" if mode == "INT8" else onnx_name)
+
+
 @pytest.mark.parametrize("mode", ["INT8", "BF16"])
 def test_attention_on_the_chip_matches_tpu_inference(attention_model, tmp_path, mode):
     tm, tw, inputs = lowered(attention_model(2), {"x": (2, 6, 16)}, tmp_path, mode)
