@@ -43,32 +43,32 @@ The parts, one file each:
 - ``lg_mlir``: the groups written onto the module and read back (``layer_group``, ``read_groups``)
 """
 
+from tpubuild.codegen.layergroup.copies import Block, CopyDims, as_copy, copy_for
+from tpubuild.codegen.layergroup.folds import Fold, find_folds, fold_graph, spread_graph
 from tpubuild.codegen.layergroup.groups import (
     ALIAS,
     ALIAS_OPS,
     CHANNEL,
     COPY,
-    Estimate,
     FOLD,
     GLOBAL,
-    Group,
     LOCAL,
     MAX_GROUP_OPS,
+    SPREAD,
+    Estimate,
+    Group,
     OpFacts,
     Range,
-    SPREAD,
     TensorFacts,
     logical_shape,
     split,
     with_h_pads,
 )
-from tpubuild.codegen.layergroup.copies import Block, CopyDims, as_copy, copy_for
+from tpubuild.codegen.layergroup.lg_mlir import annotate, layer_group, read_groups
 from tpubuild.codegen.layergroup.packs import Pack, pack_of, packs_of, weight_block
-from tpubuild.codegen.layergroup.folds import Fold, find_folds, fold_graph, spread_graph
 from tpubuild.codegen.layergroup.redirects import Piece, channel_redirects
 from tpubuild.codegen.layergroup.schedule import NONE, START, Step, pipelined_after_first, replay_steps, schedule
 from tpubuild.codegen.layergroup.search import Planner
-from tpubuild.codegen.layergroup.lg_mlir import annotate, layer_group, read_groups
 
 __all__ = [
     "ALIAS",

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-
 from tpubuild.codegen.commands import Shape4, shape4
 from tpubuild.codegen.graph import Graph
 from tpubuild.ir import top, tpu
-
 
 Block = tuple[int, ...]
 CopyDims = tuple[list[tuple[int, int]], int]  # (size, source stride) per output dim, source offset

@@ -6,12 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-
 from tpubuild.codegen import alloc
-from tpubuild.codegen.slicing import align, weight_lane_bytes
 from tpubuild.codegen.layergroup.groups import Range, split
-from tpubuild.codegen.layergroup.schedule import pipelined_after_first
 from tpubuild.codegen.layergroup.planner_facts import PlannerFacts
+from tpubuild.codegen.layergroup.schedule import pipelined_after_first
+from tpubuild.codegen.slicing import align, weight_lane_bytes
 
 
 class PlannerEstimates(PlannerFacts):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from tpubuild.codegen import alloc, cost
-from tpubuild.codegen.layergroup.groups import Group, LOCAL, logical_shape, with_h_pads
-from tpubuild.codegen.layergroup.schedule import Step, replay_steps, schedule
 from tpubuild.codegen.layergroup.estimate import PlannerEstimates
+from tpubuild.codegen.layergroup.groups import LOCAL, Group, logical_shape, with_h_pads
+from tpubuild.codegen.layergroup.schedule import Step, replay_steps, schedule
 
 
 class PlannerExact(PlannerEstimates):

@@ -8,13 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import cost
 from tpubuild.codegen.graph import Graph
 from tpubuild.codegen.slicing import Rule, align
 from tpubuild.ir import tpu
-
 
 if TYPE_CHECKING:
     from tpubuild.codegen.layergroup.packs import Pack

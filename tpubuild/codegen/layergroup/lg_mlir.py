@@ -10,12 +10,11 @@ from xdsl.ir import Attribute
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen.graph import Graph, build_graph
+from tpubuild.codegen.layergroup.groups import CHANNEL, LOCAL, Group, Range
+from tpubuild.codegen.layergroup.search import Planner
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.params import int_array, int_attr
-from tpubuild.codegen.layergroup.groups import CHANNEL, Group, LOCAL, Range
-from tpubuild.codegen.layergroup.search import Planner
-
 
 # ---- lg.mlir ------------------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ import numpy as np
 
 from tpubuild.build.chips import Chip
 from tpubuild.codegen.graph import Graph
-from tpubuild.codegen.slicing import align
 from tpubuild.codegen.layergroup.folds import find_folds
 from tpubuild.codegen.layergroup.groups import FOLD, LOCAL, SPREAD, Group
+from tpubuild.codegen.slicing import align
 
 
 def weight_block(shape: Sequence[int]) -> tuple[int, int, int, int]:

@@ -7,13 +7,12 @@ import math
 from collections.abc import Sequence
 from typing import Self
 
-
 from tpubuild.build.chips import Chip
 from tpubuild.codegen import cost
 from tpubuild.codegen.cost import nchw
 from tpubuild.codegen.graph import Graph
-from tpubuild.codegen.slicing import exact_f32, local_rule, weight_lane_bytes
-from tpubuild.ir import tpu
+from tpubuild.codegen.layergroup.copies import as_copy
+from tpubuild.codegen.layergroup.folds import Fold, find_folds, fold_graph, spread_graph
 from tpubuild.codegen.layergroup.groups import (
     ALIAS,
     ALIAS_OPS,
@@ -21,17 +20,17 @@ from tpubuild.codegen.layergroup.groups import (
     COPY,
     FOLD,
     GLOBAL,
-    Group,
     LOCAL,
+    SPREAD,
+    Group,
     OpFacts,
     Range,
-    SPREAD,
     TensorFacts,
 )
-from tpubuild.codegen.layergroup.copies import as_copy
 from tpubuild.codegen.layergroup.packs import Pack, pack_of
-from tpubuild.codegen.layergroup.folds import Fold, find_folds, fold_graph, spread_graph
 from tpubuild.codegen.layergroup.redirects import _CHANNEL_READERS
+from tpubuild.codegen.slicing import exact_f32, local_rule, weight_lane_bytes
+from tpubuild.ir import tpu
 
 
 def _layout_free(graph: Graph, node) -> bool:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpubuild.codegen.graph import Graph
+from tpubuild.codegen.layergroup.groups import ALIAS, COPY, GLOBAL, LOCAL, SPREAD, Group
 from tpubuild.ir import top, tpu
-from tpubuild.codegen.layergroup.groups import ALIAS, COPY, GLOBAL, Group, LOCAL, SPREAD
-
 
 _CHANNEL_READERS = (tpu.ReshapeOp, tpu.MIRROR[top.SplitOp])
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-
+from tpubuild.codegen.layergroup.finalize import PlannerExact
 from tpubuild.codegen.layergroup.groups import (
     ALIAS,
     CHANNEL,
     COPY,
-    Estimate,
     GLOBAL,
-    Group,
     LOCAL,
     MAX_GROUP_OPS,
     SPREAD,
+    Estimate,
+    Group,
 )
-from tpubuild.codegen.layergroup.finalize import PlannerExact
 
 
 class Planner(PlannerExact):
