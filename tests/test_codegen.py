@@ -492,14 +492,17 @@ def test_a_one_channel_map_runs_spread_over_the_lanes(make_model, tmp_path, mode
     layout: bit-exact with inference, and its commands take a fraction of the cycles they take in one lane."""
     from tpubuild.codegen import layergroup
 
-    monkeypatch.setattr(layergroup, "find_folds", lambda graph, chip: [])  # the 4-channel conv would fold
+    # the 4-channel conv would fold (find_folds as the planner and the weight packs call it)
+    monkeypatch.setattr(layergroup.planner_facts, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.packs, "find_folds", lambda graph, chip: [])
     tm, tw, inputs = lowered(one_channel_head(make_model, 128), {"x": (1, 4, 128, 128)}, tmp_path, mode)
     ref = run(tm, tw, inputs)
     result, groups = compile_and_run(tm, tw, inputs, BM1684X)
     for name, out in result.outputs.items():
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
     assert any(g.layout == layergroup.SPREAD for g in groups)
-    monkeypatch.setattr(layergroup, "_layout_free", lambda graph, node: False)  # every op in its channel layout
+    # every op in its channel layout
+    monkeypatch.setattr(layergroup.planner_facts, "_layout_free", lambda graph, node: False)
     channel, groups = compile_and_run(tm, tw, inputs, BM1684X)
     assert not any(g.layout == layergroup.SPREAD for g in groups)
 
@@ -559,7 +562,8 @@ def test_a_small_ic_stem_conv_runs_folded(make_model, tmp_path, monkeypatch, mod
     assert [g.layout for g in groups if g.kind == LOCAL][0] == layergroup.FOLD
     plain, _ = compile_and_run(tm, tw, inputs, BM1684X, prefetch=False)
     assert plain.profile["total_cycles"] == sum(g.cycles for g in groups)
-    monkeypatch.setattr(layergroup, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.planner_facts, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.packs, "find_folds", lambda graph, chip: [])
     channel, groups = compile_and_run(tm, tw, inputs, BM1684X)
     assert all(g.layout == layergroup.CHANNEL for g in groups)
     # the cube: ceil(9 / 64) EU chunks of input channels per position and kernel column instead of 3 x
