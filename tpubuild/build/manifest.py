@@ -101,6 +101,13 @@ class Manifest:
         return "torch" if "torch" in self.source else "pypi"
 
     @property
+    def calibration_spec(self) -> dict[str, Any]:
+        """``calibration`` of a manifest that has it (an INT8 target's, one holding back a test sample)."""
+        if self.calibration is None:
+            raise ValueError(f"{self.name}: the manifest has no calibration data")
+        return self.calibration
+
+    @property
     def source_spec(self) -> dict[str, Any]:
         """The source as a mapping (a string source is {path: ...})."""
         return {"path": self.source} if isinstance(self.source, str) else self.source

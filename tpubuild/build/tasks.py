@@ -217,7 +217,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     # which one it is depends on every file of the glob (their order and sample counts) and on count
     sample_files = _calibration_files(m, globs) if m.holds_back_test_sample else []
     test_sample = (
-        {"data_files": sample_files, "inputs": inputs, "count": m.calibration.get("count")}
+        {"data_files": sample_files, "inputs": inputs, "count": m.calibration_spec.get("count")}
         if m.holds_back_test_sample
         else None
     )
@@ -242,7 +242,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "model": m.name,
             "inputs": inputs,
             "test_input": bool(m.test_input),
-            "test_sample": {"data": m.calibration["data"], "count": m.calibration.get("count")}
+            "test_sample": {"data": m.calibration_spec["data"], "count": m.calibration_spec.get("count")}
             if test_sample
             else None,
         },
@@ -622,7 +622,7 @@ def _calibration_files(m: Manifest, globs: dict) -> list[str]:
     """The files of the manifest's calibration glob, found once per task graph (models often share data)."""
     from tpubuild.calib.files import find_names
 
-    key = (m.calibration["data"], str(m.file.parent))
+    key = (m.calibration_spec["data"], str(m.file.parent))
     files = globs[key] = globs[key] if key in globs else find_names(*key)
     return files
 
