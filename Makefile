@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: .venv venv demo test lint browser bench clean
+.PHONY: .venv venv demo test lint browser bench bench-all clean
 
 .venv venv: $(STAMP)
 
@@ -22,9 +22,14 @@ demo: $(STAMP)
 test: $(STAMP) browser lint
 	$(VENV)/bin/pytest -q
 
-# Style is checked before the tests: the formatter's check (configured in pyproject.toml)
+# Style and types are checked before the tests (all configured in pyproject.toml): ruff's lint rules, its
+# formatter's check, then pyright (basic) over tpubuild/. PYRIGHT_PYTHON_IGNORE_WARNINGS: no look-up of a
+# newer pyright on PyPI (the pinned one runs from its wheel).
+LINTED := tpubuild tests bench models dodo.py
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check tpubuild tests bench models dodo.py
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENV)/bin/pyright
 
 # Headless Chromium for the report page tests (tests/test_report.py), installed from Debian when
 # missing and we are root (CI on a fresh machine); otherwise those tests skip.
@@ -34,8 +39,12 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium not found (not root, or no apt-get): the report page tests will skip"; fi; }
 
+# docs/benchmarks.md, generated: the bench scripts that declare PAGE (bench/page.py), a quick subset or all
 bench: $(STAMP)
-	$(VENV)/bin/python bench/noop_rebuild.py
+	$(VENV)/bin/python bench/page.py
+
+bench-all: $(STAMP)
+	$(VENV)/bin/python bench/page.py --all
 
 clean:
 	-$(VENV)/bin/doit clean

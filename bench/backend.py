@@ -141,7 +141,7 @@ def measure(tpu_mlir: Path, weights: Path, chip_name: str, mode: str) -> dict:
             [graph.tensors[o].shape for o in n.outputs if o in graph.tensors],
             planner._compute_dtype(n),
         )
-        for n, f in zip(graph.ops, planner.ops)
+        for n, f in zip(graph.ops, planner.ops, strict=True)
         if f.kind not in (ALIAS, COPY)
     )
     chip_roof = max(bdc_floor, min_bytes / chip.ddr_bytes_per_cycle)
@@ -188,7 +188,8 @@ def synthetic(sizes: list[int]) -> None:
 
     chip = load_chip("bm1684x")
     print(
-        f"{'ops':>5} {'input':>9} {'groups':>6} {'local':>5} {'H-sliced':>8} {'layergroup cpu s':>16} {'assign cpu s':>12}"
+        f"{'ops':>5} {'input':>9} {'groups':>6} {'local':>5} {'H-sliced':>8}"
+        f" {'layergroup cpu s':>16} {'assign cpu s':>12}"
     )
     for ops in sizes:
         for size in (64, 224):

@@ -263,148 +263,93 @@ def _canonicalize():
     return canonicalize
 
 
-def run_case(case: Case) -> Result:
-    from tpubuild.errors import TpuBuildError
-    from tpubuild.frontend.onnx_graph import OnnxConverter
-    from tpubuild.ir import mlir
-    from tpubuild.top.inference import run
+class _CaseFailed(Exception):
+    """A case's failure (its reason), raised by run_case's steps."""
 
+
+def run_case(case: Case) -> Result:
     model = case.model
     op = op_key(case, model)
     reason = unsupported_reason(case, model)
     if reason:
         return Result(case, op, "unsupported", reason)
     frozen: list[str] = []
-    graphs: list = []
-    for ins, expected in case.data_sets():
-        inits = {t.name for t in model.graph.initializer}
-        real = [i.name for i in model.graph.input if i.name not in inits]
-        feeds = {}
-        for j, tensor in enumerate(ins):
-            name = tensor.name if tensor.name in real else real[j]
-            feeds[name] = tensor
-        for _ in range(len(feeds) + 1):
-            shapes = {n: list(t.dims) for n, t in feeds.items()}
-            try:
-                converter = OnnxConverter(model, shapes, file=f"{case.name}/model.onnx")
-                module, weights = converter.convert(case.name, f"{case.name}_weights.npz")
-                break
-            except TpuBuildError as e:
-                m = FROZEN_RE.search(str(e))
-                names = _shape_inputs(model, m.group(1), feeds) if m else []
-                if not names:
-                    return Result(case, op, "fail", f"frontend: {e.problem}", tuple(frozen))
-                for name in names:
-                    frozen.append(name)
-                    _freeze(model, name, feeds.pop(name))
-            except Exception as e:  # e.g. an element type the IR lacks; this case's failure, not the bench's
-                return Result(case, op, "fail", f"frontend: {type(e).__name__}: {e}", tuple(frozen))
-        canonicalize = _canonicalize()
-        try:
-            if canonicalize is not None:
-                module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
-            module = mlir.parse_module(mlir.print_module(module))
-            arrays = {n: numpy_helper.to_array(t) for n, t in feeds.items()}
-            graphs.append((module, weights, arrays, expected))
-            outs = run(module, weights, arrays, all_tensors=False)
-        except TpuBuildError as e:
-            return Result(case, op, "fail", f"canonicalize/inference: {e.problem}", tuple(frozen), graphs)
-        except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
-            return Result(case, op, "fail", f"{type(e).__name__}: {e}", tuple(frozen), graphs)
-        names = mlir.output_names(module)
-        if len(names) != len(expected):
-            return Result(case, op, "fail", f"{len(names)} outputs, expected {len(expected)}", tuple(frozen), graphs)
-        for j, (name, want) in enumerate(zip(names, expected)):
-            problem = _compare(np.asarray(outs[name]), want)
-            if problem:
-                return Result(case, op, "fail", f"output {j} ({name}): {problem}", tuple(frozen), graphs)
+    graphs: list = []  # for the IREE column: each data set's canonical graph, weights, inputs and expected outputs
+    try:
+        for ins, expected in case.data_sets():
+            feeds = _feeds(model, ins)
+            module, weights = _convert(case, feeds, frozen)
+            module, weights, names, outs = _infer(case, module, weights, feeds)
+            graphs.append((module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, expected))
+            _check_outputs(names, outs, expected)
+    except _CaseFailed as e:
+        return Result(case, op, "fail", str(e), tuple(frozen), graphs)
     return Result(case, op, "pass", frozen=tuple(frozen), graphs=graphs)
 
 
-# ---- the same cases through TOSA and IREE ----------------------------------------------------------------
+def _feeds(model, ins) -> dict:
+    """The data set's input tensors by the model's (non-initializer) input names."""
+    inits = {t.name for t in model.graph.initializer}
+    real = [i.name for i in model.graph.input if i.name not in inits]
+    feeds = {}
+    for j, tensor in enumerate(ins):
+        name = tensor.name if tensor.name in real else real[j]
+        feeds[name] = tensor
+    return feeds
 
-# functions per iree-compile: one compile of many small cases instead of one each (a compile failure splits the
-# batch in halves until the failing case is alone)
-IREE_BATCH = 64
 
-
-def run_iree(results: Sequence[Result], work: Path) -> None:
-    """Each supported case's graphs exported to TOSA, compiled by IREE (llvm-cpu) and run on the case's inputs,
-    against the expected outputs as TOP's are; sets ``r.iree`` and ``r.iree_reason``."""
+def _convert(case: Case, feeds: dict, frozen: list[str]):
+    """The case's model through the frontend; inputs the frontend needs as constants (shapes) are frozen into
+    the model (taken out of ``feeds``, named in ``frozen``) and the conversion retried."""
     from tpubuild.errors import TpuBuildError
-    from tpubuild.export.tosa import translate
+    from tpubuild.frontend.onnx_graph import OnnxConverter
 
-    functions = []  # (name, result, exported, feeds, expected)
-    for i, r in enumerate(results):
-        if r.status == "unsupported" or not r.graphs:
-            if r.status != "unsupported":
-                r.iree, r.iree_reason = "fail", f"not converted: {r.reason}"
-            continue
-        r.iree = "pass"
-        for j, (module, weights, feeds, expected) in enumerate(r.graphs):
-            name = f"c{i}_{j}"
-            try:
-                exported = translate(module, weights, r.case.name, key_prefix=f"{name}_")
-            except (TpuBuildError, NotImplementedError) as e:
-                r.iree, r.iree_reason = "fail", f"export: {getattr(e, 'problem', e)}"
-                break
-            functions.append((name, r, exported, feeds, expected))
-    functions = [f for f in functions if f[1].iree == "pass"]
-    for at in range(0, len(functions), IREE_BATCH):
-        _iree_batch(functions[at : at + IREE_BATCH], work)
-
-
-def _iree_batch(batch: list, work: Path) -> None:
-    import subprocess
-
-    from tpubuild.build.cpu import COMPILE_FLAGS, Vmfb, iree_tool
-    from tpubuild.export.tosa import write_functions
-
-    if not batch:
-        return
-    src, vmfb = work / "batch.mlir", work / "batch.vmfb"
-    with open(src, "wb") as fh:
-        write_functions(fh, [(name, exported) for name, _, exported, _, _ in batch], "onnx-node-tests")
-    done = subprocess.run([iree_tool("iree-compile"), *COMPILE_FLAGS, str(src), "-o", str(vmfb)], capture_output=True)
-    if done.returncode != 0:
-        if len(batch) == 1:
-            errors = [ln for ln in done.stderr.decode(errors="replace").splitlines() if "error" in ln]
-            batch[0][1].iree, batch[0][1].iree_reason = "fail", f"iree-compile: {(errors or ['?'])[0][:200]}"
-            return
-        half = len(batch) // 2
-        _iree_batch(batch[:half], work)
-        _iree_batch(batch[half:], work)
-        return
-    module = Vmfb(str(vmfb), function=batch[0][0])
-    for name, r, exported, feeds, expected in batch:
-        if r.iree != "pass":
-            continue
+    model = case.model
+    for _ in range(len(feeds) + 1):
+        shapes = {n: list(t.dims) for n, t in feeds.items()}
         try:
-            fn = module.context.modules.module[name]
-            names = json.loads(exported.reflection["tpubuild.inputs"])
-            # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
-            # unsigned integers as the signed ones of the same bits (the export's integers are signless)
-            args = [
-                np.asarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None, order="C") for n in names
-            ]
-            outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
-            outs = outs if isinstance(outs, (list, tuple)) else [outs]
-            got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
-        except Exception as e:  # a runtime error is this case's failure, not the bench's
-            r.iree, r.iree_reason = "fail", f"run: {type(e).__name__}: {str(e)[:200]}"
-            continue
-        if len(got) != len(expected):
-            r.iree, r.iree_reason = "fail", f"{len(got)} outputs, expected {len(expected)}"
-            continue
-        for j, (g, want) in enumerate(zip(got, expected)):
-            if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
-                g = g.reshape(())
-            if want.dtype.kind == "u" and g.dtype.kind == "i" and g.dtype.itemsize == want.dtype.itemsize:
-                g = g.view(want.dtype)
-            problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
-            if problem:
-                r.iree, r.iree_reason = "fail", f"output {j}: {problem}"
-                break
+            converter = OnnxConverter(model, shapes, file=f"{case.name}/model.onnx")
+            return converter.convert(case.name, f"{case.name}_weights.npz")
+        except TpuBuildError as e:
+            m = FROZEN_RE.search(str(e))
+            names = _shape_inputs(model, m.group(1), feeds) if m else []
+            if not names:
+                raise _CaseFailed(f"frontend: {e.problem}") from None
+            for name in names:
+                frozen.append(name)
+                _freeze(model, name, feeds.pop(name))
+        except Exception as e:  # e.g. an element type the IR lacks; this case's failure, not the bench's
+            raise _CaseFailed(f"frontend: {type(e).__name__}: {e}") from None
+    raise _CaseFailed("frontend: every input frozen, and the conversion still fails")
+
+
+def _infer(case: Case, module, weights, feeds: dict):
+    """Canonicalized (when the pass exists), printed, parsed and run: the module, its weights, the output names
+    and every output."""
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.ir import mlir
+    from tpubuild.top.inference import run
+
+    canonicalize = _canonicalize()
+    try:
+        if canonicalize is not None:
+            module, weights = canonicalize(module, weights, f"{case.name}_canonical_weights.npz")
+        module = mlir.parse_module(mlir.print_module(module))
+        outs = run(module, weights, {n: numpy_helper.to_array(t) for n, t in feeds.items()}, all_tensors=False)
+    except TpuBuildError as e:
+        raise _CaseFailed(f"canonicalize/inference: {e.problem}") from None
+    except Exception as e:  # a kernel bug must not stop the bench; it is this case's failure
+        raise _CaseFailed(f"{type(e).__name__}: {e}") from None
+    return module, weights, mlir.output_names(module), outs
+
+
+def _check_outputs(names, outs, expected) -> None:
+    if len(names) != len(expected):
+        raise _CaseFailed(f"{len(names)} outputs, expected {len(expected)}")
+    for j, (name, want) in enumerate(zip(names, expected, strict=True)):
+        problem = _compare(np.asarray(outs[name]), want)
+        if problem:
+            raise _CaseFailed(f"output {j} ({name}): {problem}")
 
 
 # ---- report ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tpubuild.build.paths import ModelPaths  # noqa: E402
+from tpubuild.build.paths import ModelPaths  # noqa: E402  (after sys.path: the repo before an installed copy)
 
 LIGHT = [
     "light_squeezenet",

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from vs_tpumlir import TpuMlir, model_suffix, prepare_tpumlir  # noqa: E402
+from vs_tpumlir import TpuMlir, model_suffix, prepare_tpumlir  # noqa: E402  (after sys.path: bench/ is not a package)
 
 CHIPS = ("bm1684x", "bm1688")  # the chips model_deploy --debug writes a cycle profile for
 DEFAULT_OUT = REPO / "bench" / "tpumlir_profiles.json"

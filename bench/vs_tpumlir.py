@@ -87,7 +87,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after sys.path: the repo before an installed copy)
 
 FLOW_GOAL, MATRIX_GOAL = 0.25, 0.15
 DEFAULT_MODELS = "demo_cnn,ppocr_mobile_v2_cls,ppocrv4_rec,mini_yolo"
@@ -101,7 +101,7 @@ class Timing:
     wall: float = 0.0
     cpu: float = 0.0
 
-    def __add__(self, other: "Timing") -> "Timing":
+    def __add__(self, other: Timing) -> Timing:
         return Timing(self.wall + other.wall, self.cpu + other.cpu)
 
 
@@ -313,9 +313,9 @@ def lowest_cos(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | 
     """The lowest cosine over graph outputs paired by position (sizes must agree)."""
     from tpubuild.verify.similarity import cosine
 
-    if test is None or len(test) != len(ref) or any(np.size(t) != np.size(r) for t, r in zip(test, ref)):
+    if test is None or len(test) != len(ref) or any(np.size(t) != np.size(r) for t, r in zip(test, ref, strict=True)):
         return None
-    return min(cosine(np.ravel(t), np.ravel(r)) for t, r in zip(test, ref))
+    return min(cosine(np.ravel(t), np.ravel(r)) for t, r in zip(test, ref, strict=True))
 
 
 def largest_error(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | None:
@@ -325,7 +325,7 @@ def largest_error(test: list[np.ndarray] | None, ref: list[np.ndarray]) -> float
         return None
     return max(
         float(np.max(np.abs(np.ravel(t).astype(np.float64) - np.ravel(r)))) / max(float(np.max(np.abs(r))), 1e-30)
-        for t, r in zip(test, ref)
+        for t, r in zip(test, ref, strict=True)
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpubuild.calib.datasets import write_all  # noqa: E402
+from tpubuild.calib.datasets import write_all  # noqa: E402  (after sys.path: the repo before an installed copy)
 
 
 def main(argv: list[str]) -> int:

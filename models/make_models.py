@@ -432,7 +432,7 @@ def mini_yolo(size: int = 128, classes: int = 20, reg_max: int = 16) -> onnx.Mod
     wh = g.node("Sub", [x2y2, x1y1], "box.wh")
     xywh = g.node("Concat", [cxy, wh], "box.xywh", axis=1)
     pixels = g.node("Mul", [xywh, g.init("strides", np.concatenate(strides)[None].astype(np.float32))], "box.pixels")
-    out = g.node("Concat", [pixels, g.node("Sigmoid", [cls], "cls.scores")], "output0", axis=1)
+    g.node("Concat", [pixels, g.node("Sigmoid", [cls], "cls.scores")], "output0", axis=1)
     return fit_batchnorm(
         g.model(
             "mini_yolo",

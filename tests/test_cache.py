@@ -55,7 +55,7 @@ def toy(tmp: Path, calls: list, content: bytes = b"weights", scale: int = 2):
 def run_toy(tmp: Path, calls: list, **kw) -> str:
     kwargs, spec = toy(tmp, calls, **kw)
     # the list of calls is not an option of the stage: keep it out of the key
-    func = lambda **k: write_stage(calls, **k)  # noqa: E731
+    func = lambda **k: write_stage(calls, **k)  # noqa: E731  (the stage function under test, named for the cache key)
     return run_cached("toy:m", func, {k: v for k, v in kwargs.items() if k != "calls"}, spec)
 
 
@@ -135,7 +135,7 @@ def test_restore_clears_what_a_successful_run_removes(tmp_path, cache_dir):
     kwargs, spec = toy(tmp_path / "two", calls)
     stale = tmp_path / "two" / "out" / "verify.failed.json"
     stale.write_text("{}")
-    func = lambda **k: write_stage(calls, **k)  # noqa: E731
+    func = lambda **k: write_stage(calls, **k)  # noqa: E731  (the stage function under test, named for the cache key)
     how = run_cached("toy:m", func, {k: v for k, v in kwargs.items() if k != "calls"}, {**spec, "clears": [str(stale)]})
     assert how == "hit" and not stale.exists()
 
@@ -226,7 +226,7 @@ def _three_entries(tmp_path: Path) -> list:
         run_toy(tmp_path / f"t{i}", calls, content=content)
     entries = sorted(ArtifactCache(cache_root()).entries(), key=lambda e: e.bytes)
     now = time.time()
-    for age_days, entry in zip([10, 5, 0], entries):  # the smallest was used longest ago
+    for age_days, entry in zip([10, 5, 0], entries, strict=True):  # the smallest was used longest ago
         t = now - age_days * 86400
         os.utime(entry.path / "meta.json", (t, t))
     return entries

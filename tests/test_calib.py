@@ -166,9 +166,9 @@ def test_two_processes_give_the_same_statistics_and_outputs(demo):
             two[name].samples,
         ), name
     assert len(two_out) == 5
-    for (s1, o1), (s2, o2) in zip(one_out, two_out):
+    for (s1, o1), (s2, o2) in zip(one_out, two_out, strict=True):
         np.testing.assert_array_equal(s1["input"], s2["input"])
-        assert all(np.array_equal(a, b) for a, b in zip(o1, o2))
+        assert all(np.array_equal(a, b) for a, b in zip(o1, o2, strict=True))
 
 
 def test_an_error_in_the_second_process_names_the_tensor(demo):

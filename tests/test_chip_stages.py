@@ -34,11 +34,12 @@ ADD = tpu.AddOp.PARAMS(multiplier=(21000, 17000), rshift=(15,), in_zp=(2, -3), o
 SHAPE = (1, 6, 5, 7)
 
 
-def _add_model(path):
-    """y = requantized a + b (int8), in two channel halves (lane_start 0 and 3)."""
+def _add_model(path, source=""):
+    """y = requantized a + b (int8), in two channel halves (lane_start 0 and 3); ``source``: y's name in the
+    source model."""
     asm = Assembler(CHIP, model="adder", mode="INT8", act_base=0)
     a, b = asm.input("a", SHAPE, "int8", 0.05, 2), asm.input("b", SHAPE, "int8", 0.04, -3)
-    y = asm.output("y", SHAPE, "int8", 0.06, 1)
+    y = asm.output("y", SHAPE, "int8", 0.06, 1, source=source)
     strides = cmd.contiguous_strides(SHAPE)
     for half in range(2):
         blk = (1, 3, 5, 7)
@@ -89,11 +90,31 @@ def test_cli_run_writes_outputs_and_profile(files, capsys):
         ]
     )
     assert code == 0
-    np.testing.assert_array_equal(read_npz(d / "out.npz")["y"], expect)
+    out = read_npz(d / "out.npz")["y"]  # float32 real values by default: scale * (stored - zero point)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.float32(0.06) * (expect.astype(np.float32) - 1), rtol=1e-6)
     profile = json.loads((d / "profile.json").read_text())
     assert profile["ddr_read_bytes"] == 2 * 210 and profile["ddr_write_bytes"] == 210
     assert profile["time_ms"] == pytest.approx(profile["total_cycles"] / 5e8 * 1e3)
     assert "6 GDMA + 2 BDC commands on toy" in capsys.readouterr().out
+
+
+def test_cli_run_names_outputs_as_the_source_model(files, capsys):
+    """An output lowering renamed (the .model's ``source``) is written under the source model's name, in its
+    stored type with --stored; `tpubuild compare` then pairs it with a reference by that name."""
+    d, expect = files
+    _add_model(d / "renamed.model", source="sum")
+    args = ["run", str(d / "renamed.model"), "--input", str(d / "input.npz")]
+    assert main([*args, "--output", str(d / "stored.npz"), "--stored"]) == 0
+    stored = read_npz(d / "stored.npz")
+    assert list(stored) == ["sum"] and stored["sum"].dtype == np.int8
+    np.testing.assert_array_equal(stored["sum"], expect)
+    assert main([*args, "--output", str(d / "real.npz")]) == 0
+    assert list(read_npz(d / "real.npz")) == ["sum"]
+    write_npz(d / "ref.npz", {"sum": np.float32(0.06) * (expect.astype(np.float32) - 1)})
+    capsys.readouterr()
+    assert main(["compare", str(d / "real.npz"), str(d / "ref.npz")]) == 0
+    assert "1 compared, 0 below" in capsys.readouterr().out
 
 
 def test_cli_run_reports_a_bad_file_without_traceback(files, capsys):

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 from tpubuild.build import stages
-from tpubuild.build.files import read_npz
+from tpubuild.build.files import read_npz, write_npz
 from tpubuild.calib.table import read_table
 from tpubuild.testing import save_onnx
 
@@ -157,10 +157,22 @@ def test_infer_real_values_of_an_int8_tpu_mlir(origin, tmp_path):
         str(tpu_mlir),
         str(tmp_path / "tpu_weights.npz"),
     )
-    for flags, out in (((), "stored.npz"), (("--real",), "real.npz")):
-        run = tpubuild("infer", str(tpu_mlir), "--input", inp, "--output", str(tmp_path / out), "--all-tensors", *flags)
+    for flags, out in (((), "stored.npz"), (("--real",), "real.npz"), (("--real",), "outputs.npz")):
+        every = ("--all-tensors",) if out != "outputs.npz" else ()
+        run = tpubuild("infer", str(tpu_mlir), "--input", inp, "--output", str(tmp_path / out), *every, *flags)
         assert run.returncode == 0, run.stderr
     stored, real = read_npz(tmp_path / "stored.npz"), read_npz(tmp_path / "real.npz")
+    # the graph output: lowering returns y cast back to f32 (y_f32); --real writes it under the ONNX name y,
+    # float32, so `tpubuild compare` pairs it with onnxruntime's outputs by name
+    outputs = read_npz(tmp_path / "outputs.npz")
+    assert list(outputs) == ["y"] and outputs["y"].dtype == np.float32
+    names = [n for n in stored if n.startswith("y_")]
+    assert names and names[0] in real, names
+    np.testing.assert_array_equal(outputs["y"], real[names[0]])
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    write_npz(tmp_path / "onnx_outs.npz", {"y": np.maximum(read_npz(inp)["x"] @ w, 0)})
+    run = tpubuild("compare", str(tmp_path / "outputs.npz"), str(tmp_path / "onnx_outs.npz"))
+    assert run.returncode == 0 and "1 compared, 0 below" in run.stdout, run.stdout + run.stderr
     # canonicalize fused the ReLU: y is the MatMul's result, never negative, so stored as uint8
     assert stored["y"].dtype == np.uint8 and real["y"].dtype == np.float32
     threshold = read_table(tmp_path / "cali_table")[1]["y"].threshold

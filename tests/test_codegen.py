@@ -1,8 +1,9 @@
 """Codegen end to end: ONNX -> TPU -> layer group -> assign -> .model -> simulator, against TPU inference.
 
 The chip runs the TPU kernels on the tiles codegen describes, so INT8 results must be bit-exact, and so
-are float results here (a dot product's order does not depend on how many rows a tile has). Small chips (few lanes, little local
-memory) force H slices with halos, views into tiles, double buffering and several groups.
+are float results here (a dot product's order does not depend on how many rows a tile has).
+Small chips (few lanes, little local memory) force H slices with halos, views into tiles, double buffering
+and several groups.
 """
 
 from __future__ import annotations
@@ -119,6 +120,20 @@ def test_cnn_on_the_chip_matches_tpu_inference(make_model, tmp_path, mode, chip)
     if chip == "8 lanes 3K":
         assert any(g.kind == LOCAL and g.h_secs > 1 for g in groups)
     assert any(g.kind == LOCAL and len(g.ops) > 2 for g in groups)
+
+
+@pytest.mark.parametrize("mode", ["INT8", "F32"])
+def test_an_output_descriptor_names_the_onnx_output(make_model, tmp_path, mode):
+    """Lowering returns an INT8 model's output cast back to f32 (``<name>_f32``): the .model's output
+    descriptor keeps the ONNX name as ``source``; an F32 output keeps its name and needs none."""
+    tm, tw, _ = lowered(cnn(make_model), {"x": (2, 3, 24, 24)}, tmp_path, mode)
+    lg, _ = layer_group(mlir.parse_module(mlir.print_module(tm)), BM1684X)
+    addr, _ = memory_assign(lg, BM1684X)
+    (out,) = decode_model(encode_model(codegen(addr, tw, BM1684X))).header.outputs
+    onnx_name = cnn(make_model).graph.output[0].name
+    assert out.source_name == onnx_name
+    assert (out.source != "") == (mode == "INT8")
+    assert out.name == (f"{onnx_name}_f32" if mode == "INT8" else onnx_name)
 
 
 @pytest.mark.parametrize("mode", ["INT8", "BF16"])
@@ -477,14 +492,17 @@ def test_a_one_channel_map_runs_spread_over_the_lanes(make_model, tmp_path, mode
     layout: bit-exact with inference, and its commands take a fraction of the cycles they take in one lane."""
     from tpubuild.codegen import layergroup
 
-    monkeypatch.setattr(layergroup, "find_folds", lambda graph, chip: [])  # the 4-channel conv would fold
+    # the 4-channel conv would fold (find_folds as the planner and the weight packs call it)
+    monkeypatch.setattr(layergroup.planner_facts, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.packs, "find_folds", lambda graph, chip: [])
     tm, tw, inputs = lowered(one_channel_head(make_model, 128), {"x": (1, 4, 128, 128)}, tmp_path, mode)
     ref = run(tm, tw, inputs)
     result, groups = compile_and_run(tm, tw, inputs, BM1684X)
     for name, out in result.outputs.items():
         np.testing.assert_array_equal(out, ref[name], err_msg=name)
     assert any(g.layout == layergroup.SPREAD for g in groups)
-    monkeypatch.setattr(layergroup, "_layout_free", lambda graph, node: False)  # every op in its channel layout
+    # every op in its channel layout
+    monkeypatch.setattr(layergroup.planner_facts, "_layout_free", lambda graph, node: False)
     channel, groups = compile_and_run(tm, tw, inputs, BM1684X)
     assert not any(g.layout == layergroup.SPREAD for g in groups)
 
@@ -544,7 +562,8 @@ def test_a_small_ic_stem_conv_runs_folded(make_model, tmp_path, monkeypatch, mod
     assert [g.layout for g in groups if g.kind == LOCAL][0] == layergroup.FOLD
     plain, _ = compile_and_run(tm, tw, inputs, BM1684X, prefetch=False)
     assert plain.profile["total_cycles"] == sum(g.cycles for g in groups)
-    monkeypatch.setattr(layergroup, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.planner_facts, "find_folds", lambda graph, chip: [])
+    monkeypatch.setattr(layergroup.packs, "find_folds", lambda graph, chip: [])
     channel, groups = compile_and_run(tm, tw, inputs, BM1684X)
     assert all(g.layout == layergroup.CHANNEL for g in groups)
     # the cube: ceil(9 / 64) EU chunks of input channels per position and kernel column instead of 3 x

@@ -120,7 +120,7 @@ def conv(k: int, group: int = 1) -> top.ConvParams:
                 cycles,
             )
             for c, h, figures in ((192, 56, (1053, 2025, 3969)), (64, 112, (1323, 2646, 5292)))
-            for dtype, cycles in zip(("int8", "bfloat16", "float32"), figures)
+            for dtype, cycles in zip(("int8", "bfloat16", "float32"), figures, strict=True)
         ],
         # a 3x3 stride-1 window over 192 x 28 x 28 in BF16 and F32: PorD 675, 1323 (the taps of Inception v2's
         # average pools; TPU-MLIR rescales their windows of several sizes in further AR commands)

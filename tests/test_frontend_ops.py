@@ -339,7 +339,7 @@ def test_batch_normalization(check_onnx, shape, opset):
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
 def test_concat(check_onnx, axis):
     shapes = [[2, 3, 4], [2, 3, 4], [2, 3, 4]]
-    for s, extra in zip(shapes, (1, 2, 3)):
+    for s, extra in zip(shapes, (1, 2, 3), strict=True):
         s[axis] = extra
     ins = {f"x{i}": randn(*s) for i, s in enumerate(shapes)}
     check_onnx(node("Concat", list(ins), axis=axis), ins)

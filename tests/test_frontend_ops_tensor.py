@@ -537,7 +537,9 @@ def test_einsum_const_operand(check_onnx, convert, make_model):
 )
 def test_einsum_general(check_onnx, equation, shapes):
     names = [f"x{i}" for i in range(len(shapes))]
-    check_onnx(node("Einsum", names, equation=equation), {n: randn(*s) for n, s in zip(names, shapes)}, opset=13)
+    check_onnx(
+        node("Einsum", names, equation=equation), {n: randn(*s) for n, s in zip(names, shapes, strict=True)}, opset=13
+    )
 
 
 # ---- TopK -------------------------------------------------------------------------
@@ -661,7 +663,7 @@ def test_rnn_batch_first(convert, make_model, op, outs):
     module, weights = convert(bf_model, {"X": [2, 3, 3]})
     got = run(module, weights, {"X": np.swapaxes(x, 0, 1)})
     np.testing.assert_allclose(got["Y"], np.transpose(expect[0], (2, 0, 1, 3)), rtol=1e-4, atol=1e-5)
-    for name, ref in zip(outs[1:], expect[1:]):
+    for name, ref in zip(outs[1:], expect[1:], strict=True):
         np.testing.assert_allclose(got[name], np.swapaxes(ref, 0, 1), rtol=1e-4, atol=1e-5)
 
 

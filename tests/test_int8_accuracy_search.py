@@ -416,7 +416,7 @@ def test_calibration_keeps_the_outputs_the_search_scores_against(net, tmp_path, 
         kept = kept_outputs(key, sample)
         assert kept is not None
         top = run(cali_module, net.weights, sample, all_tensors=False)
-        for name, array in zip(mlir.output_names(cali_module), kept):
+        for name, array in zip(mlir.output_names(cali_module), kept, strict=True):
             assert array.dtype == top[name].dtype and array.tobytes() == top[name].tobytes()
         refs[i] = kept
     assert kept_outputs(key, {"x": np.zeros(SHAPE, np.float32)}) is None

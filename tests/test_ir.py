@@ -48,7 +48,7 @@ QUANT_TYPES = {
 }
 
 
-def quant_module(elem_types) -> "mlir.ModuleOp":
+def quant_module(elem_types) -> mlir.ModuleOp:
     """x (f32) -> tpu.Cast to each element type in turn -> return."""
     builder = mlir.GraphBuilder([tensor_type([1, 4, 2, 2])])
     v = builder.add(top.InputOp.make([builder.args[0]], name="x")).results[0]

@@ -228,7 +228,7 @@ def test_prepared_split_reshape_gather_are_the_kernels():
     x = np.arange(2 * 7 * 3, dtype=np.float32).reshape(2, 7, 3)
     for p in (top.SplitParams(axis=1, split_size=(2, 4, 1)), top.SplitParams(axis=-1, split_size=(1, 2))):
         got, expect = prepare(top.SplitOp, p, _operands(x))(x), get_kernel(top.SplitOp)(p, x)
-        assert len(got) == len(expect) and all(same_bits(g, e) for g, e in zip(got, expect))
+        assert len(got) == len(expect) and all(same_bits(g, e) for g, e in zip(got, expect, strict=True))
     p = top.ShapeParams(shape=(14, 3))
     assert same_bits(prepare(top.ReshapeOp, p, _operands(x))(x), get_kernel(top.ReshapeOp)(p, x))
     indices = np.array([[0, -1], [6, 2]], np.int64)
@@ -254,7 +254,7 @@ def test_prepared_interp_is_the_kernel(seed, mode, coord_mode, nearest_mode):
     out = (1, 2) + tuple(int(v) for v in rng.integers(1, 13, size=2))
     p = top.InterpParams(
         shape=out,
-        scales=tuple(o / i for o, i in zip(out, x.shape)),
+        scales=tuple(o / i for o, i in zip(out, x.shape, strict=True)),
         mode=mode,
         coord_mode=coord_mode,
         nearest_mode=nearest_mode,
@@ -377,7 +377,8 @@ def test_depthwise_gemv_blocks_of_channels_change_no_bits(n, c, kernel, stride, 
     x = rng.normal(size=(n, c, h, w)).astype(np.float32)
     b = rng.normal(size=c).astype(np.float32)
     out_sp = tuple(
-        (s + k // 2 * 2 - (k - 1) * d - 1) // st + 1 for s, k, d, st in zip((h, w), kernel, p.dilations, p.strides)
+        (s + k // 2 * 2 - (k - 1) * d - 1) // st + 1
+        for s, k, d, st in zip((h, w), kernel, p.dilations, p.strides, strict=True)
     )
     taps = nn._live_taps(p, (h, w), out_sp)
     wt = rng.normal(size=(c, 1, len(taps))).astype(np.float32)

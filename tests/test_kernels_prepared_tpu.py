@@ -99,7 +99,7 @@ def test_prepared_float_paths_widen_16_bit_operands(dtype):
     ]
     for cls, p, args in cases:
         consts = [a if i > 0 else None for i, a in enumerate(args)]
-        spec = [Operand(a.shape, a.dtype, c) if a is not None else NONE for a, c in zip(args, consts)]
+        spec = [Operand(a.shape, a.dtype, c) if a is not None else NONE for a, c in zip(args, consts, strict=True)]
         run = prepare(cls, p, spec)
         assert not isinstance(run, functools.partial), cls.name
         assert same_bits(run(*args), get_kernel(cls)(p, *args)), cls.name

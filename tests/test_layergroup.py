@@ -4,6 +4,7 @@ memory never overlapping, memory assign's reuse, upstream parse, determinism, a 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -212,7 +213,7 @@ def execute(module, weights: WeightStore, inputs: dict, chip=BM1684X) -> dict[st
             node = graph.ops[group.ops[0]]
             args = [None if t is None else (arrays[t] if graph.tensors[t].weight else ddr[t]) for t in node.inputs]
             result = get_kernel(type(node.op))(node.op.params, *args)
-            for name, r in zip(node.outputs, result if isinstance(result, tuple) else (result,)):
+            for name, r in zip(node.outputs, result if isinstance(result, tuple) else (result,), strict=True):
                 ddr[name] = np.asarray(r).astype(graph.tensors[name].dtype)
             continue
         planner = channel.layout(group)
@@ -344,7 +345,7 @@ def test_slices_cover_outputs_and_halos_grow_backwards():
             k = node.op.params.kernel_shape[0]
             s_ = node.op.params.strides[0]
             h_in = nchw(graph.tensors[node.inputs[0]].shape)[2]
-            for r_in, r_out in zip(g.ranges[node.inputs[0]], g.ranges[node.name]):
+            for r_in, r_out in zip(g.ranges[node.inputs[0]], g.ranges[node.name], strict=True):
                 if s_ == 1 and r_out[2] > 0:
                     assert r_in[2] <= r_out[2] - (k - 1) // 2
                 if s_ == 1 and r_out[3] < h_in:
@@ -433,7 +434,7 @@ def test_a_run_with_no_exact_plan_is_searched_around_not_split_op_by_op(monkeypa
     assert sorted(p for g in groups for p in g.ops) == list(range(len(graph.ops)))
     local = [g for g in groups if g.kind == LOCAL]
     assert all(len(g.ops) <= 6 for g in local)
-    monkeypatch.setattr("tpubuild.codegen.layergroup.MAX_GROUP_OPS", 6)
+    monkeypatch.setattr("tpubuild.codegen.layergroup.search.MAX_GROUP_OPS", 6)
     capped = Planner(graph, BM1684X, exact_f32=False).search()
     assert len(local) <= sum(kind == LOCAL for _, _, kind, _ in capped)
     assert sum(len(g.ops) > 1 for g in local) * 2 > len(local)
@@ -465,7 +466,7 @@ def test_assign_never_overlaps_live_tensors_and_reports_the_bound():
         for w, addr in a.weights.items()
     }
     ws = sorted(regions)
-    for (a1, n1), (a2, _) in zip(ws, ws[1:]):
+    for (a1, n1), (a2, _) in itertools.pairwise(ws):
         assert a1 + n1 <= a2 and a2 % BM1684X.ddr_align == 0
     assert a.weight_bytes <= a.activation_base and min(a.activations.values()) >= a.activation_base
     assert a.lower_bound <= a.activation_bytes <= 1.05 * a.lower_bound
@@ -485,7 +486,7 @@ def test_lg_and_addr_mlir_parse_upstream_and_are_deterministic(tmp_path):
         addr, _ = memory_assign(mlir.parse_module(lg_text), BM1684X)
         texts.append((lg_text, mlir.print_module(addr)))
     assert texts[0] == texts[1]
-    for name, text in zip(("lg.mlir", "addr.mlir"), texts[0]):
+    for name, text in zip(("lg.mlir", "addr.mlir"), texts[0], strict=True):
         path = tmp_path / name
         path.write_text(text)
         upstream_check(path)

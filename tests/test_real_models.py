@@ -63,7 +63,7 @@ def onnxruntime_outputs(model: Path, inputs: dict[str, np.ndarray]) -> dict[str,
 
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, inputs)))
+    return dict(zip(names, sess.run(names, inputs), strict=True))
 
 
 def build_and_check(names: list[str], tmp_path: Path) -> None:

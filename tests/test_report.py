@@ -8,6 +8,7 @@ skip, unless TPUBUILD_REQUIRE_BROWSER is set (CI), where a missing browser fails
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -195,7 +196,7 @@ def test_timeline_replays_the_profile(zoo):
     groups = report.read_groups(t / "lg.mlir")
     lanes = report.group_spans(groups, spans)
     assert lanes and [g for g, _, _ in lanes] == [g.id for g in groups if g.kind in ("local", "global")]
-    assert all(a < b <= c for (_, a, b), (_, c, _) in zip(lanes, lanes[1:]))
+    assert all(a < b <= c for (_, a, b), (_, c, _) in itertools.pairwise(lanes))
     assert "The group lane spans each layer group" in page
 
 
@@ -373,7 +374,8 @@ PROBE = """<script>
 (() => {
   const box = e => { const r = e.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
   const out = {
-    svgs: [...document.querySelectorAll('svg')].map(s => ({box: box(s), shapes: s.querySelectorAll('path,use,rect,image').length,
+    svgs: [...document.querySelectorAll('svg')].map(s => ({box: box(s),
+                                                          shapes: s.querySelectorAll('path,use,rect,image').length,
                                                           chart: s.parentElement.className})),
     tables: [...document.querySelectorAll('table')].map(t => ({cls: t.className, rows: t.rows.length, box: box(t)})),
     resources: performance.getEntriesByType('resource').map(e => e.name),

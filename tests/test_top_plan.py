@@ -56,7 +56,7 @@ def kernels_one_by_one(module, weights, inputs) -> dict[str, np.ndarray]:
         else:
             out = get_kernel(type(op))(op.params, *[values[v] for v in op.operands])
             results = out if isinstance(out, tuple) else (out,)
-        for value, name, array in zip(op.results, op.names, results):
+        for value, name, array in zip(op.results, op.names, results, strict=True):
             values[value] = named[name] = np.ascontiguousarray(array)
     return named
 
@@ -95,4 +95,4 @@ def test_plan_observer_sees_every_computed_op(demo):
     ]
     assert [s[0] for s in seen] == [op.loc_name for op in computed]
     assert seen[0][1] == 0  # top.Input: no operands
-    assert all(n == len(op.operands) for (_, n, _), op in zip(seen[1:], computed[1:]))
+    assert all(n == len(op.operands) for (_, n, _), op in zip(seen[1:], computed[1:], strict=True))

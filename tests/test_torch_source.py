@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from tpubuild.build import fetch  # noqa: E402
-from tpubuild.errors import TpuBuildError  # noqa: E402
+from tpubuild.build import fetch
+from tpubuild.errors import TpuBuildError
 from tpubuild.testing import run_doit
+
+torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "models" / "torch_examples.py"

@@ -86,7 +86,7 @@ def _onnxruntime(model: Path, inputs: dict[str, np.ndarray], outputs: list[str] 
         proto.graph.output.append(onnx.ValueInfoProto(name=name))
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, inputs)))
+    return dict(zip(names, sess.run(names, inputs), strict=True))
 
 
 def test_generated_models_have_trained_like_scales():
@@ -113,7 +113,7 @@ def test_yolo_output_mixes_pixel_boxes_and_small_scores():
     assert boxes.max() > 64 and boxes.min() >= 0
     cx, w = boxes[0], boxes[2]
     assert cx.min() < 16 and cx.max() > 112  # anchors span the image
-    assert 0 < w.min() and w.max() < 256
+    assert w.min() > 0 and w.max() < 256
     assert scores.max() < 0.5 and scores.min() > 0
     assert scores.max() / scores.min() > 10  # scores differ: an all-zero INT8 output would not pass
 

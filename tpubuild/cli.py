@@ -37,8 +37,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
         from tpubuild.ir.mlir import load_module
         from tpubuild.lower.inference import dequantized
 
-        # a quantized tensor as scale * (q - zero point), f16/bf16 widened: comparable with TOP's by name
-        tensors = dequantized(load_module(args.mlir), tensors)
+        from tpubuild.lower.inference import source_output_names
+
+        # a quantized tensor as scale * (q - zero point), f16/bf16 widened: comparable with TOP's by name; a
+        # graph output lowering cast back to f32 (y_f32) also under the source model's name (y: onnxruntime's)
+        module = load_module(args.mlir)
+        tensors = dequantized(module, tensors)
+        for name, source in source_output_names(module).items():
+            if name in tensors:
+                tensors[source] = tensors[name] if args.all_tensors else tensors.pop(name)
     write_npz(args.output, tensors)
     print(f"wrote {len(tensors)} tensors{' (real values)' if args.real else ''} to {args.output}")
     return 0
@@ -53,8 +60,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tpubuild.build.files import write_npz, write_text
     from tpubuild.sim.chip import run_file
 
+    from tpubuild.codegen.model_file import read_model
+    from tpubuild.lower.inference import real_float32
+
+    header = read_model(args.model).header
     result = run_file(args.model, _read_npz(args.input))
-    write_npz(args.output, result.outputs)
+    # each output under its source model's name; float32 real values unless the stored ones are asked for
+    outputs = {
+        t.source_name: result.outputs[t.name]
+        if args.stored
+        else real_float32(result.outputs[t.name], t.scale, t.zero_point)
+        for t in header.outputs
+    }
+    write_npz(args.output, outputs)
     p = result.profile
     print(
         f"ran {p['gdma']['commands']} GDMA + {p['bdc']['commands']} BDC commands on {p['chip']}: "
@@ -62,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"DDR read {p['ddr_read_bytes']} B, written {p['ddr_write_bytes']} B; "
         f"utilisation GDMA {p['gdma']['utilisation']:.0%}, BDC {p['bdc']['utilisation']:.0%}"
     )
-    print(f"wrote {len(result.outputs)} outputs to {args.output}")
+    print(f"wrote {len(outputs)} outputs ({'stored types' if args.stored else 'float32'}) to {args.output}")
     if args.profile:
         write_text(args.profile, json.dumps(p, indent=1, sort_keys=True) + "\n")
     return 0
@@ -221,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--real",
         action="store_true",
         help="write quantized tensors as real values (scale * (q - zero point)) and f16/bf16 ones as "
-        "float32, to compare a tpu.mlir with TOP by name; default: the stored values",
+        "float32, and graph outputs under their source model (ONNX) names, to compare a tpu.mlir with TOP or "
+        "onnxruntime by name; default: the stored values",
     )
     p.set_defaults(func=cmd_infer)
 
@@ -231,7 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", metavar="MODEL.model|MODEL.vmfb")
     p.add_argument("--input", required=True, metavar="in.npz", help="one array per model input, by name")
-    p.add_argument("--output", required=True, metavar="out.npz", help="the model outputs, in their stored types")
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="out.npz",
+        help="the model outputs by their names in the source model (ONNX), as float32 real values",
+    )
+    p.add_argument("--stored", action="store_true", help="write the outputs in their stored types instead")
     p.add_argument("--profile", metavar="profile.json", help="write cycles, time, DDR bytes and utilisation here")
     p.set_defaults(func=cmd_run)
 

@@ -28,7 +28,7 @@ class TpuBuildError(Exception):
         self.loc = loc
         self.hint = hint
 
-    def with_context(self, **ctx: str | None) -> "TpuBuildError":
+    def with_context(self, **ctx: str | None) -> TpuBuildError:
         """Fill in context fields that are still unknown (outer layers know more)."""
         for key, value in ctx.items():
             if value is not None and getattr(self, key) is None:

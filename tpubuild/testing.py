@@ -1,4 +1,5 @@
-"""Helpers for tests and benches: the upstream MLIR check every stage's files must pass, small ONNX models, doit runs."""
+"""Helpers for tests and benches: the upstream MLIR check every stage's files must pass, small ONNX models,
+doit runs."""
 
 from __future__ import annotations
 

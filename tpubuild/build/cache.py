@@ -269,7 +269,7 @@ class ArtifactCache:
 
     def log(self, event: str, task_id: str) -> None:
         """Append one event (hit, miss, store, corrupt) to the log that `tpubuild cache stats` sums."""
-        line = f"{time.time():.0f} {event} {task_id}\n".encode("utf-8")
+        line = f"{time.time():.0f} {event} {task_id}\n".encode()
         with contextlib.suppress(OSError):
             self.root.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.root / _LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
@@ -288,12 +288,11 @@ class ArtifactCache:
 
     def events(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        with contextlib.suppress(FileNotFoundError):
-            with open(self.root / _LOG, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) >= 2:
-                        counts[parts[1]] = counts.get(parts[1], 0) + 1
+        with contextlib.suppress(FileNotFoundError), open(self.root / _LOG, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2:
+                    counts[parts[1]] = counts.get(parts[1], 0) + 1
         return counts
 
     def stats(self) -> dict[str, Any]:
@@ -486,7 +485,7 @@ def run_cached(
     full disk, a read-only folder) is reported and bypassed: it never fails a build.
     """
     cache = ArtifactCache.from_env() if spec and spec.get("targets") else None
-    if cache is None:
+    if cache is None or spec is None:
         func(**kwargs)
         return OFF
     from tpubuild.build.version import compiler_version

@@ -33,7 +33,7 @@ class Chip:
     eu_bytes: int = 64
     lmem_bytes: int = 256 * 1024  # per lane
     lmem_banks: int = 16
-    macs: tuple[tuple[str, int], ...] = ()  # (mode, MACs per lane per cycle)
+    macs: tuple[tuple[str, float], ...] = ()  # (mode, MACs per lane per cycle; a .model file may hold a fraction)
     ddr_bytes: int = 1 << 32
     ddr_gb_s: float = 64.0
     ddr_align: int = 64
@@ -41,7 +41,7 @@ class Chip:
     bdc_overhead: int = 0  # cycles per BDC command
     ddr_store_gb_s: float | None = None  # local -> DDR bandwidth where it differs from ddr_gb_s (DDR -> local)
 
-    def macs_per_lane(self, mode: str) -> int:
+    def macs_per_lane(self, mode: str) -> float:
         """Peak MACs per lane per cycle in ``mode`` (F32, BF16, F16, INT8)."""
         rates = dict(self.macs)
         if mode not in rates:
@@ -86,10 +86,10 @@ def known_chips() -> list[str]:
 
 @functools.cache
 def _validator():
-    import jsonschema
+    from jsonschema.validators import validator_for
 
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    return jsonschema.validators.validator_for(schema)(schema)
+    return validator_for(schema)(schema)
 
 
 # Chip files (path -> mtime, ctime, size, inode) that passed validation: _TRUSTED in an earlier

@@ -76,7 +76,7 @@ def assign(jobs: Sequence, free: Sequence[int], rank) -> dict[int, object]:
             best = min(left, key=lambda process: rank(job, process))
             given[best] = job
             left.remove(best)
-    return {**given, **dict(zip(left, [job for job in jobs if job is None or isinstance(job, JobHold)]))}
+    return {**given, **dict(zip(left, [job for job in jobs if job is None or isinstance(job, JobHold)], strict=False))}
 
 
 class _Tagged:
@@ -140,21 +140,7 @@ def _run_tasks(self, task_dispatcher):
                 continue
             self._process_result(node, task, result)
             self.history.ran(result["worker"], task)
-            free, self.held = [result["worker"], *self.held], []
-            jobs, completed = [], node
-            for _ in free:
-                jobs.append(self.get_next_job(completed))
-                completed = None
-            self.free_proc = 0
-            for index, job in assign(
-                jobs, free, lambda job, process: self.history.rank(self.tasks[job.name], process)
-            ).items():
-                if isinstance(job, JobHold):
-                    self.held.append(index)
-                    continue
-                if job is None:
-                    running -= 1
-                self.job_queues[index].put(job)
+            running -= _hand_out(self, node, result["worker"])
     except (SystemExit, KeyboardInterrupt, Exception):
         if self.Child == Process:  # (doit's thread runner, -P thread, shares this method: threads cannot be)
             for proc in proc_list:
@@ -165,6 +151,26 @@ def _run_tasks(self, task_dispatcher):
     while not result_q.empty():  # teardown reports (the processes have ended)
         result = result_q.get()
         getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+
+
+def _hand_out(self, node, worker: int) -> int:
+    """After ``worker`` finished ``node``: the next jobs to it and the held processes (``assign``); returns how
+    many processes were told to stop."""
+    free, self.held = [worker, *self.held], []
+    jobs, completed = [], node
+    for _ in free:
+        jobs.append(self.get_next_job(completed))
+        completed = None
+    self.free_proc = 0
+    stopped = 0
+    for index, job in assign(jobs, free, lambda job, process: self.history.rank(self.tasks[job.name], process)).items():
+        if isinstance(job, JobHold):
+            self.held.append(index)
+            continue
+        if job is None:
+            stopped += 1
+        self.job_queues[index].put(job)
+    return stopped
 
 
 def install() -> None:

@@ -255,6 +255,8 @@ def _load_factory(factory: str, search_dir: str | None):
             # a file: loaded under a private name so it cannot shadow an installed module
             name = "_tpubuild_torch_" + hashlib.sha256(module_ref.encode()).hexdigest()[:12]
             spec = importlib.util.spec_from_file_location(name, module_ref)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {module_ref} as a Python module")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
@@ -315,7 +317,7 @@ def export_torch(
     import warnings
 
     try:
-        import torch
+        import torch  # pyright: ignore[reportMissingImports]  (the optional [torch] extra; absent, it raises below)
     except ImportError:
         raise TpuBuildError(
             "a `torch` source needs PyTorch, which is not installed",

@@ -142,7 +142,7 @@ def all_or_nothing(*paths: str | os.PathLike) -> Iterator[list[Path]]:
             t.parent.mkdir(parents=True, exist_ok=True)
             temps.append(_temp_beside(t))
         yield temps
-        for tmp, t in zip(temps, targets):
+        for tmp, t in zip(temps, targets, strict=True):
             os.replace(tmp, t)
     except BaseException:
         for p in temps + targets:

@@ -8,6 +8,7 @@ names the file, the JSON path of each bad field and the expected form.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -102,6 +103,26 @@ class Manifest:
         return "torch" if "torch" in self.source else "pypi"
 
     @property
+    def calibration_spec(self) -> dict[str, Any]:
+        """``calibration`` of a manifest that has it (an INT8 target's, one holding back a test sample)."""
+        if self.calibration is None:
+            raise ValueError(f"{self.name}: the manifest has no calibration data")
+        return self.calibration
+
+    @property
+    def source_spec(self) -> dict[str, Any]:
+        """The source as a mapping (a string source is {path: ...})."""
+        return {"path": self.source} if isinstance(self.source, str) else self.source
+
+    @property
+    def source_file(self) -> Path:
+        """The resolved model file of a path source; a PyPI or PyTorch source raises ValueError."""
+        path = self.source_path
+        if path is None:
+            raise ValueError(f"{self.name}: a {self.source_kind} source has no model file in place")
+        return path
+
+    @property
     def source_path(self) -> Path | None:
         """The resolved model file of a path source; None for PyPI and PyTorch sources."""
         if isinstance(self.source, str):
@@ -136,10 +157,10 @@ class Manifest:
 
 @functools.cache
 def _validator():
-    import jsonschema  # ~0.1 s: paid once per process, only when a manifest is loaded
+    from jsonschema.validators import validator_for  # ~0.1 s: paid once per process, only when a manifest is loaded
 
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    cls = jsonschema.validators.validator_for(schema)
+    cls = validator_for(schema)
     return cls(schema)
 
 
@@ -251,7 +272,7 @@ def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
             name=s["name"],
             shape=tuple(int(d) for d in s["shape"]),
             dtype=s.get("dtype", "float32"),
-            range=tuple(float(v) for v in s["range"]) if "range" in s else None,
+            range=(float(s["range"][0]), float(s["range"][1])) if "range" in s else None,
             preprocess=s.get("preprocess"),
         )
         for s in data["inputs"]
@@ -337,10 +358,8 @@ class ManifestCache:
             return
         from tpubuild.build.files import write_text
 
-        try:
+        with contextlib.suppress(OSError):  # only a speed-up
             write_text(self.file, json.dumps({"version": self.version, "entries": self.entries, "chips": seen}))
-        except OSError:
-            pass  # only a speed-up
         self.dirty = False
 
 

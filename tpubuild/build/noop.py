@@ -20,6 +20,7 @@ so the first no-op after a build is a full one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -148,10 +149,8 @@ def stamp_file(build_dir: str | os.PathLike) -> Path:
 
 
 def forget(build_dir: str | os.PathLike) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(stamp_file(build_dir))
-    except FileNotFoundError:
-        pass
 
 
 def save(graph: Mapping[str, Any], files: str, output: str) -> None:
@@ -166,10 +165,8 @@ def save(graph: Mapping[str, Any], files: str, output: str) -> None:
         "output": output,
         "tasks": graph["tasks"],
     }
-    try:
+    with contextlib.suppress(OSError):  # only a speed-up
         write_text(stamp_file(graph["build_dir"]), json.dumps(doc))
-    except OSError:
-        pass  # only a speed-up
 
 
 def try_fast_noop(

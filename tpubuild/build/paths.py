@@ -37,7 +37,7 @@ class ModelPaths:
     root: Path  # build/<model>
 
     @classmethod
-    def of(cls, build_dir: str | Path, model: str) -> "ModelPaths":
+    def of(cls, build_dir: str | Path, model: str) -> ModelPaths:
         return cls(Path(build_dir).resolve() / model)
 
     # fetch / export (non-path sources only)
@@ -109,14 +109,14 @@ class ModelPaths:
     def failed_page(self) -> Path:
         return self.root / "failed.html"
 
-    def target(self, target_id: str) -> "TargetPaths":
+    def target(self, target_id: str) -> TargetPaths:
         found = self._targets.get(target_id)
         if found is None:
             found = self._targets[target_id] = TargetPaths(self.root / target_id)
         return found
 
     @cached_property
-    def _targets(self) -> dict[str, "TargetPaths"]:
+    def _targets(self) -> dict[str, TargetPaths]:
         return {}  # one TargetPaths per target, so that its cached paths are reused
 
 

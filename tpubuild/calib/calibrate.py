@@ -139,7 +139,7 @@ def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
     for op in mlir.body_ops(module):
         if not isinstance(op, TensorOp) or isinstance(op, (WeightOp, NoneOp)):
             continue
-        for value, name in zip(op.results, op.names):
+        for value, name in zip(op.results, op.names, strict=True):
             if isinstance(value.type, TensorType) and numpy_dtype(value.type.element_type).kind == "f":
                 found[name] = value
     return found
@@ -164,35 +164,7 @@ def collect_stats(
     names = mlir.output_names(module)
 
     def part(first: int, step: int) -> tuple[dict[str, TensorStats], int, list]:
-        """The statistics of samples first, first + step...; how many; with ``outputs``, each one's (index,
-        sample, graph outputs)."""
-        stats = {name: TensorStats() for name in tensors}
-
-        def observe(op, args, results) -> None:
-            for name, array in zip(op.names, results):
-                if name in stats:
-                    try:
-                        stats[name].update(array)
-                    except ValueError as err:
-                        raise TpuBuildError(
-                            f"cannot calibrate: {err}", loc=name, hint="check the calibration data and its preprocess"
-                        ) from None
-
-        n, kept = 0, []
-        for i, sample in enumerate(samples):
-            if i % step != first:
-                continue
-            # validation samples stay out of the statistics, and run only to keep their outputs for the search
-            if hold_back and held_back(i):
-                if outputs is None:
-                    continue
-                found = plan.run(sample, all_tensors=False)
-            else:
-                found = plan.run(sample, all_tensors=False, observer=observe)
-                n += 1
-            if outputs is not None:
-                kept.append((i, sample, [found[name] for name in names]))
-        return stats, n, kept
+        return _stats_part(plan, tensors, names, samples, first, step, hold_back, outputs is not None)
 
     if processes < 2:
         stats, n, kept = part(0, 1)
@@ -206,6 +178,47 @@ def collect_stats(
     if outputs is not None:
         outputs.extend((sample, found) for _, sample, found in kept)
     return stats, n
+
+
+def _stats_part(
+    plan,
+    tensors: list[str],
+    names: list[str],
+    samples: Iterable[Mapping[str, np.ndarray]],
+    first: int,
+    step: int,
+    hold_back: bool,
+    keep: bool,
+) -> tuple[dict[str, TensorStats], int, list]:
+    """collect_stats over samples first, first + step...: the statistics, how many samples they saw, and with
+    ``keep``, each sample's (index, sample, graph outputs)."""
+    stats = {name: TensorStats() for name in tensors}
+
+    def observe(op, args, results) -> None:
+        for name, array in zip(op.names, results, strict=True):
+            if name in stats:
+                try:
+                    stats[name].update(array)
+                except ValueError as err:
+                    raise TpuBuildError(
+                        f"cannot calibrate: {err}", loc=name, hint="check the calibration data and its preprocess"
+                    ) from None
+
+    n, kept = 0, []
+    for i, sample in enumerate(samples):
+        if i % step != first:
+            continue
+        # validation samples stay out of the statistics, and run only to keep their outputs for the search
+        if hold_back and held_back(i):
+            if not keep:
+                continue
+            found = plan.run(sample, all_tensors=False)
+        else:
+            found = plan.run(sample, all_tensors=False, observer=observe)
+            n += 1
+        if keep:
+            kept.append((i, sample, [found[name] for name in names]))
+    return stats, n, kept
 
 
 def compute_entries(
@@ -229,7 +242,7 @@ def compute_entries(
         chosen = {name: th.threshold(s, method) for name, s in stats.items()}
     else:
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
-    chosen = {name: value if fixed[name] is None else fixed[name] for name, value in chosen.items()}
+    chosen = {name: value if (rule := fixed[name]) is None else rule for name, value in chosen.items()}
     entries = {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
     for name, entry in entries.items():
         bound = _saturation_bound(values.get(name), entries)
@@ -254,8 +267,8 @@ def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> f
     for use in value.uses if value is not None else ():
         op = use.operation
         rule = SATURATES.get(type(op))
-        out = entries.get(op.names[0]) if rule is not None else None
-        bounds.append(rule(op, out) if out is not None else math.inf)
+        out = entries.get(op.names[0]) if rule is not None and isinstance(op, TensorOp) else None
+        bounds.append(rule(op, out) if rule is not None and out is not None else math.inf)
     return max(bounds, default=math.inf)
 
 
@@ -333,6 +346,7 @@ def apply_table(module: ModuleOp, entries: Mapping[str, Entry]) -> ModuleOp:
         if value is None:
             continue
         old = value.type
+        assert isinstance(old, TensorType), old
         lo, hi = entry.calibrated_range()
         new = TensorType(CalibratedType.get(old.element_type, lo, hi), old.get_shape())
         Rewriter.replace_value_with_new_type(value, new)

@@ -43,7 +43,7 @@ class InputSpec:
     preprocess: Mapping[str, Any] | None = None
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> "InputSpec":
+    def of(cls, spec: Mapping[str, Any]) -> InputSpec:
         return cls(
             spec["name"], tuple(int(d) for d in spec["shape"]), spec.get("dtype", "float32"), spec.get("preprocess")
         )
@@ -58,17 +58,13 @@ class Samples:
     count: int | None = None
 
     @classmethod
-    def of(
-        cls, files: Sequence[str | Path], inputs: Sequence[Mapping[str, Any]], count: int | None = None
-    ) -> "Samples":
+    def of(cls, files: Sequence[str | Path], inputs: Sequence[Mapping[str, Any]], count: int | None = None) -> Samples:
         return cls(tuple(Path(f) for f in files), tuple(InputSpec.of(s) for s in inputs), count)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        n = 0
-        for sample in self._all():
+        for n, sample in enumerate(self._all()):
             if self.count is not None and n >= self.count:
                 return
-            n += 1
             yield sample
 
     def _all(self) -> Iterator[dict[str, np.ndarray]]:

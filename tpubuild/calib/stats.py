@@ -86,7 +86,7 @@ class TensorStats:
         scaled *= scaled.dtype.type(scale)
         self.hist += np.bincount(scaled.astype(np.intp), minlength=self.bins)
         self.hist[0] -= zeros
-        self.zeros += zeros
+        self.zeros += int(zeros)
 
     def _grow(self, peak: float) -> None:
         self._widen(math.ldexp(1.0, math.frexp(peak)[1]))  # the smallest power of two > peak
@@ -96,7 +96,7 @@ class TensorStats:
         self.hist = _merged_bins(self.hist, int(new_range / self.range)) if self.range else self.hist
         self.range = new_range
 
-    def merge(self, other: "TensorStats") -> None:
+    def merge(self, other: TensorStats) -> None:
         """Add the samples ``other`` has seen (of the same tensor, the same bins): the statistics of all of them,
         the same as one stream of both gives (the histogram's range is a power of two: merging bins is exact)."""
         self.samples += other.samples

@@ -63,7 +63,7 @@ def tune(
         value: name
         for op in body_ops(module)
         if isinstance(op, TensorOp)
-        for value, name in zip(op.results, op.names)
+        for value, name in zip(op.results, op.names, strict=True)
         if name in candidates
     }
     outputs = {v for v in return_op(module).operands if v in names}
@@ -75,7 +75,7 @@ def tune(
         return err[name].setdefault(consumer, np.zeros(len(candidates[name])))
 
     def observe(op, args, results) -> None:
-        for value, x in zip(op.results, results):
+        for value, x in zip(op.results, results, strict=True):
             if value in outputs and len(candidates[names[value]]) > 1:  # no consumer: judge the tensor itself
                 name = names[value]
                 key = f"{name} (graph output)"
@@ -96,9 +96,12 @@ def tune(
             x = args[operands.index(value)]
             for c, th in enumerate(candidates[name]):
                 q = fake_quant(x, th, levels[name])
-                out = kernel(params, *[q if v is value else a for v, a in zip(operands, args)])
+                out = kernel(params, *[q if v is value else a for v, a in zip(operands, args, strict=True)])
                 outs = out if isinstance(out, tuple) else (out,)
-                acc[c] += sum(_sq(np.asarray(y, np.float64) - np.asarray(o, np.float64)) for y, o in zip(results, outs))
+                acc[c] += sum(
+                    _sq(np.asarray(y, np.float64) - np.asarray(o, np.float64))
+                    for y, o in zip(results, outs, strict=True)
+                )
 
     plan = Plan(module, weights)
     for sample in samples:

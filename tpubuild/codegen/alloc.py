@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tpubuild.errors import TpuBuildError
 
@@ -24,7 +25,7 @@ class Buffer:
     end: int  # last step alive (inclusive)
     size: int
 
-    def meets(self, other: "Buffer") -> bool:
+    def meets(self, other: Buffer) -> bool:
         return self.start <= other.end and other.start <= self.end
 
 
@@ -50,7 +51,7 @@ def place(
     buffers: Sequence[Buffer],
     *,
     align: int,
-    order: Callable[[Buffer], object] | None = None,
+    order: Callable[[Buffer], Any] | None = None,
     bank_bytes: int = 0,
     avoid: Mapping[str, Iterable[str]] | None = None,
     capacity: int | None = None,
@@ -171,7 +172,7 @@ def improve(
         i, j = sorted(rng.sample(range(len(current)), 2))
         current[i], current[j] = current[j], current[i]
         rank = {b.key: k for k, b in enumerate(current)}
-        trial = place(current, align=align, order=lambda b: rank[b.key])
+        trial = place(current, align=align, order=lambda b, rank=rank: rank[b.key])
         value = peak(current, trial)
         if value <= best:
             best, offsets = value, trial

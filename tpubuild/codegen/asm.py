@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpubuild.codegen import commands as cmd
-from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor
+from tpubuild.codegen.commands import Bdc, Direction, Gdma, Tensor, shape4
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 
 DDR_ALIGN = 64
@@ -55,9 +55,12 @@ class Assembler:
         self.inputs.append(t)
         return t
 
-    def output(self, name: str, shape: Sequence[int], dtype: str, scale: float = 1.0, zero_point: int = 0) -> IoTensor:
+    def output(
+        self, name: str, shape: Sequence[int], dtype: str, scale: float = 1.0, zero_point: int = 0, source: str = ""
+    ) -> IoTensor:
+        """A graph output; ``source``: its name in the source model where it differs."""
         t = IoTensor(name, tuple(shape), dtype, 0, scale, zero_point)
-        t = IoTensor(name, t.shape, dtype, self.ddr(t.nbytes), scale, zero_point)
+        t = IoTensor(name, t.shape, dtype, self.ddr(t.nbytes), scale, zero_point, source)
         self.outputs.append(t)
         return t
 
@@ -106,12 +109,12 @@ class Assembler:
             Direction.DDR2DDR,
             dtype,
             src,
-            tuple(src_strides),
+            shape4(src_strides),
             0,
             0,
-            tuple(shape),
+            shape4(shape),
             dst,
-            tuple(dst_strides),
+            shape4(dst_strides),
         )
         self.gdma.append(g)
         return g.id

@@ -34,7 +34,7 @@ from tpubuild.codegen.layergroup import ALIAS, FOLD, Group, channel_redirects, p
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
-from tpubuild.ir.params import int_array, int_attr
+from tpubuild.ir.params import int_array, int_attr, read_int, read_ints
 from tpubuild.ir.top import InputOp, WeightOp
 
 
@@ -111,6 +111,26 @@ ORDERS = {
 
 def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
     align = chip.ddr_align
+    weights, fills, weight_bytes = _weight_offsets(graph, groups, chip)
+    buffers, members = _activation_buffers(graph, groups, align)
+    peak, offsets = _place_activations(buffers, align)
+    base = alloc.align_up(weight_bytes, align)
+    if base + peak > chip.ddr_bytes:
+        raise TpuBuildError(
+            f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
+            f"activations); {chip.name} has {chip.ddr_bytes}",
+            hint="use a smaller input shape or batch, or a chip with more DDR",
+        )
+    activations = {t: base + offsets[r] for t, r in members.items() if r in offsets}
+    return Assignment(
+        weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members, fills
+    )
+
+
+def _weight_offsets(graph: Graph, groups: list[Group], chip: Chip) -> tuple[dict[str, int], list[int], int]:
+    """Each weight's offset in the weight blob (a pack's weights interleaved in its rows), the fold groups'
+    fill slots after them, and the blob's size."""
+    align = chip.ddr_align
     weights: dict[str, int] = {}
     offset = 0
     packs = packs_of(graph, groups, chip)
@@ -124,7 +144,7 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
                 offset = alloc.align_up(offset + graph.tensors[w].nbytes, align)
                 continue
             # a pack's rows interleave its weights: each weight's address is its offset in row 0
-            weights.update({m: offset + at for m, at in zip(pack.weights, pack.offsets)})
+            weights.update({m: offset + at for m, at in zip(pack.weights, pack.offsets, strict=True)})
             offset = alloc.align_up(offset + pack.nbytes, align)
     # a fold group's padding rows broadcast its input's zero point from a slot of its own (codegen)
     fills = []
@@ -132,7 +152,11 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
         if group.layout == FOLD:
             fills.append(offset)
             offset += align
-    weight_bytes = offset
+    return weights, fills, offset
+
+
+def _activation_buffers(graph: Graph, groups: list[Group], align: int) -> tuple[list[alloc.Buffer], dict[str, str]]:
+    """One DDR buffer per alias root (its members' lifetimes merged, their largest size), and tensor -> root."""
     life = ddr_lifetimes(graph, groups)
     roots = _alias_roots(graph, groups)
     merged: dict[str, list[int]] = {}
@@ -145,30 +169,23 @@ def assign(graph: Graph, groups: list[Group], chip: Chip) -> Assignment:
         span[0], span[1] = min(span[0], a), max(span[1], b)
         sizes[r] = max(sizes.get(r, 0), alloc.align_up(graph.tensors[t].nbytes, align))
     buffers = [alloc.Buffer(r, a, b, sizes[r]) for r, (a, b) in sorted(merged.items())]
-    best: tuple[int, dict[str, int], object] | None = None
+    return buffers, members
+
+
+def _place_activations(buffers: list[alloc.Buffer], align: int) -> tuple[int, dict[str, int]]:
+    """The lowest peak of the greedy orders' placements (improved by swaps when above the live bound)."""
+    placed = []
     for order in ORDERS.values():
         offsets = alloc.place(buffers, align=align, order=order, what="DDR activations")
-        peak = alloc.peak(buffers, offsets)
-        if best is None or peak < best[0]:
-            best = (peak, offsets, order)
-    peak, offsets, order = best
+        placed.append((alloc.peak(buffers, offsets), offsets, order))
+    peak, offsets, order = min(placed, key=lambda p: p[0])  # the first of equal peaks
     if peak > alloc.live_bound(buffers):
         # greedy orders can fragment (a transformer block's q/k/v around its qkv tensors): search
         # nearby orders, swapping two buffers at a time
         improved, trial = alloc.improve(buffers, sorted(buffers, key=order), align=align)
         if improved < peak:
             peak, offsets = improved, trial
-    base = alloc.align_up(weight_bytes, align)
-    if base + peak > chip.ddr_bytes:
-        raise TpuBuildError(
-            f"the model needs {base + peak} bytes of DDR ({weight_bytes} of weights, {peak} of "
-            f"activations); {chip.name} has {chip.ddr_bytes}",
-            hint="use a smaller input shape or batch, or a chip with more DDR",
-        )
-    activations = {t: base + offsets[r] for t, r in members.items() if r in offsets}
-    return Assignment(
-        weights, activations, weight_bytes, base, peak, alloc.live_bound(buffers), buffers, members, fills
-    )
+    return peak, offsets
 
 
 def annotate(module: ModuleOp, a: Assignment) -> None:
@@ -210,7 +227,7 @@ def memory_assign(module: ModuleOp, chip: Chip) -> tuple[ModuleOp, Assignment]:
 def read_fills(module: ModuleOp) -> list[int]:
     """Each fold group's zero-point slot (in group order) of an addr.mlir."""
     attr = module.attributes.get("addr.fills")
-    return [v.value.data for v in attr.data] if attr is not None else []
+    return read_ints(attr) if attr is not None else []
 
 
 def read_assignment(module: ModuleOp) -> tuple[dict[str, int], dict[str, int]]:
@@ -222,11 +239,11 @@ def read_assignment(module: ModuleOp) -> tuple[dict[str, int], dict[str, int]]:
             continue
         attr = op.attributes["addr"]
         if isinstance(op, WeightOp):
-            weights[op.loc_name] = attr.value.data
+            weights[op.loc_name] = read_int(attr)
         elif isinstance(op, InputOp):
-            acts[op.loc_name] = attr.value.data
+            acts[op.loc_name] = read_int(attr)
         else:
-            for name, v in zip(op.names, attr.data):
-                if v.value.data >= 0:
-                    acts[name] = v.value.data
+            for name, v in zip(op.names, read_ints(attr), strict=True):
+                if v >= 0:
+                    acts[name] = v
     return weights, acts

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -59,6 +59,7 @@ from tpubuild.codegen.layergroup import (
 from tpubuild.codegen.model_file import ChipParams, Header, IoTensor, ModelFile
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
+from tpubuild.ir.params import read_int
 from tpubuild.ir.quant import UniformType
 from tpubuild.ir.weights import WeightStore
 
@@ -68,7 +69,7 @@ def _dtype(graph: Graph, t: str) -> str:
 
 
 def _strides4(shape4) -> tuple[int, int, int, int]:
-    return cmd.contiguous_strides(shape4)
+    return cmd.shape4(cmd.contiguous_strides(shape4))
 
 
 def _extent(r: Range) -> tuple[int, int]:
@@ -209,7 +210,8 @@ class Emitter:
         """One BDC on DDR tensors; a layout-free op's kernel sees them in their lane-spread shapes (the
         cycle model spreads its work over the lanes those use)."""
         node = self.g.ops[group.ops[0]]
-        views = self.channel.spread.g if node.index in self.channel.free else self.g
+        spread = self.channel.spread
+        views = spread.g if spread is not None and node.index in self.channel.free else self.g
         operands = [Tensor.none() if t is None else self.ddr_tensor(t, views) for t in node.inputs]
         results = [self.ddr_tensor(o, views) for o in node.outputs]
         self._bdc(node, node.op.params, operands, results, wait_gdma=len(self.gdma))
@@ -217,8 +219,10 @@ class Emitter:
     def copy_op(self, group: Group) -> None:
         """A layout op as one DDR-to-DDR strided GDMA (after every compute before it): ``as_copy``."""
         node = self.g.ops[group.ops[0]]
-        block, strides, offset = as_copy(self.g, node, self.scalars)
-        src, dst = node.inputs[0], node.name
+        copy = as_copy(self.g, node, self.scalars)
+        assert copy is not None, "a copy group's op is a copy (as_copy, when it was planned)"
+        block, strides, offset = copy
+        src, dst = node.input(0), node.name
         g = Gdma(
             len(self.gdma) + 1,
             len(self.bdc),
@@ -230,18 +234,18 @@ class Emitter:
             0,
             block,
             self.a_addr[dst],
-            cmd.contiguous_strides(block),
+            _strides4(block),
         )
         self.gdma.append(g)
 
-    def local_group(self, group: Group, nxt: Group | None = None, between: list[Group] = ()) -> None:
+    def local_group(self, group: Group, nxt: Group | None = None, between: Sequence[Group] = ()) -> None:
         """The group's steps in ``layergroup.schedule``'s order, each step's wait mapped to command ids;
         before its last store, the transfers of ``nxt`` (the next local group, after the global ops and
         copies ``between``) that may run early."""
         with self.layout(group):
             self._local_group(group, nxt, between)
 
-    def _local_group(self, group: Group, nxt: Group | None, between: list[Group]) -> None:
+    def _local_group(self, group: Group, nxt: Group | None, between: Sequence[Group]) -> None:
         self.planner.check(group)  # lg.mlir is a file: never emit commands from an overlapping plan
         prev_bdc = len(self.bdc)  # local memory is reused: the group starts after the previous computes
         # the previous local group's last store reads its output tiles; when this group's loads went
@@ -376,7 +380,9 @@ class Emitter:
             )
             self.gdma.append(g)
 
-    def prefetch(self, nxt: Group, cur: Group, prev_bdc: int, between: list[Group]) -> dict[int, tuple[set[str], int]]:
+    def prefetch(
+        self, nxt: Group, cur: Group, prev_bdc: int, between: Sequence[Group]
+    ) -> dict[int, tuple[set[str], int]]:
         """Emit now, while ``cur``'s last slice (and the global ops ``between``) compute, the transfers
         of ``nxt`` that need nothing of them: its weights and its first input tiles whose local bytes no
         buffer of ``cur`` uses and whose DDR bytes neither cur's last store (rows its earlier slices
@@ -419,7 +425,9 @@ class Emitter:
         # what hides behind cur's last slice: past nxt's first op's operands, an early transfer that
         # does not fit there would only delay cur's last store and what waits for it
         cur_steps, cur_cycles = self.channel.layout(cur).timed_steps(cur)
-        budget = sum(d for step, d in zip(cur_steps, cur_cycles) if step.queue == "bdc" and step.slice == last)
+        budget = sum(
+            d for step, d in zip(cur_steps, cur_cycles, strict=True) if step.queue == "bdc" and step.slice == last
+        )
         budget += sum(self.channel.ops[b.ops[0]].global_cycles for b in between if b.kind == GLOBAL)
         with self.layout(nxt):
             return self._prefetch(nxt, prev_bdc, budget, local, unwritten)
@@ -528,13 +536,13 @@ class Emitter:
         self._bdc(node, params, operands, [result], wait_gdma)
 
 
-def _io(module: ModuleOp, graph: Graph, name: str, addr: int) -> IoTensor:
+def _io(module: ModuleOp, graph: Graph, name: str, addr: int, source: str = "") -> IoTensor:
     t = graph.tensors[name]
     scale, zp = 1.0, 0
     ttype = _types(module).get(name)
     if ttype is not None and isinstance(ttype.element_type, UniformType) and ttype.element_type.quant_axis < 0:
         scale, zp = float(ttype.element_type.scale_list[0]), int(ttype.element_type.zero_point_list[0])
-    return IoTensor(name, tuple(t.shape), t.dtype.name, addr, scale, zp)
+    return IoTensor(name, tuple(t.shape), t.dtype.name, addr, scale, zp, source)
 
 
 def _types(module: ModuleOp) -> dict[str, TensorType]:
@@ -558,9 +566,9 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
         if t.weight and t.shape == () and t.dtype.kind in "iu" and name in w_addr
     }
     emitter = Emitter(graph, groups, chip, w_addr, a_addr, prefetch=prefetch, scalars=scalars)
-    blob = bytearray(int(module.attributes["addr.weight_bytes"].value.data))
+    blob = bytearray(read_int(module.attributes["addr.weight_bytes"]))
     folded_weights = {}
-    for group, addr in zip([g for g in groups if g.layout == FOLD], read_fills(module)):
+    for group, addr in zip([g for g in groups if g.layout == FOLD], read_fills(module), strict=True):
         f = emitter.channel.folds.get(group.ops[0])
         if f is None:
             continue
@@ -587,13 +595,16 @@ def codegen(module: ModuleOp, weights: WeightStore, chip: Chip, *, prefetch: boo
             )
         blob[addr : addr + len(data)] = data
     emitter.run()
+    from tpubuild.lower.inference import source_output_names
+
+    sources = source_output_names(module)
     header = Header(
         model=mlir.module_attr(module, "name", "") or "",
         chip=ChipParams.from_chip(chip),
-        ddr_size=int(module.attributes["addr.ddr_bytes"].value.data),
+        ddr_size=read_int(module.attributes["addr.ddr_bytes"]),
         weight_base=0,
         inputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.inputs),
-        outputs=tuple(_io(module, graph, n, a_addr[n]) for n in graph.outputs),
+        outputs=tuple(_io(module, graph, n, a_addr[n], sources.get(n, "")) for n in graph.outputs),
         mode=mlir.module_attr(module, "mode", "") or "",
     )
     return ModelFile(header, bytes(blob), tuple(emitter.gdma), tuple(emitter.bdc))

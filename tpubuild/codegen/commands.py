@@ -183,16 +183,16 @@ class Tensor:
         dtype: str,
         view: Sequence[int] | None = None,
         plane: int = 0,
-    ) -> "Tensor":
-        shape4 = _shape4(shape)
+    ) -> Tensor:
+        dims = shape4(shape)
         return cls(
             Space.LOCAL,
             dtype,
             addr,
             lane_start,
-            shape4,
+            dims,
             (int(plane), 0, 0, 0),
-            tuple(int(d) for d in (view if view is not None else shape4)),
+            tuple(int(d) for d in (view if view is not None else dims)),
         )
 
     @property
@@ -208,25 +208,26 @@ class Tensor:
         dtype: str,
         strides: Sequence[int] | None = None,
         view: Sequence[int] | None = None,
-    ) -> "Tensor":
-        shape4 = _shape4(shape)
-        strides4 = tuple(int(s) for s in strides) if strides is not None else contiguous_strides(shape4)
+    ) -> Tensor:
+        dims = shape4(shape)
+        strides4 = shape4(strides if strides is not None else contiguous_strides(dims))
         return cls(
-            Space.DDR, dtype, addr, 0, shape4, strides4, tuple(int(d) for d in (view if view is not None else shape4))
+            Space.DDR, dtype, addr, 0, dims, strides4, tuple(int(d) for d in (view if view is not None else dims))
         )
 
     @classmethod
-    def none(cls) -> "Tensor":
+    def none(cls) -> Tensor:
         return cls(Space.NONE)
 
     def size(self) -> int:
         return math.prod(self.shape)
 
 
-def _shape4(shape: Sequence[int]) -> Shape4:
+def shape4(shape: Sequence[int]) -> Shape4:
     if len(shape) != 4:
         raise ValueError(f"a memory block is (n, c, h, w), got {tuple(shape)}")
-    return tuple(int(d) for d in shape)  # type: ignore[return-value]
+    n, c, h, w = (int(d) for d in shape)
+    return n, c, h, w
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ class Bdc:
     @classmethod
     def make(
         cls, id: int, wait_gdma: int, op: str, params: Any, operands: Sequence[Tensor], results: Sequence[Tensor]
-    ) -> "Bdc":
+    ) -> Bdc:
         """``params``: the op's PARAMS dataclass instance (or an already-encoded JSON string)."""
         text = params if isinstance(params, str) else encode_params(params)
         return cls(id, wait_gdma, op, text, tuple(operands), tuple(results))

@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Work:
 class OpShape:
     """An op's shapes and element size as a cost formula sees them."""
 
-    params: object
+    params: Any  # the op's PARAMS dataclass (its class depends on the op)
     ins: tuple[tuple[int, ...], ...]
     outs: tuple[tuple[int, ...], ...]
     esize: int  # bytes per element of the computation

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
 
+from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, NoneOp, WeightOp
@@ -47,6 +48,13 @@ class Node:
     @property
     def name(self) -> str:
         return self.outputs[0]
+
+    def input(self, i: int) -> str:
+        """Operand i's tensor, one the op always has; ValueError when it is absent."""
+        name = self.inputs[i]
+        if name is None:
+            raise ValueError(f"{self.kind} {self.name!r}: operand {i} is absent")
+        return name
 
     @property
     def kind(self) -> str:
@@ -90,7 +98,7 @@ def build_graph(module: ModuleOp) -> Graph:
                 inputs.append(name)
             continue
         node = Node(len(ops), op, [names[v] for v in op.operands], list(op.names))
-        for value, name in zip(op.results, node.outputs):
+        for value, name in zip(op.results, node.outputs, strict=True):
             names[value] = name
             t = value.type
             if isinstance(t, TensorType):
@@ -99,7 +107,11 @@ def build_graph(module: ModuleOp) -> Graph:
             if name is not None and node.index not in tensors[name].users:
                 tensors[name].users.append(node.index)
         ops.append(node)
-    outputs = [names[v] for v in mlir.return_op(module).operands]
-    for name in outputs:
+    outputs = []
+    for v in mlir.return_op(module).operands:
+        name = names[v]
+        if name is None:
+            raise TpuBuildError("a graph output is an absent value (top.None)")
         tensors[name].graph_output = True
+        outputs.append(name)
     return Graph(ops, tensors, inputs, outputs)

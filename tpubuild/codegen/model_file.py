@@ -12,13 +12,14 @@ for anything malformed, so the simulator never indexes outside its memories.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from tpubuild.codegen import commands as cmd
 from tpubuild.codegen.commands import Bdc, Direction, Gdma, Space, Tensor
@@ -85,7 +86,7 @@ class ChipParams:
     ddr_store_bandwidth: float = 0.0  # local -> DDR bytes per second; 0: ddr_bandwidth both ways
 
     @classmethod
-    def from_chip(cls, chip) -> "ChipParams":
+    def from_chip(cls, chip) -> ChipParams:
         """The header figures of a chip model (tpubuild.build.chips.Chip, from configs/chips/<name>.yaml)."""
         return cls(
             name=chip.name,
@@ -146,13 +147,19 @@ class IoTensor:
     ddr_addr: int
     scale: float = 1.0
     zero_point: int = 0
+    source: str = ""  # an output's name in the source model where lowering renamed it ("y" of "y_f32")
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * cmd.itemsize(self.dtype)
 
+    @property
+    def source_name(self) -> str:
+        """The name the source model (ONNX) gives this tensor."""
+        return self.source or self.name
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype,
@@ -160,6 +167,7 @@ class IoTensor:
             "scale": self.scale,
             "zero_point": self.zero_point,
         }
+        return {**doc, "source": self.source} if self.source else doc
 
 
 @dataclass(frozen=True)
@@ -269,6 +277,23 @@ def decode_model(data: bytes, *, file: str = "<bytes>") -> ModelFile:
 
 
 def _sections(data: bytes, file: str) -> dict[str, bytes]:
+    """Section name -> payload, each checked: in the file, past the table, checksummed, apart from the others."""
+    count, table_end = _file_head(data, file)
+    found: dict[str, bytes] = {}
+    spans = []
+    for i in range(count):
+        name, offset, size = _section_entry(data, i, table_end, found, file)
+        spans.append((offset, size, name))
+        found[name] = data[offset : offset + size]
+    _check_spans(sorted(spans), table_end, len(data), file)
+    missing = [s for s in SECTIONS if s not in found]
+    if missing:
+        raise ModelFileError(f"missing section(s) {', '.join(missing)}", file=file)
+    return found
+
+
+def _file_head(data: bytes, file: str) -> tuple[int, int]:
+    """The section count and where the section table ends, from the checked file header."""
     if len(data) < FILE_HEAD.size:
         raise ModelFileError(
             f"truncated: {len(data)} bytes, shorter than the {FILE_HEAD.size}-byte file header", file=file
@@ -293,43 +318,42 @@ def _sections(data: bytes, file: str) -> dict[str, bytes]:
         raise ModelFileError(
             f"truncated: the section table needs {table_end} bytes, the file has {len(data)}", file=file
         )
-    found: dict[str, bytes] = {}
-    spans = []
-    for i in range(count):
-        raw_name, offset, size, digest = SECTION_ENTRY.unpack_from(data, FILE_HEAD.size + i * SECTION_ENTRY.size)
-        try:
-            name = raw_name.rstrip(b"\0").decode("ascii")
-        except UnicodeDecodeError:
-            raise ModelFileError(f"section table entry {i} has a non-ASCII name {raw_name!r}", file=file) from None
-        if not name or "\0" in name:
-            raise ModelFileError(f"section table entry {i} has a malformed name {raw_name!r}", file=file)
-        if name in found:
-            raise ModelFileError("section appears twice in the section table", file=file, section=name)
-        if offset < table_end or offset + size > len(data):
-            raise ModelFileError(
-                f"truncated or misplaced: [{offset}, {offset + size}) is outside the file's "
-                f"payload [{table_end}, {len(data)})",
-                file=file,
-                section=name,
-            )
-        payload = data[offset : offset + size]
-        if hashlib.sha256(payload).digest() != digest:
-            raise ModelFileError("checksum mismatch (sha256): the file is corrupt", file=file, section=name)
-        spans.append((offset, size, name))
-        found[name] = payload
-    spans.sort()
-    for (o1, s1, n1), (o2, _, n2) in zip(spans, spans[1:]):
+    return count, table_end
+
+
+def _section_entry(data: bytes, i: int, table_end: int, found: Mapping[str, bytes], file: str) -> tuple[str, int, int]:
+    """Section table entry i's name, offset and size, checked (name, place in the file, checksum)."""
+    raw_name, offset, size, digest = SECTION_ENTRY.unpack_from(data, FILE_HEAD.size + i * SECTION_ENTRY.size)
+    try:
+        name = raw_name.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise ModelFileError(f"section table entry {i} has a non-ASCII name {raw_name!r}", file=file) from None
+    if not name or "\0" in name:
+        raise ModelFileError(f"section table entry {i} has a malformed name {raw_name!r}", file=file)
+    if name in found:
+        raise ModelFileError("section appears twice in the section table", file=file, section=name)
+    if offset < table_end or offset + size > len(data):
+        raise ModelFileError(
+            f"truncated or misplaced: [{offset}, {offset + size}) is outside the file's "
+            f"payload [{table_end}, {len(data)})",
+            file=file,
+            section=name,
+        )
+    if hashlib.sha256(data[offset : offset + size]).digest() != digest:
+        raise ModelFileError("checksum mismatch (sha256): the file is corrupt", file=file, section=name)
+    return name, offset, size
+
+
+def _check_spans(spans: Sequence[tuple[int, int, str]], table_end: int, size: int, file: str) -> None:
+    """Sections (sorted by offset) apart from each other, the last ending the file at its alignment."""
+    for (o1, s1, n1), (o2, _, n2) in itertools.pairwise(spans):
         if o1 + s1 > o2:
             raise ModelFileError(f"overlaps section {n2!r}", file=file, section=n1)
     end = cmd.align_up(max((o + s for o, s, _ in spans), default=table_end), SECTION_ALIGN)
-    if len(data) != end:
+    if size != end:
         raise ModelFileError(
-            f"truncated or padded: the sections end at {end} bytes (8-aligned), the file has {len(data)}", file=file
+            f"truncated or padded: the sections end at {end} bytes (8-aligned), the file has {size}", file=file
         )
-    missing = [s for s in SECTIONS if s not in found]
-    if missing:
-        raise ModelFileError(f"missing section(s) {', '.join(missing)}", file=file)
-    return found
 
 
 def _require(cond: bool, problem: str, file: str, section: str, command: int | None = None) -> None:
@@ -375,6 +399,7 @@ def _io(doc: Any) -> IoTensor:
         ddr_addr=_int(doc.get("ddr_addr")),
         scale=_num(doc.get("scale", 1.0)),
         zero_point=_int(doc.get("zero_point", 0), -(1 << 31), 1 << 31),
+        source=_str(doc["source"]) if "source" in doc else "",
     )
 
 
@@ -491,7 +516,7 @@ class Validator:
         self.file = file
         self.chip = model.header.chip
 
-    def fail(self, section: str, index: int, problem: str) -> None:
+    def fail(self, section: str, index: int, problem: str) -> NoReturn:
         raise ModelFileError(problem, file=self.file, section=section, command=index)
 
     def check(self) -> None:
@@ -519,7 +544,7 @@ class Validator:
             self.fail(section, index, f"{what}: a stride in {tuple(strides)} is negative or beyond DDR")
         if 0 in shape:
             return
-        end = addr + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * cmd.itemsize(dtype)
+        end = addr + (sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + 1) * cmd.itemsize(dtype)
         if end > self.model.header.ddr_size:
             self.fail(
                 section, index, f"{what}: DDR range [{addr}, {end}) is outside DDR [0, {self.model.header.ddr_size})"

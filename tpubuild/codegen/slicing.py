@@ -191,9 +191,10 @@ def spread_shape(shape: tuple[int, ...], lanes: int) -> Shape4:
     """The lane-spread layout of a tensor: the same elements row-major as (n, c * k, p / k / w', w'),
     p = h * w the channel plane, k the divisor of p (up to ``lanes``, p / k >= ``MIN_RUN``) that
     leaves each lane the fewest elements, ``ceil(c * k / lanes) * p / k`` (the smallest such k);
-    w' = w when k divides h (else the largest divisor of p / k dividing w). ``nchw`` puts channel c in lane c % lanes, so a 1-channel map
-    sits in one lane and 96 channels fill 64 lanes and then 32; spread, 1 x 640 x 640 becomes
-    64 x 10 x 640 and 96 x 80 x 80 becomes 192 x 40 x 80 (3 slots of 3200 per lane, not 2 of 6400).
+    w' = w when k divides h (else the largest divisor of p / k dividing w). ``nchw`` puts channel c in
+    lane c % lanes, so a 1-channel map sits in one lane and 96 channels fill 64 lanes and then 32; spread,
+    1 x 640 x 640 becomes 64 x 10 x 640 and 96 x 80 x 80 becomes 192 x 40 x 80 (3 slots of 3200 per lane,
+    not 2 of 6400).
     TPU-MLIR reshapes its global element-wise ops over the lanes alike. ``nchw(shape)`` when no k helps."""
     n, c, h, w = nchw(shape)
     plane = h * w
@@ -236,7 +237,7 @@ def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
     if graph.tensors[node.name].dtype != np.float32:
         return rule
     if isinstance(node.op, tpu.ConvOp):
-        group, channels = node.op.params.group, graph.tensors[node.inputs[0]].shape[1]
+        group, channels = node.op.params.group, graph.tensors[node.input(0)].shape[1]
         if group > 1 and group == channels:
             return rule
         w = rule.window
@@ -330,7 +331,7 @@ def _interp(graph: Graph, node: Node) -> Rule:
     from tpubuild.kernels.resize import _resample_axis
 
     p = node.op.params
-    shape_in = graph.tensors[node.inputs[0]].shape
+    shape_in = graph.tensors[node.input(0)].shape
     if (
         len(shape_in) != 4
         or p.mode != "nearest"

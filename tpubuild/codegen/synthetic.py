@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 
 from tpubuild.ir import mlir, tpu
 from tpubuild.ir.top import InputOp
@@ -27,7 +28,7 @@ def residual_net(
     count = 0
     c, h = 3, size
 
-    def weight(name: str, shape) -> object:
+    def weight(name: str, shape: tuple[int, ...]) -> SSAValue:
         if with_weights:
             weights.add(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
         return builder.weight(name, tensor_type(shape))

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
+from xdsl.ir import OpResult, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from tpubuild.errors import TpuBuildError
@@ -139,6 +139,8 @@ def shape_of(value: Value) -> tuple[int, ...]:
         return tuple(value.array.shape)
     from tpubuild.ir.base import tensor_shape
 
+    if value is None:
+        raise ValueError("an absent operand has no shape")
     return tensor_shape(value)
 
 
@@ -229,7 +231,7 @@ class OnnxConverter:
                         f"the model's {model_dims} has rank {len(dims)}"
                     )
                     continue
-                for m, s in zip(model_dims, shape):
+                for m, s in zip(model_dims, shape, strict=True):
                     if isinstance(m, int) and m > 0 and m != s:
                         problems.append(
                             f"input {inp.name!r}: manifest shape {shape} contradicts the "
@@ -238,7 +240,7 @@ class OnnxConverter:
                         break
                 shapes[inp.name] = shape
             elif all(isinstance(m, int) and m > 0 for m in model_dims):
-                shapes[inp.name] = list(model_dims)
+                shapes[inp.name] = [int(m) for m in model_dims]
             else:
                 problems.append(f"input {inp.name!r} has dynamic shape {model_dims}")
         if problems:
@@ -299,7 +301,7 @@ class OnnxConverter:
         env: dict[str, Value] = {"": None}
         for name, init in self.initializers.items():
             env[name] = Const(numpy_helper.to_array(init), name)
-        for inp, arg in zip(self.inputs, builder.args):
+        for inp, arg in zip(self.inputs, builder.args, strict=True):
             env[inp.name] = builder.add(InputOp.make([arg], name=inp.name)).results[0]
         for proto in self.graph.node:
             try:
@@ -312,7 +314,7 @@ class OnnxConverter:
                     hint="the graph is not topologically sorted; re-export it",
                 ) from None
             node = Node(proto, inputs, node_attrs(proto, self.opset), self.opset)
-            for out_name, value in zip(proto.output, self._convert_node(node, ctx)):
+            for out_name, value in zip(proto.output, self._convert_node(node, ctx), strict=False):
                 if out_name:
                     env[out_name] = value
         outputs = []
@@ -339,6 +341,8 @@ class OnnxConverter:
             if all(isinstance(v, Const) or v is None for v in node.inputs):
                 return self._fold(node)
             fn = registry.find(node.op_type, self.opset, node.proto.domain)
+            if fn is None:
+                raise NotImplementedError(f"no converter for {node.op_type} at opset {self.opset}")
             outs = list(fn(node, ctx))
         except TpuBuildError as e:
             raise e.with_context(**where) from None
@@ -350,19 +354,20 @@ class OnnxConverter:
             ) from None
         except (VerifyException, ValueError) as e:
             raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where) from None
-        for out_name, value in zip(node.outputs, outs):
-            if out_name and isinstance(value, SSAValue) and isinstance(value.owner, TensorOp):
-                if value.owner.names[value.index] != out_name:
-                    raise AssertionError(
-                        f"converter for {node.op_type} named its result "
-                        f"{value.owner.names[value.index]!r}, not {out_name!r}"
-                    )
+        for out_name, value in zip(node.outputs, outs, strict=False):
+            if (
+                out_name
+                and isinstance(value, OpResult)
+                and isinstance(value.owner, TensorOp)
+                and (named := value.owner.names[value.index]) != out_name
+            ):
+                raise AssertionError(f"converter for {node.op_type} named its result {named!r}, not {out_name!r}")
         return outs
 
     def _fold(self, node: Node) -> list[Value]:
         from onnx.reference import ReferenceEvaluator
 
-        feeds = {n: v.array for n, v in zip(node.proto.input, node.inputs) if n and isinstance(v, Const)}
+        feeds = {n: v.array for n, v in zip(node.proto.input, node.inputs, strict=True) if n and isinstance(v, Const)}
         opsets = {imp.domain: imp.version for imp in self.model.opset_import}
         node_model = helper.make_model(
             helper.make_graph(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -206,11 +207,12 @@ class _Stepper:
         self.options.log_severity_level = 3
         # the node's session for the last input types and shapes: every sample of a node reuses it (parameters
         # are fed as inputs, so refitting them does not change the session)
-        self._last: tuple[onnx.NodeProto, tuple, object] | None = None
+        self._last: tuple[onnx.NodeProto, tuple, Any] | None = None  # (node, signature, onnxruntime session)
 
     def run(self, node: onnx.NodeProto, args: list[np.ndarray | None]) -> list[np.ndarray]:
-        feeds = {name: a for name, a in zip(node.input, args) if name and a is not None}
+        feeds = {name: a for name, a in zip(node.input, args, strict=True) if name and a is not None}
         signature = tuple((name, a.dtype.str, a.shape) for name, a in feeds.items())
+        session: Any
         if self._last is not None and self._last[0] is node and self._last[1] == signature:
             session = self._last[2]
         else:
@@ -304,31 +306,12 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
     out.CopyFrom(model)
     graph = out.graph
     inits = {t.name: t for t in graph.initializer}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    for value in graph.output:
-        uses[value.name] = uses.get(value.name, 0) + 1
-
-    def params(node: onnx.NodeProto) -> list[str]:
-        slots = _SCALED.get(node.op_type) or _STATS.get(node.op_type) or ()
-        names = [node.input[i] for i in slots if i < len(node.input) and node.input[i]]
-        return names if all(n in inits and uses[n] == 1 for n in names) else []
-
-    steps = {i: names for i, node in enumerate(graph.node) for names in [params(node)] if names}
+    uses = _use_counts(graph)
+    steps = _owned_params(graph, inits, uses)
     if not steps:
         return out
-    data = [v for v in graph.input if v.name not in inits]
-    feeds = [dict(s) for s in samples] or [{v.name: _probe_input(v) for v in data}]
-    missing = [v.name for v in data if v.name not in feeds[0]]
-    if missing:
-        raise TpuBuildError(
-            f"normalize_activations has no data for graph input(s) {missing}",
-            hint="key the calibration data by the model's input names",
-        )
+    values = _sample_values(graph, inits, samples)
     consts = {n: numpy_helper.to_array(t) for n, t in inits.items()}
-    values: list[dict[str, np.ndarray]] = [{k: np.asarray(v) for k, v in f.items()} for f in feeds]
     changed: dict[str, np.ndarray] = {}
     stepper = _Stepper(out)
 
@@ -338,24 +321,77 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
     for i, node in enumerate(graph.node):
         names = steps.get(i, [])
         if names and node.op_type in _STATS:
-            flat = _per_channel([s[node.input[0]] for s in values])
-            var = flat.var(axis=1)
-            for name, stat in zip(names, (flat.mean(axis=1), np.maximum(var, _VAR_FLOOR * np.median(var)))):
-                consts[name] = changed[name] = _round_significant(stat).astype(consts[name].dtype)
+            _set_statistics(names, [s[node.input[0]] for s in values], consts, changed)
         constant = all(not n or n in consts for n in node.input)
         results = (
             [stepper.run(node, args({}, node))] if constant else [stepper.run(node, args(s, node)) for s in values]
         )
         if names and node.op_type in _SCALED:
             results = _rescale(node, names, consts, changed, results)
-        for sample, result in zip([consts] if constant else values, results):
-            for name, value in zip([o for o in node.output if o], result):
+        for sample, result in zip([consts] if constant else values, results, strict=True):
+            for name, value in zip([o for o in node.output if o], result, strict=True):
                 sample[name] = value
-        for name in node.input:  # free what no later node reads
-            uses[name] -= 1
-            if uses[name] == 0 and name not in inits:
-                for sample in values:
-                    sample.pop(name, None)
+        _free_unread(node, uses, inits, values)
     for name, value in changed.items():
         inits[name].CopyFrom(numpy_helper.from_array(value, name))
     return out
+
+
+def _use_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many times each tensor is read: by a node's input, or as a graph output."""
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    for value in graph.output:
+        uses[value.name] = uses.get(value.name, 0) + 1
+    return uses
+
+
+def _owned_params(
+    graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], uses: Mapping[str, int]
+) -> dict[int, list[str]]:
+    """Node index -> the parameters normalize_activations may change: initializers only that node reads."""
+
+    def params(node: onnx.NodeProto) -> list[str]:
+        slots = _SCALED.get(node.op_type) or _STATS.get(node.op_type) or ()
+        names = [node.input[i] for i in slots if i < len(node.input) and node.input[i]]
+        return names if all(n in inits and uses[n] == 1 for n in names) else []
+
+    return {i: names for i, node in enumerate(graph.node) for names in [params(node)] if names}
+
+
+def _sample_values(
+    graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], samples: Sequence[Mapping[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """The graph inputs' values per sample (one probe input without samples); an input without data raises."""
+    data = [v for v in graph.input if v.name not in inits]
+    feeds = [dict(s) for s in samples] or [{v.name: _probe_input(v) for v in data}]
+    missing = [v.name for v in data if v.name not in feeds[0]]
+    if missing:
+        raise TpuBuildError(
+            f"normalize_activations has no data for graph input(s) {missing}",
+            hint="key the calibration data by the model's input names",
+        )
+    return [{k: np.asarray(v) for k, v in f.items()} for f in feeds]
+
+
+def _set_statistics(
+    names: Sequence[str], inputs: list[np.ndarray], consts: dict[str, np.ndarray], changed: dict[str, np.ndarray]
+) -> None:
+    """A BatchNormalization's running mean and variance (``names``) from its input's per-channel statistics."""
+    flat = _per_channel(inputs)
+    var = flat.var(axis=1)
+    for name, stat in zip(names, (flat.mean(axis=1), np.maximum(var, _VAR_FLOOR * np.median(var))), strict=True):
+        consts[name] = changed[name] = _round_significant(stat).astype(consts[name].dtype)
+
+
+def _free_unread(
+    node: onnx.NodeProto, uses: dict[str, int], inits: Mapping[str, onnx.TensorProto], values: list[dict]
+) -> None:
+    """Counts ``node``'s reads off ``uses`` and drops from ``values`` what no later node reads."""
+    for name in node.input:
+        uses[name] -= 1
+        if uses[name] == 0 and name not in inits:
+            for sample in values:
+                sample.pop(name, None)

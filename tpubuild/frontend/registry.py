@@ -36,9 +36,9 @@ def find(op_type: str, opset: int, domain: str = "") -> Callable | None:
     _load()
     best = None
     for key, fn in _CONVERTERS.items():
-        if key.domain == domain and key.op_type == op_type and key.since_version <= opset:
-            if best is None or key.since_version > best[0]:
-                best = (key.since_version, fn)
+        fits = key.domain == domain and key.op_type == op_type and key.since_version <= opset
+        if fits and (best is None or key.since_version > best[0]):
+            best = (key.since_version, fn)
     return best[1] if best else None
 
 

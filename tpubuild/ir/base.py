@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from xdsl.dialects.builtin import FusedLoc, NameLoc, NoneAttr, NoneType, StringAttr, TensorType
+from xdsl.dialects.builtin import ArrayAttr, FusedLoc, NameLoc, NoneAttr, NoneType, StringAttr, TensorType
 from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition, var_operand_def, var_result_def
 from xdsl.utils.exceptions import VerifyException
@@ -27,7 +27,7 @@ def loc_names(loc: Attribute) -> list[str]:
     """Tensor names carried by a location: one for a NameLoc, one per result for a FusedLoc."""
     if isinstance(loc, NameLoc):
         return [loc.desc.data]
-    if isinstance(loc, FusedLoc):
+    if isinstance(loc, FusedLoc) and isinstance(loc.locations, ArrayAttr):
         return [n for sub in loc.locations.data for n in loc_names(sub)]
     return []
 
@@ -49,7 +49,9 @@ class TensorOp(IRDLOperation):
     NUM_RESULTS: ClassVar[int] = 1
 
     @property
-    def params(self):
+    def params(self) -> Any:
+        """The op's ``PARAMS`` dataclass, decoded from its attributes. Typed Any: its class is the op class's
+        ``PARAMS`` (a class variable, which a static checker cannot follow into a subclass's property)."""
         return _params.decode(self.PARAMS, self.attributes)
 
     @property
@@ -69,7 +71,7 @@ class TensorOp(IRDLOperation):
 
     def verify_(self) -> None:
         try:
-            self.params
+            _ = self.params  # parsed for its checks
         except VerifyException as e:
             raise VerifyException(f"{self.name} at {self.loc_name!r}: {e}") from None
         fixed = [n for n in self.OPERANDS if not n.endswith("*")]
@@ -91,12 +93,12 @@ class TensorOp(IRDLOperation):
         *,
         name: str | Sequence[str],
         result_types: Sequence[Attribute] | None = None,
-    ) -> "TensorOp":
+    ) -> TensorOp:
         """Build an op, inferring its result types unless given, located at its tensor name(s)."""
         p = params if params is not None else cls.PARAMS()
         if result_types is None:
             result_types = cls.infer(p, [v.type for v in operands])
-        loc = name_loc(name) if isinstance(name, str) else FusedLoc([name_loc(n) for n in name], NoneAttr())
+        loc = name_loc(name) if isinstance(name, str) else FusedLoc(tuple(name_loc(n) for n in name), NoneAttr())
         # create, not build: with one variadic operand and one variadic result list there is nothing for IRDL's
         # argument matching to do, and it was half of each op's making (the search lowers a model 60 times)
         return cls.create(

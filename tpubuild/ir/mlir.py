@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import re
+import typing
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from functools import cache
@@ -20,7 +21,7 @@ from functools import cache
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, Builtin, BoolAttr, IntegerAttr, ModuleOp, StringAttr, i1, i64
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, OpResult, Operation, Region, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import ParseError, VerifyException
@@ -181,15 +182,15 @@ class _Printer(Printer):
     the generic path writes them ("7 : i64", "[1 : i64, -2 : i64]"); a lowered module holds tens of thousands."""
 
     def print_attribute(self, attribute: Attribute) -> None:
-        kind = type(attribute)
-        if kind is IntegerAttr and attribute.type == i64:
+        if type(attribute) is IntegerAttr and attribute.type == i64:
             self.print_string(f"{attribute.value.data:d} : i64")
         elif (
-            kind is ArrayAttr
+            type(attribute) is ArrayAttr
             and attribute.data
             and all(type(a) is IntegerAttr and a.type == i64 for a in attribute.data)
         ):
-            self.print_string("[" + ", ".join(f"{a.value.data:d} : i64" for a in attribute.data) + "]")
+            ints = typing.cast(tuple[IntegerAttr, ...], attribute.data)
+            self.print_string("[" + ", ".join(f"{a.value.data:d} : i64" for a in ints) + "]")
         else:
             super().print_attribute(attribute)
 
@@ -264,7 +265,7 @@ def return_op(module: ModuleOp) -> func.ReturnOp:
 def value_name(value: SSAValue) -> str:
     """The tensor name of an SSA value: its producer's location (per result)."""
     owner = value.owner
-    if isinstance(owner, TensorOp):
+    if isinstance(owner, TensorOp) and isinstance(value, OpResult):
         return owner.names[value.index]
     raise TpuBuildError(f"value {value} has no tensor name")
 

@@ -9,6 +9,7 @@ Parsing happens once per op and is shared by shape rules, kernels and passes.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Iterable
 from functools import cache, lru_cache
@@ -45,7 +46,7 @@ def _field_kinds(cls: type) -> dict[str, tuple[str, object]]:
         if origin is tuple:
             elem = typing.get_args(hint)[0]
             kind = {int: "ints", float: "floats", str: "strs"}[elem]
-        elif typing.get_origin(hint) is typing.Union or origin is getattr(__import__("types"), "UnionType"):
+        elif typing.get_origin(hint) is typing.Union or origin is types.UnionType:
             # Optional[x]: x | None
             args = [a for a in typing.get_args(hint) if a is not type(None)]
             kind = {int: "int", float: "float", bool: "bool", str: "str"}[args[0]]
@@ -88,12 +89,27 @@ def int_attr(value: int) -> IntegerAttr:
 _INT_ATTRS: dict[int, IntegerAttr] = {}
 
 
+def read_int(attr: Attribute) -> int:
+    """The value of an integer attribute; VerifyException for another attribute."""
+    if not isinstance(attr, IntegerAttr):
+        raise VerifyException(f"expected an integer attribute, got {attr}")
+    return attr.value.data
+
+
+def read_ints(attr: Attribute) -> list[int]:
+    """The values of an array of integer attributes; VerifyException for another attribute."""
+    if not isinstance(attr, ArrayAttr):
+        raise VerifyException(f"expected an array of integers, got {attr}")
+    return [read_int(a) for a in attr.data]
+
+
 def int_array(values: Iterable[int]) -> ArrayAttr:
     """An array of i64 (int_attr)."""
     return ArrayAttr([int_attr(v) for v in values])
 
 
-def _to_attr(kind: str, value: object) -> Attribute:
+def _to_attr(kind: str, value: typing.Any) -> Attribute:
+    """``value`` (a dataclass field's, of the type ``kind`` names) as its attribute."""
     if kind == "int":
         return int_attr(value)
     if kind == "float":

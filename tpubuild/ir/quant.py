@@ -51,7 +51,7 @@ class CalibratedType(ParametrizedAttribute, TypeAttribute):
     max: FloatData = param_def()
 
     @staticmethod
-    def get(expressed: Attribute, lo: float, hi: float) -> "CalibratedType":
+    def get(expressed: Attribute, lo: float, hi: float) -> CalibratedType:
         return CalibratedType(expressed, FloatData(float(lo)), FloatData(float(hi)))
 
     @classmethod
@@ -86,7 +86,7 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
     @staticmethod
     def get(
         storage: str, expressed: Attribute, scales: Sequence[float], zero_points: Sequence[int], axis: int = -1
-    ) -> "UniformType":
+    ) -> UniformType:
         if storage not in STORAGE:
             raise ValueError(f"unknown quant storage type {storage!r}; expected one of {sorted(STORAGE)}")
         # keyed by the scales' exact bits (as floats, -0.0 == 0.0 would share an entry)
@@ -156,7 +156,7 @@ class UniformType(ParametrizedAttribute, TypeAttribute):
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<{self.storage.data}:")
         printer.print_attribute(self.expressed)
-        pairs = [f"{mlir_float(s)}:{z}" for s, z in zip(self.scale_list, self.zero_point_list)]
+        pairs = [f"{mlir_float(s)}:{z}" for s, z in zip(self.scale_list, self.zero_point_list, strict=True)]
         if self.axis.data >= 0:
             printer.print_string(f":{self.axis.data}, {{{','.join(pairs)}}}>")
         else:

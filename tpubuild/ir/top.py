@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 from xdsl.dialects.builtin import NoneType, TensorType, i64
-from xdsl.ir import Attribute, Dialect
+from xdsl.ir import Attribute, Dialect, Operation
 from xdsl.utils.exceptions import VerifyException
 
 from tpubuild.ir.base import TensorOp, op_definition, with_shape
@@ -348,7 +348,9 @@ class ConcatOp(TopOp):
         shapes = [shape_of(t) for t in in_types]
         axis = _norm_axis(p.axis, len(shapes[0]))
         for s in shapes[1:]:
-            if len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != axis):
+            if len(s) != len(shapes[0]) or any(
+                a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if i != axis
+            ):
                 raise VerifyException(f"concat on axis {axis} of mismatched shapes {shapes}")
         out = list(shapes[0])
         out[axis] = sum(s[axis] for s in shapes)
@@ -465,7 +467,7 @@ class TileOp(TopOp):
         x = shape_of(in_types[0])
         if len(p.tile) != len(x):
             raise VerifyException(f"tile {p.tile} does not match rank {len(x)}")
-        return [with_shape(in_types[0], [d * t for d, t in zip(x, p.tile)])]
+        return [with_shape(in_types[0], [d * t for d, t in zip(x, p.tile, strict=True)])]
 
 
 @op_definition
@@ -624,7 +626,7 @@ class SliceOp(TopOp):
         x = shape_of(in_types[0])
         if not len(p.offset) == len(p.ends) == len(p.steps) == len(x) or 0 in p.steps:
             raise VerifyException(f"slice {p} does not fit input shape {x}")
-        return [with_shape(in_types[0], [slice_len(*a) for a in zip(p.offset, p.ends, p.steps)])]
+        return [with_shape(in_types[0], [slice_len(*a) for a in zip(p.offset, p.ends, p.steps, strict=True)])]
 
 
 @dataclass(frozen=True)
@@ -1334,7 +1336,7 @@ TOP_OPS: list[type[TopOp]] = [
     v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, TopOp) and "name" in v.__dict__
 ]
 
-Top = Dialect("top", TOP_OPS, [])
+Top = Dialect("top", list[type[Operation]](TOP_OPS), [])
 
 
 def is_tensor(t: Attribute) -> bool:

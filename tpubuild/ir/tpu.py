@@ -27,7 +27,7 @@ from xdsl.ir import Dialect
 
 from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp, op_definition
-from tpubuild.ir.types import shape_of
+from tpubuild.ir.types import elem_of, shape_of
 
 
 class TpuOp(TensorOp):
@@ -153,7 +153,7 @@ class LutOp(TpuOp):
 
     @classmethod
     def infer(cls, p, in_types):
-        return [TensorType(in_types[1].element_type, list(shape_of(in_types[0])))]
+        return [TensorType(elem_of(in_types[1]), list(shape_of(in_types[0])))]
 
 
 TPU_OPS = [*MIRROR.values(), CastOp, LutOp]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 from xdsl.dialects.builtin import (
     Float4E2M1FNType,
     Float8E4M3FNType,
@@ -69,7 +72,7 @@ _STORAGE = {
 }
 
 
-def element_type(dtype: np.dtype | type) -> Attribute:
+def element_type(dtype: npt.DTypeLike) -> Attribute:
     dt = np.dtype(dtype)
     if dt not in _TO_MLIR:
         raise NotImplementedError(f"tensor element type {dt} has no MLIR counterpart here")
@@ -85,8 +88,14 @@ def numpy_dtype(elem: Attribute) -> np.dtype:
     return _FROM_MLIR[elem]
 
 
-def tensor_type(shape, dtype=np.float32) -> TensorType:
+def tensor_type(shape: Iterable[int], dtype: npt.DTypeLike = np.float32) -> TensorType:
     return TensorType(element_type(dtype), [int(d) for d in shape])
+
+
+def elem_of(t: Attribute) -> Attribute:
+    """A tensor type's element type."""
+    assert isinstance(t, TensorType), t
+    return t.element_type
 
 
 def shape_of(t: Attribute) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ class WeightStore:
         self._arrays: dict[str, np.ndarray] = dict(arrays or {})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "WeightStore":
+    def load(cls, path: str | os.PathLike) -> WeightStore:
         try:
             return cls(read_npz(path))
         except FileNotFoundError:
@@ -68,6 +68,6 @@ class WeightStore:
     def set(self, name: str, array: np.ndarray) -> None:
         self._arrays[name] = np.asarray(array, order="C")  # (ascontiguousarray turns 0-d into 1-d)
 
-    def keep_only(self, names: Iterable[str]) -> "WeightStore":
+    def keep_only(self, names: Iterable[str]) -> WeightStore:
         """A store with just the named arrays (dropping weights no op refers to)."""
         return WeightStore({n: self[n] for n in sorted(set(names))})

@@ -4,8 +4,11 @@ import numpy as np
 
 
 try:
-    from numpy._core.umath import clip  # np.clip's ufunc: the same, without the wrapper's 2 us a call
-except ImportError:  # another numpy's layout
+    from numpy._core import umath
+
+    # np.clip's ufunc: the same, without the wrapper's 2 us a call (numpy's stubs do not list it)
+    clip = umath.clip  # pyright: ignore[reportAttributeAccessIssue]
+except (ImportError, AttributeError):  # another numpy's layout
     clip = np.clip
 
 

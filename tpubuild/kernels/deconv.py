@@ -46,15 +46,18 @@ def deconv(p: top.DeconvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     y = np.zeros((n, g, cout, *full), dtype)
     for tap in np.ndindex(*kernel_shape):
         window = tuple(
-            slice(k * d, k * d + (size - 1) * s + 1, s) for k, d, s, size in zip(tap, p.dilations, p.strides, spatial)
+            slice(k * d, k * d + (size - 1) * s + 1, s)
+            for k, d, s, size in zip(tap, p.dilations, p.strides, spatial, strict=True)
         )
         y[(slice(None),) * 3 + window] += taps[(slice(None),) * 3 + tap]
     # pads crop the full output; negative pads (from an explicit output_shape) extend it with zeros
     begins, ends = p.pads[:nd], p.pads[nd:]
-    grow = [(0, 0)] * 3 + [(max(-bb, 0), max(-e, 0)) for bb, e in zip(begins, ends)]
+    grow = [(0, 0)] * 3 + [(max(-bb, 0), max(-e, 0)) for bb, e in zip(begins, ends, strict=True)]
     if any(any(pair) for pair in grow):
         y = np.pad(y, grow)
-    crop = tuple(slice(max(bb, 0), y.shape[3 + i] - max(e, 0)) for i, (bb, e) in enumerate(zip(begins, ends)))
+    crop = tuple(
+        slice(max(bb, 0), y.shape[3 + i] - max(e, 0)) for i, (bb, e) in enumerate(zip(begins, ends, strict=True))
+    )
     y = y[(slice(None),) * 3 + crop]
     y = y.reshape(n, g * cout, *y.shape[3:])
     if b is not None:

@@ -13,14 +13,16 @@ Small arrays stay with numpy (a session call costs about 10 us).
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 MIN_SIZE = 1 << 14  # elements: below, numpy's own loop is as fast as a session call
 
 
-def astype(x: np.ndarray, dtype, order: str = "K") -> np.ndarray:
+def astype(x: np.ndarray, dtype: npt.DTypeLike, order: Literal["K", "A", "C", "F"] = "K") -> np.ndarray:
     """``x.astype(dtype, order=order, copy=False)``, bit for bit (and layout: a C-order result unless
     ``order`` keeps another)."""
     dtype = np.dtype(dtype)
@@ -30,7 +32,7 @@ def astype(x: np.ndarray, dtype, order: str = "K") -> np.ndarray:
         or not (order == "C" or x.flags.c_contiguous)
     ):
         return x.astype(dtype, order=order, copy=False)
-    y = _cast(x.dtype, dtype).run(None, {"x": np.ascontiguousarray(x)})[0]
+    y = np.asarray(_cast(x.dtype, dtype).run(None, {"x": np.ascontiguousarray(x)})[0])
     wide = x if x.dtype == F32 else y
     if np.isnan(np.max(wide)):  # a NaN propagates through max: then take numpy's NaN bits for each
         nan = np.isnan(wide)

@@ -3,6 +3,8 @@ topk, einsum."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from tpubuild.ir import top
@@ -102,12 +104,18 @@ def _(p: top.SplitParams, x):
 @kernel(top.SliceOp)
 def _(p: top.SliceParams, x):
     index = tuple(
-        slice(start, None if stop < 0 else stop, step) for start, stop, step in zip(p.offset, p.ends, p.steps)
+        slice(start, None if stop < 0 else stop, step)
+        for start, stop, step in zip(p.offset, p.ends, p.steps, strict=True)
     )
     return x[index].copy()
 
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+_PAD_MODES: dict[str, Literal["constant", "reflect", "edge", "wrap"]] = {
+    "constant": "constant",
+    "reflect": "reflect",
+    "edge": "edge",
+    "wrap": "wrap",
+}
 
 
 @kernel(top.PadOp)
@@ -115,9 +123,9 @@ def _(p: top.PadParams, x):
     nd = x.ndim
     begins, ends = p.paddings[:nd], p.paddings[nd:]
     # negative pads crop first; the remaining (non-negative) pads then pad what is left
-    crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(zip(begins, ends)))
+    crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(zip(begins, ends, strict=True)))
     x = x[crop]
-    widths = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends)]
+    widths = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends, strict=True)]
     if p.mode == "constant":
         return np.pad(x, widths, mode="constant", constant_values=np.asarray(p.val).astype(x.dtype))
     return np.pad(x, widths, mode=_PAD_MODES[p.mode])

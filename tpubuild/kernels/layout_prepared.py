@@ -25,10 +25,10 @@ def _(p: top.ShapeParams, operands: list[Operand]) -> Callable | None:
 @prepared(top.SplitOp)
 def _(p: top.SplitParams, operands: list[Operand]) -> Callable | None:
     (x,) = operands
-    axis = p.axis % len(x.shape)
+    axis = p.axis % len(x.dims)
     cuts = [int(c) for c in np.cumsum(p.split_size)[:-1]]
     # np.split's views: the last piece runs to the end
-    pieces = [(slice(None),) * axis + (slice(a, b),) for a, b in zip([0] + cuts, cuts + [None])]
+    pieces = [(slice(None),) * axis + (slice(a, b),) for a, b in zip([0] + cuts, cuts + [None], strict=True)]
     return lambda x: tuple(x[piece] for piece in pieces)
 
 
@@ -37,9 +37,9 @@ def _(p: top.AxisParams, operands: list[Operand]) -> Callable | None:
     x, indices = operands
     if indices.const is None:
         return None
-    axis = p.axis % len(x.shape)
+    axis = p.axis % len(x.dims)
     try:
-        idx = layout._checked_indices(indices.const, x.shape[axis], "Gather")
+        idx = layout._checked_indices(indices.const, x.dims[axis], "Gather")
     except KernelError:
         return None  # the kernel fails the run, with the op's location
     return lambda x, indices: np.take(x, idx, axis=axis)
@@ -59,12 +59,16 @@ def _(p: top.InterpParams, operands: list[Operand]) -> Callable | None:
     if x.dtype is None or x.dtype.kind != "f":
         return None
     steps = []
-    for axis in resize.resampled(p, x.shape):
-        idx, weights, outside = resize.axis_taps(x.shape[axis], axis, p.shape[axis], p)
+    for axis in resize.resampled(p, x.dims):
+        idx, weights, outside = resize.axis_taps(x.dims[axis], axis, p.shape[axis], p)
         if idx.shape[1] == 1 and outside is None and np.all(weights == 1.0):
             steps.append(lambda y, axis=axis, idx=idx[:, 0]: _nearest(y, axis, idx))
         else:
-            steps.append(lambda y, axis=axis, taps=(idx, weights, outside): resize._apply_taps(y, axis, *taps, p))
+            steps.append(
+                lambda y, axis=axis, idx=idx, weights=weights, outside=outside: resize._apply_taps(
+                    y, axis, idx, weights, outside, p
+                )
+            )
 
     def run(x):
         y = x.astype(np.float64)

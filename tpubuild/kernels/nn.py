@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -18,8 +20,8 @@ def windows(x: np.ndarray, kernel_shape, strides, dilations, pads_begin, pads_en
     """View of x as [..., *out_spatial, *kernel] windows over its last len(kernel_shape) dims."""
     nd = len(kernel_shape)
     lead = [(0, 0)] * (x.ndim - nd)
-    xp = np.pad(x, lead + list(zip(pads_begin, pads_end)), constant_values=fill)
-    span = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
+    xp = np.pad(x, lead + list(zip(pads_begin, pads_end, strict=True)), constant_values=fill)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations, strict=True)]
     axes = tuple(range(x.ndim - nd, x.ndim))
     win = sliding_window_view(xp, span, axis=axes)
     # sliding_window_view appends the window dims: [..., *out_full, *span]; stride the
@@ -38,9 +40,9 @@ def padded(x: np.ndarray, begin, end, fill=0.0) -> np.ndarray:
         return x
     nd = len(begin)
     lead = x.shape[:-nd]
-    shape = lead + tuple(s + b + e for s, b, e in zip(x.shape[-nd:], begin, end))
+    shape = lead + tuple(s + b + e for s, b, e in zip(x.shape[-nd:], begin, end, strict=True))
     xp = np.full(shape, fill, x.dtype)
-    xp[(Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, x.shape[-nd:]))] = x
+    xp[(Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, x.shape[-nd:], strict=True))] = x
     return xp
 
 
@@ -48,7 +50,9 @@ def tap_view(xp: np.ndarray, tap, strides, dilations, out_sp) -> np.ndarray:
     """The elements of padded ``xp`` under kernel position ``tap`` for every output position (a view)."""
     return xp[
         (Ellipsis,)
-        + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp))
+        + tuple(
+            slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp, strict=True)
+        )
     ]
 
 
@@ -98,7 +102,9 @@ def conv(p: top.ConvParams, x, w, b, *, sliced: bool) -> np.ndarray:
     oc, g = w.shape[0], p.group
     out_sp = tuple(
         (size + lo + hi - (k - 1) * d - 1) // s + 1
-        for size, lo, hi, k, d, s in zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides)
+        for size, lo, hi, k, d, s in zip(
+            x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides, strict=True
+        )
     )
     dtype = np.result_type(x.dtype, w.dtype)
     taps = _live_taps(p, x.shape[2:], out_sp)
@@ -267,22 +273,28 @@ _PLANES = _Scratch()
 _PRODUCTS = _Scratch()
 
 
-class _Views(threading.local):
+_V = TypeVar("_V")
+
+
+class _Views(threading.local, Generic[_V]):
     """A kernel's views of this thread's scratch buffers, from ``make()``, kept between calls (a small model's
     depthwise convs spent a tenth of their time making them on every call), made again once another call
     replaced a buffer (they would keep the old one alive)."""
 
-    def __init__(self, make):
-        self.make, self.key, self.views = make, None, None
+    def __init__(self, make: Callable[[], _V]):
+        self.make = make
+        self.key: tuple[int, int, int] | None = None
+        self.views: _V | None = None
 
-    def get(self):
+    def get(self) -> _V:
         key = (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf))
-        if key != self.key:
-            self.views = self.make()
+        views = self.views
+        if key != self.key or views is None:
+            views = self.views = self.make()
             # the buffers by id, after make() grew them: the views keep them alive, so an id seen again is the
             # same buffer
             self.key = (id(_PLANES.buf), id(_COLUMNS.buf), id(_PRODUCTS.buf))
-        return self.views
+        return views
 
 
 class DepthwiseGemv:
@@ -393,7 +405,7 @@ class DepthwiseGemv:
         for plane in sorted({a for a, _, _ in shifts}):
             mine = [t for t, (a, _, _) in enumerate(shifts) if a == plane]  # rows then columns ascending
             us, vs = sorted({shifts[t][1] for t in mine}), sorted({shifts[t][2] for t in mine})
-            steps = [b - a for b, a in zip(us[1:], us)] + [b - a for b, a in zip(vs[1:], vs)]
+            steps = [b - a for a, b in itertools.pairwise(us)] + [b - a for a, b in itertools.pairwise(vs)]
             if (
                 len(mine) == len(us) * len(vs)
                 and len(set(steps[: len(us) - 1])) <= 1
@@ -477,11 +489,11 @@ def cropped(y: np.ndarray, bounds: tuple | None) -> np.ndarray:
 def _flat_planes(x: np.ndarray, begin, end, tail: int) -> np.ndarray:
     """x zero-padded, each plane flattened, with ``tail`` more zeros after it: [n, c, plane + tail]."""
     n, c = x.shape[:2]
-    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], begin, end))
+    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], begin, end, strict=True))
     plane = math.prod(grid)
     flat = np.zeros((n, c, plane + tail), x.dtype)
     inner = flat[:, :, :plane].reshape((n, c) + grid, copy=False)
-    inner[(Ellipsis,) + tuple(slice(b, b + size) for b, size in zip(begin, x.shape[2:]))] = x
+    inner[(Ellipsis,) + tuple(slice(b, b + size) for b, size in zip(begin, x.shape[2:], strict=True))] = x
     return flat
 
 
@@ -496,9 +508,9 @@ def _depthwise_flat(x, w, taps, p, out_sp, dtype) -> np.ndarray:
     n, c = x.shape[:2]
     nd = len(out_sp)
     oc, k = w.shape[0], len(taps)
-    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], p.pads[:nd], p.pads[nd:]))
+    grid = tuple(size + b + e for size, b, e in zip(x.shape[2:], p.pads[:nd], p.pads[nd:], strict=True))
     steps = [math.prod(grid[i + 1 :]) for i in range(nd)]  # elements per step along each dim
-    offsets = [sum(t * d * st for t, d, st in zip(tap, p.dilations, steps)) for tap in taps]
+    offsets = [sum(t * d * st for t, d, st in zip(tap, p.dilations, steps, strict=True)) for tap in taps]
     length = out_sp[0] * steps[0]  # the output rows, each a whole padded row
     flat = _flat_planes(x, p.pads[:nd], p.pads[nd:], max(0, max(offsets) + length - math.prod(grid)))
     if oc != c:  # channel multiplier: output channel o reads input channel o // (oc / c)

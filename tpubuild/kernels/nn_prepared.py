@@ -30,8 +30,8 @@ class _Padder:
     def __init__(self, shape: tuple[int, ...], begin, end, fill: float = 0.0):
         nd = len(begin)
         self.pads = any(begin) or any(end)
-        self.shape = shape[:-nd] + tuple(s + b + e for s, b, e in zip(shape[-nd:], begin, end))
-        self.inner = (Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, shape[-nd:]))
+        self.shape = shape[:-nd] + tuple(s + b + e for s, b, e in zip(shape[-nd:], begin, end, strict=True))
+        self.inner = (Ellipsis,) + tuple(slice(b, b + s) for b, s in zip(begin, shape[-nd:], strict=True))
         self.fill = fill
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -46,7 +46,9 @@ def _tap_slices(taps, strides, dilations, out_sp) -> list[tuple]:
     """nn.tap_view's index of each tap, made once."""
     return [
         (Ellipsis,)
-        + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp))
+        + tuple(
+            slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, s, o in zip(tap, dilations, strides, out_sp, strict=True)
+        )
         for tap in taps
     ]
 
@@ -95,13 +97,15 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     ):
         return None
     nd = len(p.kernel_shape)
-    n, c = x.shape[:2]
-    oc, g = w.shape[0], p.group
+    n, c = x.dims[:2]
+    oc, g = w.dims[0], p.group
     out_sp = tuple(
         (size + lo + hi - (k - 1) * d - 1) // s + 1
-        for size, lo, hi, k, d, s in zip(x.shape[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides)
+        for size, lo, hi, k, d, s in zip(
+            x.dims[2:], p.pads[:nd], p.pads[nd:], p.kernel_shape, p.dilations, p.strides, strict=True
+        )
     )
-    taps = nn._live_taps(p, x.shape[2:], out_sp)
+    taps = nn._live_taps(p, x.dims[2:], out_sp)
     if not taps or (g > 1 and c == g and (oc != c or nd != 2)):
         return None  # no live tap (zeros), a channel multiplier or not 2-D: the kernel
     wt = w.const.reshape(oc, c // g, -1)
@@ -112,10 +116,10 @@ def conv(p: top.ConvParams, operands: list[Operand], *, sliced: bool) -> Callabl
     if g > 1 and c == g:
         if not sliced and nn.DepthwiseGemv.suits(p, x.shape, taps, out_sp, F32):
             return _DepthwiseGemv(nn.DepthwiseGemv(p, x.shape, taps, out_sp), wt, b.const, _Epilogue(p, None))
-        if all(s == 1 for s in p.strides) and math.prod(x.shape) * F32.itemsize >= _DEPTHWISE_FLAT:
+        if all(s == 1 for s in p.strides) and math.prod(x.dims) * F32.itemsize >= _DEPTHWISE_FLAT:
             return _DepthwiseFlat(p, taps, out_sp, wt, epilogue)
         return _DepthwiseNHWC(p, x.shape, taps, out_sp, wt, epilogue)
-    pad = _Padder(x.shape, p.pads[:nd], p.pads[nd:])
+    pad = _Padder(x.dims, p.pads[:nd], p.pads[nd:])
     if len(taps) == 1:
         tap = _tap_slices(taps, p.strides, p.dilations, out_sp)[0]
         if not sliced and nn.folds_bias(b.const, F32, c, (n, oc) + out_sp):
@@ -199,12 +203,12 @@ class _Im2col:
         if len(self.blocks) == 1 and k == math.prod(p.kernel_shape):
             step = [F32.itemsize * math.prod(pad.shape[i + 1 :]) for i in range(len(pad.shape))]
             dims = range(2, len(pad.shape))
-            taps = tuple(d * step[i] for d, i in zip(p.dilations, dims))
+            taps = tuple(d * step[i] for d, i in zip(p.dilations, dims, strict=True))
             self.window = (
                 (n, g, p.kernel_shape[0], cg) + tuple(p.kernel_shape[1:]) + out_sp,
                 (step[0], cg * step[1], taps[0], step[1])
                 + taps[1:]
-                + tuple(s * step[i] for s, i in zip(p.strides, dims)),
+                + tuple(s * step[i] for s, i in zip(p.strides, dims, strict=True)),
             )
 
     def __call__(self, x, w, b):
@@ -305,7 +309,7 @@ class _DepthwiseNHWC:
         y = np.empty(self.out, F32)
         part = np.empty(self.out, F32)
         np.multiply(xp[self.taps[0]], self.weights[0], out=y)
-        for tap, weights in zip(self.taps[1:], self.weights[1:]):
+        for tap, weights in zip(self.taps[1:], self.weights[1:], strict=True):
             np.multiply(xp[tap], weights, out=part)
             y += part
         return self.epilogue(np.ascontiguousarray(y.transpose(0, 3, 1, 2)))
@@ -429,7 +433,7 @@ def _(p: top.PoolParams, operands: list[Operand]) -> Callable | None:
     pool = _PoolTaps(p, x.shape, 0.0)
     if not pool.is_global and not pool.few:
         return None
-    counts = nn._pool_counts(p, x.shape[-len(p.kernel_shape) :], pool.begin, pool.dil, pool.out_sp)
+    counts = nn._pool_counts(p, x.dims[-len(p.kernel_shape) :], pool.begin, pool.dil, pool.out_sp)
     acc = nn.pool_sum_dtype(x.dtype)
 
     def run(x):
@@ -478,15 +482,15 @@ def _(p: top.LayerNormParams, operands: list[Operand]) -> Callable | None:
         x.dtype != F32
         or p.stats
         or any(
-            o.shape is not None and (o.dtype != F32 or np.broadcast_shapes(x.shape, o.shape) != x.shape)
+            o.shape is not None and (o.dtype != F32 or np.broadcast_shapes(x.dims, o.shape) != x.dims)
             for o in (scale, bias)
         )
     ):
         return None
-    axes = tuple(range(p.axis % len(x.shape), len(x.shape)))
-    count = _divisor(math.prod(x.shape[a] for a in axes))
+    axes = tuple(range(p.axis % len(x.dims), len(x.dims)))
+    count = _divisor(math.prod(x.dims[a] for a in axes))
     eps = np.asarray(p.eps, F32)
-    full_scale, full_bias = _full(scale, x.shape), _full(bias, x.shape)
+    full_scale, full_bias = _full(scale, x.dims), _full(bias, x.dims)
 
     def run(x, scale, bias):
         # nn's kernel's operations in its order, each result written over a temporary of the run

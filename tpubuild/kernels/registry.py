@@ -39,6 +39,13 @@ class Operand(NamedTuple):
     dtype: np.dtype | None
     const: np.ndarray | None
 
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape of a present operand; ValueError for an absent one."""
+        if self.shape is None:
+            raise ValueError("an absent operand has no shape")
+        return self.shape
+
 
 def kernel(*op_classes: type) -> Callable[[Callable], Callable]:
     return _KERNELS.register(*op_classes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import overload
 
 import ml_dtypes
 import numpy as np
@@ -41,7 +42,11 @@ _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _QUANT_STORAGE = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
-def widen(x):
+@overload
+def widen(x: np.ndarray) -> np.ndarray: ...
+@overload
+def widen(x: None) -> None: ...
+def widen(x: np.ndarray | None) -> np.ndarray | None:
     """bf16/f16 -> float32 (exact); anything else unchanged."""
     return halfcast.astype(x, np.float32) if x is not None and x.dtype in _NARROW_FLOATS else x
 
@@ -137,7 +142,7 @@ def _linear_sum(p, xs, signs) -> np.ndarray:
     """Add/Sub: clamp(RSR(sum_i sign_i * m_i * (x_i - zp_i), rshift) + out_zp, qmin, qmax)."""
     acc = sum(
         sign * np.int64(m) * (x.astype(np.int64) - _zp(p, i))
-        for i, (sign, m, x) in enumerate(zip(signs, p.multiplier, xs))
+        for i, (sign, m, x) in enumerate(zip(signs, p.multiplier, xs, strict=True))
     )
     return saturate(rshift_round(acc, p.rshift[0]) + p.out_zp, p.qmin, p.qmax)
 
@@ -171,7 +176,7 @@ def _(p, *xs):
     # each input requantized to the output's scale on its own (a branch keeps its resolution)
     parts = [
         requantize(x.astype(np.int64) - _zp(p, i), m, r, p.out_zp, p.qmin, p.qmax)
-        for i, (x, m, r) in enumerate(zip(xs, p.multiplier, p.rshift))
+        for i, (x, m, r) in enumerate(zip(xs, p.multiplier, p.rshift, strict=True))
     ]
     return np.concatenate(parts, axis=p.axis)
 
@@ -197,9 +202,9 @@ def window_sums(p: top.PoolParams, x: np.ndarray) -> tuple[np.ndarray, np.ndarra
     sums = nn.windows(x, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes)
     ones = np.ones(spatial, np.float64)
     if p.count_include_pad:
-        ones = np.pad(ones, list(zip(p.pads[:nd], p.pads[nd:])), constant_values=1.0)
-        begin = [b - pb for b, pb in zip(begin, p.pads[:nd])]
-        end = [e - pe for e, pe in zip(end, p.pads[nd:])]
+        ones = np.pad(ones, list(zip(p.pads[:nd], p.pads[nd:], strict=True)), constant_values=1.0)
+        begin = [b - pb for b, pb in zip(begin, p.pads[:nd], strict=True)]
+        end = [e - pe for e, pe in zip(end, p.pads[nd:], strict=True)]
     counts = nn.windows(ones, p.kernel_shape, p.strides, dil, begin, end).sum(axis=axes)
     return sums, np.rint(counts).astype(np.int64)
 
@@ -298,10 +303,11 @@ class _ConvInt8:
     bound that picks its type, the bias and requantization numbers shaped; the float32 conv prepared."""
 
     def __init__(self, p, x: Operand, w: Operand, b: Operand):
+        assert x.dtype is not None and w.const is not None, "made for a present x and constant weights"
         self.zp = _zp(p, 0)
         self.dtype = np.float32 if _partial_sum_bound(x.dtype, self.zp, w.const) <= F32_EXACT else np.float64
         self.w = w.const.astype(self.dtype)
-        rank = len(x.shape)
+        rank = len(x.dims)
         plain = _no_relu(p)
         none = Operand(None, None, None)
         conv = (

@@ -18,6 +18,7 @@ order, and numpy has no integer BLAS.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 STORAGE_RANGE = {
@@ -129,10 +130,10 @@ def exact_int(x: np.ndarray) -> np.ndarray:
     return np.rint(x).astype(np.int64)
 
 
-def centered(x: np.ndarray, zp: int, dtype=np.float64) -> np.ndarray:
+def centered(x: np.ndarray, zp: int, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
     """x - zero point in a float dtype (exact for stored 8-bit values), ready for a BLAS product: one pass when
     the zero point is 0 (symmetric activations)."""
-    return x.astype(dtype) - dtype(zp) if zp else x.astype(dtype)
+    return x.astype(dtype) - np.dtype(dtype).type(zp) if zp else x.astype(dtype)
 
 
 def channel_shape(values, rank: int, axis: int) -> np.ndarray:

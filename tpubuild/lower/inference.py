@@ -27,7 +27,7 @@ def tensor_types(module: ModuleOp) -> dict[str, TensorType]:
     types: dict[str, TensorType] = {}
     for op in mlir.body_ops(module):
         if isinstance(op, TensorOp):
-            for name, value in zip(op.names, op.results):
+            for name, value in zip(op.names, op.results, strict=True):
                 if isinstance(value.type, TensorType):
                     types[name] = value.type
     return types
@@ -53,6 +53,31 @@ def dequantized(module: ModuleOp, tensors: Mapping[str, np.ndarray]) -> dict[str
     return {
         name: dequantize(np.asarray(a), types[name].element_type) if name in types else a for name, a in tensors.items()
     }
+
+
+def source_output_names(module: ModuleOp) -> dict[str, str]:
+    """Graph output name -> its name in the source model, for the outputs lowering renamed: a float result
+    goes back to f32 through a tpu.Cast named after its operand (``y_f32`` of ``y``, ``Lowering.convert``),
+    and the source model called that output ``y``. Outputs a TOP module or an F32 target returns as they
+    are keep their names (and are not in the map)."""
+    from tpubuild.ir import tpu
+
+    renamed = {}
+    for v in mlir.return_op(module).operands:
+        op = v.owner
+        if isinstance(op, tpu.CastOp) and op.operands:
+            name, source = mlir.value_name(v), mlir.value_name(op.operands[0])
+            if name.startswith(source + "_"):
+                renamed[name] = source
+    return renamed
+
+
+def real_float32(array: np.ndarray, scale: float = 1.0, zero_point: int = 0) -> np.ndarray:
+    """A stored output as float32: scale * (q - zero point) for a quantized integer one, f16/bf16 widened."""
+    a = np.asarray(array)
+    if a.dtype.kind in "iu" and (scale != 1.0 or zero_point != 0):
+        return (scale * (a.astype(np.float64) - zero_point)).astype(np.float32)
+    return halfcast.astype(a, np.float32) if a.dtype != np.float32 else a
 
 
 def infer_tpu(mlir_path: str | os.PathLike, inputs: Mapping[str, np.ndarray]) -> tuple[dict, dict]:

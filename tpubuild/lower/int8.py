@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TypeGuard
 import weakref
 
 import numpy as np
@@ -100,8 +101,8 @@ def _(lw: Lowering, op: TensorOp):
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
     k = _weighted(w, bias, 0, 0, qx.scale, qy.scale)
-    wq = lw.weight(wv.owner.loc_name, "i8", k.w, k.w_type)
-    bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", k.b, k.b_type)
+    wq = lw.weight(mlir.value_name(wv), "i8", k.w, k.w_type)
+    bq = lw.none() if k.b is None else lw.weight(mlir.value_name(bv), "i32", k.b, k.b_type)
     params = _requant(tpu_params(tpu.ConvOp, op.params), qy, op.params, k.mults, k.shifts, [qx.zero_point])
     return _emit(lw, op, [xin, wq, bq], params, qy.element())
 
@@ -128,18 +129,20 @@ def _weighted(
     w: np.ndarray, bias: np.ndarray | None, axis: int, bias_axis: int | None, in_scale: float, out_scale: float
 ) -> Weighted:
     """Per-channel int8 filter, int32 bias, their types and the requantization multipliers and shifts."""
+    if bias is not None and bias_axis is None:
+        raise ValueError("a bias needs its channel axis")
     key = (id(w), id(bias), axis, bias_axis, in_scale, out_scale)
     hit = _WEIGHTED.get(key)
     if hit is not None and hit[0] is w and hit[1] is bias:
         return hit[2]
     s = bias_safe_scales(channel_scales(w, axis), bias, in_scale)
     acc_scale = in_scale * s
-    mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale))
+    mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale), strict=True)
     found = Weighted(
         quantize_per_channel(w, s, axis),
         _per_channel(s, axis, "i8"),
         None if bias is None else quantize_bias(bias, acc_scale),
-        None if bias is None else _per_channel(acc_scale, bias_axis, "i32"),
+        None if bias is None or bias_axis is None else _per_channel(acc_scale, bias_axis, "i32"),
         mults,
         shifts,
     )
@@ -162,20 +165,20 @@ def _(lw: Lowering, op: TensorOp):
     if w is not None and w.ndim >= 2:  # per output channel (the last dim)
         qy = lw.out_qtype(op.loc_name)
         k = _weighted(w, bias, w.ndim - 1, None if bias is None else bias.ndim - 1, qa.scale, qy.scale)
-        bin_ = lw.weight(b.owner.loc_name, "i8", k.w, k.w_type)
-        bq = lw.none() if bias is None else lw.weight(bv.owner.loc_name, "i32", k.b, k.b_type)
+        bin_ = lw.weight(mlir.value_name(b), "i8", k.w, k.w_type)
+        bq = lw.none() if k.b is None else lw.weight(mlir.value_name(bv), "i32", k.b, k.b_type)
         params = _requant(tpu_params(tpu.MatMulOp, op.params), qy, op.params, k.mults, k.shifts, [qa.zero_point, 0])
         return _emit(lw, op, [ain, bin_, bq], params, qy.element())
     bin_, qb = lw.quant_value(b)
     s_b, zp_b = np.array([qb.scale]), qb.zero_point
     qy = lw.out_qtype(op.loc_name)
     acc_scale = qa.scale * s_b
-    mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale))
+    mults, shifts = zip(*(multiplier_rshift(s / qy.scale) for s in acc_scale), strict=True)
     bq = (
         lw.none()
         if bias is None
         else lw.weight(
-            bv.owner.loc_name, "i32", quantize_bias(bias, acc_scale), _per_channel(acc_scale, bias.ndim - 1, "i32")
+            mlir.value_name(bv), "i32", quantize_bias(bias, acc_scale), _per_channel(acc_scale, bias.ndim - 1, "i32")
         )
     )
     params = _requant(tpu_params(tpu.MatMulOp, op.params), qy, op.params, mults, shifts, [qa.zero_point, zp_b])
@@ -299,7 +302,7 @@ UNARY = tuple(c for c in top.TOP_OPS if issubclass(c, top.UnaryOp)) + (
 
 def _scalar_const_operands(lw: Lowering, op: TensorOp) -> int | None:
     """The index of the one tensor operand when every other operand is a one-element constant."""
-    tensors = [i for i, v in enumerate(op.operands) if lw.weight_array(v) is None or lw.weight_array(v).size != 1]
+    tensors = [i for i, v in enumerate(op.operands) if (a := lw.weight_array(v)) is None or a.size != 1]
     if len(tensors) != 1 or len(op.operands) < 2:
         return None
     x = op.operands[tensors[0]]
@@ -318,6 +321,14 @@ def lut_operand(lw: Lowering, op: TensorOp) -> int | None:
     return index if index is not None and is_float_type(op.operands[index].type) else None
 
 
+def _lut_index(lw: Lowering, op: TensorOp) -> int:
+    """lut_operand of an op known to be one a table computes."""
+    index = lut_operand(lw, op)
+    if index is None:
+        raise ValueError(f"{op.name} at {op.loc_name!r} is not a table over one operand")
+    return index
+
+
 def lut(lw: Lowering, op: TensorOp):
     """y = f(x) as a table over the 256 stored values of x; f is the op's TOP kernel.
 
@@ -326,7 +337,7 @@ def lut(lw: Lowering, op: TensorOp):
     """
     chain = [*lw.chains.get(op, []), op]
     head = chain[0]
-    x = head.operands[lut_operand(lw, head)]
+    x = head.operands[_lut_index(lw, head)]
     xin, qx = lw.quant_value(x)
     qy = lw.out_qtype(op.loc_name)
     # the same chain between the same quantizations, in another lowering of this module: the same table
@@ -368,7 +379,7 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
     for v in mlir.return_op(lw.module).operands:
         users[v] = users.get(v, 0) + 1  # a graph output is materialized
 
-    def lut_able(op) -> bool:
+    def lut_able(op: object) -> TypeGuard[TensorOp]:
         return (
             isinstance(op, TensorOp)
             and lw.mode_of(op) == "INT8"
@@ -380,7 +391,7 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
     for op in lw.ops:
         if not lut_able(op):
             continue
-        x = op.operands[lut_operand(lw, op)]
+        x = op.operands[_lut_index(lw, op)]
         producer = x.owner
         if lut_able(producer) and users.get(x) == 1:
             chains[op] = [*chains.pop(producer, []), producer]
@@ -416,9 +427,7 @@ def float_region(lw: Lowering) -> set[Operation]:
     forced: set[Operation] = set()
     alone: set[Operation] = set()
     for op in lw.ops:
-        if any(v.owner in forced for v in op.operands):
-            forced.add(op)
-        elif isinstance(op, top.ConcatOp) and _ranges_differ(lw, op):
+        if any(v.owner in forced for v in op.operands) or (isinstance(op, top.ConcatOp) and _ranges_differ(lw, op)):
             forced.add(op)
         elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
             alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)

@@ -31,7 +31,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType, UniformType
-from tpubuild.ir.types import shape_of
+from tpubuild.ir.types import elem_of, shape_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.calib.table import Entry
 from tpubuild.lower.quant import QType, activation_qtype
@@ -139,7 +139,7 @@ class Lowering:
             self.float_forced = float_region(self)
             self.chains = lut_chains(self)
             self.absorbed = {op for chain in self.chains.values() for op in chain}
-        arg_index = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
+        arg_index: dict[SSAValue, int] = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
         for op in self.ops:
             if isinstance(op, top.WeightOp) or op in self.absorbed:
                 continue  # weights: emitted where first used, in the form the user needs
@@ -254,7 +254,7 @@ class Lowering:
         if isinstance(v.type, NoneType):
             return self.none()
         if isinstance(v.owner, top.WeightOp):
-            return self.weight(v.owner.loc_name, "", self.weights[v.owner.loc_name], plain_type(v.type).element_type)
+            return self.weight(v.owner.loc_name, "", self.weights[v.owner.loc_name], elem_of(plain_type(v.type)))
         return self.lowered[v]
 
     def float_value(self, v: SSAValue, mode: str) -> SSAValue:
@@ -267,7 +267,7 @@ class Lowering:
             form = "" if array.dtype == dtype else SUFFIX[mode]
             return self.weight(v.owner.loc_name, form, _as_dtype(array, dtype), elem)
         lv = self.lowered[v]
-        have = lv.type.element_type
+        have = elem_of(lv.type)
         if have == elem:
             return lv
         return self.convert(v, SUFFIX[mode], elem, _cast_params(have, mode))
@@ -278,9 +278,9 @@ class Lowering:
         if array is not None:
             amax = float(np.max(np.abs(array))) if array.size else 0.0
             qt = QType("i8", amax / 127 if amax > 0 else 1.0)
-            return self.weight(v.owner.loc_name, "i8", qt.quantize(array), qt.element()), qt
+            return self.weight(mlir.value_name(v), "i8", qt.quantize(array), qt.element()), qt
         lv = self.lowered[v]
-        have = QType.of(lv.type.element_type)
+        have = QType.of(elem_of(lv.type))
         if have is not None:
             return lv, have
         qt = self.out_qtype(mlir.value_name(v))
@@ -360,7 +360,7 @@ def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
     # a constant bias stays f32: it joins the f32 accumulator, and rounding it first only adds error
     operands = [
         float_operand(lw, v, "F32" if name == "bias" and isinstance(v.owner, top.WeightOp) else mode)
-        for v, name in zip(op.operands, _operand_names(op))
+        for v, name in zip(op.operands, _operand_names(op), strict=True)
     ]
     types = [retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t for t in op.result_types]
     return lw.emit(tpu_cls, operands, tpu_params(tpu_cls, op.params), op.names, types).results

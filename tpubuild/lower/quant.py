@@ -99,7 +99,7 @@ class QType:
         return UniformType.get(self.storage, f32, [self.scale], [self.zero_point])
 
     @classmethod
-    def of(cls, elem) -> "QType | None":
+    def of(cls, elem) -> QType | None:
         if isinstance(elem, UniformType) and elem.quant_axis < 0 and elem.storage_type in ("i8", "u8"):
             return cls(elem.storage_type, elem.scale_list[0], elem.zero_point_list[0])
         return None

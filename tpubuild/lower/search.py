@@ -49,6 +49,7 @@ counts its lowering as its own: the same steps, the same result.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,6 +65,7 @@ from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.top import InputOp, WeightOp
+from tpubuild.ir.types import elem_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
@@ -85,7 +87,7 @@ class SearchConfig:
     max_lowerings: int = 60  # a bound on the search's cost
 
     @classmethod
-    def of(cls, options: Mapping | None) -> "SearchConfig":
+    def of(cls, options: Mapping | None) -> SearchConfig:
         keys = {"target_cos", "samples", "pool", "chunks", "mode", "max_lowerings"}
         return cls(**{k: v for k, v in (options or {}).items() if k in keys})
 
@@ -195,7 +197,7 @@ class Evaluator:
     def sample_score(self, tpu_module: ModuleOp, tpu_weights: WeightStore, i: int) -> float:
         """Sample i's lowest cosine of any output, or of any part of an output a Concat made (part_cosines)."""
         names = mlir.output_names(tpu_module)
-        types = [v.type.element_type for v in mlir.return_op(tpu_module).operands]
+        types = [elem_of(v.type) for v in mlir.return_op(tpu_module).operands]
         out = self.memo.run(tpu_module, tpu_weights, i)
         return min(
             (
@@ -254,7 +256,7 @@ class Evaluator:
             return found
 
         mine, theirs = forked.alongside(lambda: scores(evens, True), lambda: scores(odds, False), _WHAT)
-        return [{i: {**a, **b}[i] for i in range(len(self.samples))} for a, b in zip(mine, theirs)]
+        return [{i: {**a, **b}[i] for i in range(len(self.samples))} for a, b in zip(mine, theirs, strict=True)]
 
     def _shared(self) -> bool:
         return self.processes > 1 and len(self.samples) > 1
@@ -286,7 +288,7 @@ _WHAT = "the mixed-precision search"
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
     """The TOP ops a lowering computed in INT8: quantized results, or absorbed into an INT8 table."""
-    found = set(lw.absorbed)
+    found = {op for op in lw.absorbed if isinstance(op, TensorOp)}
     for op in lw.ops:
         if any(r in lw.lowered and _is_quantized(lw.lowered[r]) for r in op.results):
             found.add(op)
@@ -310,10 +312,11 @@ def units_of(lw: Lowering, pinned: Iterable[str]) -> list[Unit]:
     absorber = {member: end for end, members in lw.chains.items() for member in members}
     units = []
     for v in quantized_tensors(lw):
-        ops = [v.owner] if not isinstance(v.owner, InputOp) else []
+        owner = v.owner
+        ops = [owner] if isinstance(owner, TensorOp) and not isinstance(owner, InputOp) else []
         ops += [use.operation for use in v.uses if isinstance(use.operation, TensorOp)]
         ends = [absorber.get(op, op) for op in ops]
-        ops = [x for end in ends for x in (*lw.chains.get(end, []), end)]
+        ops = [x for end in ends for x in (*lw.chains.get(end, []), end) if isinstance(x, TensorOp)]
         names = tuple(dict.fromkeys(op.names[0] for op in ops if op in int8 and op.names[0] not in pinned))
         if names:
             units.append(Unit(mlir.value_name(v), names))
@@ -461,7 +464,7 @@ def _work_ahead(ev: Evaluator, conn) -> None:
             table, order, stop = conn.recv()
         except EOFError:
             return
-        conn.send(forked.outcome(lambda: ev.score(table, order, stop, counted=False)))
+        conn.send(forked.outcome(functools.partial(ev.score, table, order, stop, counted=False)))
 
 
 class _Search:
@@ -541,7 +544,7 @@ class _Search:
         alone = []
         # each alone in float, as many as the budget allows (independent tables: scored as one batch)
         count = max(0, min(len(chunks), self.config.max_lowerings - self.ev.lowerings))
-        for c, found in zip(chunks, self.ev.score_tables([self.table(c) for c in chunks[:count]])):
+        for c, found in zip(chunks, self.ev.score_tables([self.table(c) for c in chunks[:count]]), strict=False):
             self.per_sample[c], self.scores[c] = found, min(found.values())
             alone.append((self.scores[c], c))
             self.say(f"tensors {self._span(c)} in float: cos {alone[-1][0]:.6f}")

@@ -133,7 +133,7 @@ class Program:
                 self.mem.ddr[ddr_stale] = ddr_initial
                 self.mem.local.reshape(-1)[local_stale] = 0
             self.fresh = False
-            for (t, view), array in zip(self.inputs, data):
+            for (_, view), array in zip(self.inputs, data, strict=True):
                 if view.size:
                     view[...] = array.reshape(view.shape)
             for step in self.steps:
@@ -188,7 +188,7 @@ def _stale_bytes(memory: np.ndarray, accesses: list[tuple[bool, np.ndarray]]) ->
 
 def _extent(v: np.ndarray, base: int) -> tuple[int, int]:
     lo = v.__array_interface__["data"][0] - base
-    return lo, lo + sum((d - 1) * s for d, s in zip(v.shape, v.strides)) + v.dtype.itemsize
+    return lo, lo + sum((d - 1) * s for d, s in zip(v.shape, v.strides, strict=True)) + v.dtype.itemsize
 
 
 def _merged(spans) -> list[tuple[int, int]]:
@@ -276,7 +276,8 @@ class _Tile:
 
     def __init__(self, index: int, geometry: tuple | None):
         self.index, self.geometry = index, geometry  # geometry: a BDC result's dtype, shape and views
-        self.stored, self.readers, self.array = False, 0, None
+        self.stored, self.readers = False, 0
+        self.array: np.ndarray | None = None  # the result itself, set by the run that computes it
 
 
 class _Tiles:
@@ -435,7 +436,9 @@ class _Forwarded:
         self.tile, self.view = tile, view
 
     def read(self) -> np.ndarray:
-        return self.tile.array.reshape(self.view)
+        array = self.tile.array
+        assert array is not None, "a forwarded result is computed before a later command reads it"
+        return array.reshape(self.view)
 
 
 class _BdcStep:
@@ -444,23 +447,28 @@ class _BdcStep:
 
     def __init__(self, mem: Memories, i: int, b: Bdc, params):
         self.index, self.op, self.params = i, b.op, params
-        self.op_class = tpu_op_class(b.op)
+        op_class = tpu_op_class(b.op)
+        if op_class is None:
+            raise Where("bdc", i).error(f"unknown op {b.op}")
+        self.op_class = op_class
         self.kernel = functools.partial(get_kernel(self.op_class), params)
-        self.operands = [
+        self.blocks = [
             None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"operand {j}"), False)
             for j, t in enumerate(b.operands)
         ]
+        # what each run reads: the blocks, then (prepare, forward) fixed values and results still in place
+        self.operands: list[_Block | _Value | _Forwarded | None] = list(self.blocks)
         self.results = [
             None if t.space == Space.NONE else _Block(mem, t, Where("bdc", i, f"result {j}"), True)
             for j, t in enumerate(b.results)
         ]
-        self.accesses = [(False, v) for o in self.operands if o is not None for _, _, v in o.pieces] + [
+        self.accesses = [(False, v) for o in self.blocks if o is not None for _, _, v in o.pieces] + [
             (True, v) for r in self.results if r is not None for _, _, v in r.pieces
         ]
         self.tiles: list[_Tile | None] = [None] * len(self.results)  # (forward() may hand results on)
 
     def prepare(self, fixed: _Fixed) -> None:
-        values = [None if o is None else o.fixed_value(fixed) for o in self.operands]
+        values = [None if o is None else o.fixed_value(fixed) for o in self.blocks]
         for r in self.results:
             for _, _, v in r.pieces if r is not None else ():
                 fixed.written(v)
@@ -470,14 +478,14 @@ class _BdcStep:
                 self.params,
                 [
                     Operand(None, None, None) if o is None else Operand(o.view, o.dtype, value)
-                    for o, value in zip(self.operands, values)
+                    for o, value in zip(self.blocks, values, strict=True)
                 ],
             )
         except Exception as e:  # noqa: BLE001 - as a kernel's: the parameters and shapes come from the file
             raise Where("bdc", self.index).error(
                 f"{self.op} cannot be prepared for its tiles: {type(e).__name__}: {e}"
             ) from None
-        self.operands = [o if value is None else _Value(value) for o, value in zip(self.operands, values)]
+        self.operands = [o if value is None else _Value(value) for o, value in zip(self.blocks, values, strict=True)]
 
     def forward(self, tiles: _Tiles) -> None:
         """Operands that are results still in place take them; results nothing reads in memory stay out of it."""
@@ -505,7 +513,7 @@ class _BdcStep:
             raise Where("bdc", self.index).error(
                 f"{self.op} produced {len(results)} results, the command describes {len(self.results)}"
             )
-        for j, (block, r) in enumerate(zip(self.results, results)):
+        for j, (block, r) in enumerate(zip(self.results, results, strict=True)):
             if block is None:
                 continue  # a result nobody reads
             r = np.asarray(r)
@@ -518,8 +526,8 @@ class _BdcStep:
             if tile is not None and tile.readers:
                 # as TPU inference hands a result on: in the kernel's own layout (a channels-last conv
                 # output stays so for the next conv), read-only (other kernels' operand)
-                tile.array = values.reshape(block.shape).view()
-                tile.array.flags.writeable = False
+                tile.array = array = values.reshape(block.shape).view()
+                array.flags.writeable = False
             if tile is None or tile.stored:
                 block.write(values)
 

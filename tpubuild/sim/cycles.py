@@ -44,7 +44,7 @@ def global_bytes(b: Bdc) -> tuple[list[int], list[int]]:
     sizes = [t.size() * cmd.itemsize(t.dtype) if t.space == Space.DDR else 0 for t in b.operands]
     reads = cost.ddr_reads(b.op, _shapes(b.operands), _shapes(b.results), sizes)
     return (
-        [r for r, t in zip(reads, b.operands) if t.space == Space.DDR],
+        [r for r, t in zip(reads, b.operands, strict=True) if t.space == Space.DDR],
         [t.size() * cmd.itemsize(t.dtype) for t in b.results if t.space == Space.DDR],
     )
 
@@ -129,8 +129,8 @@ def profile(model: ModelFile, bdc_params: list, schedule: Schedule) -> dict:
     """The run's figures: cycles, time, DDR bytes, engine utilisation, and cycles per op type."""
     chip = model.header.chip
     total = schedule.total
-    g_busy = sum(e - s for s, e in zip(schedule.gdma_start, schedule.gdma_end))
-    b_busy = sum(e - s for s, e in zip(schedule.bdc_start, schedule.bdc_end))
+    g_busy = sum(e - s for s, e in zip(schedule.gdma_start, schedule.gdma_end, strict=True))
+    b_busy = sum(e - s for s, e in zip(schedule.bdc_start, schedule.bdc_end, strict=True))
     g_read = sum(g.ddr_bytes()[0] for g in model.gdma)
     g_write = sum(g.ddr_bytes()[1] for g in model.gdma)
     moved = [global_bytes(b) for b in model.bdc]
@@ -138,7 +138,7 @@ def profile(model: ModelFile, bdc_params: list, schedule: Schedule) -> dict:
     b_write = sum(sum(writes) for _, writes in moved)
     ops: dict[str, dict] = {}
     total_macs = 0
-    for b, p, s, e in zip(model.bdc, bdc_params, schedule.bdc_start, schedule.bdc_end):
+    for b, p, s, e in zip(model.bdc, bdc_params, schedule.bdc_start, schedule.bdc_end, strict=True):
         row = ops.setdefault(b.op, {"commands": 0, "cycles": 0, "macs": 0, "global": 0})
         macs = bdc_macs(b, p)
         row["commands"] += 1

@@ -23,7 +23,7 @@ def ddr_extent(addr: int, shape: Sequence[int], strides: Sequence[int], dtype: s
     """[lo, hi) bytes a strided DDR block touches (empty block: (addr, addr))."""
     if 0 in shape:
         return addr, addr
-    return addr, addr + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * cmd.itemsize(dtype)
+    return addr, addr + (sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + 1) * cmd.itemsize(dtype)
 
 
 class Where:
@@ -96,7 +96,7 @@ class Memories:
         dt = dtype_from_name(dtype)
         if 0 in shape:
             return np.zeros(shape, dt)
-        if write and 0 in strides and any(d > 1 for d, s in zip(shape, strides) if s == 0):
+        if write and 0 in strides and any(d > 1 for d, s in zip(shape, strides, strict=True) if s == 0):
             raise where.error(f"a DDR write with stride 0 over a dimension > 1 ({tuple(shape)}, {tuple(strides)})")
         # (a dimension of size 1 never steps: its stride may be anything)
         return np.ndarray(
@@ -104,7 +104,7 @@ class Memories:
             dt,
             buffer=self.ddr,
             offset=addr,
-            strides=tuple(s * dt.itemsize if d > 1 else 0 for d, s in zip(shape, strides)),
+            strides=tuple(s * dt.itemsize if d > 1 else 0 for d, s in zip(shape, strides, strict=True)),
         )
 
     # ---- local memory ----

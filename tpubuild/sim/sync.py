@@ -34,7 +34,7 @@ class Access:
     what: str
     block: tuple  # DDR: (addr, shape, strides, dtype) for the exact byte check
 
-    def conflicts(self, other: "Access") -> bool:
+    def conflicts(self, other: Access) -> bool:
         if self.space != other.space or not (self.write or other.write):
             return False
         if self.lo >= other.hi or other.lo >= self.hi:
@@ -71,7 +71,7 @@ def _ddr_bytes_overlap(a: tuple, b: tuple) -> bool:
     for addr, shape, strides, dtype in (a, b):
         size = cmd.itemsize(dtype)
         offs = np.zeros((), np.int64)
-        for d, s in zip(shape, strides):
+        for d, s in zip(shape, strides, strict=True):
             offs = offs[..., None] + np.arange(d, dtype=np.int64) * s
         starts = addr + offs.ravel() * size
         sets.append((starts[:, None] + np.arange(size)).ravel())

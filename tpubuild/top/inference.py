@@ -13,7 +13,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -102,7 +102,7 @@ class Plan:
                 last_use[slots[id(v)]] = i
         keep = {slot for _, slot in self.outputs} | {s for s, c in enumerate(self.constants) if c is not None}
         self.steps = []
-        for i, ((op, role), spec) in enumerate(zip(ops, operands)):
+        for i, ((op, role), spec) in enumerate(zip(ops, operands, strict=True)):
             params, result_types, names = _decoded(op, role)
             fn = None if role is InputOp else prepare(type(op), params, spec)
             frees = tuple(
@@ -145,10 +145,10 @@ class Plan:
                 arrays = (result,)
             else:
                 arrays = _all_checked(op, result, names, result_types)
-                for slot, array in zip(outs, arrays):
+                for slot, array in zip(outs, arrays, strict=True):
                     values[slot] = array
             if all_tensors:
-                named.update(zip(names, arrays))
+                named.update(zip(names, arrays, strict=True))
             if observer is not None:
                 observer(op, args, arrays)
             if not all_tensors:
@@ -227,6 +227,7 @@ class Memo:
             if not isinstance(op, TensorOp):
                 continue
             role = _role(type(op))
+            signature: tuple[Any, ...]
             if role is WeightOp:
                 signature = self._weight_signature(weights[op.loc_name])
             elif role is NoneOp:
@@ -300,9 +301,10 @@ class Memo:
             self.reused += 1
             return hit[0]
         params, result_types, names = _decoded(op, role)
-        if role is InputOp:
+        if isinstance(op, InputOp):  # (its role)
             result = _feed(op, self.inputs[index])
         else:
+            assert kind is not None, "a computed op (no role) has its kernel's kind"
             result = _call(op, self._prepared(op, kind, params, args), args)
         results = _all_checked(op, result, names, result_types)
         self.computed += 1
@@ -319,7 +321,10 @@ class Memo:
         ops of a table, on several inputs, with kernels the tables before it made."""
         fn = self._fns.get(kind)
         if fn is None:
-            spec = [_operand(v, a if _role(type(v.owner)) is WeightOp else None) for v, a in zip(op.operands, args)]
+            spec = [
+                _operand(v, a if _role(type(v.owner)) is WeightOp else None)
+                for v, a in zip(op.operands, args, strict=True)
+            ]
             fn = self._fns[kind] = prepare(type(op), params, spec)
             if len(self._fns) > _MEMO_KERNELS:
                 self._fns.popitem(last=False)
@@ -344,7 +349,9 @@ def _all_checked(
     """Each of a kernel's results ``_checked`` against its result type."""
     return tuple(
         _checked(op, np.asarray(a), name, expect, dtype)
-        for a, name, (expect, dtype) in zip(result if isinstance(result, tuple) else (result,), names, result_types)
+        for a, name, (expect, dtype) in zip(
+            result if isinstance(result, tuple) else (result,), names, result_types, strict=True
+        )
     )
 
 

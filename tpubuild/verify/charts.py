@@ -26,9 +26,9 @@ matplotlib.use("Agg")
 # Figures are made and printed without pyplot: it would load a GUI-less backend and its figure
 # manager for nothing (a third of matplotlib's import time); savefig prints through the SVG canvas
 # either way, so the bytes are the same.
-from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402  (after matplotlib.use: the backend is chosen first)
+from matplotlib.figure import Figure  # noqa: E402  (after matplotlib.use: the backend is chosen first)
+from matplotlib.patches import Patch  # noqa: E402  (after matplotlib.use: the backend is chosen first)
 
 PASS_COLOR, FAIL_COLOR, EXACT_COLOR, WORST_COLOR = "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
 GROUP_COLORS = ("#d9d9d9", "#b0b0b0")  # alternate, so neighbouring groups stay apart
@@ -107,7 +107,8 @@ def _fit(fig: Figure, column: Sequence, legend=None) -> None:
     is what its labels need (tick labels, axis labels, titles, axes legends), measured once at the first
     positions; the figure legend ``legend`` goes above the top axes, right-aligned. The figure's width stays;
     its height becomes the axes' heights the size asked for, plus the room above and below them."""
-    renderer = fig._get_renderer()  # the SVG renderer the page is printed with: its text metrics
+    # the SVG renderer the page is printed with: its text metrics (matplotlib has no public getter for it)
+    renderer = fig._get_renderer()  # pyright: ignore[reportAttributeAccessIssue]
     dpi = fig.dpi
     width, height = fig.get_size_inches()
     over = []  # per axes: how far its labels reach past it (left, bottom, right, top), inches
@@ -174,7 +175,7 @@ def similarity_chart(
             ("euclidean", [p.euc for p in points], euc_tol),
             ("SQNR (dB)", [p.sqnr for p in points], None),
         ]
-        for ax, (title, values, tol) in zip(axes, metrics):
+        for ax, (title, values, tol) in zip(axes, metrics, strict=True):
             _metric_axis(ax, x, values, points, tol, title)
         if highlight is not None:
             color = FAIL_COLOR if highlight_failed else WORST_COLOR
@@ -214,10 +215,10 @@ def _metric_axis(ax, x, values, points: Sequence[Point], tol: float | None, titl
     ax.plot(x, plotted, color="#bbbbbb", lw=0.8, zorder=2)
     colors = [EXACT_COLOR if p.exact else PASS_COLOR if p.passed else FAIL_COLOR for p in points]
     clipped = [not math.isfinite(v) or v > top or v < bottom for v in values]
-    markers = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped) if not k]
+    markers = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped, strict=True) if not k]
     if markers:
         ax.scatter([m[0] for m in markers], [m[1] for m in markers], c=[m[2] for m in markers], s=14, zorder=3)
-    off = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped) if k]
+    off = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped, strict=True) if k]
     if off:  # inf SQNR (no noise) at the top, NaN (nothing comparable) at the bottom
         ax.scatter([m[0] for m in off], [m[1] for m in off], c=[m[2] for m in off], s=22, marker="^", zorder=3)
     if tol is not None:

@@ -45,7 +45,7 @@ def pair_tensors(
     that keeps the name (``y``), and both are worth comparing.
     """
     pairs = [(name, name) for name in sorted(test.keys() & ref.keys())]
-    for t, r in zip(test_outputs, ref_outputs):
+    for t, r in zip(test_outputs, ref_outputs, strict=False):
         if t != r and t in test and t not in ref and r in ref and np.shape(test[t]) == np.shape(ref[r]):
             pairs.append((t, r))
     return pairs

@@ -102,7 +102,7 @@ class Outcomes:
 
     def failed_task(self, model: str, target: str | None) -> str | None:
         found = []
-        for task, message in self.last.items():
+        for task in self.last:
             stage, m, t = split_task(task)
             if m == model and (t is None or t == target):
                 found.append((_rank(stage), task))
@@ -178,7 +178,7 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
             level = "chip" if comp["level"] == "iree" else comp["level"]
             row.min_cos[level] = min(cos, row.min_cos.get(level, cos))
             row.level_passed[level] = row.level_passed.get(level, True) and bool(comp["passed"])
-    if row.status == "PASS":
+    if row.status == "PASS" and tp is not None:
         profile = _read(tp.profile) or {}
         row.time_ms = profile.get("time_ms")
         if profile:
@@ -186,7 +186,7 @@ def make_row(build_dir: Path, model: str, target: str | None, outcomes: Outcomes
         built = tp.model_file if tp.model_file.is_file() else tp.vmfb  # a cpu target's module is its .vmfb
         row.model_bytes = built.stat().st_size if built.is_file() else None
         row.link = _href(build_dir, tp.report)
-    elif row.status == "FAIL":
+    elif row.status == "FAIL" and failure:
         page_path = failure_page_path(p, target, failure[0])
         if page_path.is_file():
             row.link = _href(build_dir, page_path)
@@ -278,7 +278,8 @@ def render_index(rows: Sequence[Row]) -> str:
                 '<html lang="en"><head><meta charset="utf-8"><title>tpubuild zoo</title>',
                 f"<style>{css}</style></head><body>",
                 "<h1>tpubuild zoo</h1>",
-                f'<p class="sub">{models} models, {len(rows)} targets: {counts["PASS"]} passed, {counts["FAIL"]} failed, '
+                f'<p class="sub">{models} models, {len(rows)} targets: '
+                f"{counts['PASS']} passed, {counts['FAIL']} failed, "
                 f"{counts['not built']} not built. Similarities are the lowest cosine of what decides each level "
                 "(ONNX vs Top: every tensor; Top vs Tpu and Tpu vs Chip: the graph outputs and their parts); "
                 "time and DDR traffic are the cycle model's estimates.</p>",
@@ -358,7 +359,7 @@ class IndexRecorder:
             self.outcomes.failed(task.name, describe(fail))
 
     def finish(self) -> Path | None:
-        if not self.outcomes:
+        if not self.outcomes or self.build_dir is None:
             return None
         self.outcomes.save(self.known)
         return write_index(self.build_dir, self.zoo, self.outcomes)

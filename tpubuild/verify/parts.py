@@ -156,16 +156,16 @@ def _concat_inputs(op, axis: int) -> list:
 
 def concat_parts(module) -> dict[str, list[Part]]:
     """Each graph output made by a Concat (through shape-keeping ops): one part per Concat input."""
-    from tpubuild.ir.base import tensor_shape
+    from tpubuild.ir.base import TensorOp, tensor_shape
     from tpubuild.ir.mlir import return_op, value_name
 
     parts: dict[str, list[Part]] = {}
     for value in return_op(module).operands:
         op, order = _producer_through_shape_keepers(value), None
-        if getattr(op, "name", None) == _PERMUTE:  # a detection head's (1, 4 + classes, anchors) transposed
+        if isinstance(op, TensorOp) and op.name == _PERMUTE:  # a detection head's (1, 4 + classes, anchors) transposed
             order = list(op.params.order)
             op = _producer_through_shape_keepers(op.operands[0])
-        if getattr(op, "name", None) != _CONCAT:
+        if not isinstance(op, TensorOp) or op.name != _CONCAT:
             continue
         rank = len(tensor_shape(value))
         axis = op.params.axis % rank

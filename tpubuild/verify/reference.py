@@ -79,7 +79,7 @@ def onnx_tensors(onnx_path: str | Path, inputs: Mapping[str, np.ndarray]) -> dic
         values = session.run(names, feeds)
     except Exception as err:
         raise TpuBuildError(f"onnxruntime failed to run the model: {err}", file=str(onnx_path)) from None
-    return {name: np.asarray(value) for name, value in zip(names, values)}
+    return {name: np.asarray(value) for name, value in zip(names, values, strict=True)}
 
 
 _ORT_TYPES = {

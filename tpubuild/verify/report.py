@@ -104,7 +104,8 @@ class Level:
 
     @property
     def title(self) -> str:
-        return LEVEL_TITLES.get(self.comp["level"], self.comp["level"])
+        level: str = self.comp["level"]
+        return LEVEL_TITLES.get(level, level)
 
     def site(self, row: dict) -> Site | None:
         return self.graph.site(row["name"]) if self.graph else None
@@ -261,9 +262,13 @@ def command_spans(model) -> list[charts.Span]:
 
     s = replay(model, decoded_params(model))
     spans = [
-        charts.Span("gdma", a, b, g.direction.name.lower()) for g, a, b in zip(model.gdma, s.gdma_start, s.gdma_end)
+        charts.Span("gdma", a, b, g.direction.name.lower())
+        for g, a, b in zip(model.gdma, s.gdma_start, s.gdma_end, strict=True)
     ]
-    spans += [charts.Span("bdc", a, b, c.op.removeprefix("tpu.")) for c, a, b in zip(model.bdc, s.bdc_start, s.bdc_end)]
+    spans += [
+        charts.Span("bdc", a, b, c.op.removeprefix("tpu."))
+        for c, a, b in zip(model.bdc, s.bdc_start, s.bdc_end, strict=True)
+    ]
     return spans
 
 
@@ -278,7 +283,7 @@ def group_spans(groups: Sequence[GroupRow], spans: Sequence[charts.Span]) -> lis
     if sum(counts) != len(bdc):
         return None
     out, i = [], 0
-    for g, n in zip(groups, counts):
+    for g, n in zip(groups, counts, strict=True):
         if n:
             out.append((g.id, bdc[i].start, bdc[i + n - 1].end))
             i += n
@@ -473,7 +478,7 @@ def parts_table(lv: Level) -> str:
 
 def _where(lv: Level, row: dict) -> str:
     site = lv.site(row)
-    if not site:
+    if not site or lv.graph is None:
         return f"<code>{e(row['name'])}</code> (not a result of the tested graph)"
     return (
         f"<code>{e(row['name'])}</code>: op <code>{e(site.op)}</code> at "
@@ -533,11 +538,12 @@ def first_failure(levels: Sequence[Level]) -> str:
         )
     if notes:
         return "\n".join(notes)
-    lowest = [(_f(lv.rows[lv.worst]["cos"]), i) for i, lv in enumerate(levels) if lv.worst is not None]
+    lowest = [(_f(lv.rows[lv.worst]["cos"]), i, lv.worst) for i, lv in enumerate(levels) if lv.worst is not None]
     if not lowest:
         return '<div class="callout">No tensor was compared.</div>'
-    lv = levels[min(lowest)[1]]
-    row = lv.rows[lv.worst]
+    _, i, worst = min(lowest)
+    lv = levels[i]
+    row = lv.rows[worst]
     return (
         f'<div class="callout ok" id="first-failure"><b>Every tensor is within tolerance</b> at every level. '
         f"Lowest cosine ({e(lv.title)}): {_where(lv, row)}; {_metrics(row)}</div>"

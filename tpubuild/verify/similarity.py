@@ -30,7 +30,7 @@ class Tolerance:
     euc: float
 
     @classmethod
-    def parse(cls, text: str) -> "Tolerance":
+    def parse(cls, text: str) -> Tolerance:
         """'0.99,0.9' -> Tolerance(0.99, 0.9); raises ValueError with the expected form."""
         parts = text.split(",")
         try:

@@ -18,7 +18,7 @@ def resolve_pads(
     if mode == "VALID":
         return [0] * (2 * nd)
     begins, ends = [], []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
         out = math.ceil(size / s)
         total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
         small, large = total // 2, total - total // 2

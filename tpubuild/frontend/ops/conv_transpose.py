@@ -15,12 +15,12 @@ def deconv_pads(attrs: dict, spatial, kernel, strides, dilations, output_padding
     if target:
         target = list(target)[-nd:]  # output_shape may list the N and C dims too
     elif mode in ("SAME_UPPER", "SAME_LOWER"):
-        target = [size * s for size, s in zip(spatial, strides)]
+        target = [size * s for size, s in zip(spatial, strides, strict=True)]
     else:
         pads = attrs.get("pads")
         return list(pads) if pads and mode == "NOTSET" else [0] * (2 * nd)
     begins, ends = [], []
-    for size, k, s, d, extra, out in zip(spatial, kernel, strides, dilations, output_padding, target):
+    for size, k, s, d, extra, out in zip(spatial, kernel, strides, dilations, output_padding, target, strict=True):
         total = s * (size - 1) + extra + (k - 1) * d + 1 - out
         # ONNX: odd padding goes to the end for SAME_UPPER, to the beginning otherwise
         small, large = total // 2, total - total // 2

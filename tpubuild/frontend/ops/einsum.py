@@ -58,7 +58,7 @@ def _lowerable(terms: list[str], out: str) -> bool:
 def _lower(node: Node, ctx: Ctx, terms: list[str], out: str) -> Value:
     (a, b), (x, y) = terms, (node.input(0), node.input(1))
     name = node.outputs[0]
-    dims = {**dict(zip(b, shape_of(y))), **dict(zip(a, shape_of(x)))}
+    dims = {**dict(zip(b, shape_of(y), strict=True)), **dict(zip(a, shape_of(x), strict=True))}
     for c in set(a) & set(b):
         da, db = shape_of(x)[a.index(c)], shape_of(y)[b.index(c)]
         if da != db and 1 not in (da, db):

@@ -31,6 +31,8 @@ def _(node: Node, ctx: Ctx):
     per_channel = []
     for i, what in ((1, "scale"), (2, "bias")):
         value = ctx.const(node, i, what)
+        if value is None:
+            raise ValueError(f"{node.op_type} needs its {what} input")
         per_channel.append(Const(np.repeat(value, channels // groups), f"{node.outputs[0]}_{what}"))
     return _group_norm(node, ctx, *per_channel)
 

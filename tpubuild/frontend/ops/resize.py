@@ -35,7 +35,7 @@ def _legacy(node: Node, ctx: Ctx, scales):
     scales = [float(s) for s in scales]
     if len(scales) != len(shape):
         raise ValueError(f"{len(scales)} scales for rank {len(shape)}")
-    out = [int(math.floor(d * s)) for d, s in zip(shape, scales)]
+    out = [int(math.floor(d * s)) for d, s in zip(shape, scales, strict=True)]
     p = top.InterpParams(tuple(out), tuple(scales), _mode(node), "asymmetric", "floor")
     return [ctx.emit(top.InterpOp, [x], p, name=node.outputs[0])]
 
@@ -74,7 +74,7 @@ def _(node: Node, ctx: Ctx):
     if sizes_in is not None:
         if len(sizes_in) != len(axes):
             raise ValueError(f"{len(sizes_in)} sizes for axes {axes}")
-        ratios = {ax: size / shape[ax] for ax, size in zip(axes, sizes_in)}
+        ratios = {ax: size / shape[ax] for ax, size in zip(axes, sizes_in, strict=True)}
         policy = a.get("keep_aspect_ratio_policy", "stretch")
         if policy in ("not_larger", "not_smaller"):
             one = (min if policy == "not_larger" else max)(ratios.values())
@@ -82,12 +82,12 @@ def _(node: Node, ctx: Ctx):
             sizes_in = [_round_half_up(one * shape[ax]) for ax in axes]
         elif policy != "stretch":
             raise ValueError(f"unknown keep_aspect_ratio_policy {policy!r}")
-        for ax, size in zip(axes, sizes_in):
+        for ax, size in zip(axes, sizes_in, strict=True):
             scales[ax], out[ax] = ratios[ax], int(size)
     elif scales_in is not None:
         if len(scales_in) != len(axes):
             raise ValueError(f"{len(scales_in)} scales for axes {axes}")
-        for ax, s in zip(axes, scales_in):
+        for ax, s in zip(axes, scales_in, strict=True):
             scales[ax], out[ax] = s, int(math.floor(s * shape[ax]))
     else:
         raise ValueError("Resize needs scales or sizes")

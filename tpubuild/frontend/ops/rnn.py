@@ -59,7 +59,10 @@ def _rnn(node: Node, ctx: Ctx, cls: type[top.RnnOp], states: list[int]):
     if batch_first:
         # Y [seq, dirs, batch, H] -> [batch, seq, dirs, H]; Y_h/Y_c [dirs, batch, H] -> [batch, dirs, H]
         orders = [(2, 0, 1, 3)] + [(1, 0, 2)] * (len(outs) - 1)
-        outs = [ctx.emit(top.PermuteOp, [v], top.PermuteParams(o), name=n) for v, o, n in zip(outs, orders, names)]
+        outs = [
+            ctx.emit(top.PermuteOp, [v], top.PermuteParams(o), name=n)
+            for v, o, n in zip(outs, orders, names, strict=True)
+        ]
     return outs
 
 

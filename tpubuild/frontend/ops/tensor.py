@@ -151,7 +151,7 @@ def _slice(node: Node, ctx: Ctx, starts, ends, axes, steps):
     if len(set(axes)) != len(axes):
         raise ValueError(f"axes {axes} repeat")
     offset, stops, strides = [0] * rank, list(shape), [1] * rank
-    for a, start, end, step in zip(axes, starts, ends, steps):
+    for a, start, end, step in zip(axes, starts, ends, steps, strict=True):
         if step == 0:
             raise ValueError("slice step 0")
         # python's slice arithmetic is ONNX's clamping rule (including INT64_MAX/MIN ends)

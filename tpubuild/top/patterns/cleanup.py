@@ -8,7 +8,7 @@ import numpy as np
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
 
 from tpubuild.errors import TpuBuildError
-from tpubuild.ir import top
+from tpubuild.ir import mlir, top
 from tpubuild.ir.types import dtype_of, shape_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.kernels import KernelError, get_kernel
@@ -57,7 +57,7 @@ class FoldConstantOp(RewritePattern):
             kernel = get_kernel(type(op))
         except NotImplementedError:
             return  # no reference kernel: the op stays for the backend to run
-        args = [None if isinstance(v.owner, top.NoneOp) else self.weights[v.owner.loc_name] for v in op.operands]
+        args = [None if isinstance(v.owner, top.NoneOp) else self.weights[mlir.value_name(v)] for v in op.operands]
         try:
             result = kernel(op.params, *args)
         except (KernelError, ValueError, FloatingPointError) as e:
@@ -68,7 +68,7 @@ class FoldConstantOp(RewritePattern):
             ) from None
         results = result if isinstance(result, tuple) else (result,)
         new = []
-        for value, array, name in zip(op.results, results, op.names):
+        for value, array, name in zip(op.results, results, op.names, strict=True):
             array = np.asarray(array)
             if array.shape != shape_of(value.type):
                 raise TpuBuildError(

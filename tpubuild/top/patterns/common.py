@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+from typing import TypeVar, overload
 from collections.abc import Sequence
 
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FusedLoc, NoneAttr
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import OpResult, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 
 from tpubuild.ir import top
@@ -31,10 +33,19 @@ def is_graph_output(value: SSAValue) -> bool:
     return any(isinstance(op, func.ReturnOp) for op in users(value))
 
 
-def producer(value: SSAValue, cls: type[TensorOp] = TensorOp) -> TensorOp | None:
+_Op = TypeVar("_Op", bound=TensorOp)
+
+
+@overload
+def producer(value: SSAValue) -> TensorOp | None: ...
+@overload
+def producer(value: SSAValue, cls: type[_Op]) -> _Op | None: ...
+@overload
+def producer(value: SSAValue, cls: types.UnionType) -> TensorOp | None: ...
+def producer(value: SSAValue, cls: type[TensorOp] | types.UnionType = TensorOp) -> TensorOp | None:
     """The op of class ``cls`` that produces ``value``, if it is one."""
     owner = value.owner
-    return owner if isinstance(owner, cls) else None
+    return owner if isinstance(owner, TensorOp) and isinstance(owner, cls) else None
 
 
 def weight_array(value: SSAValue, weights: WeightStore) -> np.ndarray | None:
@@ -108,7 +119,7 @@ def erase_if_unused(op: Operation, rewriter: PatternRewriter) -> None:
 def rename_result(op: TensorOp, index: int, name: str) -> None:
     names = op.names
     names[index] = name
-    op.location = name_loc(names[0]) if len(names) == 1 else FusedLoc([name_loc(n) for n in names], NoneAttr())
+    op.location = name_loc(names[0]) if len(names) == 1 else FusedLoc(tuple(name_loc(n) for n in names), NoneAttr())
 
 
 def forward(op: TensorOp, value: SSAValue, rewriter: PatternRewriter) -> bool:
@@ -124,6 +135,7 @@ def forward(op: TensorOp, value: SSAValue, rewriter: PatternRewriter) -> bool:
         source = producer(value)
         if (
             source is None
+            or not isinstance(value, OpResult)
             or isinstance(source, top.InputOp | top.WeightOp | top.NoneOp)
             or any(user is not op for user in users(value))
         ):

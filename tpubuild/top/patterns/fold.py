@@ -66,6 +66,11 @@ def channel_axis(op: TensorOp) -> int | None:
     return info.out_axis % len(shape_of(op.results[0].type))
 
 
+def known_channel_axis(op: TensorOp) -> int:
+    """The output-channel axis of an op CHANNELS knows (normalised); KeyError for another op."""
+    return CHANNELS[type(op)].out_axis % len(shape_of(op.results[0].type))
+
+
 def fold_affine(
     source: TensorOp,
     scale: np.ndarray | None,
@@ -87,7 +92,7 @@ def fold_affine(
     if bias is None and not isinstance(b_value.owner, top.NoneOp):
         return None  # a bias computed at run time cannot absorb the shift
     new_w = w_value
-    new_bias = np.zeros(shape_of(out_type)[channel_axis(source)]) if bias is None else bias.astype(np.float64)
+    new_bias = np.zeros(shape_of(out_type)[known_channel_axis(source)]) if bias is None else bias.astype(np.float64)
     if scale is not None:
         w = weight_array(w_value, weights)
         if w is None or w.ndim < 2:
@@ -141,7 +146,7 @@ def _constant_channel_operand(op: TensorOp, weights: WeightStore, *, commutative
         out_shape = shape_of(value.type)
         if shape_of(op.results[0].type) != out_shape:
             continue  # the constant broadcasts the result larger: not a per-channel affine
-        vec = per_channel(const, out_shape, channel_axis(source))
+        vec = per_channel(const, out_shape, known_channel_axis(source))
         if vec is not None:
             yield value, vec
 
@@ -194,7 +199,7 @@ class DecomposeBatchNorm(RewritePattern):
         scale, shift = batchnorm_affine(op, self.weights)
         x = op.operands[0]
         shape = shape_of(x.type)
-        if scale is None or len(shape) < 2:
+        if scale is None or shift is None or len(shape) < 2:
             return
         dtype, name = dtype_of(x.type), op.names[0]
         if len(shape) == 4:
@@ -267,8 +272,8 @@ class FoldScaleIntoSoftmax(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: top.SoftmaxOp, rewriter: PatternRewriter) -> None:
-        scale_op = op.operands[0].owner
-        if type(scale_op) not in _SCALES or single_user(op.operands[0]) is not op:
+        scale_op = producer(op.operands[0])
+        if scale_op is None or type(scale_op) not in _SCALES or single_user(op.operands[0]) is not op:
             return
         if getattr(scale_op.params, "do_relu", False):
             return
@@ -286,9 +291,11 @@ class FoldScaleIntoSoftmax(RewritePattern):
             return
 
 
-def _scalar_scale(scale_op, weights: WeightStore, result_shape) -> tuple[SSAValue, float] | None:
+def _scalar_scale(
+    scale_op: TensorOp | None, weights: WeightStore, result_shape: tuple[int, ...]
+) -> tuple[SSAValue, float] | None:
     """(x, s) if ``scale_op`` is x * s or x / s (the power already applied), s a usable scalar."""
-    if type(scale_op) not in _SCALES or getattr(scale_op.params, "do_relu", False):
+    if scale_op is None or type(scale_op) not in _SCALES or getattr(scale_op.params, "do_relu", False):
         return None
     orders, power = _SCALES[type(scale_op)]
     for i, j in orders:
@@ -319,11 +326,11 @@ class FoldQueryScaleIntoSoftmax(RewritePattern):
         if not isinstance(mm.operands[2].owner, top.NoneOp):
             return  # a bias is not scaled with the product
         for side in (0, 1):
-            scale_op = mm.operands[side].owner
+            scale_op = producer(mm.operands[side])
             if single_user(mm.operands[side]) is not mm:
                 continue
             found = _scalar_scale(scale_op, self.weights, shape_of(mm.operands[side].type))
-            if found is None:
+            if found is None or scale_op is None:
                 continue
             x, s = found
             operands = list(mm.operands)

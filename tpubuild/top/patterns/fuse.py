@@ -13,7 +13,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewri
 
 from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp
-from tpubuild.top.patterns.common import carries_relu, rebuilt, single_user, with_relu
+from tpubuild.top.patterns.common import carries_relu, producer, rebuilt, single_user, with_relu
 
 
 def _fuse(act: TensorOp, limit: float, rewriter: PatternRewriter, *, needs_relu: bool = False) -> None:
@@ -21,8 +21,8 @@ def _fuse(act: TensorOp, limit: float, rewriter: PatternRewriter, *, needs_relu:
 
     ``needs_relu``: the activation only equals a ReLU-N if the producer already clamps at 0.
     """
-    source = act.operands[0].owner
-    if not carries_relu(source) or single_user(act.operands[0]) is not act:
+    source = producer(act.operands[0])
+    if source is None or not carries_relu(source) or single_user(act.operands[0]) is not act:
         return
     if needs_relu and not source.params.do_relu:
         return

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
 
@@ -47,7 +48,7 @@ def _lower_bound_relu(p) -> float:
 
 
 # op class -> lower bound of every element it produces (from its params)
-LOWER_BOUNDS: dict[type, Callable[[object], float]] = {
+LOWER_BOUNDS: dict[type, Callable[[Any], float]] = {  # op class -> f(its params)
     top.ReluOp: lambda p: 0.0,
     top.SigmoidOp: lambda p: 0.0,
     top.HardSigmoidOp: lambda p: 0.0,
@@ -67,11 +68,11 @@ LOWER_BOUNDS: dict[type, Callable[[object], float]] = {
 def lower_bound(op: TensorOp | None) -> float:
     """A value no element of ``op``'s result is below (-inf if nothing is known)."""
     rule = LOWER_BOUNDS.get(type(op))
-    return -math.inf if rule is None else rule(op.params)
+    return -math.inf if rule is None or op is None else rule(op.params)
 
 
 def _summed(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(x + y for x, y in zip(a, b))
+    return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
 def _windows_hold_input(kernel: tuple[int, ...], pads: tuple[int, ...]) -> bool:

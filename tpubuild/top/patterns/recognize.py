@@ -19,11 +19,13 @@ op takes the root's tensor name, the last one the match replaces.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 from xdsl.ir import Operation, SSAValue
-from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 
 from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp
@@ -120,7 +122,7 @@ LEAVES = {
 
 
 # (leaf kind, class of the private op feeding it) -> the kind of the two together
-_COMPOSED = {("tanh", top.SoftplusOp): "tanh_softplus"}
+_COMPOSED: dict[tuple[str, type], str] = {("tanh", top.SoftplusOp): "tanh_softplus"}
 
 
 # ---- reading an expression ------------------------------------------------------------
@@ -163,7 +165,7 @@ class _Reader:
             arg_value = op.operands[0]
             inner = producer(arg_value)
             composed = _COMPOSED.get((leaf.kind, type(inner)))
-            if composed is not None and arg_value.has_one_use():
+            if composed is not None and inner is not None and arg_value.has_one_use():
                 self.leaf = replace(leaf, kind=composed)
                 self.ops.append(inner)
                 arg_value = inner.operands[0]
@@ -248,7 +250,7 @@ RECIPES = (
 )
 
 
-def _erase_dead(ops: list[Operation], rewriter: PatternRewriter) -> None:
+def _erase_dead(ops: Sequence[Operation], rewriter: PatternRewriter) -> None:
     """Erase the ops of ``ops`` left without users, users before producers."""
     pending = list(ops)
     while True:
@@ -268,7 +270,7 @@ class RecognizeActivation(RewritePattern):
     weights: WeightStore
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) not in _ARITH or isinstance(op, top.PowOp):
+        if not isinstance(op, TensorOp) or type(op) not in _ARITH or isinstance(op, top.PowOp):
             return
         reader = _Reader(self.weights, shape_of(op.results[0].type))
         try:
@@ -307,7 +309,7 @@ class RemoveNeutralArith(RewritePattern):
     weights: WeightStore
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) not in _NEUTRAL or getattr(op.params, "do_relu", False):
+        if not isinstance(op, TensorOp) or type(op) not in _NEUTRAL or getattr(op.params, "do_relu", False):
             return
         orders, neutral = _NEUTRAL[type(op)]
         for i, j in orders:
@@ -320,7 +322,10 @@ class RemoveNeutralArith(RewritePattern):
 # ---- LayerNorm ------------------------------------------------------------------------------
 
 
-def _private(value: SSAValue, cls: type[TensorOp]) -> TensorOp | None:
+_Op = TypeVar("_Op", bound=TensorOp)
+
+
+def _private(value: SSAValue, cls: type[_Op]) -> _Op | None:
     """``value``'s producer if it is a ``cls`` and ``value`` has no other user."""
     op = producer(value, cls)
     return op if op is not None and value.has_one_use() else None
@@ -469,7 +474,7 @@ class RecognizeLayerNormAffine(RewritePattern):
     weights: WeightStore
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) not in _AFFINE or getattr(op.params, "do_relu", False):
+        if not isinstance(op, TensorOp) or type(op) not in _AFFINE or getattr(op.params, "do_relu", False):
             return
         for i, j in _AFFINE[type(op)]:
             ln = _private(op.operands[i], top.LayerNormOp)
