@@ -352,6 +352,92 @@ def _check_outputs(names, outs, expected) -> None:
             raise _CaseFailed(f"output {j} ({name}): {problem}")
 
 
+# ---- the same cases through TOSA and IREE ----------------------------------------------------------------
+
+# functions per iree-compile: one compile of many small cases instead of one each (a compile failure splits the
+# batch in halves until the failing case is alone)
+IREE_BATCH = 64
+
+
+def run_iree(results: Sequence[Result], work: Path) -> None:
+    """Each supported case's graphs exported to TOSA, compiled by IREE (llvm-cpu) and run on the case's inputs,
+    against the expected outputs as TOP's are; sets ``r.iree`` and ``r.iree_reason``."""
+    from tpubuild.errors import TpuBuildError
+    from tpubuild.export.tosa import translate
+
+    functions = []  # (name, result, exported, feeds, expected)
+    for i, r in enumerate(results):
+        if r.status == "unsupported" or not r.graphs:
+            if r.status != "unsupported":
+                r.iree, r.iree_reason = "fail", f"not converted: {r.reason}"
+            continue
+        r.iree = "pass"
+        for j, (module, weights, feeds, expected) in enumerate(r.graphs):
+            name = f"c{i}_{j}"
+            try:
+                exported = translate(module, weights, r.case.name, key_prefix=f"{name}_")
+            except (TpuBuildError, NotImplementedError) as e:
+                r.iree, r.iree_reason = "fail", f"export: {getattr(e, 'problem', e)}"
+                break
+            functions.append((name, r, exported, feeds, expected))
+    functions = [f for f in functions if f[1].iree == "pass"]
+    for at in range(0, len(functions), IREE_BATCH):
+        _iree_batch(functions[at : at + IREE_BATCH], work)
+
+
+def _iree_batch(batch: list, work: Path) -> None:
+    import subprocess
+
+    from tpubuild.build.cpu import COMPILE_FLAGS, Vmfb, iree_tool
+    from tpubuild.export.tosa import write_functions
+
+    if not batch:
+        return
+    src, vmfb = work / "batch.mlir", work / "batch.vmfb"
+    with open(src, "wb") as fh:
+        write_functions(fh, [(name, exported) for name, _, exported, _, _ in batch], "onnx-node-tests")
+    done = subprocess.run([iree_tool("iree-compile"), *COMPILE_FLAGS, str(src), "-o", str(vmfb)], capture_output=True)
+    if done.returncode != 0:
+        if len(batch) == 1:
+            errors = [ln for ln in done.stderr.decode(errors="replace").splitlines() if "error" in ln]
+            batch[0][1].iree, batch[0][1].iree_reason = "fail", f"iree-compile: {(errors or ['?'])[0][:200]}"
+            return
+        half = len(batch) // 2
+        _iree_batch(batch[:half], work)
+        _iree_batch(batch[half:], work)
+        return
+    module = Vmfb(str(vmfb), function=batch[0][0])
+    for name, r, exported, feeds, expected in batch:
+        if r.iree != "pass":
+            continue
+        try:
+            fn = module.context.modules.module[name]
+            names = json.loads(exported.reflection["tpubuild.inputs"])
+            # IREE computes f64 in f32 (its default demotion): inputs given so, outputs compared as such
+            # unsigned integers as the signed ones of the same bits (the export's integers are signless)
+            args = [
+                np.asarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None, order="C") for n in names
+            ]
+            outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
+        except Exception as e:  # a runtime error is this case's failure, not the bench's
+            r.iree, r.iree_reason = "fail", f"run: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        if len(got) != len(expected):
+            r.iree, r.iree_reason = "fail", f"{len(got)} outputs, expected {len(expected)}"
+            continue
+        for j, (g, want) in enumerate(zip(got, expected, strict=True)):
+            if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
+                g = g.reshape(())
+            if want.dtype.kind == "u" and g.dtype.kind == "i" and g.dtype.itemsize == want.dtype.itemsize:
+                g = g.view(want.dtype)
+            problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
+            if problem:
+                r.iree, r.iree_reason = "fail", f"output {j}: {problem}"
+                break
+
+
 # ---- report ---------------------------------------------------------------------------
 
 

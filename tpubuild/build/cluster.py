@@ -297,7 +297,7 @@ class DaskRunner(MThreadRunner):
                 return
             if job.type is JobHold.type:
                 continue
-            task = self.tasks[job.name]
+            task = self.tasks[job.name]  # pyright: ignore[reportOptionalSubscript]  (doit sets tasks before any job)
             # the reporter is doit's, in the main thread: ask it there, as a process's MReporter does
             result_q.put({"name": task.name, "reporter": "execute_task"})
             try:

@@ -395,13 +395,13 @@ def _(e: Emitter, op, p: top.ReduceParams, args):
     if x.dtype.kind == "u" and mode in ("ReduceMax", "ReduceMin"):
         raise NotImplementedError(f"{mode} of unsigned integers (TOSA's compare signed)")
     if mode in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd") or (mode == "ReduceMean" and x.is_float):
-        name = {
+        names = {
             "ReduceMax": "tosa.reduce_max",
             "ReduceMin": "tosa.reduce_min",
             "ReduceSum": "tosa.reduce_sum",
             "ReduceProd": "tosa.reduce_product",
-        }.get(mode)
-        y = reduce_mean(e, x, p.axes) if mode == "ReduceMean" else _reduce_axes(e, name, x, p.axes)
+        }
+        y = reduce_mean(e, x, p.axes) if mode == "ReduceMean" else _reduce_axes(e, names[mode], x, p.axes)
     else:
         _float(x, op)
         pre = {

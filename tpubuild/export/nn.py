@@ -59,7 +59,7 @@ def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, m
     return e.op1(name, [x, wv, bias, zp, zp], [x.shape[0], *out_hw, oc], x.dtype, props)
 
 
-def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray, b: Val | None, out_shape) -> Val:
+def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
     """A TOP Conv (1-D or 2-D, any group) through TOSA's NHWC convs."""
     nd = len(p.kernel_shape)
     if nd == 1:  # as a 2-D conv of height 1
@@ -494,4 +494,4 @@ def _(e: Emitter, op, p: top.CumSumParams, args):
         [1, rows, n],
         x.dtype,
     )
-    return e.transpose(e.reshape(prod, moved.shape), np.argsort(perm))
+    return e.transpose(e.reshape(prod, moved.shape), [int(i) for i in np.argsort(perm)])

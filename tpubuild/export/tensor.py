@@ -224,7 +224,7 @@ def _(e: Emitter, op, p: top.InterpParams, args):
             zp = e.zero_point(x.dtype)
             prod = e.op1("tosa.matmul", [a3, b3, zp, zp], [1, rows, out_len], x.dtype)
             prod = e.reshape(prod, [*moved.shape[:-1], out_len])
-            y = e.transpose(prod, np.argsort(perm))
+            y = e.transpose(prod, [int(i) for i in np.argsort(perm)])
         if outside is not None and outside.any():
             mask = e.const(outside.reshape((1,) * axis + (out_len,) + (1,) * (x.rank - axis - 1)))
             y = e.op1("tosa.select", [mask, e.scalar(p.extrapolation_value, x.dtype, x.rank), y], y.shape, y.dtype)

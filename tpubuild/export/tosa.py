@@ -17,6 +17,7 @@ import json
 import math
 import struct
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -201,7 +202,7 @@ class Emitter:
         self,
         name: str,
         operands: Sequence[Val],
-        results: Sequence[tuple[Sequence[int], object]],
+        results: Sequence[tuple[Sequence[int], Any]],
         props: str = "",
         *,
         region: list[str] | None = None,
@@ -520,7 +521,8 @@ def write_functions(fh, functions: Sequence[tuple[str, Exported]], model: str) -
     for i, (key, array) in enumerate(blobs):
         # a blob is its alignment (little-endian u32) then its bytes
         fh.write(f'      {key}: "0x{struct.pack("<I", max(array.dtype.itemsize, 4)).hex()}'.encode())
-        data = memoryview(array.reshape(-1).view(np.uint8))
+        # numpy arrays export the buffer protocol; its stubs do not declare __buffer__
+        data = memoryview(array.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
         for at in range(0, len(data), _CHUNK):
             fh.write(data[at : at + _CHUNK].hex().encode())
         fh.write(b'",\n' if i + 1 < len(blobs) else b'"\n')
@@ -574,8 +576,11 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
             values[id(op.results[0])] = e.weight(weights[op.loc_name], op.loc_name)
             continue
         operands = [None if is_none(v) else values[id(v)] for v in op.operands]
+        rule_of = get_rule(type(op))
+        if rule_of is None:  # every op was checked for a rule before the first was emitted; this names it anyway
+            raise TpuBuildError(f"{op.name} has no export rule", model=model, loc=op.loc_name, stage="export")
         try:
-            out = get_rule(type(op))(e, op, op.params, operands)
+            out = rule_of(e, op, op.params, operands)
         except NotImplementedError as err:
             raise TpuBuildError(
                 f"{op.name} cannot be exported to TOSA: {err}", model=model, loc=op.loc_name, stage="export"
@@ -593,7 +598,7 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
                     stage="export",
                 )
             values[id(result)] = val
-    returned = [e.use(values[id(v)]) for v in mlir.return_op(module).operands]
+    returned = [e.use(_defined(values[id(v)])) for v in mlir.return_op(module).operands]
     e.loc = "return"
     reflection = {
         "tpubuild.model": model,
@@ -621,3 +626,10 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resour
     weights = weights_for(module, in_mlir)
     with all_or_nothing(out_mlir) as (tmp,), open(tmp, "wb") as fh:
         write_module(fh, module, weights, name, resources=resources)
+
+
+def _defined(v: Val | None) -> Val:
+    """A graph output's value: an op's result, never the None operand placeholder."""
+    if v is None:
+        raise TpuBuildError("a graph output is a None operand", stage="export")
+    return v

@@ -248,7 +248,8 @@ def render_index(rows: Sequence[Row]) -> str:
     models = len({r.model for r in rows})
     head = (
         "<tr><th>model</th><th>target</th><th>status</th><th>ONNX vs Top<br>min cos</th>"
-        "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>(cpu: Top vs IREE)<br>min cos</th><th>est. time</th><th>DDR traffic</th>"
+        "<th>Top vs Tpu<br>min cos</th><th>Tpu vs Chip<br>(cpu: Top vs IREE)<br>min cos</th>"
+        "<th>est. time</th><th>DDR traffic</th>"
         "<th>model size</th><th>page</th></tr>"
     )
     body = []
