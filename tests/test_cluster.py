@@ -177,10 +177,10 @@ def test_cluster_build_on_s3_gives_the_local_bytes(manifest, local_build, s3, tm
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert artifacts(build) == local
         assert summary(proc.stdout) == local_summary
-        assert "14 ran (0 restored from the artifact cache)" in proc.stdout
+        assert "15 ran (0 restored from the artifact cache)" in proc.stdout
         again = run(compile_cmd(manifest, tmp_path / "again", "--scheduler", cluster.scheduler_address, "--cache", s3))
         assert again.returncode == 0, again.stdout + again.stderr
-        assert "14 ran (14 restored from the artifact cache)" in again.stdout
+        assert "15 ran (15 restored from the artifact cache)" in again.stdout
         assert artifacts(tmp_path / "again") == local
         # each worker worked in its own folder (removed with the cluster), and left no stage's scratch behind
         folders = sorted(p for p in (tmp_path / "workers").rglob("tpubuild") if p.is_dir())
