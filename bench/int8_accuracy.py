@@ -294,14 +294,11 @@ def default_path(model: Model):
     back, then the mixed-precision search judged on those it does (as the calibrate and search stages)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.manifest import DEFAULT_METHOD
-    from tpubuild.calib.calibrate import apply_table, calibrate, validation_samples
-    from tpubuild.lower.search import SearchConfig, search
+    from tpubuild.calib.calibrate import apply_table, calibrate
+    from tpubuild.lower.search import SearchConfig, search, search_pool
 
     entries, _ = calibrate(model.module, model.weights, model.cal, DEFAULT_METHOD)
-    pool = validation_samples(model.cal)
-    # as the search stage: every held-back sample scored, or the first calibration samples of a small set
-    config = SearchConfig(samples=len(pool)) if pool else SearchConfig()
-    pool = pool or model.cal[: max(config.pool, config.samples)]
+    pool, config, _ = search_pool(model.cal, SearchConfig())  # as the search stage
     found = search(
         apply_table(model.module, entries),
         model.weights,

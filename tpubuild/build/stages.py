@@ -260,33 +260,21 @@ def search_qtable(
     """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
     tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py);
     ``hold_back_test``: the samples calibration reads (its ``count``), without the held-back test sample."""
-    import itertools
-
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import write_text
-    from tpubuild.calib.calibrate import validation_samples
     from tpubuild.calib.table import read_table
     from tpubuild.forked import processes
     from tpubuild.ir.mlir import file_key, load_module
     from tpubuild.lower.qtable import read_quantize_table
-    from tpubuild.lower.search import SearchConfig, format_result, search
+    from tpubuild.lower.search import SearchConfig, format_result, search, search_pool
     from tpubuild.top.inference import kept_outputs, weights_for
-
-    import dataclasses
 
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
     # the samples calibration reads: without the held-back test sample when there is one (it is their last)
     every = _calibration_samples(data_files, inputs, count, hold_back_test)
     # judged on the samples calibration held back for validation, when the set is large enough to spare some
-    samples = validation_samples(every)
-    pool = f"the {len(samples)} calibration samples held back from the statistics"
-    if samples and "samples" not in options:
-        # every one of them: a table scored on the few where INT8 alone is worst can leave another below target
-        config = dataclasses.replace(config, samples=len(samples))
-    if not samples:
-        samples = list(itertools.islice(iter(every), max(config.pool, config.samples)))
-        pool = f"the first {len(samples)} calibration samples (too few to hold any back)"
+    samples, config, pool = search_pool(every, config, samples_given="samples" in options)
     if not samples:
         raise TpuBuildError(
             "no calibration sample to search a quantize table with",

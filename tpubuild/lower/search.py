@@ -50,6 +50,8 @@ counts its lowering as its own: the same steps, the same result.
 from __future__ import annotations
 
 import functools
+import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -301,6 +303,23 @@ def quantized_tensors(lw: Lowering) -> list[SSAValue]:
     hit |= {v for (v, _), lv in lw.converted.items() if _is_quantized(lv)}
     order = [r for op in lw.ops for r in op.results]
     return [v for v in order if v in hit and not isinstance(v.owner, WeightOp)]
+
+
+def search_pool(
+    samples: Iterable[Mapping[str, np.ndarray]], config: SearchConfig, samples_given: bool = False
+) -> tuple[list[Mapping[str, np.ndarray]], SearchConfig, str]:
+    """What the search judges on, the config to judge with, and a line saying which: the samples calibration held
+    back from its statistics, every one of them scored unless ``samples_given`` (a table scored on the few where
+    INT8 alone is worst can leave another below target), or the first ``config.pool`` calibration samples of a
+    set too small to spare any."""
+    from tpubuild.calib.calibrate import validation_samples
+
+    pool = validation_samples(samples)
+    if pool:
+        config = config if samples_given else dataclasses.replace(config, samples=len(pool))
+        return pool, config, f"the {len(pool)} calibration samples held back from the statistics"
+    pool = list(itertools.islice(iter(samples), max(config.pool, config.samples)))
+    return pool, config, f"the first {len(pool)} calibration samples (too few to hold any back)"
 
 
 def units_of(lw: Lowering, pinned: Iterable[str]) -> list[Unit]:
