@@ -1,7 +1,7 @@
 """canonical.mlir + calibration samples -> calibration table -> cali.mlir.
 
-1. ``validation_split``: a few calibration samples, spread over the set, are
-   held back from the statistics; the mixed-precision search judges INT8 on
+1. ``held_back``: a few calibration samples, spread over the set, are
+   held back from the statistics (``validation_samples`` gives them); the mixed-precision search judges INT8 on
    them (lower/search.py), so that what it accepts holds on inputs the
    thresholds were not fitted to.
 2. ``collect_stats``: TOP inference one sample at a time; an observer feeds
