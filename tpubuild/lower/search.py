@@ -73,7 +73,7 @@ from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
 from tpubuild.top.inference import Memo, Plan
-from tpubuild.verify.parts import Part, concat_parts, part_step
+from tpubuild.verify.parts import Part, below_one_step, concat_parts, part_step
 from tpubuild.verify.similarity import cosine
 
 
@@ -139,8 +139,7 @@ def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part], thres
     found = []
     for part in parts:
         r = part.slice(ref)
-        step = part_step(part, thresholds)
-        if r.size and (step is None or float(np.max(np.abs(r))) >= step):
+        if r.size and not below_one_step(float(np.max(np.abs(r))), part_step(part, thresholds)):
             found.append(cosine(part.slice(test), r))
     return found
 

@@ -254,13 +254,19 @@ def part_step(part: Part, thresholds: Mapping[str, float] | None) -> float | Non
     return max(known) / INT8_STEPS if known else None
 
 
+def below_one_step(ref_max: float, step: float | None) -> bool:
+    """The tiny-part rule's test: every float value of the part (its largest |value| ``ref_max``) is below one
+    INT8 ``step`` of its calibrated scale (never, without a known step)."""
+    return step is not None and ref_max < step
+
+
 def judge_part(test: np.ndarray, ref: np.ndarray, tol: Tolerance, step: float | None) -> PartJudgement:
     """A part's metrics and verdict: cos/euc as any tensor, except a tiny part (every |float value| below
     one INT8 ``step`` of its calibrated scale), which passes when its max abs error is at most
     TINY_PART_MAX_STEPS steps. Without a known step (float targets, no calibration), cos/euc decide."""
     sim = similarity(test, ref, tol)
     ref_max = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
-    if step is not None and sim.label != "NOT MATCH" and ref_max < step:
+    if step is not None and sim.label != "NOT MATCH" and below_one_step(ref_max, step):
         passed = sim.label in ("EQUAL", "CLOSE") or sim.max_abs <= TINY_PART_MAX_STEPS * step
         return PartJudgement(sim, passed, "tiny", step, ref_max)
     return PartJudgement(sim, sim.passed, "similarity", step, ref_max)
