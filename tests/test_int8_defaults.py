@@ -4,6 +4,7 @@
 - a bounded op's threshold is its bound once the data comes near it;
 - the default method judges candidates by their consumers' error, and wins where KL clips what matters;
 - the search judges each part of a Concat output, so box coordinates cannot hide destroyed class scores;
+- per-sample vectors (pooled features, a classifier head) stay float when they are a small share of the work;
 - a manifest with calibration data and no tuning fields gets all of this.
 """
 
@@ -21,10 +22,17 @@ from tpubuild.build.manifest import DEFAULT_METHOD, from_dict
 from tpubuild.calib import calibrate as cal
 from tpubuild.calib.calibrate import apply_table, calibrate, held_back, validation_samples
 from tpubuild.frontend import convert_onnx
+from tpubuild.ir import mlir, tpu
+from tpubuild.ir.quant import UniformType
+from tpubuild.lower import int8 as int8_module
 from tpubuild.lower import search as search_module
+from tpubuild.lower.inference import dequantized
+from tpubuild.lower.lowering import lower_module
 from tpubuild.lower.search import SearchConfig, part_cosines, search
 from tpubuild.verify.parts import Part, concat_parts
 from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.verify.similarity import cosine
 
 BM1684X = load_chip("bm1684x")
 
@@ -89,6 +97,59 @@ def test_the_default_method_keeps_what_kl_clips_when_the_consumers_need_it(make_
     default, _ = calibrate(module, weights, samples, DEFAULT_METHOD)
     assert kl["x"].threshold < 1.0  # the trap is real: KL clips the large activations
     assert default["x"].threshold > 3.0
+
+
+def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_input(make_model, tmp_path, monkeypatch):
+    """A classifier's pooled features, channel means a hundredfold apart, calibrated on ordinary inputs, then
+    a dark input with one bright corner (as a fundus photo): the feature map keeps its range, but every mean
+    falls far below the pooled vector's calibrated maximum, where per-tensor INT8 leaves the small channels
+    a step or two. The pooled vector and the head stay float (a small share of the work) and hold."""
+    rng = np.random.default_rng(11)
+    gain = np.logspace(-2, 0, 32).astype(np.float32)[:, None, None, None]
+    nodes = [
+        node("Conv", ["x", "w"], "c", pads=[1, 1, 1, 1]),
+        node("Relu", ["c"], "f"),
+        node("GlobalAveragePool", ["f"], "v"),
+        node("Flatten", ["v"], "vf"),
+        node("Gemm", ["vf", "fc"], "logits", transB=1),
+    ]
+    inits = {"w": rng.standard_normal((32, 8, 3, 3)).astype(np.float32) * gain, "fc": rng.standard_normal((10, 32))}
+    inits["fc"] = (inits["fc"] / gain[:, 0, 0, 0]).astype(np.float32)  # the small channels matter as much
+    module, weights = top_module(make_model, tmp_path, nodes, (1, 8, 16, 16), inits)
+    samples = [{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(8)]
+    cali, _ = calibrate(module, weights, samples, "max")
+    dark = samples[0]["x"] * 0.03
+    dark[:, :, :2, :2] = samples[0]["x"][:, :, :2, :2] * 1.5
+    dark = {"x": dark}
+    expect = run(module, weights, dark)["logits"]
+
+    def int8_logits():
+        tm, tw = lower_module(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+        return cosine(dequantized(tm, run(tm, tw, dark))["logits"], expect)
+
+    kept = int8_logits()
+    assert kept >= 0.93
+    lw = int8_module.Lowering(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+    region = {op.names[0] for op in int8_module.vector_region(lw)}
+    assert region == {"v", "vf", "logits"}  # not the conv: its result is a feature map
+    monkeypatch.setattr(int8_module, "vector_region", lambda lw: set())
+    lost = int8_logits()
+    assert lost < 0.88
+
+
+def test_a_model_of_vectors_stays_int8(make_model, tmp_path):
+    """An MLP is all vectors: keeping them float would leave no INT8, so the rule does not apply."""
+    rng = np.random.default_rng(12)
+    nodes = [node("Gemm", ["x", "w1"], "h", transB=1), node("Relu", ["h"], "r"), node("Gemm", ["r", "w2"], "y", transB=1)]
+    inits = {"w1": rng.standard_normal((64, 32)).astype(np.float32), "w2": rng.standard_normal((8, 64)).astype(np.float32)}
+    module, weights = top_module(make_model, tmp_path, nodes, (1, 32), inits)
+    samples = [{"x": rng.standard_normal((1, 32)).astype(np.float32)} for _ in range(4)]
+    cali, _ = calibrate(module, weights, samples, "max")
+    lw = int8_module.Lowering(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+    assert int8_module.vector_region(lw) == set()
+    tm, _ = lower_module(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+    matmuls = [op for op in mlir.body_ops(tm) if isinstance(op, tpu.MatMulOp)]
+    assert len(matmuls) == 2 and all(isinstance(op.result_types[0].element_type, UniformType) for op in matmuls)
 
 
 class Detector:

@@ -27,6 +27,7 @@ import numpy as np
 from xdsl.dialects.builtin import NoneType, f32
 from xdsl.ir import Operation, SSAValue
 
+from tpubuild.calib.calibrate import VECTOR_SIZE
 from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import UniformType
@@ -49,6 +50,14 @@ ACC_LIMIT = 2**31  # int32 accumulator
 # everything after it: one 8-bit scale cannot hold both (a detection head's boxes
 # in 0..320 next to scores in 0..0.005 would leave every score 0).
 CONCAT_RANGE_RATIO = 64.0
+# Ops whose result is a per-sample vector (pooled features and what reads them: squeeze-excite gates, a
+# classifier head) stay float while together they do at most this share of the model's multiply-accumulates.
+# One int8 scale per tensor serves a vector badly: its channels' means differ by orders of magnitude, and an
+# input unlike the calibration set's (a dark photo) moves them all far below the calibrated maximum, where a
+# few steps are left (a squeeze-excite pool at cosine 0.97 took a classifier's output to 0.52). Kept float
+# they cost next to nothing; a model that is mostly vectors (an MLP) stays INT8.
+VECTOR_MACS_SHARE = 0.05
+NOT_COMPUTED = (top.WeightOp, top.InputOp, top.NoneOp)
 
 
 def relu_bounds(qy: QType, p) -> tuple[int, int]:
@@ -414,9 +423,32 @@ def _ranges_differ(lw: Lowering, op: TensorOp) -> bool:
     return bool(ranges) and max(ranges) > CONCAT_RANGE_RATIO * min(ranges)
 
 
+def _macs(op: Operation) -> int:
+    if isinstance(op, top.ConvOp):
+        return math.prod(shape_of(op.results[0].type)) * math.prod(shape_of(op.operands[1].type)[1:])
+    if isinstance(op, top.MatMulOp):
+        return math.prod(shape_of(op.results[0].type)) * shape_of(op.operands[0].type)[-1]
+    return 0
+
+
+def _is_vector(op: TensorOp) -> bool:
+    """A result of at most VECTOR_SIZE values per sample, along one axis ([N, C], [N, C, 1, 1])."""
+    if not op.results or not is_float_type(op.results[0].type):
+        return False
+    per_sample = shape_of(op.results[0].type)[1:]
+    return 0 < math.prod(per_sample) <= VECTOR_SIZE and sum(d > 1 for d in per_sample) <= 1
+
+
+def vector_region(lw: Lowering) -> set[Operation]:
+    """The ops whose result is a per-sample vector, if together they are cheap (VECTOR_MACS_SHARE)."""
+    vectors = {op for op in lw.ops if not isinstance(op, NOT_COMPUTED) and _is_vector(op)}
+    total = sum(_macs(op) for op in lw.ops)
+    return vectors if sum(_macs(op) for op in vectors) <= VECTOR_MACS_SHARE * total else set()
+
+
 def float_region(lw: Lowering) -> set[Operation]:
     """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and every op after them;
-    Adds and Subs of such inputs, alone.
+    Adds and Subs of such inputs, alone; per-sample vectors (vector_region).
 
     An Add's output scale follows its larger input, so the smaller one would be
     rounded away: BERT's attention scores (about +-30) plus its padding mask
@@ -431,4 +463,4 @@ def float_region(lw: Lowering) -> set[Operation]:
             forced.add(op)
         elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
             alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)
-    return forced | alone
+    return forced | alone | vector_region(lw)
