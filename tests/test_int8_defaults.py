@@ -99,7 +99,9 @@ def test_the_default_method_keeps_what_kl_clips_when_the_consumers_need_it(make_
     assert default["x"].threshold > 3.0
 
 
-def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_input(make_model, tmp_path, monkeypatch):
+def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_input(
+    make_model, tmp_path, monkeypatch
+):
     """A classifier's pooled features, channel means a hundredfold apart, calibrated on ordinary inputs, then
     a dark input with one bright corner (as a fundus photo): the feature map keeps its range, but every mean
     falls far below the pooled vector's calibrated maximum, where per-tensor INT8 leaves the small channels
@@ -140,8 +142,15 @@ def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_
 def test_a_model_of_vectors_stays_int8(make_model, tmp_path):
     """An MLP is all vectors: keeping them float would leave no INT8, so the rule does not apply."""
     rng = np.random.default_rng(12)
-    nodes = [node("Gemm", ["x", "w1"], "h", transB=1), node("Relu", ["h"], "r"), node("Gemm", ["r", "w2"], "y", transB=1)]
-    inits = {"w1": rng.standard_normal((64, 32)).astype(np.float32), "w2": rng.standard_normal((8, 64)).astype(np.float32)}
+    nodes = [
+        node("Gemm", ["x", "w1"], "h", transB=1),
+        node("Relu", ["h"], "r"),
+        node("Gemm", ["r", "w2"], "y", transB=1),
+    ]
+    inits = {
+        "w1": rng.standard_normal((64, 32)).astype(np.float32),
+        "w2": rng.standard_normal((8, 64)).astype(np.float32),
+    }
     module, weights = top_module(make_model, tmp_path, nodes, (1, 32), inits)
     samples = [{"x": rng.standard_normal((1, 32)).astype(np.float32)} for _ in range(4)]
     cali, _ = calibrate(module, weights, samples, "max")

@@ -308,6 +308,20 @@ def search_qtable(
     )
 
 
+def share_qtable(source: str, target: str, out_table: str) -> None:
+    """Another target's searched table as this target's: the same lines, its header naming both."""
+    from tpubuild.build.files import write_text
+
+    lines = Path(source).read_text().splitlines()
+    lines = [
+        f"# target: {target} (searched as {line[len('# target: ') :]}: the same INT8 lowering)"
+        if line.startswith("# target: ")
+        else line
+        for line in lines
+    ]
+    write_text(out_table, "\n".join(lines) + "\n")
+
+
 # The modules the stages import when they run (inside them: loading dodo.py stays cheap). A doit process with
 # no task yet imports them ahead (dispatch.py): at the start of a build one process waits for the source and
 # its ONNX import, about a second in which it can do this instead of in its later stages.

@@ -311,12 +311,14 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     if calibrate:
         yield calibrate
     verify_jsons = [p.verify_top]
+    searched: dict[tuple, Target] = {}  # INT8 lowering's inputs besides the chip's name -> the target searched
     for target in m.targets:
         if target.chip == cpu.CPU:
             yield from _cpu_tasks(m, p, target)
             verify_jsons.append(p.target(target.id).verify)
             continue
-        yield from _target_tasks(m, p, target, globs)
+        same = (target.mode, target.asymmetric, tuple(load_chip(target.chip).modes))
+        yield from _target_tasks(m, p, target, globs, searched.setdefault(same, target))
         verify_jsons += [p.target(target.id).verify_tpu, p.target(target.id).verify]
     reports = [p.target(target.id).report for target in m.targets]
     yield _task(
@@ -335,7 +337,9 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     )
 
 
-def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None = None) -> Iterator[dict[str, Any]]:
+def _target_tasks(
+    m: Manifest, p: ModelPaths, target: Target, globs: dict | None = None, searched_as: Target | None = None
+) -> Iterator[dict[str, Any]]:
     """search:<model>/<target> (INT8, when the manifest asks), lower:<model>/<target> and verify_tpu:<model>/<target>.
 
     Float targets read canonical.mlir and never wait for calibration; INT8 targets
@@ -343,7 +347,8 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
     table the search writes (the user's table merged in) instead of the user's. Lowering's
     config is the target itself, the chip's modes (it picks the float mode ops fall back
     to) and the user table's content, so editing one target or recalibrating re-runs only
-    what reads it.
+    what reads it. ``searched_as``: an earlier target whose INT8 lowering is this one's but for the chip's
+    name (the same modes: bm1684x and bm1688); its search's table serves this target too.
     """
     tp = p.target(target.id)
     name = f"{m.name}/{target.id}"
@@ -351,7 +356,9 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
     in_mlir = p.cali_mlir if int8 else p.canonical_mlir
     qtable = m.quantize_table
     searched = int8 and m.searched
-    if searched:
+    if searched and searched_as not in (None, target):
+        yield _shared_search_task(m, p, target, name, tp, searched_as)
+    elif searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
     yield _task(
@@ -404,6 +411,21 @@ def _target_tasks(m: Manifest, p: ModelPaths, target: Target, globs: dict | None
         config={"tolerance": tol, "outputs": m.outputs},
     )
     yield from _backend_tasks(m, p, name, tp, target)
+
+
+def _shared_search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, searched_as: Target) -> dict:
+    """search:<model>/<target> for a target whose INT8 lowering another target's search already ran: the
+    search reads only the chip's modes, so its table is that one's (the lowerings it scored were these)."""
+    source = p.target(searched_as.id).qtable
+    return _task(
+        "search",
+        name,
+        stages.share_qtable,
+        {"source": str(source), "target": target.id, "out_table": str(tp.qtable)},
+        file_dep=[source],
+        targets=[tp.qtable],
+        config={"searched_as": searched_as.id},
+    )
 
 
 def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, globs: dict) -> dict[str, Any]:
