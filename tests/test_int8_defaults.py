@@ -18,7 +18,9 @@ import pytest
 from onnx import helper
 
 from tpubuild.build.chips import load_chip
+from tpubuild.build import stages
 from tpubuild.build.manifest import DEFAULT_METHOD, from_dict
+from tpubuild.build.tasks import model_tasks
 from tpubuild.calib import calibrate as cal
 from tpubuild.calib.calibrate import apply_table, calibrate, held_back, validation_samples
 from tpubuild.frontend import convert_onnx
@@ -28,6 +30,7 @@ from tpubuild.lower import int8 as int8_module
 from tpubuild.lower import search as search_module
 from tpubuild.lower.inference import dequantized
 from tpubuild.lower.lowering import lower_module
+from tpubuild.lower.qtable import parse_quantize_table
 from tpubuild.lower.search import SearchConfig, part_cosines, search
 from tpubuild.verify.parts import Part, concat_parts
 from tpubuild.top.canonicalize import canonicalize
@@ -227,6 +230,25 @@ def test_a_manifest_without_tuning_fields_gets_the_default_path(tmp_path):
         {**base, "calibration": {"data": "*.npz"}, "mixed_precision": {"search": False}}, tmp_path / "m.yaml"
     )
     assert not off.searched
+
+
+def test_chips_that_lower_alike_share_one_search(tmp_path):
+    """bm1684x and bm1688 have the same modes, so INT8 lowers alike on both: one search, and the other's stage
+    copies its table; cv183x (no F16) searches for itself."""
+    targets = [{"chip": c, "mode": "INT8"} for c in ("bm1684x", "bm1688", "cv183x")]
+    spec = {"name": "m", "source": "m.onnx", "inputs": [{"name": "x", "shape": [1, 3]}], "targets": targets}
+    m = from_dict({**spec, "calibration": {"data": "*.npz"}}, tmp_path / "m.yaml")
+    searches = {t["name"]: t for t in model_tasks(m, tmp_path / "build") if t["basename"] == "search"}
+    assert sorted(searches) == ["m/bm1684x-INT8", "m/bm1688-INT8", "m/cv183x-INT8"]
+    action = {name: t["actions"][0][1][1] for name, t in searches.items()}
+    assert action["m/bm1684x-INT8"] is action["m/cv183x-INT8"] is stages.search_qtable
+    assert action["m/bm1688-INT8"] is stages.share_qtable
+    assert searches["m/bm1688-INT8"]["file_dep"] == searches["m/bm1684x-INT8"]["targets"]
+    source, copy = tmp_path / "a.txt", tmp_path / "b.txt"
+    source.write_text("# tpubuild quantize table\n# target: bm1684x-INT8\nconv F16\n")
+    stages.share_qtable(str(source), "bm1688-INT8", str(copy))
+    assert parse_quantize_table(copy.read_text()) == {"conv": "F16"}
+    assert "# target: bm1688-INT8 (searched as bm1684x-INT8" in copy.read_text()
 
 
 def test_the_validation_split_is_spread_and_bounded():
