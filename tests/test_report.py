@@ -165,6 +165,27 @@ def test_report_names_the_layer_groups_of_lg_mlir(zoo):
             assert f"{g.n_secs * g.h_secs} ({g.n_secs} × {g.h_secs})" in table
 
 
+def test_an_int8_page_lists_the_ops_that_compute_in_float_as_the_parsed_module_has_them(zoo):
+    from tpubuild.ir import mlir
+    from tpubuild.ir.mlir import load_module
+    from tpubuild.ir.quant import UniformType
+
+    t = zoo.target("cnn", "bm1684x-INT8")
+    module = load_module(t / "lg.mlir")
+    compute = [
+        op
+        for op in mlir.body_ops(module)
+        if op.name.startswith("tpu.") and op.name not in ("tpu.Cast", "tpu.Reshape") and op.results
+    ]
+    floats = [op for op in compute if not isinstance(op.results[0].type.element_type, UniformType)]
+    precision = report.read_precision((t / "lg.mlir").read_text())
+    assert precision.ops == len(compute) and [f[0] for f in precision.floats] == [op.loc_name for op in floats]
+    assert floats, "the cnn's softmax at least computes in float"
+    page = _html(t / "report.html")
+    assert f"{len(floats)} of {len(compute)} ops compute in float" in page
+    assert 'id="precision"' not in _html(zoo.target("cnn", "bm1684x-F32") / "report.html")
+
+
 def test_groups_read_from_the_module_attribute_equal_those_of_the_parsed_module(zoo):
     """The page reads lg.groups alone (and each op's type from its line), not the whole module: the same rows."""
     for target in ("bm1684x-F32", "bm1684x-INT8"):

@@ -152,6 +152,32 @@ class PageData:
     weight_bytes: int | None = None
     failure: tuple[str, str] | None = None  # (stage, message) of a build that stopped
     test_input: str | None = None  # where the test input came from (verify.json's test_input)
+    precision: Precision | None = None  # INT8 targets: which ops compute in float
+
+
+@dataclass(frozen=True)
+class Precision:
+    """An INT8 target's compute ops (casts aside) and those of them whose result is float."""
+
+    ops: int
+    floats: tuple[tuple[str, str, str], ...]  # (tensor, op, element type)
+
+
+_RESULT = re.compile(r"->\s*(?:\()?tensor<(?:[^<>]|<[^<>]*>)*?x?(!quant\.uniform|bf16|f16|f32)")
+_NOT_COMPUTED = ("tpu.Cast", "top.Input", "tpu.Reshape")
+
+
+def read_precision(text: str) -> Precision:
+    """Each compute op's result element type from a tpu.mlir or lg.mlir text (one op per line, as written)."""
+    ops, floats = 0, []
+    for line in text.split("\n"):
+        op, loc, result = _OP_LINE.search(line), _LOC.search(line), _RESULT.search(line)
+        if not op or not loc or not result or not op.group(1).startswith("tpu.") or op.group(1) in _NOT_COMPUTED:
+            continue
+        ops += 1
+        if result.group(1) != "!quant.uniform":
+            floats.append((_QUOTED.findall(loc.group(1))[0], op.group(1), result.group(1)))
+    return Precision(ops, tuple(floats))
 
 
 _GROUPS_ATTR = "lg.groups = "
@@ -322,6 +348,7 @@ def target_page(
         spans=command_spans(mf),
         model_bytes=Path(model_file).stat().st_size,
         weight_bytes=len(mf.weights),
+        precision=read_precision(Path(lg_mlir).read_text(encoding="utf-8")) if target.endswith("INT8") else None,
     )
 
 
@@ -655,6 +682,20 @@ def groups_section(d: PageData) -> str:
     )
 
 
+def precision_section(d: PageData) -> str:
+    if d.precision is None:
+        return ""
+    floats = d.precision.floats
+    names = [f"{e(name)} <small>({e(op.removeprefix('tpu.'))}, {e(elem)})</small>" for name, op, elem in floats]
+    listed = f"<details><summary>the {len(floats)} float ops</summary>{', '.join(names)}</details>" if names else ""
+    return (
+        f'<h2 id="precision">Precision</h2><p class="precision">{len(floats)} of {d.precision.ops} ops compute '
+        "in float: those the mixed-precision search kept (its table is qtable.txt beside this page), per-sample "
+        "vectors and Concats of unlike ranges (docs/lowering.md), and ops INT8 has no rule for (Softmax, "
+        f"LayerNorm, ...); the rest compute in INT8.</p>{listed}"
+    )
+
+
 def timeline_section(d: PageData) -> str:
     from tpubuild.verify import charts
 
@@ -701,6 +742,7 @@ def render(d: PageData) -> str:
         levels_table(d.levels),
         # on a page about a failure, the levels that passed keep their charts folded
         *(level_section(lv, i, fold=not d.passed and bool(lv.comp["passed"])) for i, lv in enumerate(d.levels)),
+        precision_section(d),
         groups_section(d),
         timeline_section(d),
         "</body></html>",
