@@ -410,6 +410,11 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
 # ---- where INT8 must not go ------------------------------------------------------------
 
 
+# The ops that pass a Concat's values on element by element, or move them: after a Concat of unlike ranges
+# they stay float with it (float_region).
+PASS_ON = (*SAME_TYPE, *UNARY, *SCALAR_BINARY, top.ConcatOp, top.PadOp, top.InterpOp, top.MaxPoolOp)
+
+
 def _range(lw: Lowering, v: SSAValue) -> float:
     array = lw.weight_array(v)
     if array is not None:
@@ -447,8 +452,15 @@ def vector_region(lw: Lowering) -> set[Operation]:
 
 
 def float_region(lw: Lowering) -> set[Operation]:
-    """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and every op after them;
-    Adds and Subs of such inputs, alone; per-sample vectors (vector_region).
+    """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and the ops after them that
+    pass their values on element by element (PASS_ON); Adds and Subs of such inputs, alone; per-sample
+    vectors (vector_region).
+
+    An INT8 op that passes values on would put the Concat's result back under one scale (a detection head's
+    transposed output, a transformer's residual stream after Concat(class token, patches)); an op that mixes
+    them (Conv, MatMul, LayerNorm, ...) computes from them at its input's threshold as it would anyway, and
+    the search keeps it in float if INT8 there costs too much: a ViT keeps its residual Adds in float, not
+    every matmul after the class token's Concat.
 
     An Add's output scale follows its larger input, so the smaller one would be
     rounded away: BERT's attention scores (about +-30) plus its padding mask
@@ -459,7 +471,8 @@ def float_region(lw: Lowering) -> set[Operation]:
     forced: set[Operation] = set()
     alone: set[Operation] = set()
     for op in lw.ops:
-        if any(v.owner in forced for v in op.operands) or (isinstance(op, top.ConcatOp) and _ranges_differ(lw, op)):
+        starts = isinstance(op, top.ConcatOp) and _ranges_differ(lw, op)
+        if starts or (isinstance(op, PASS_ON) and any(v.owner in forced for v in op.operands)):
             forced.add(op)
         elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
             alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)
