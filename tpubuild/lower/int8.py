@@ -446,7 +446,7 @@ def _is_vector(op: TensorOp) -> bool:
 
 def vector_region(lw: Lowering) -> set[Operation]:
     """The ops whose result is a per-sample vector, if together they are cheap (VECTOR_MACS_SHARE)."""
-    vectors = {op for op in lw.ops if not isinstance(op, NOT_COMPUTED) and _is_vector(op)}
+    vectors: set[Operation] = {op for op in lw.ops if not isinstance(op, NOT_COMPUTED) and _is_vector(op)}
     total = sum(_macs(op) for op in lw.ops)
     return vectors if sum(_macs(op) for op in vectors) <= VECTOR_MACS_SHARE * total else set()
 
