@@ -107,16 +107,17 @@ class UrlCache:
 
     def restore(self, entry: Entry, targets: Sequence[str]) -> bool:
         """Download the entry's files as ``targets`` (all or none, each checked against its sha256);
-        False if one is missing or corrupt (the entry is then dropped)."""
-        from tpubuild.build.files import all_or_nothing
-
+        False if one is missing or corrupt (the entry is then dropped). From a cache on a local file system
+        the targets are hard links of its read-only files where it allows, as the folder cache restores."""
         files = entry.meta["files"]
         if len(files) != len(targets):
             return False
         try:
-            with all_or_nothing(*targets) as temps:
+            with _published(targets) as temps:
                 for i, (tmp, f) in enumerate(zip(temps, files, strict=True)):
-                    self.fs.get_file(self._path(entry.key[:2], entry.key, str(i)), str(tmp))
+                    member = self._path(entry.key[:2], entry.key, str(i))
+                    if not (self.local and _linked(member, tmp)):
+                        self.fs.get_file(member, tmp)
                     if file_digest(tmp) != f["sha256"]:
                         raise _Corrupt(f"file {i} ({f['name']}) does not match its digest")
         except FileNotFoundError:
@@ -127,15 +128,18 @@ class UrlCache:
             return False
         return True
 
-    def store(self, key: str, task_id: str, targets: Sequence[str], stdout: str) -> bool:
+    def store(
+        self, key: str, task_id: str, targets: Sequence[str], stdout: str, digests: Sequence[str] | None = None
+    ) -> bool:
         """Add the freshly built ``targets`` under ``key``, each also as a blob (the next stage's inputs);
-        False if the entry was there already."""
+        False if the entry was there already. ``digests``: their sha256s, when the caller has them."""
         if self.fs.exists(self._path(key[:2], key, _META)):
             return False
-        files = []
-        for target in targets:
-            sha = file_digest(target)
-            files.append({"name": Path(target).name, "size": os.path.getsize(target), "sha256": sha})
+        shas = list(digests) if digests is not None else [file_digest(t) for t in targets]
+        files = [
+            {"name": Path(t).name, "size": os.path.getsize(t), "sha256": sha}
+            for t, sha in zip(targets, shas, strict=True)
+        ]
         meta = {"format": FORMAT, "key": key, "task": task_id, "created": time.time(), "files": files, "stdout": stdout}
         text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
         final = self.entry_dir(key)
@@ -150,13 +154,18 @@ class UrlCache:
         return True
 
     def _store_local(self, final: str, targets: Sequence[str], meta_text: str) -> None:
-        """As cache.ArtifactCache.store: built in <root>/tmp/, renamed into place (the first of two writers wins)."""
+        """As cache.ArtifactCache.store: built in <root>/tmp/, renamed into place (the first of two writers wins).
+        Members are hard links of the targets where the file system allows (a stage's fresh targets, never
+        written again: stages publish by rename), read-only like every cache file."""
         base = Path(self._path("tmp"))
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
         try:
             for i, target in enumerate(targets):
-                shutil.copyfile(target, tmp / str(i))
+                try:
+                    os.link(target, tmp / str(i))
+                except OSError:  # another file system, or no links there
+                    shutil.copyfile(target, tmp / str(i))
                 os.chmod(tmp / str(i), 0o444)
             (tmp / _META).write_text(meta_text, encoding="utf-8")
             Path(final).parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +239,37 @@ class UrlCache:
         print(f"tpubuild: artifact cache: ignoring corrupt entry {self.entry_dir(key)} ({problem})", file=sys.stderr)
         with contextlib.suppress(OSError):
             self.fs.rm(self.entry_dir(key), recursive=True)
+
+
+@contextlib.contextmanager
+def _published(targets: Sequence[str]):
+    """Temp names beside ``targets`` (no file made yet): all are published together on success, or none, and
+    stale copies of the targets are removed (files.all_or_nothing without its empty temp files, which a hard
+    link would only replace)."""
+    temps = [f"{os.path.dirname(t)}/.{os.path.basename(t)}.{uuid.uuid4().hex}.tmp" for t in targets]
+    try:
+        for t in targets:
+            os.makedirs(os.path.dirname(t), exist_ok=True)
+        yield temps
+        for tmp, t in zip(temps, targets, strict=True):
+            os.replace(tmp, t)
+    except BaseException:
+        for p in [*temps, *targets]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        raise
+
+
+def _linked(src: str, dst: str) -> bool:
+    """Hard-link ``src`` at ``dst``; False where links are not possible (another file system). A missing ``src``
+    raises FileNotFoundError."""
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return False
+    return True
 
 
 class _Corrupt(Exception):
