@@ -179,7 +179,7 @@ class Session:
 
         targets = [str(t) for t in spec["targets"]]
         inputs = [str(p) for p in spec.get("inputs", ())]
-        key = stage_key(task_id, self.compiler, spec.get("config") or {}, kwargs, inputs, targets)
+        key = stage_key(task_id, self.compiler, spec.get("config") or {}, kwargs, inputs, targets, self.digest)
         entry = self.cache.lookup(key)
         if entry and self.cache.restore(entry, targets):
             self._restored(entry, targets)
@@ -197,14 +197,13 @@ class Session:
             "inputs": [self.location(p) for p in [*inputs, *_named_files(kwargs, {*inputs, *targets})]],
         }
         request["root"] = self.root_of(request)
-        answer = self._submit(task_id, key, request, priority)
+        entry, answer = self._submit(task_id, key, request, priority)
         for path, text in answer.get("kept", {}).items():  # a failed comparison's page, for the reports
             from tpubuild.build.files import write_text
 
             write_text(path, text)
         if "error" in answer:
             raise TpuBuildError(answer["error"])
-        entry = self.cache.lookup(key)
         if not (entry and self.cache.restore(entry, targets)):
             raise TpuBuildError(
                 f"the worker stored {task_id}'s outputs, but the artifact cache {self.cache.url} does not give them "
@@ -213,14 +212,21 @@ class Session:
             )
         self._restored(entry, targets)
         _clear(spec)
-        return {"cache": "miss", "stdout": answer.get("stdout", "")}
+        return {"cache": "miss", "stdout": entry.meta.get("stdout", "")}
 
-    def _submit(self, task_id: str, key: str, request: dict, priority: int) -> dict:
-        """``work(request)`` on the cluster (the scheduler reruns it elsewhere if its worker dies)."""
+    def _submit(self, task_id: str, key: str, request: dict, priority: int) -> tuple[Any, dict]:
+        """``work(request)`` on the cluster (the scheduler reruns it elsewhere if its worker dies): (the cache entry
+        it stored, or None; the worker's answer). A stage that ran stored its targets and its output under ``key``,
+        so its answer stays on the worker ({}); only when the cache has no entry is it fetched (a stage's error)."""
         try:
             future = self.client.submit(work, request, key=f"{task_id}-{key[:12]}", pure=False, priority=priority)
             try:
-                return future.result()
+                future.exception()  # waits for the stage; moves no data (anything but "finished": raised below)
+                if future.status == "finished":
+                    entry = self.cache.lookup(key)
+                    if entry is not None:
+                        return entry, {}
+                return self.cache.lookup(key), future.result()
             finally:
                 future.release()
         except Exception as err:  # distributed's own types vary by version: judged by the client's state
