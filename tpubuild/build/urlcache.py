@@ -93,7 +93,7 @@ class UrlCache:
     def lookup(self, key: str) -> Entry | None:
         """The entry for ``key`` if its meta.json is there and describes it (members are checked on restore)."""
         try:
-            meta = json.loads(self.fs.cat_file(self._path(key[:2], key, _META)))
+            meta = json.loads(self._read(self._path(key[:2], key, _META)))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as err:
@@ -133,7 +133,7 @@ class UrlCache:
     ) -> bool:
         """Add the freshly built ``targets`` under ``key``, each also as a blob (the next stage's inputs);
         False if the entry was there already. ``digests``: their sha256s, when the caller has them."""
-        if self.fs.exists(self._path(key[:2], key, _META)):
+        if self._exists(self._path(key[:2], key, _META)):
             return False
         shas = list(digests) if digests is not None else [file_digest(t) for t in targets]
         files = [
@@ -182,7 +182,7 @@ class UrlCache:
     def has_blob(self, sha: str) -> bool:
         if sha in self.known:
             return True
-        if self.fs.exists(self.blob_path(sha)):
+        if self._exists(self.blob_path(sha)):
             self.known.add(sha)
             return True
         return False
@@ -234,6 +234,17 @@ class UrlCache:
         os.replace(tmp, dest)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _read(self, path: str) -> bytes:
+        """The bytes of cache file ``path`` (on a local file system without fsspec's layers: a stage looks up its
+        entry twice)."""
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        return self.fs.cat_file(path)
+
+    def _exists(self, path: str) -> bool:
+        return os.path.exists(path) if self.local else self.fs.exists(path)
 
     def _discard(self, key: str, problem: str) -> None:
         print(f"tpubuild: artifact cache: ignoring corrupt entry {self.entry_dir(key)} ({problem})", file=sys.stderr)
