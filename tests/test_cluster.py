@@ -167,6 +167,46 @@ def test_s3_cache_store_restore_and_corrupt_entry(s3, tmp_path):
     assert not out[0].exists() and not out[1].exists()  # all or nothing
 
 
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_url_cache_stats_and_prune(where, s3, tmp_path, monkeypatch, capsys):
+    """`tpubuild cache stats` and `prune` on a cache at a URL: entries by stage and the cluster builds' blobs;
+    prune removes the least recently used (blobs too) down to the size asked, an entry's meta.json first."""
+    from tpubuild.build.urlcache import UrlCache
+    from tpubuild.cli import main as cli_main
+
+    url = f"{s3}/stats" if where == "s3" else f"file://{tmp_path / 'cache'}"
+    cache = UrlCache(url)
+    files = []
+    for i, size in enumerate((1000, 2000, 3000)):
+        f = tmp_path / f"t{i}.bin"
+        f.write_bytes(bytes([i]) * size)
+        files.append(f)
+        assert cache.store(f"{i:02d}" + "a" * 62, f"stage{i % 2}:m{i}", [str(f)], "")
+        time.sleep(1.1 if where == "s3" else 0.05)  # (S3 keeps modification times in seconds)
+    source = tmp_path / "source.onnx"  # a source a cluster build's client uploaded
+    source.write_bytes(b"onnx" * 1000)
+    cache.put_blob(source)
+    monkeypatch.setenv("TPUBUILD_ARTIFACT_CACHE", url)
+    assert cli_main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert f"artifact cache {url}: 3 entries, 5.9 KB (no size limit)" in out
+    assert "stage0" in out and "stage1" in out and "and 4 blobs" in out
+    source_bytes = 4000
+    # on a local file system a stored target's blob is a hard link of its entry's member: counted once
+    stored = 6000 + source_bytes + (0 if where == "file" else 6000)
+    assert cache.listing() and sum(i.bytes for i in cache.listing()) == 12000 + source_bytes
+    assert cli_main(["cache", "prune", "--max-bytes", str(stored - 2500)]) == 0
+    assert "removed " in capsys.readouterr().out
+    from tpubuild.build.urlcache import _disk_bytes
+
+    assert _disk_bytes(cache.listing()) <= stored - 2500
+    assert cache.lookup("00" + "a" * 62) is None  # the least recently used entry went, whole
+    newest = cache.lookup("02" + "a" * 62)
+    assert newest is not None and cache.restore(newest, [str(tmp_path / "back.bin")])
+    assert cli_main(["cache", "prune", "--older-than", "0"]) == 0
+    assert "0 entries" in capsys.readouterr().out and cache.listing() == []
+
+
 def test_cluster_build_on_s3_gives_the_local_bytes(manifest, local_build, s3, tmp_path):
     """Two process workers, the cache on S3: every artifact byte-identical to the local build, the same summary;
     a second cluster build into an empty folder restores everything from S3."""

@@ -19,6 +19,7 @@ from the usual AWS variables or files.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,9 @@ class UrlCache:
         except _Corrupt as err:
             self._discard(entry.key, str(err))
             return False
+        if self.local:  # its last use, as the folder cache keeps it (an object store has no cheap equivalent)
+            with contextlib.suppress(OSError):
+                os.utime(self._path(entry.key[:2], entry.key, _META))
         return True
 
     def store(
@@ -233,6 +238,96 @@ class UrlCache:
             )
         os.replace(tmp, dest)
 
+    # -- statistics, pruning ----------------------------------------------------------------
+
+    def listing(self) -> list[_Item]:
+        """Every complete entry and every blob, from one listing of the cache: their files (inode, bytes), the
+        entries' last use (meta.json's modification time: a restore from a local cache touches it; on an object
+        store it is when the entry was stored) and when each blob was stored."""
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except FileNotFoundError:
+            found = {}
+        entries: dict[str, _Item] = {}
+        items: list[_Item] = []
+        for path, info in found.items():
+            parts = path.rstrip("/").split("/")[-3:]
+            file = (int(info.get("ino") or 0), int(info.get("size") or 0))
+            if len(parts) == 3 and parts[0] == "blobs":
+                items.append(_Item("blob", parts[2], _mtime(info), [path], [file]))
+            elif len(parts) == 3 and len(parts[0]) == 2 and parts[1].startswith(parts[0]):
+                item = entries.setdefault(parts[1], _Item("entry", parts[1], -1.0, [], []))
+                item.paths.append(path)
+                if parts[2] == _META:
+                    item.last_use = _mtime(info)
+                else:
+                    item.files.append(file)
+        return items + [e for e in entries.values() if e.last_use >= 0]  # (members without meta.json: no entry)
+
+    def stats(self) -> dict[str, Any]:
+        """As ArtifactCache.stats, plus the blobs; no event log (an object store cannot append)."""
+        items = self.listing()
+        entries = [i for i in items if i.kind == "entry"]
+        paths = [self._path(e.name[:2], e.name, _META) for e in entries]
+        metas = self.fs.cat(paths, on_error="omit") if paths else {}
+        sizes = {e.name: e.bytes for e in entries}
+        per_stage: dict[str, list[int]] = {}
+        for path, text in metas.items():
+            key = path.rstrip("/").split("/")[-2]
+            try:
+                stage = str(json.loads(text).get("task", "?")).partition(":")[0]
+            except (ValueError, AttributeError):
+                continue
+            row = per_stage.setdefault(stage, [0, 0])
+            row[0] += 1
+            row[1] += sizes.get(key, 0)
+        blobs = [i for i in items if i.kind == "blob"]
+        return {
+            "root": self.url,
+            "entries": len(entries),
+            "bytes": sum(e.bytes for e in entries),
+            "stages": per_stage,
+            "events": {},
+            "max_bytes": 0,
+            "blobs": len(blobs),
+            "blob_bytes": sum(b.bytes for b in blobs),
+            "total_bytes": _disk_bytes(items),
+        }
+
+    def prune(
+        self, max_bytes: int | None = None, older_than_days: float | None = None, now: float | None = None
+    ) -> tuple[int, int]:
+        """Remove entries and blobs unused for ``older_than_days``, then the least recently used until the cache
+        holds at most ``max_bytes`` (entries and blobs together; a blob is wanted only while a build that uploaded
+        or stored it runs). An entry goes meta.json first, so a reader misses it rather than finding it partial.
+        Returns (entries and blobs removed, bytes freed)."""
+        now = time.time() if now is None else now
+        items = sorted(self.listing(), key=lambda i: i.last_use)
+        names: dict[int, int] = {}  # inode -> listed names still there (a local store links members and blobs)
+        for item in items:
+            for ino, _ in item.files:
+                names[ino] = names.get(ino, 0) + 1
+        total, removed, freed = _disk_bytes(items), 0, 0
+        for item in items:
+            old = older_than_days is not None and now - item.last_use > older_than_days * 86400
+            if not old and (max_bytes is None or total <= max_bytes):
+                continue
+            self._remove(item)
+            size = 0
+            for ino, nbytes in item.files:
+                names[ino] -= 1
+                size += nbytes if not ino or not names[ino] else 0  # an inode's bytes go with its last name
+            removed, freed, total = removed + 1, freed + size, total - size
+        return removed, freed
+
+    def _remove(self, item: _Item) -> None:
+        with contextlib.suppress(OSError):
+            if item.kind == "blob":
+                self.fs.rm_file(item.paths[0])
+                return
+            self.fs.rm_file(self._path(item.name[:2], item.name, _META))
+            self.fs.rm(self.entry_dir(item.name), recursive=True)
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _read(self, path: str) -> bytes:
@@ -281,6 +376,44 @@ def _linked(src: str, dst: str) -> bool:
     except OSError:
         return False
     return True
+
+
+@dataclass
+class _Item:
+    """An entry (name: its key) or a blob (name: its sha256) of a cache at a URL, for stats and prune."""
+
+    kind: str
+    name: str
+    last_use: float
+    paths: list[str]
+    files: list[tuple[int, int]]  # (inode, bytes) of its members or of the blob; inode 0 on a store without them
+
+    @property
+    def bytes(self) -> int:
+        return sum(nbytes for _, nbytes in self.files)
+
+
+def _disk_bytes(items: Sequence[_Item]) -> int:
+    """What ``items`` hold on their store, an inode several of them share counted once."""
+    seen: set[int] = set()
+    total = 0
+    for item in items:
+        for ino, nbytes in item.files:
+            if not ino or ino not in seen:
+                total += nbytes
+            seen.add(ino)
+    return total
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    """An fsspec listing's modification time in seconds (local: mtime; s3fs: LastModified, a datetime)."""
+    when: Any = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    if isinstance(when, datetime.datetime):
+        return when.timestamp()
+    try:
+        return float(when)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 class _Corrupt(Exception):
