@@ -8,9 +8,10 @@ progress line and the summary. What changes is where a stage's action runs (docs
   the artifact cache, which is a URL both sides can reach (urlcache.py); a hit is restored as in a local build;
 - on a miss it makes sure each input file is in the cache by its sha256 (files an earlier stage stored are,
   sources are uploaded once) and submits ``work`` with the content keys to Dask;
-- the worker checks that its compiler version is the client's, downloads the inputs by content key into its
-  own scratch folder (the client's absolute paths below it), runs the stage function there, stores the targets
-  under the key and answers with their digests; nothing else travels;
+- the worker checks that its compiler version is the client's, downloads the inputs by content key into a
+  scratch folder of its own (the build folder's paths in the same places relative to each other: _Mirror), runs
+  the stage function there and stores the targets and its output under the key; nothing else travels (a stage's
+  own error is the one answer the client fetches);
 - the client restores the targets into its build tree from the cache, and doit records them as usual.
 
 Nothing here imports dask or distributed at module level: doit_config (tasks.py) imports this module to
