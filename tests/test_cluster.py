@@ -167,6 +167,46 @@ def test_s3_cache_store_restore_and_corrupt_entry(s3, tmp_path):
     assert not out[0].exists() and not out[1].exists()  # all or nothing
 
 
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_url_cache_stats_and_prune(where, s3, tmp_path, monkeypatch, capsys):
+    """`tpubuild cache stats` and `prune` on a cache at a URL: entries by stage and the cluster builds' blobs;
+    prune removes the least recently used (blobs too) down to the size asked, an entry's meta.json first."""
+    from tpubuild.build.urlcache import UrlCache
+    from tpubuild.cli import main as cli_main
+
+    url = f"{s3}/stats" if where == "s3" else f"file://{tmp_path / 'cache'}"
+    cache = UrlCache(url)
+    files = []
+    for i, size in enumerate((1000, 2000, 3000)):
+        f = tmp_path / f"t{i}.bin"
+        f.write_bytes(bytes([i]) * size)
+        files.append(f)
+        assert cache.store(f"{i:02d}" + "a" * 62, f"stage{i % 2}:m{i}", [str(f)], "")
+        time.sleep(1.1 if where == "s3" else 0.05)  # (S3 keeps modification times in seconds)
+    source = tmp_path / "source.onnx"  # a source a cluster build's client uploaded
+    source.write_bytes(b"onnx" * 1000)
+    cache.put_blob(source)
+    monkeypatch.setenv("TPUBUILD_ARTIFACT_CACHE", url)
+    assert cli_main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert f"artifact cache {url}: 3 entries, 5.9 KB (no size limit)" in out
+    assert "stage0" in out and "stage1" in out and "and 4 blobs" in out
+    source_bytes = 4000
+    # on a local file system a stored target's blob is a hard link of its entry's member: counted once
+    stored = 6000 + source_bytes + (0 if where == "file" else 6000)
+    assert cache.listing() and sum(i.bytes for i in cache.listing()) == 12000 + source_bytes
+    assert cli_main(["cache", "prune", "--max-bytes", str(stored - 2500)]) == 0
+    assert "removed " in capsys.readouterr().out
+    from tpubuild.build.urlcache import _disk_bytes
+
+    assert _disk_bytes(cache.listing()) <= stored - 2500
+    assert cache.lookup("00" + "a" * 62) is None  # the least recently used entry went, whole
+    newest = cache.lookup("02" + "a" * 62)
+    assert newest is not None and cache.restore(newest, [str(tmp_path / "back.bin")])
+    assert cli_main(["cache", "prune", "--older-than", "0"]) == 0
+    assert "0 entries" in capsys.readouterr().out and cache.listing() == []
+
+
 def test_cluster_build_on_s3_gives_the_local_bytes(manifest, local_build, s3, tmp_path):
     """Two process workers, the cache on S3: every artifact byte-identical to the local build, the same summary;
     a second cluster build into an empty folder restores everything from S3."""
@@ -182,10 +222,13 @@ def test_cluster_build_on_s3_gives_the_local_bytes(manifest, local_build, s3, tm
         assert again.returncode == 0, again.stdout + again.stderr
         assert "15 ran (15 restored from the artifact cache)" in again.stdout
         assert artifacts(tmp_path / "again") == local
-        # each worker worked in its own folder (removed with the cluster), and left no stage's scratch behind
-        folders = sorted(p for p in (tmp_path / "workers").rglob("tpubuild") if p.is_dir())
+        # each worker worked in its own folder (removed with the cluster), and left no stage's file behind: besides
+        # its copies of files by sha256, its scratch folders (kept for the next stage) hold folders only
+        folders = sorted(p for p in (tmp_path / "workers").glob("**/worker-*/tpubuild") if p.is_dir())
         assert len(folders) == 2
-        assert all(sorted(q.name for q in f.iterdir()) == ["blobs"] for f in folders)
+        for f in folders:
+            assert (f / "blobs").is_dir()
+            assert not [q for q in f.rglob("*") if not q.is_dir() and q.relative_to(f).parts[0] != "blobs"]
 
 
 def _processing(client, prefix: str) -> str | None:
@@ -370,3 +413,48 @@ def test_files_named_in_options_travel_with_the_inputs(tmp_path):
         "mode": "F32",
     }
     assert _named_files(options, {str(mlir), str(tmp_path / "tpu.mlir")}) == [str(table)]
+
+
+def test_scratch_paths_keep_the_build_folder_s_places_and_come_back(tmp_path):
+    """A worker's scratch folder stands for the stage's deepest build folder; files outside the build folder sit at
+    their full path below .outside; text with scratch paths in it gets the client's paths back."""
+    from tpubuild.build.cluster import Session, _Mirror
+
+    session = Session.__new__(Session)  # only root_of: no client, no cache
+    session.build = "/home/me/zoo/build"
+    request = {
+        "targets": ["/home/me/zoo/build/m/bm1684x-INT8/tpu.mlir"],
+        "clears": [],
+        "inputs": [{"path": "/home/me/zoo/build/m/cali.mlir"}, {"path": "/home/me/zoo/models/user.qtable"}],
+        "kwargs": {"in_mlir": "/home/me/zoo/build/m/cali.mlir", "mode": "INT8", "out": "/home/me/zoo/build/m/x"},
+    }
+    root = session.root_of(request)
+    assert root == "/home/me/zoo/build/m"
+    here = _Mirror(tmp_path / "s", root)
+    assert here.path("/home/me/zoo/build/m/bm1684x-INT8/tpu.mlir") == f"{tmp_path}/s/bm1684x-INT8/tpu.mlir"
+    assert here.path("/home/me/zoo/build/m") == f"{tmp_path}/s"
+    assert here.path("/home/me/zoo/models/user.qtable") == f"{tmp_path}/s/.outside/home/me/zoo/models/user.qtable"
+    assert here.map({"a": ["/home/me/zoo/build/m/cali.mlir", "rel", 3]}) == {"a": [f"{tmp_path}/s/cali.mlir", "rel", 3]}
+    text = f"{tmp_path}/s/cali.mlir: bad, see {tmp_path}/s/.outside/home/me/zoo/models/user.qtable"
+    assert here.back(text) == "/home/me/zoo/build/m/cali.mlir: bad, see /home/me/zoo/models/user.qtable"
+
+
+def test_scratch_folder_is_emptied_of_files_and_reused(tmp_path, monkeypatch):
+    """A stage's scratch folder comes back empty of files for the next stage (its folders kept); one holding more
+    folders than SCRATCH_FOLDERS is removed whole."""
+    from tpubuild.build import cluster
+
+    monkeypatch.setattr(cluster, "_scratch_root", lambda: tmp_path)
+    monkeypatch.setattr(cluster, "_FREE", {})
+    with cluster._scratch() as first:
+        (first / "a" / "b").mkdir(parents=True)
+        (first / "a" / "b" / "t.mlir").write_text("x", encoding="utf-8")
+        (first / "top.npz").write_text("y", encoding="utf-8")
+    with cluster._scratch() as second:
+        assert second == first
+        assert not [p for p in second.rglob("*") if not p.is_dir()] and (second / "a" / "b").is_dir()
+        for i in range(cluster.SCRATCH_FOLDERS + 1):
+            (second / f"d{i}").mkdir()
+    assert not second.exists()
+    with cluster._scratch() as third:
+        assert third != second

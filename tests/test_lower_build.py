@@ -185,6 +185,29 @@ def test_quantize_table_content_reruns_lowering(zoo):
     assert '"tpu.MatMul"' in text and 'xf16> loc("logits")' in text
 
 
+@pytest.mark.parametrize("search", [True, False])
+def test_the_quantize_table_lowering_reads_is_its_file_dep(zoo, search):
+    """A user's quantize table is an input of the stages that read it (lowering; an INT8 target's verify_tpu, whose
+    failure hint reads it), or the table the search made from it is."""
+    from tpubuild.build.manifest import load_manifest
+    from tpubuild.build.tasks import model_tasks
+
+    (zoo.models / "qtable.txt").write_text("logits F16\n")
+    extra = "quantize_table: qtable.txt\n" + ("" if search else "mixed_precision: {search: false}\n")
+    zoo.manifest("bm1684x-F32", "bm1684x-INT8", extra=extra)
+    tasks = {f"{t['basename']}:{t['name']}": t for t in model_tasks(load_manifest(zoo.models / "m.yaml"), zoo.build)}
+    user, searched = str(zoo.models / "qtable.txt"), str(zoo.build / "m" / "bm1684x-INT8" / "qtable.txt")
+    int8_table = searched if search else user
+    assert user in tasks["lower:m/bm1684x-F32"]["file_dep"]
+    assert int8_table in tasks["lower:m/bm1684x-INT8"]["file_dep"]
+    assert int8_table in tasks["verify_tpu:m/bm1684x-INT8"]["file_dep"]
+    assert user not in tasks["verify_tpu:m/bm1684x-F32"]["file_dep"]  # a float target's verification reads none
+    if search:
+        assert (
+            user in tasks["search:m/bm1684x-INT8"]["file_dep"] and user not in tasks["lower:m/bm1684x-INT8"]["file_dep"]
+        )
+
+
 def test_unsupported_mode_is_refused_before_any_work(zoo):
     zoo.manifest("bm1684x-INT8", "cv183x-F32")
     run = zoo.doit("compile")

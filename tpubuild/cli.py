@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tpubuild.errors import TpuBuildError
 
@@ -146,28 +147,34 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from tpubuild.build.cache import ArtifactCache, cache_root, format_bytes
+    from tpubuild.build.cache import ArtifactCache, cache_root, cache_url, format_bytes
 
-    from tpubuild.build.cache import cache_url
-
-    if cache_url():
-        raise TpuBuildError(
-            f"`tpubuild cache` reads a cache folder; {cache_url()} is a URL",
-            hint="use the store's own tools (aws s3 ls/rm) for a cache at a URL",
-        )
+    url = cache_url()
     root = cache_root()
-    if root is None:
+    if url is None and root is None:
         print("the artifact cache is off (TPUBUILD_CACHE or TPUBUILD_ARTIFACT_CACHE is 'off')")
         return 0
-    cache = ArtifactCache(root)
+    if url is not None:  # a cache at a URL (urlcache.py): its entries and the blobs of cluster builds
+        from tpubuild.build.urlcache import UrlCache
+
+        cache: Any = UrlCache(url)
+    else:
+        assert root is not None
+        cache = ArtifactCache(root)
     if args.cache_command == "prune":
         if args.max_bytes is None and args.older_than is None:
             raise TpuBuildError("cache prune needs --max-bytes N and/or --older-than DAYS")
         removed, freed = cache.prune(max_bytes=args.max_bytes, older_than_days=args.older_than)
-        print(f"removed {removed} entries, {format_bytes(freed)} freed")
+        what = "entries and blobs" if url else "entries"
+        print(f"removed {removed} {what}, {format_bytes(freed)} freed")
     stats = cache.stats()
     limit = f"of at most {format_bytes(stats['max_bytes'])}" if stats["max_bytes"] else "(no size limit)"
     print(f"artifact cache {stats['root']}: {stats['entries']} entries, {format_bytes(stats['bytes'])} {limit}")
+    if "blobs" in stats:
+        print(
+            f"  and {stats['blobs']} blobs (files by sha256 for cluster builds), {format_bytes(stats['blob_bytes'])}; "
+            f"{format_bytes(stats['total_bytes'])} stored in all (hard links counted once)"
+        )
     for stage, (count, size) in sorted(stats["stages"].items()):
         print(f"  {stage:<14} {count:>6} entries  {format_bytes(size):>10}")
     events = stats["events"]
@@ -289,7 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="the artifact cache of stage outputs: stats, prune")
     cache_sub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
     cache_sub.add_parser("stats", help="entries, bytes per stage, hits and misses")
-    q = cache_sub.add_parser("prune", help="remove entries unused for DAYS, then the least recently used past N bytes")
+    q = cache_sub.add_parser(
+        "prune",
+        help="remove entries unused for DAYS, then the least recently used past N bytes (a cache at a URL: its "
+        "blobs too)",
+    )
     q.add_argument("--max-bytes", type=_byte_count, metavar="N", help="keep at most N bytes (suffixes K, M, G)")
     q.add_argument("--older-than", type=float, metavar="DAYS", help="remove entries unused for DAYS days")
     p.set_defaults(func=cmd_cache)

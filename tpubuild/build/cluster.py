@@ -8,9 +8,10 @@ progress line and the summary. What changes is where a stage's action runs (docs
   the artifact cache, which is a URL both sides can reach (urlcache.py); a hit is restored as in a local build;
 - on a miss it makes sure each input file is in the cache by its sha256 (files an earlier stage stored are,
   sources are uploaded once) and submits ``work`` with the content keys to Dask;
-- the worker checks that its compiler version is the client's, downloads the inputs by content key into its
-  own scratch folder (the client's absolute paths below it), runs the stage function there, stores the targets
-  under the key and answers with their digests; nothing else travels;
+- the worker checks that its compiler version is the client's, downloads the inputs by content key into a
+  scratch folder of its own (the build folder's paths in the same places relative to each other: _Mirror), runs
+  the stage function there and stores the targets and its output under the key; nothing else travels (a stage's
+  own error is the one answer the client fetches);
 - the client restores the targets into its build tree from the cache, and doit records them as usual.
 
 Nothing here imports dask or distributed at module level: doit_config (tasks.py) imports this module to
@@ -20,6 +21,7 @@ install the runner only when a scheduler is named, and the runner connects when 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import multiprocessing
@@ -30,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,9 @@ from tpubuild.errors import TpuBuildError
 
 VARIABLE = "TPUBUILD_SCHEDULER"
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable scheduler fails the build this fast
+# stages the client keeps submitted per worker thread of the cluster: with two, a small stage's round trip (submit,
+# the worker's fetch and store, the answer, the restore) left the workers idle most of the time
+IN_FLIGHT = 8
 
 
 class SchedulerLost(Exception):
@@ -102,11 +107,12 @@ def shared_cache_url() -> str:
 class Session:
     """The client's side of a cluster build: the Dask client, the cache, and where each file already is."""
 
-    def __init__(self, client, cache_url: str):
+    def __init__(self, client, cache_url: str, build: str | os.PathLike = "/"):
         from tpubuild.build.urlcache import UrlCache
         from tpubuild.build.version import compiler_version
 
         self.client = client
+        self.build = os.path.abspath(build).rstrip("/")  # the build folder: its paths keep their places on a worker
         self.address = client.scheduler.address
         self.cache = UrlCache(cache_url)
         self.compiler = compiler_version()
@@ -160,6 +166,13 @@ class Session:
             self.cache.put_blob(path, sha)
         return {"path": path, "sha256": sha, "member": member}
 
+    def root_of(self, request: Mapping[str, Any]) -> str:
+        """The deepest folder holding the request's paths in the build folder (its targets, inputs, the files it
+        clears or its options name): where the worker's scratch folder stands for (``_Mirror``)."""
+        paths = [*request["targets"], *request["clears"], *(item["path"] for item in request["inputs"])]
+        paths += _absolute(request["kwargs"])
+        return _common_folder([p for p in paths if p.startswith(self.build + "/")])
+
     def run(self, task_id: str, func, kwargs: dict[str, Any], spec: Mapping[str, Any], priority: int = 0) -> dict:
         """One stage through the cache and the cluster: {"cache": "hit" | "miss", "stdout": text}; a TpuBuildError
         for the stage's own error, SchedulerLost when the cluster went away."""
@@ -167,7 +180,7 @@ class Session:
 
         targets = [str(t) for t in spec["targets"]]
         inputs = [str(p) for p in spec.get("inputs", ())]
-        key = stage_key(task_id, self.compiler, spec.get("config") or {}, kwargs, inputs, targets)
+        key = stage_key(task_id, self.compiler, spec.get("config") or {}, kwargs, inputs, targets, self.digest)
         entry = self.cache.lookup(key)
         if entry and self.cache.restore(entry, targets):
             self._restored(entry, targets)
@@ -184,14 +197,14 @@ class Session:
             "cache": self.cache.url,
             "inputs": [self.location(p) for p in [*inputs, *_named_files(kwargs, {*inputs, *targets})]],
         }
-        answer = self._submit(task_id, key, request, priority)
+        request["root"] = self.root_of(request)
+        entry, answer = self._submit(task_id, key, request, priority)
         for path, text in answer.get("kept", {}).items():  # a failed comparison's page, for the reports
             from tpubuild.build.files import write_text
 
             write_text(path, text)
         if "error" in answer:
             raise TpuBuildError(answer["error"])
-        entry = self.cache.lookup(key)
         if not (entry and self.cache.restore(entry, targets)):
             raise TpuBuildError(
                 f"the worker stored {task_id}'s outputs, but the artifact cache {self.cache.url} does not give them "
@@ -200,14 +213,21 @@ class Session:
             )
         self._restored(entry, targets)
         _clear(spec)
-        return {"cache": "miss", "stdout": answer.get("stdout", "")}
+        return {"cache": "miss", "stdout": entry.meta.get("stdout", "")}
 
-    def _submit(self, task_id: str, key: str, request: dict, priority: int) -> dict:
-        """``work(request)`` on the cluster (the scheduler reruns it elsewhere if its worker dies)."""
+    def _submit(self, task_id: str, key: str, request: dict, priority: int) -> tuple[Any, dict]:
+        """``work(request)`` on the cluster (the scheduler reruns it elsewhere if its worker dies): (the cache entry
+        it stored, or None; the worker's answer). A stage that ran stored its targets and its output under ``key``,
+        so its answer stays on the worker ({}); only when the cache has no entry is it fetched (a stage's error)."""
         try:
             future = self.client.submit(work, request, key=f"{task_id}-{key[:12]}", pure=False, priority=priority)
             try:
-                return future.result()
+                future.exception()  # waits for the stage; moves no data (anything but "finished": raised below)
+                if future.status == "finished":
+                    entry = self.cache.lookup(key)
+                    if entry is not None:
+                        return entry, {}
+                return self.cache.lookup(key), future.result()
             finally:
                 future.release()
         except Exception as err:  # distributed's own types vary by version: judged by the client's state
@@ -229,6 +249,15 @@ class Session:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # a scheduler already gone: nothing left to close cleanly
             self.client.close(timeout=2)
+
+
+def _absolute(value: Any) -> list[str]:
+    """The absolute paths among the strings of ``value`` (options: mappings and lists of them)."""
+    if isinstance(value, Mapping):
+        return [p for v in value.values() for p in _absolute(v)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _absolute(v)]
+    return [value] if isinstance(value, str) and os.path.isabs(value) else []
 
 
 def _named_files(value: Any, known: set[str]) -> list[str]:
@@ -258,8 +287,8 @@ class DaskRunner(MThreadRunner):
     doit's thread runner would run each action in its thread, swapping sys.stdout for each (racing between
     threads); here a thread never runs a stage's action: it submits it (``Session.run``) and hands doit the
     outcome, its output and values as a process would (MRunner's result dict). Tasks whose action is not a stage
-    (a broken manifest's failure) run in the thread under a lock. As many threads as the cluster has worker
-    threads (or ``-n``, if more), so every worker has a stage and the next one's inputs are on their way.
+    (a broken manifest's failure) run in the thread under a lock. IN_FLIGHT threads per worker thread of the
+    cluster (or ``-n``, if more), so every worker has a stage and the next ones are queued at the scheduler.
     """
 
     warms_up = False  # dispatch._serve: the client imports no stage modules
@@ -272,13 +301,16 @@ class DaskRunner(MThreadRunner):
     def run_all(self, task_dispatcher):
         address = scheduler_address() or ""
         try:
-            self.session = Session(connect(address), shared_cache_url())
+            # the build folder holds doit's DB (tasks.doit_config)
+            build = os.path.dirname(os.path.abspath(self.dep_manager.name))
+            self.session = Session(connect(address), shared_cache_url(), build)
         except TpuBuildError as err:
             print(f"tpubuild: error: {err}", file=sys.stderr)
             return ERROR
-        # twice the worker threads: a worker that finishes a stage finds the next one queued at the scheduler while
-        # the client restores the last one's targets
-        self.num_process = max(self.num_process, 2 * self.session.threads())
+        # IN_FLIGHT stages per worker thread: a worker that finishes a stage finds the next ones queued at the
+        # scheduler (by priority) while the client restores the last one's targets and submits more; each client
+        # thread only waits for its stage's answer
+        self.num_process = max(self.num_process, IN_FLIGHT * self.session.threads())
         self.session.warm_up()
         try:
             return super().run_all(task_dispatcher)  # its finally saves the DB of every finished task
@@ -381,24 +413,23 @@ def work(request: Mapping[str, Any]) -> dict[str, Any]:
             f"is {request['compiler']}\n  hint: install the client's tpubuild (the same release and sources) on "
             "every worker and restart them"
         }
-    scratch = _scratch_root() / uuid.uuid4().hex
-    try:
+    with _scratch() as scratch:
         return _work_in(request, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _work_in(request: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
+    from tpubuild.build.cache import file_digest
     from tpubuild.build.tasks import _debug_delay
-    from tpubuild.build.urlcache import UrlCache
 
     task_id = request["task_id"]
-    cache = UrlCache(request["cache"])
-    here = _Mirror(scratch)
-    for item in request["inputs"]:
-        _fetch(cache, item, here.path(item["path"]))
-    for target in request["targets"]:
-        Path(here.path(target)).parent.mkdir(parents=True, exist_ok=True)
+    cache = _cache_at(request["cache"])
+    here = _Mirror(scratch, request["root"])
+    blobs = os.path.join(scratch.parent, "blobs")  # this worker's copies of files by sha256, beside its scratch folders
+    places = [here.path(item["path"]) for item in request["inputs"]]
+    for folder in {os.path.dirname(p) for p in [*places, *map(here.path, request["targets"])]}:
+        os.makedirs(folder, exist_ok=True)
+    for item, place in zip(request["inputs"], places, strict=True):
+        _fetch(cache, item, place, blobs)
     kwargs = here.map(request["kwargs"])
     _debug_delay(task_id)
     t0 = time.perf_counter()
@@ -414,23 +445,47 @@ def _work_in(request: Mapping[str, Any], scratch: Path) -> dict[str, Any]:
                 kept[path] = here.back(Path(here.path(path)).read_text(encoding="utf-8"))
         return {"error": here.back(str(err.with_context(model=model, stage=stage))), "kept": kept}
     targets = [here.path(t) for t in request["targets"]]
+    digests = [file_digest(t) for t in targets]
     stdout = here.back(out.getvalue())
     _debug_delay(f"store:{task_id}")  # (tests kill a worker here: outputs made, none stored)
-    cache.store(request["key"], task_id, targets, stdout)
-    for target in targets:  # the next stage on this worker reads them without a download
-        _keep_local(target)
+    cache.store(request["key"], task_id, targets, stdout, digests)
+    # the next stage on this worker reads them without a download
+    for target, sha in zip(targets, digests, strict=True):
+        _keep_local(target, sha, blobs)
     return {"stdout": stdout, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-class _Mirror:
-    """The client's absolute paths below a worker's scratch folder: a stage reads and writes the same relative
-    places (a module's weight file beside it), and any path in its options maps the same way."""
+@functools.lru_cache(maxsize=8)
+def _cache_at(url: str):
+    """The worker's UrlCache of ``url``, made once per process (a file system object, the blobs it knows)."""
+    from tpubuild.build.urlcache import UrlCache
 
-    def __init__(self, root: Path):
-        self.root = str(root)
+    return UrlCache(url)
+
+
+class _Mirror:
+    """The client's absolute paths below a worker's scratch folder. The build folder's paths keep their places
+    relative to the deepest folder holding all of the stage's (``root``, the model's folder or a target's): a
+    stage reads and writes the same relative places (a module's weight file beside it, a report's graphs two
+    folders up), and any path in its options maps the same way. Other files (a manifest's sources, calibration
+    data) sit at their full path below ``<scratch>/.outside``, beside the files beside them on the client.
+
+    So a scratch folder holds the same few folders whatever the model, and is kept from stage to stage
+    (``_scratch``): on a busy disk making a folder costs up to a millisecond, as much as a small stage's whole
+    round trip besides, and the client's full depth for every stage cost more than the stage."""
+
+    OUTSIDE = "/.outside"
+
+    def __init__(self, scratch: Path, root: str):
+        self.scratch = str(scratch)
+        self.root = root.rstrip("/")
 
     def path(self, client_path: str) -> str:
-        return self.root + client_path if client_path.startswith("/") else client_path
+        if not client_path.startswith("/"):
+            return client_path
+        if self.root and (client_path == self.root or client_path.startswith(self.root + "/")):
+            return self.scratch + client_path[len(self.root) :]
+        return self.scratch + self.OUTSIDE + client_path
 
     def map(self, value: Any) -> Any:
         if isinstance(value, Mapping):
@@ -443,7 +498,20 @@ class _Mirror:
 
     def back(self, text: str) -> str:
         """Text a stage wrote with the client's paths in it again (its output, its error)."""
-        return text.replace(self.root, "")
+        return text.replace(self.scratch + self.OUTSIDE, "").replace(self.scratch, self.root)
+
+
+def _common_folder(paths: Sequence[str]) -> str:
+    """The deepest folder holding every one of ``paths`` (absolute) as a prefix of each of them: '' for none or '/'."""
+    if not paths:
+        return ""
+    try:
+        common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    except ValueError:
+        return ""
+    if common == "/" or not all(p.startswith(common + "/") for p in paths):
+        return ""  # (a path spelled with '//' or '/./': the whole path, as it is)
+    return common
 
 
 def _scratch_root() -> Path:
@@ -451,25 +519,78 @@ def _scratch_root() -> Path:
     try:
         from distributed import get_worker
 
-        base = Path(get_worker().local_directory)
+        base = get_worker().local_directory
     except (ImportError, ValueError):
-        base = Path(os.environ.get("TMPDIR", "/tmp"))
-    root = base / "tpubuild"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+        base = os.environ.get("TMPDIR", "/tmp")
+    return _made(os.path.join(base, "tpubuild"))
 
 
-def _local_blob(sha: str) -> Path:
-    return _scratch_root() / "blobs" / sha[:2] / sha
+# scratch folders no stage is using, by worker folder: emptied of files, their folders kept for the next stage
+_FREE: dict[Path, list[Path]] = {}
+_FREE_LOCK = threading.Lock()
+SCRATCH_FOLDERS = 64  # a scratch folder holding more folders than this is removed whole after its stage
 
 
-def _fetch(cache, item: Mapping[str, Any], dest: str) -> None:
-    """Input ``item`` (its sha256 and cache member) at ``dest``: a hard link of this worker's copy, or a download."""
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A scratch folder for one stage, holding no file: a worker thread's previous one, emptied of files, or a new
+    one. Its folders stay from stage to stage: making a folder costs up to a millisecond of system time on a busy
+    disk, as much as the rest of a small stage's round trip, while removing the files (hard links, mostly) does
+    not. A folder that holds more than SCRATCH_FOLDERS folders, or could not be emptied, is removed whole."""
+    base = _scratch_root()
+    with _FREE_LOCK:
+        free = _FREE.setdefault(base, [])
+        root = free.pop() if free else base / uuid.uuid4().hex
+    try:
+        yield root
+    finally:
+        try:
+            kept = _emptied(root)
+        except OSError:
+            kept = False
+        if kept:
+            with _FREE_LOCK:
+                _FREE[base].append(root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _emptied(root: Path) -> bool:
+    """Remove every file below ``root``, keeping its folders; False (files may be left) if it holds more than
+    SCRATCH_FOLDERS folders."""
+    folders = [str(root)]
+    seen = 0
+    while folders:
+        folder = folders.pop()
+        seen += 1
+        if seen > SCRATCH_FOLDERS:
+            return False
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:  # (a stage that failed before its first input)
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.path)
+            else:
+                os.unlink(entry.path)
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _made(folder: str) -> Path:
+    """``folder``, made if missing (once per process: it stays while the worker runs)."""
+    os.makedirs(folder, exist_ok=True)
+    return Path(folder)
+
+
+def _fetch(cache, item: Mapping[str, Any], dest: str, blobs: str) -> None:
+    """Input ``item`` (its sha256 and cache member) at ``dest``: a hard link of this worker's copy (in ``blobs``),
+    or a download."""
     sha = item["sha256"]
-    local = _local_blob(sha)
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    if not local.exists():
-        local.parent.mkdir(parents=True, exist_ok=True)
+    local = os.path.join(blobs, sha[:2], sha)
+    if not os.path.exists(local):
+        _made(os.path.dirname(local))
         cache.get_blob(sha, local, item.get("member"))
         os.chmod(local, 0o444)  # linked into scratch folders: a stage replaces its files, never edits them
     try:
@@ -478,12 +599,10 @@ def _fetch(cache, item: Mapping[str, Any], dest: str) -> None:
         shutil.copyfile(local, dest)
 
 
-def _keep_local(path: str) -> None:
-    from tpubuild.build.cache import file_digest
-
-    local = _local_blob(file_digest(path))
-    if not local.exists():
-        local.parent.mkdir(parents=True, exist_ok=True)
+def _keep_local(path: str, sha: str, blobs: str) -> None:
+    local = os.path.join(blobs, sha[:2], sha)
+    if not os.path.exists(local):
+        _made(os.path.dirname(local))
         with contextlib.suppress(OSError):
             os.link(path, local)
 

@@ -344,7 +344,9 @@ def _target_tasks(
 
     Float targets read canonical.mlir and never wait for calibration; INT8 targets
     read cali.mlir and the cali_table, and with `mixed_precision.search` the quantize
-    table the search writes (the user's table merged in) instead of the user's. Lowering's
+    table the search writes (the user's table merged in) instead of the user's; the table
+    lowering reads is a file_dep of lowering and of an INT8 target's verify_tpu (its failure
+    hint reads it). Lowering's
     config is the target itself, the chip's modes (it picks the float mode ops fall back
     to) and the user table's content, so editing one target or recalibrating re-runs only
     what reads it. ``searched_as``: an earlier target whose INT8 lowering is this one's but for the chip's
@@ -376,7 +378,10 @@ def _target_tasks(
             "out_mlir": str(tp.tpu_mlir),
             "out_weights": str(tp.tpu_weights),
         },
-        file_dep=[in_mlir, p.canonical_weights] + ([p.cali_table] if int8 else []) + ([tp.qtable] if searched else []),
+        # the table it reads (the search's, or the user's) is an input: doit orders, checks and ships it as one
+        file_dep=[in_mlir, p.canonical_weights]
+        + ([p.cali_table] if int8 else [])
+        + ([lower_table] if lower_table else []),
         targets=[tp.tpu_mlir, tp.tpu_weights],
         config={
             "target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},
@@ -406,7 +411,8 @@ def _target_tasks(
             "quantize_table": str(lower_table) if int8 and lower_table else None,
         },
         file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs]
-        + ([p.cali_table] if int8 else []),
+        + ([p.cali_table] if int8 else [])
+        + ([lower_table] if int8 and lower_table else []),
         targets=[tp.tpu_outs, tp.tpu_raw, tp.verify_tpu],
         config={"tolerance": tol, "outputs": m.outputs},
     )
