@@ -252,3 +252,75 @@ def test_zoo_cpu_targets_match_top():
     bench = _bench("iree")
     code = bench.main(["--no-onnx-path", "--runs", "1"])
     assert code == 0
+
+
+def _top_and_iree(tmp_path, model, inputs: dict) -> tuple[dict, dict]:
+    """A model's outputs by TOP inference and by its export compiled and run by IREE (one iree-compile)."""
+    from tpubuild.build.cpu import Vmfb, compile_vmfb
+    from tpubuild.export.tosa import export_module
+    from tpubuild.top.inference import run
+
+    module, weights = _top_module(tmp_path, model, inputs)
+    top = run(module, weights, inputs, all_tensors=False)
+    path = tmp_path / "export.mlir"
+    path.write_text(export_module(module, weights, "tiny"), encoding="utf-8")
+    compile_vmfb(str(path), str(tmp_path / "export.vmfb"))
+    return top, Vmfb(str(tmp_path / "export.vmfb")).run(inputs)
+
+
+def _same_bits(top: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Where IREE's value is TOP's bit for bit (a 2/4-bit result read from its carried byte; any NaN equals any)."""
+    from tpubuild.export.tosa import CARRIED
+
+    got = got.view(top.dtype) if top.dtype in CARRIED else got
+    assert got.dtype == top.dtype and got.shape == top.shape
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[top.dtype.itemsize]
+    nan = np.isnan(top.astype(np.float64)) & np.isnan(got.astype(np.float64))
+    return (top.view(unsigned) == got.view(unsigned)) | nan
+
+
+@needs_iree
+def test_casts_to_and_from_8_bit_floats_and_2_4_bit_types(tmp_path):
+    """ONNX Cast to each 8-bit float (saturating or not, e8m0's three roundings), float4 and the 2/4-bit integers
+    and back to float32/float16, on every value of those types, their midpoints (ties) and the values next to
+    them, out-of-range values, infinities and NaN: bit for bit as TOP's kernel (ml_dtypes)."""
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    conftest = _conftest()
+    values = {0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, 1e-40}
+    for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz):
+        grid = np.unique(np.arange(256, dtype=np.uint8).view(dt).astype(np.float32))
+        grid = grid[np.isfinite(grid)]
+        mids = (grid[:-1] + grid[1:]) / 2
+        big = float(ml_dtypes.finfo(dt).max)
+        values.update([*grid, *mids, *np.nextafter(mids, np.float32(np.inf)), *np.nextafter(mids, -np.float32(1e9))])
+        values.update([big * 1.03, -big * 1.07, big * 2])
+    x = np.array([*sorted(values), np.inf, -np.inf, np.nan, -np.nan, 0.25, 0.75, 1.25, 2.5, 5.0, 5.5, -3.5, 1.1])
+    x = x.astype(np.float32).reshape(1, -1)
+    ints = np.arange(-20, 20, dtype=np.float32).reshape(1, -1) + 0.5
+    nodes, outs = [], []
+
+    def cast(src: str, to: int, name: str, **attrs):
+        nodes.append(helper.make_node("Cast", [src], [name], to=to, **attrs))
+        outs.append(name)
+
+    floats = ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ")
+    for t in floats:
+        for saturate in (0, 1):
+            cast("x", getattr(TensorProto, t), f"{t}{saturate}", saturate=saturate)
+    for mode in ("up", "down", "nearest"):
+        cast("x", TensorProto.FLOAT8E8M0, f"e8m0_{mode}", round_mode=mode)
+    cast("x", TensorProto.FLOAT4E2M1, "f4")
+    for t in ("INT4", "UINT4", "INT2", "UINT2"):
+        cast("i", getattr(TensorProto, t), t)
+    cast("x", TensorProto.FLOAT16, "x16")
+    cast("x16", TensorProto.FLOAT8E5M2, "x16_e5m2", saturate=0)
+    for narrow in list(outs):
+        if narrow != "x16":
+            cast(narrow, TensorProto.FLOAT, f"{narrow}_f32")
+            cast(narrow, TensorProto.FLOAT16, f"{narrow}_f16")
+    model = conftest.make_onnx(nodes, {"x": x, "i": ints}, outs, opset=25)
+    top, got = _top_and_iree(tmp_path, model, {"x": x, "i": ints})
+    wrong = {n: int((~_same_bits(np.asarray(top[n]), np.asarray(got[n]))).sum()) for n in outs}
+    assert not any(wrong.values()), {n: c for n, c in wrong.items() if c}

@@ -8,12 +8,13 @@ activations), written from the same formula as the op's reference kernel.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import ml_dtypes
 import numpy as np
 
-from tpubuild.export.tosa import Body, Emitter, Val, element, rule, scalar_literal
+from tpubuild.export.tosa import CARRIED, NARROW, Body, Emitter, Val, element, rule, scalar_literal
 from tpubuild.ir import top
 from tpubuild.ir.types import dtype_from_name
 
@@ -334,11 +335,22 @@ def _(e: Emitter, op, p, args):
     return e.op1("tosa.select", [cond, a, b], shape, a.dtype)
 
 
-@rule(top.CastOp)
+@rule(top.CastOp, narrow=True)
 def _(e: Emitter, op, p: top.CastParams, args):
     (x,) = args
     to = dtype_from_name(p.to)
     element(to)
+    if x.dtype == to:
+        return x
+    if x.dtype in NARROW:
+        x = _decode(e, x)
+    if to in NARROW:
+        return _encode(e, x, to, p)
+    return _cast(e, x, to)
+
+
+def _cast(e: Emitter, x: Val, to: np.dtype) -> Val:
+    """A cast between the types TOSA and arith have."""
     if "u" in (x.dtype.kind, to.kind) and to != np.bool_ and x.dtype != np.bool_:
         return _unsigned_cast(e, x, to)
     if x.is_float and to.kind in "iu":
@@ -364,6 +376,152 @@ def _unsigned_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
         return e.map([x], lambda bd, v: bd.typed("arith.trunci", [(v[0], src)], dst), dtype=to)
     op = "arith.extui" if x.dtype.kind == "u" else "arith.extsi"
     return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
+
+
+# ---- 8-bit floats and 2/4-bit types (ONNX Cast) ---------------------------------------------------------
+# Computed on float32 and integer bits, as ml_dtypes (TOP's kernel) and onnx's to_float8e8m0 define them: a
+# float is rounded to nearest even on the type's grid in float32 (exact), clamped where ONNX saturates, and only
+# then truncf'd to the 8-bit type (IREE's truncf rounds values below the smallest normal wrongly); codes are
+# read back through a table of the type's values. float8_e8m0fnu, float4_e2m1fn and the 2/4-bit integers are
+# bit arithmetic on bytes.
+
+_F4 = np.dtype(ml_dtypes.float4_e2m1fn)
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+# float4_e2m1fn's magnitudes by code, and the rounding thresholds between neighbours: a tie goes to the even code,
+# so the step up from an even code needs more than the midpoint, from an odd one the midpoint itself
+_F4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_F4_STEPS = tuple(
+    ((a + b) / 2, "ogt" if k % 2 == 0 else "oge") for k, (a, b) in enumerate(itertools.pairwise(_F4_VALUES))
+)
+
+
+def _bits(dtype: np.dtype) -> int:
+    """The width of a 2/4-bit integer type."""
+    return 2 if "2" in dtype.name else 4
+
+
+def _i(bd: Body, name: str, *args: str, el: str = "i32") -> str:
+    return bd.op(name, *args, type=el)
+
+
+def _icmp(bd: Body, predicate: int, a: str, b: str, el: str = "i32") -> str:
+    return bd.op("arith.cmpi", a, b, type=el, result="i1", props=f"predicate = {predicate} : i64")
+
+
+def _decode(e: Emitter, x: Val) -> Val:
+    """A NARROW tensor as one TOSA computes on: 2/4-bit integers as int8/uint8, floats as float32."""
+    el = element(x.dtype)
+    if x.dtype in CARRIED and x.dtype != _F4:
+        n, signed = _bits(x.dtype), ml_dtypes.iinfo(x.dtype).min < 0
+
+        def integer(bd: Body, v):
+            if signed:  # sign-extended from n bits: shifted to the top and back
+                up = bd.const(8 - n, np.int8)
+                return _i(bd, "arith.shrsi", _i(bd, "arith.shli", v[0], up, el="i8"), up, el="i8")
+            return _i(bd, "arith.andi", v[0], bd.const((1 << n) - 1, np.int8), el="i8")
+
+        return e.map([x], integer, dtype=np.int8 if signed else np.uint8)
+
+    # floats: a table of the type's 256 (or 16) values, read at the code (IREE's extf reads float8_e4m3fn's
+    # negative NaN as -480)
+    codes = 16 if x.dtype == _F4 else 256
+    table = e.use(e.const(np.arange(codes, dtype=np.uint8).view(x.dtype).astype(np.float32)))
+
+    def body(bd: Body, v):
+        byte = v[0] if el == "i8" else bd.typed("arith.bitcast", [(v[0], el)], "i8")
+        if codes == 16:  # the low 4 bits only: never read past the table
+            byte = _i(bd, "arith.andi", byte, bd.const(15, np.int8), el="i8")
+        at = bd.typed("arith.index_cast", [(bd.typed("arith.extui", [(byte, "i8")], "i32"), "i32")], "index")
+        return bd.typed("tensor.extract", [(table.name, table.type), (at, "index")], "f32")
+
+    return e.map([x], body, dtype=np.float32)
+
+
+def _encode(e: Emitter, x: Val, to: np.dtype, p: top.CastParams) -> Val:
+    """A tensor of a TOSA type cast to a NARROW type (ONNX Cast: round to nearest even, saturating as asked)."""
+    if x.dtype == np.bool_:
+        raise NotImplementedError(f"cast of bool to {to.name}")
+    dst = element(to)
+    if to in CARRIED and to != _F4:
+        # the low n bits of the integer (float truncated toward zero), as ml_dtypes wraps
+        if x.is_float:
+            x = _cast(e, x, np.dtype(np.int32))
+        src = element(x.dtype)
+        mask = (1 << _bits(to)) - 1
+
+        def wrap(bd: Body, v):
+            byte = v[0] if src == "i8" else bd.typed("arith.trunci", [(v[0], src)], "i8")
+            return _i(bd, "arith.andi", byte, bd.const(mask, np.int8), el="i8")
+
+        return e.map([x], wrap, dtype=to)
+    if not x.is_float and to == _E8M0:
+        raise NotImplementedError(f"cast of {x.dtype} to {to.name}")  # float32 would round the large ones first
+    x = _cast(e, x, np.dtype(np.float32))
+
+    def body(bd: Body, v):
+        if to == _F4:
+            return _to_f4(bd, v[0])
+        if to == _E8M0:
+            return _to_e8m0(bd, v[0], p)
+        f = _to_grid(bd, v[0], ml_dtypes.finfo(to))
+        if p.saturate and x.is_float:
+            big = bd.const(float(ml_dtypes.finfo(to).max), np.float32)
+            f = bd.f("arith.minimumf", bd.f("arith.maximumf", f, bd.f("arith.negf", big)), big)
+        return bd.typed("arith.truncf", [(f, "f32")], dst)
+
+    return e.map([x], body, dtype=to)
+
+
+def _to_grid(bd: Body, f: str, info) -> str:
+    """``f`` rounded (to nearest even) to the float32 value of an 8-bit float type, or past its largest one: the
+    quantum 2 ** (max(exponent, the smallest normal one) - mantissa bits) from the float32's exponent field, the
+    quotient rounded (all exact). IREE's truncf rounds values just below the smallest normal to zero; given a
+    value of the type it has nothing to round."""
+    bits = bd.typed("arith.bitcast", [(f, "f32")], "i32")
+    c = lambda v: bd.const(v, np.int32)  # noqa: E731
+    exp = _i(bd, "arith.andi", _i(bd, "arith.shrui", bits, c(23)), c(0xFF))
+    exp = _i(bd, "arith.maxsi", exp, c(info.minexp + 127))
+    quantum = bd.typed(
+        "arith.bitcast", [(_i(bd, "arith.shli", _i(bd, "arith.subi", exp, c(info.nmant)), c(23)), "i32")], "f32"
+    )
+    steps = bd.f("math.roundeven", bd.f("arith.divf", bd.f("math.absf", f), quantum))
+    return bd.f("math.copysign", bd.f("arith.mulf", steps, quantum), f)
+
+
+def _to_f4(bd: Body, f: str) -> str:
+    """float4_e2m1fn's code (saturating; NaN as ml_dtypes writes it: the sign bit flipped, magnitude 0)."""
+    a = bd.f("math.absf", f)
+    code = bd.const(0, np.int8)
+    for threshold, predicate in _F4_STEPS:
+        up = bd.typed("arith.extui", [(bd.cmpf(predicate, a, bd.const(threshold, np.float32)), "i1")], "i8")
+        code = _i(bd, "arith.addi", code, up, el="i8")
+    negative = _icmp(bd, 2, bd.typed("arith.bitcast", [(f, "f32")], "i32"), bd.const(0, np.int32))
+    negative = _i(bd, "arith.xori", negative, bd.cmpf("uno", f, f), el="i1")
+    return bd.select(negative, _i(bd, "arith.ori", code, bd.const(8, np.int8), el="i8"), code, "i8")
+
+
+def _to_e8m0(bd: Body, f: str, p: top.CastParams) -> str:
+    """onnx's to_float8e8m0 on float32 bits: the exponent field, rounded up, down or to nearest by the fraction;
+    inf and NaN are 255; saturating, the largest exponent does not round up into 255."""
+    bits = bd.typed("arith.bitcast", [(f, "f32")], "i32")
+    c = lambda v: bd.const(v, np.int32)  # noqa: E731
+    exp = _i(bd, "arith.andi", _i(bd, "arith.shrui", bits, c(23)), c(0xFF))
+    nonzero = lambda mask: _icmp(bd, 1, _i(bd, "arith.andi", bits, c(mask)), c(0))  # noqa: E731
+    if p.round_mode == "nearest":
+        guard, rest = nonzero(0x400000), _i(bd, "arith.ori", nonzero(0x200000), nonzero(0x1FFFFF), el="i1")
+        odd = _icmp(bd, 8, exp, c(0))  # onnx's "lsb": any exponent above 0
+        up = _i(bd, "arith.andi", guard, _i(bd, "arith.ori", rest, odd, el="i1"), el="i1")
+    elif p.round_mode == "up":
+        up = nonzero(0x7FFFFF)
+    elif p.round_mode == "down":
+        up = bd.typed("arith.constant", [], "i1", "value = false")
+    else:
+        raise NotImplementedError(f"float8_e8m0fnu round mode {p.round_mode}")
+    if p.saturate:
+        up = _i(bd, "arith.andi", up, _icmp(bd, 1, exp, c(0xFE)), el="i1")
+    rounded = _i(bd, "arith.addi", exp, bd.typed("arith.extui", [(up, "i1")], "i32"))
+    out = bd.select(_icmp(bd, 0, exp, c(0xFF)), c(0xFF), rounded, "i32")
+    return bd.typed("arith.bitcast", [(bd.typed("arith.trunci", [(out, "i32")], "i8"), "i8")], "f8E8M0FNU")
 
 
 # ---- reductions -----------------------------------------------------------------------------------------

@@ -11,17 +11,17 @@ from tpubuild.ir import top
 from tpubuild.kernels.resize import axis_taps, resampled
 
 
-@rule(top.IdentityOp)
+@rule(top.IdentityOp, narrow=True)
 def _(e: Emitter, op, p, args):
     return args[0]
 
 
-@rule(top.ReshapeOp)
+@rule(top.ReshapeOp, narrow=True)
 def _(e: Emitter, op, p: top.ShapeParams, args):
     return e.reshape(args[0], p.shape)
 
 
-@rule(top.PermuteOp)
+@rule(top.PermuteOp, narrow=True)
 def _(e: Emitter, op, p: top.PermuteParams, args):
     return e.transpose(args[0], p.order)
 

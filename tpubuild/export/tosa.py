@@ -46,7 +46,29 @@ _ELEMENT = {
     np.dtype(np.uint16): "i16",
     np.dtype(np.uint32): "i32",
     np.dtype(np.uint64): "i64",
+    # 8-bit floats: MLIR's own types, which IREE compiles and its runtime passes as ml_dtypes arrays
+    np.dtype(ml_dtypes.float8_e4m3fn): "f8E4M3FN",
+    np.dtype(ml_dtypes.float8_e5m2): "f8E5M2",
+    np.dtype(ml_dtypes.float8_e4m3fnuz): "f8E4M3FNUZ",
+    np.dtype(ml_dtypes.float8_e5m2fnuz): "f8E5M2FNUZ",
+    np.dtype(ml_dtypes.float8_e8m0fnu): "f8E8M0FNU",
 }
+
+# types IREE cannot carry across a function's boundary (its runtime maps no i4, i2 or f4 buffer to numpy, and
+# sub-byte tensors of odd sizes are no whole bytes): carried one per byte, in the low bits as ml_dtypes holds them
+CARRIED = {
+    np.dtype(ml_dtypes.int4): "i8",
+    np.dtype(ml_dtypes.uint4): "i8",
+    np.dtype(ml_dtypes.int2): "i8",
+    np.dtype(ml_dtypes.uint2): "i8",
+    np.dtype(ml_dtypes.float4_e2m1fn): "i8",
+}
+_ELEMENT.update(CARRIED)
+
+# the types above no arithmetic rule reads (their bytes are not the values): only the rules of ops that move
+# bytes, or convert them (Cast), take them; registered with ``rule(..., narrow=True)``
+NARROW = frozenset(t for t, el in _ELEMENT.items() if el.startswith("f8")) | frozenset(CARRIED)
+_NARROW_RULES: set[type] = set()
 
 # TOSA binary ops on integers that TOSA's profile refuses (8/16-bit, unsigned), as arith ops in a linalg.generic:
 # (op, unsigned variant, cmpi predicate or None)
@@ -68,9 +90,18 @@ _CHUNK = 1 << 22
 _INLINE = 16
 
 
-def rule(*op_classes: type) -> Callable[[Callable], Callable]:
-    """Register ``fn(e: Emitter, op, params, args: list[Val | None]) -> Val | tuple[Val, ...]`` for op classes."""
+def rule(*op_classes: type, narrow: bool = False) -> Callable[[Callable], Callable]:
+    """Register ``fn(e: Emitter, op, params, args: list[Val | None]) -> Val | tuple[Val, ...]`` for op classes;
+    ``narrow``: the rule handles NARROW types (8-bit floats, 2/4-bit types), which other rules are never given."""
+    if narrow:
+        _NARROW_RULES.update(op_classes)
     return _RULES.register(*op_classes)
+
+
+def carried(array: np.ndarray) -> np.ndarray:
+    """An array as an exported function takes or returns it: a CARRIED type as its bytes (int8)."""
+    a = np.asarray(array)
+    return a.view(np.int8) if a.dtype in CARRIED else a
 
 
 def get_rule(op_class: type) -> Callable | None:
@@ -128,7 +159,9 @@ def scalar_literal(value, dtype) -> str:
         return "true" if value else "false"
     if dt.kind in "iu":
         return str(int(value))
-    bits = np.asarray(value, dt).reshape(1).view({2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize])[0]
+    bits = (
+        np.asarray(value, dt).reshape(1).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize])[0]
+    )
     return f"0x{int(bits):0{dt.itemsize * 2}X}"
 
 
@@ -580,6 +613,7 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
         if rule_of is None:  # every op was checked for a rule before the first was emitted; this names it anyway
             raise TpuBuildError(f"{op.name} has no export rule", model=model, loc=op.loc_name, stage="export")
         try:
+            _refuse_narrow(op, operands)
             out = rule_of(e, op, op.params, operands)
         except NotImplementedError as err:
             raise TpuBuildError(
@@ -626,6 +660,18 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resour
     weights = weights_for(module, in_mlir)
     with all_or_nothing(out_mlir) as (tmp,), open(tmp, "wb") as fh:
         write_module(fh, module, weights, name, resources=resources)
+
+
+def _refuse_narrow(op, operands: Sequence[Val | None]) -> None:
+    """A rule that computes on values must not be given NARROW ones: their bytes are not values it can read."""
+    from tpubuild.ir.types import dtype_of
+
+    if type(op) in _NARROW_RULES:
+        return
+    types = [v.dtype for v in operands if v is not None] + [dtype_of(r.type) for r in op.results]
+    narrow = sorted({t.name for t in types if t in NARROW})
+    if narrow:
+        raise NotImplementedError(f"{', '.join(narrow)} operands or results (only Cast and data movement take them)")
 
 
 def _defined(v: Val | None) -> Val:
