@@ -324,3 +324,32 @@ def test_casts_to_and_from_8_bit_floats_and_2_4_bit_types(tmp_path):
     top, got = _top_and_iree(tmp_path, model, {"x": x, "i": ints})
     wrong = {n: int((~_same_bits(np.asarray(top[n]), np.asarray(got[n]))).sum()) for n in outs}
     assert not any(wrong.values()), {n: c for n, c in wrong.items() if c}
+
+
+@needs_iree
+def test_zero_size_tensors_and_bool_max_min(tmp_path):
+    """TOSA refuses zero-size tensors: empty results are tensor.empty, reductions over an empty axis constants
+    (the kernel's identity: 0, 1, -inf, ...), an empty slice is dropped from a concat; ReduceMax/Min of bool is
+    any/all on bytes."""
+    from onnx import helper
+
+    conftest = _conftest()
+    x = np.zeros((2, 0, 4), np.float32)
+    z = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([[True, False, False], [True, True, True]])
+    axes = np.array([1], np.int64)
+    nodes = [helper.make_node(f"Reduce{m}", ["x", "axes"], [m.lower()]) for m in ("Sum", "Prod", "Max", "LogSumExp")]
+    nodes += [
+        helper.make_node("Abs", ["x"], ["abs"]),
+        helper.make_node("Slice", ["z", "start", "stop", "axes"], ["none"]),
+        helper.make_node("Concat", ["none", "z"], ["cat"], axis=1),
+        helper.make_node("ReduceMax", ["b", "axes"], ["any"], keepdims=0),
+        helper.make_node("ReduceMin", ["b", "axes"], ["all"], keepdims=0),
+    ]
+    outs = ["sum", "prod", "max", "logsumexp", "abs", "cat", "any", "all"]
+    inits = {"axes": axes, "start": np.array([2], np.int64), "stop": np.array([2], np.int64)}
+    model = conftest.make_onnx(nodes, {"x": x, "z": z, "b": b}, outs, initializers=inits, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"x": x, "z": z, "b": b})
+    for name in outs:
+        assert _same_bits(np.asarray(top[name]), np.asarray(got[name]).reshape(top[name].shape)).all(), name
+    assert np.isneginf(top["max"]).all() and (top["prod"] == 1).all() and top["any"].tolist() == [True, True]

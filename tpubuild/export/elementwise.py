@@ -548,10 +548,17 @@ def reduce_mean(e: Emitter, v: Val, axes) -> Val:
 @rule(top.ReduceOp)
 def _(e: Emitter, op, p: top.ReduceParams, args):
     (x,) = args
+    if x.dtype.kind == "u" and p.mode in ("ReduceMax", "ReduceMin"):
+        raise NotImplementedError(f"{p.mode} of unsigned integers (TOSA's compare signed)")
+    if x.dtype == np.bool_ and p.mode in ("ReduceMax", "ReduceMin"):
+        # any / all: TOSA's max and min take no i1, the same on 0/1 bytes
+        return e.cast(_reduce(e, op, p, e.cast(x, np.int8)), np.bool_)
+    return _reduce(e, op, p, x)
+
+
+def _reduce(e: Emitter, op, p: top.ReduceParams, x: Val) -> Val:
     el = element(x.dtype)
     mode = p.mode
-    if x.dtype.kind == "u" and mode in ("ReduceMax", "ReduceMin"):
-        raise NotImplementedError(f"{mode} of unsigned integers (TOSA's compare signed)")
     if mode in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd") or (mode == "ReduceMean" and x.is_float):
         names = {
             "ReduceMax": "tosa.reduce_max",

@@ -289,16 +289,17 @@ class Emitter:
     def const(self, array, dtype=None) -> Val:
         """A tosa.const holding ``array`` (a splat or a small one inline, else a resource blob)."""
         a = np.asarray(array, dtype=dtype)
+        typed = a.dtype  # float64 stays the value's type, written as float32 (see _ELEMENT)
         if a.dtype == np.float64:
             a = a.astype(np.float32)
+        if a.size == 0:  # no values (TOSA refuses a zero-size tosa.const)
+            return self.op1("tensor.empty", [], a.shape, typed)
         ttype = tensor_type(a.shape, a.dtype)
         flat = a.reshape(-1)
         if _splat(flat):
             text = f"dense<{scalar_literal(flat[0], a.dtype)}>"
         elif a.dtype == np.bool_ or (a.dtype.kind in "iu" and a.size <= _INLINE):
             text = f"dense<{json.dumps(_nested(a))}>"
-        elif a.size == 0:
-            text = "dense<[]>" if a.ndim == 1 else f"dense<{json.dumps(np.zeros(a.shape).tolist())}>"
         elif not self.resources_on:
             # inline hex: IREE's f32 -> f16 demotion rewrites dense attributes, not resource blobs
             text = f'dense<"0x{np.ascontiguousarray(a).view(np.uint8).tobytes().hex().upper()}">'
@@ -306,7 +307,7 @@ class Emitter:
             key = f"{self.key_prefix}w{len(self.resources)}"
             self.resources.append((key, np.ascontiguousarray(a)))
             text = f"dense_resource<{key}>"
-        return self.op1("tosa.const", [], a.shape, a.dtype, f"values = {text} : {ttype}")
+        return self.op1("tosa.const", [], a.shape, typed, f"values = {text} : {ttype}")
 
     def scalar(self, value, dtype, rank: int) -> Val:
         """A constant of one element broadcastable to ``rank`` dims (TOSA elementwise ops need equal ranks)."""
@@ -358,6 +359,8 @@ class Emitter:
     def slice(self, v: Val, start: Sequence[int], size: Sequence[int]) -> Val:
         if tuple(size) == v.shape:
             return v
+        if not math.prod(size):  # nothing to take (TOSA refuses zero-size tensors)
+            return self.op1("tensor.empty", [], size, v.dtype)
         a, b = self.shape(start), self.shape(size)
         st = f"!tosa.shape<{v.rank}>"
         return self.op("tosa.slice", [v, a, b], [(size, v.dtype)], operand_types=[v.type, st, st])[0]
@@ -614,7 +617,7 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
             raise TpuBuildError(f"{op.name} has no export rule", model=model, loc=op.loc_name, stage="export")
         try:
             _refuse_narrow(op, operands)
-            out = rule_of(e, op, op.params, operands)
+            out = _without_values(e, op, operands) or rule_of(e, op, op.params, operands)
         except NotImplementedError as err:
             raise TpuBuildError(
                 f"{op.name} cannot be exported to TOSA: {err}", model=model, loc=op.loc_name, stage="export"
@@ -660,6 +663,28 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resour
     weights = weights_for(module, in_mlir)
     with all_or_nothing(out_mlir) as (tmp,), open(tmp, "wb") as fh:
         write_module(fh, module, weights, name, resources=resources)
+
+
+def _without_values(e: Emitter, op, operands: Sequence[Val | None]) -> tuple[Val, ...] | None:
+    """The results of an op that reads no value, or None: TOSA refuses tensors with a zero-size dim, but they hold
+    nothing to compute. Empty results are tensor.empty; results of only empty operands (a sum over an empty
+    axis) depend on shapes alone, and are the op's kernel's on such operands, as constants."""
+    from tpubuild.ir.types import dtype_of, shape_of
+    from tpubuild.kernels import get_kernel
+
+    results = [(shape_of(r.type), dtype_of(r.type)) for r in op.results]
+    if all(math.prod(shape) == 0 for shape, _ in results):
+        return tuple(e.op1("tensor.empty", [], shape, dtype) for shape, dtype in results)
+    present = [v for v in operands if v is not None]
+    if not present or any(math.prod(v.shape) for v in present):
+        return None
+    arrays = [None if v is None else np.zeros(v.shape, v.dtype) for v in operands]
+    with np.errstate(all="ignore"):
+        out = get_kernel(type(op))(op.params, *arrays)
+    return tuple(
+        e.const(np.asarray(a, dtype))
+        for a, (_, dtype) in zip(out if isinstance(out, tuple) else (out,), results, strict=True)
+    )
 
 
 def _refuse_narrow(op, operands: Sequence[Val | None]) -> None:
