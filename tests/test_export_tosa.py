@@ -353,3 +353,36 @@ def test_zero_size_tensors_and_bool_max_min(tmp_path):
     for name in outs:
         assert _same_bits(np.asarray(top[name]), np.asarray(got[name]).reshape(top[name].shape)).all(), name
     assert np.isneginf(top["max"]).all() and (top["prod"] == 1).all() and top["any"].tolist() == [True, True]
+
+
+@needs_iree
+def test_integer_and_mixed_pow_cumsum_clip_and_bf16_constants(tmp_path):
+    """Pow of integers (by squaring, wrapping) and of mixed types (in float, cast back), integer CumSum, Clip
+    with min > max (numpy: everything is max), int64 <-> float casts, and bf16 activations' constants."""
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    conftest = _conftest()
+    a = np.array([[-3, 2, 7, 0, 5, 3]], np.int64)
+    b = np.array([[3, 10, 2, 0, 1, 40]], np.int64)
+    f = np.array([[1.5, -2.0, 0.5, 3.0, 2.0, 1.25]], np.float32)
+    h = np.array([[-1.5, 0.25, 3.0, -0.01, 2.0, 1.0]], ml_dtypes.bfloat16)
+    nodes = [
+        helper.make_node("Pow", ["a", "b"], ["ipow"]),
+        helper.make_node("Pow", ["f", "b"], ["fpow"]),
+        helper.make_node("Pow", ["a", "f"], ["apow"]),
+        helper.make_node("CumSum", ["a", "axis"], ["icum"], exclusive=1),
+        helper.make_node("Clip", ["f", "two", "one"], ["clip"]),
+        helper.make_node("Cast", ["f"], ["f2i"], to=TensorProto.INT64),
+        helper.make_node("Cast", ["a"], ["i2f"], to=TensorProto.FLOAT),
+        helper.make_node("Celu", ["h"], ["celu"], alpha=2.0),
+    ]
+    outs = ["ipow", "fpow", "apow", "icum", "clip", "f2i", "i2f", "celu"]
+    inits = {"axis": np.array(1, np.int64), "two": np.array(2, np.float32), "one": np.array(1, np.float32)}
+    model = conftest.make_onnx(nodes, {"a": a, "b": b, "f": f, "h": h}, outs, initializers=inits, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"a": a, "b": b, "f": f, "h": h})
+    for name in outs:
+        want = np.asarray(top[name])
+        np.testing.assert_allclose(np.asarray(got[name]).astype(np.float64), want.astype(np.float64), rtol=1e-6)
+        assert got[name].dtype == want.dtype, name
+    assert top["ipow"][0, 5] == 3**40 % 2**64 - 2**64 * (3**40 % 2**64 >= 2**63)  # wrapped, as numpy

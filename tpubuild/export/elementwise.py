@@ -63,9 +63,47 @@ def _(e: Emitter, op, p, args):
 @rule(top.Pow3Op)
 def _(e: Emitter, op, p, args):
     a, b = args
-    if a.is_float and b.dtype == a.dtype:
-        return e.binary("tosa.pow", a, b)
-    raise NotImplementedError(f"Pow of {a.dtype} by {b.dtype}")
+    if a.dtype == np.bool_ or b.dtype == np.bool_:
+        raise NotImplementedError(f"Pow of {a.dtype} by {b.dtype}")
+    if not a.is_float and not b.is_float:  # integer power (the exponent in the base's type), as numpy's
+        return e.map([a, _cast(e, b, a.dtype)], lambda bd, x: _ipow(bd, *x, element(a.dtype), a.dtype))
+    # in float (the base's float type, or float32 for an integer base) and cast back, as the kernel's float64
+    # power cast to the base's type (an integer result truncated)
+    f = a.dtype if a.is_float else np.dtype(np.float32)
+    el = element(f)
+    y = e.map([_cast(e, a, f), _cast(e, b, f)], lambda bd, x: _powf(bd, *x, el))
+    return _cast(e, y, a.dtype)
+
+
+def _powf(bd: Body, a: str, b: str, el: str) -> str:
+    """a ** b as numpy's: powf of |a|, negative for a negative base and an odd integer exponent, NaN for a negative
+    base and a fractional one (IREE's powf is NaN for every negative base)."""
+    m = bd.f("math.powf", bd.f("math.absf", a, el=el), b, el=el)
+    integral = bd.cmpf("oeq", b, bd.f("math.trunc", b, el=el), el)
+    odd = bd.cmpf("one", bd.f("arith.remf", b, _c(bd, 2.0, el), el=el), _c(bd, 0.0, el), el)
+    signed = bd.select(odd, bd.f("arith.negf", m, el=el), m, el)
+    negative = bd.select(integral, signed, _c(bd, math.nan, el), el)
+    return bd.select(bd.cmpf("olt", a, _c(bd, 0.0, el), el), negative, m, el)
+
+
+def _ipow(bd: Body, base: str, exponent: str, el: str, dtype) -> str:
+    """base ** exponent by squaring over the exponent's bits (IREE has no lowering of math.ipowi); wraps on
+    overflow as numpy's integer power."""
+    result = bd.const(1, dtype)
+    one = bd.const(1, dtype)
+    for bit in range(np.dtype(dtype).itemsize * 8 - 1):
+        shifted = bd.op("arith.shrui", exponent, bd.const(bit, dtype), type=el)
+        odd = bd.op(
+            "arith.cmpi",
+            bd.op("arith.andi", shifted, one, type=el),
+            one,
+            type=el,
+            result="i1",
+            props="predicate = 0 : i64",
+        )
+        result = bd.select(odd, bd.op("arith.muli", result, base, type=el), result, el)
+        base = bd.op("arith.muli", base, base, type=el)
+    return result
 
 
 @rule(top.ModOp)
@@ -113,7 +151,11 @@ def _(e: Emitter, op, p, args):
 
 @rule(top.ClipOp)
 def _(e: Emitter, op, p, args):
-    return e.clamp(args[0], p.min, p.max)
+    (x,) = args
+    if p.min > p.max:  # numpy's clip: the max bound applied last, everything is max (tosa.clamp refuses)
+        lo, hi = e.scalar(p.min, x.dtype, x.rank), e.scalar(p.max, x.dtype, x.rank)
+        return e.binary("tosa.minimum", e.binary("tosa.maximum", x, lo), hi)
+    return e.clamp(x, p.min, p.max)
 
 
 _TOSA_UNARY = {
@@ -161,8 +203,11 @@ def _activation(formula):
     return fn
 
 
+_FLOAT_OF = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32)}
+
+
 def _c(bd: Body, value: float, el: str) -> str:
-    return bd.const(value, np.float16 if el == "f16" else np.float32)
+    return bd.const(value, _FLOAT_OF[el])
 
 
 def _sigmoid(bd: Body, x: str, el: str) -> str:
@@ -352,7 +397,9 @@ def _(e: Emitter, op, p: top.CastParams, args):
 def _cast(e: Emitter, x: Val, to: np.dtype) -> Val:
     """A cast between the types TOSA and arith have."""
     if "u" in (x.dtype.kind, to.kind) and to != np.bool_ and x.dtype != np.bool_:
-        return _unsigned_cast(e, x, to)
+        return _arith_cast(e, x, to)
+    if np.dtype(np.int64) in (x.dtype, to) and (x.is_float or to.kind == "f"):  # TOSA casts no i64 to float
+        return _arith_cast(e, x, to)
     if x.is_float and to.kind in "iu":
         # float -> int truncates toward zero, as C casts (tosa.cast rounds to nearest)
         el = element(x.dtype)
@@ -362,11 +409,13 @@ def _cast(e: Emitter, x: Val, to: np.dtype) -> Val:
     return e.cast(x, to)
 
 
-def _unsigned_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
-    """A cast from or to an unsigned type: the arith op that reads (or writes) the bits unsigned."""
+def _arith_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
+    """A cast TOSA has not (from or to an unsigned type, between int64 and floats): the arith op, reading (or
+    writing) the bits unsigned where the type is; float to integer truncates toward zero."""
     src, dst = element(x.dtype), element(to)
     if x.is_float:
-        return e.map([x], lambda bd, v: bd.typed("arith.fptoui", [(v[0], src)], dst), dtype=to)
+        op = "arith.fptoui" if to.kind == "u" else "arith.fptosi"
+        return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
     if to.kind == "f" or to == np.dtype(ml_dtypes.bfloat16):
         op = "arith.uitofp" if x.dtype.kind == "u" else "arith.sitofp"
         return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)

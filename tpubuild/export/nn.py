@@ -474,16 +474,26 @@ def _(e: Emitter, op, p: top.EinsumParams, args):
 
 @rule(top.CumSumOp)
 def _(e: Emitter, op, p: top.CumSumParams, args):
-    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last)."""
+    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last); an
+    integer one as a sum under that mask (a matmul would go through floats)."""
     (x,) = args
-    if not x.is_float:
-        raise NotImplementedError(f"cumulative sum of {x.dtype}")
     axis = p.axis % x.rank
     n = x.shape[axis]
     i, j = np.indices((n, n))
     keep = (i >= j) if p.reverse else (i <= j)
     if p.exclusive:
         keep &= i != j
+    if not x.is_float:
+        # integers (exact, wrapping): a linalg.generic summing x[.., j, ..] where keep[j, i], j a reduction loop
+        el = element(x.dtype)
+        out = [f"d{d}" for d in range(x.rank)]
+        at = [f"d{x.rank}" if d == axis else f"d{d}" for d in range(x.rank)]
+
+        def body(bd, v, acc):
+            return bd.select(v[1], bd.op("arith.addi", acc, v[0], type=el), acc, el)
+
+        mask = e.const(keep)
+        return e.loops([(x, at), (mask, [f"d{x.rank}", f"d{axis}"])], e.const(np.zeros(x.shape, x.dtype)), out, 1, body)
     perm = [d for d in range(x.rank) if d != axis] + [axis]
     moved = e.transpose(x, perm)
     rows = math.prod(moved.shape[:-1])

@@ -477,6 +477,37 @@ class Emitter:
         )
         return self.op("linalg.generic", [*inputs, init], [(shape, out_dt)], props, region=region)[0]
 
+    def loops(
+        self,
+        inputs: Sequence[tuple[Val, Sequence[str]]],
+        init: Val,
+        out: Sequence[str],
+        reductions: int,
+        body: Callable[[Body, list[str], str], str],
+    ) -> Val:
+        """A ``linalg.generic`` over loops d0.. (the parallel ones, then ``reductions`` reduction loops): each
+        input read at its index expressions (``"d0"``, ``"0"``), the result ``init``'s shape indexed by ``out``;
+        ``body(b, input scalars, accumulator)`` gives the new accumulator."""
+        n = len(out) + reductions
+        dims = ", ".join(f"d{i}" for i in range(n))
+        maps = [f"affine_map<({dims}) -> ({', '.join(ix)})>" for _, ix in [*inputs, (init, out)]]
+        b = Body(self)
+        args = [self.fresh() for _ in inputs]
+        acc = self.fresh()
+        result = body(b, args, acc)
+        vals = [self.use(v) for v, _ in inputs]
+        init = self.use(init)
+        block = ", ".join(f"{a}: {element(v.dtype)}" for a, v in zip([*args, acc], [*vals, init], strict=True))
+        region = [f"^bb0({block}):", *b.lines, f'"linalg.yield"({result}) : ({element(init.dtype)}) -> ()']
+        iterators = ", ".join(
+            ["#linalg.iterator_type<parallel>"] * len(out) + ["#linalg.iterator_type<reduction>"] * reductions
+        )
+        props = (
+            f"indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}], "
+            f"operandSegmentSizes = array<i32: {len(vals)}, 1>"
+        )
+        return self.op("linalg.generic", [*vals, init], [(init.shape, init.dtype)], props, region=region)[0]
+
     def map(self, inputs: Sequence[Val], body: Callable[[Body, list[str]], str], dtype=None) -> Val:
         """``generic`` over the inputs' broadcast shape, the result typed as the first input unless given."""
         shape = np.broadcast_shapes(*[v.shape for v in inputs])
