@@ -386,3 +386,42 @@ def test_integer_and_mixed_pow_cumsum_clip_and_bf16_constants(tmp_path):
         np.testing.assert_allclose(np.asarray(got[name]).astype(np.float64), want.astype(np.float64), rtol=1e-6)
         assert got[name].dtype == want.dtype, name
     assert top["ipow"][0, 5] == 3**40 % 2**64 - 2**64 * (3**40 % 2**64 >= 2**63)  # wrapped, as numpy
+
+
+@needs_iree
+def test_scatter_and_gather_nd(tmp_path):
+    """ScatterND and ScatterElements replacing (tosa.scatter) and combining (duplicates all count, negative
+    indices from the end), GatherND with batch dims: as TOP's kernels."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 2)).astype(np.float32)
+    xi = rng.integers(-50, 50, (3, 5)).astype(np.int32)
+    nd_idx = np.array([[1], [-1], [1]], np.int64)  # duplicates: combined in order
+    nd_upd = rng.standard_normal((3, 3, 2)).astype(np.float32)
+    el_idx = np.array([[1, -1, 0], [4, 2, -5]], np.int64)
+    el_upd = rng.integers(-50, 50, (2, 3)).astype(np.int32)
+    g_idx = np.array([[[1, 0], [2, 1]], [[0, 1], [-1, 0]], [[2, 0], [0, 1]], [[1, 1], [0, 0]]], np.int64)
+    nodes = [
+        helper.make_node("ScatterND", ["x", "nd_unique", "nd_upd2"], ["nd_none"]),
+        helper.make_node("ScatterND", ["x", "nd_idx", "nd_upd"], ["nd_add"], reduction="add"),
+        helper.make_node("ScatterND", ["x", "nd_idx", "nd_upd"], ["nd_mul"], reduction="mul"),
+        helper.make_node("ScatterElements", ["xi", "el_idx", "el_upd"], ["el_none"], axis=1),
+        helper.make_node("ScatterElements", ["xi", "el_idx", "el_upd"], ["el_max"], axis=1, reduction="max"),
+        helper.make_node("GatherND", ["x", "g_idx"], ["gnd"], batch_dims=1),
+    ]
+    inits = {
+        "nd_unique": np.array([[0, 2], [3, 1]], np.int64),
+        "nd_upd2": rng.standard_normal((2, 2)).astype(np.float32),
+        "nd_idx": nd_idx,
+        "nd_upd": nd_upd,
+        "el_idx": el_idx,
+        "el_upd": el_upd,
+        "g_idx": g_idx,
+    }
+    outs = ["nd_none", "nd_add", "nd_mul", "el_none", "el_max", "gnd"]
+    model = conftest.make_onnx(nodes, {"x": x, "xi": xi}, outs, initializers=inits, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"x": x, "xi": xi})
+    for name in outs:
+        np.testing.assert_allclose(got[name], top[name], rtol=1e-6, err_msg=name)
