@@ -72,17 +72,16 @@ def test_an_op_without_a_rule_is_refused_naming_op_location_and_model(tmp_path):
     from tpubuild.export.tosa import export_module, get_rule
     from tpubuild.ir import top
 
-    assert get_rule(top.TopKOp) is None  # the op this test relies on having no rule
+    assert get_rule(top.MaxPoolWithMaskOp) is None  # the op this test relies on having no rule
     conftest = _conftest()
-    x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    k = np.array([2], np.int64)
-    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, name="topk")
-    model = conftest.make_onnx([node], {"x": x}, initializers={"k": k})
+    x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
+    node = helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], name="pool")
+    model = conftest.make_onnx([node], {"x": x})
     module, weights = _top_module(tmp_path, model, {"x": x})
     with pytest.raises(TpuBuildError) as err:
         export_module(module, weights, "tiny")
     text = str(err.value)
-    assert "top.TopK" in text and "model tiny" in text and "op 'v'" in text and "no TOSA export rule" in text
+    assert "top.MaxPoolWithMask" in text and "model tiny" in text and "op 'v'" in text and "no TOSA export rule" in text
 
 
 def test_a_stage_file_past_top_is_refused(tmp_path):
@@ -274,7 +273,7 @@ def _same_bits(top: np.ndarray, got: np.ndarray) -> np.ndarray:
 
     got = got.view(top.dtype) if top.dtype in CARRIED else got
     assert got.dtype == top.dtype and got.shape == top.shape
-    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[top.dtype.itemsize]
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[top.dtype.itemsize]
     nan = np.isnan(top.astype(np.float64)) & np.isnan(got.astype(np.float64))
     return (top.view(unsigned) == got.view(unsigned)) | nan
 
@@ -425,3 +424,27 @@ def test_scatter_and_gather_nd(tmp_path):
     top, got = _top_and_iree(tmp_path, model, {"x": x, "xi": xi})
     for name in outs:
         np.testing.assert_allclose(got[name], top[name], rtol=1e-6, err_msg=name)
+
+
+@needs_iree
+def test_topk_in_the_kernels_stable_order(tmp_path):
+    """TopK largest and smallest along either axis: ties in index order, NaN first when largest and last when
+    smallest, unsigned integers compared unsigned."""
+    from onnx import helper
+
+    conftest = _conftest()
+    x = np.array([[3.0, np.nan, 1.0, 3.0, -2.0], [0.5, 0.5, np.nan, -1.0, 0.5], [2.0, 1.0, 0.0, 7.0, 1.0]], np.float32)
+    u = np.array([[5, 250, 3, 250, 0, 7]], np.uint8)
+    nodes = [
+        helper.make_node("TopK", ["x", "k3"], ["v_l", "i_l"], axis=1),
+        helper.make_node("TopK", ["x", "k3"], ["v_s", "i_s"], axis=1, largest=0),
+        helper.make_node("TopK", ["x", "k2"], ["v_0", "i_0"], axis=0),
+        helper.make_node("TopK", ["u", "k3"], ["v_u", "i_u"], axis=-1),
+    ]
+    outs = ["v_l", "i_l", "v_s", "i_s", "v_0", "i_0", "v_u", "i_u"]
+    inits = {"k3": np.array([3], np.int64), "k2": np.array([2], np.int64)}
+    model = conftest.make_onnx(nodes, {"x": x, "u": u}, outs, initializers=inits, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"x": x, "u": u})
+    for name in outs:
+        assert _same_bits(np.asarray(top[name]), np.asarray(got[name]).view(top[name].dtype)).all(), name
+    assert top["i_l"][0].tolist() == [1, 0, 3] and top["i_s"][1].tolist() == [3, 0, 1]

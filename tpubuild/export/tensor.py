@@ -391,3 +391,68 @@ def _(e: Emitter, op, p: top.ScatterParams, args):
     w = math.prod(idx.shape)
     y = _scatter(e, e.reshape(x, [math.prod(x.shape), 1]), e.reshape(at, [w]), e.reshape(updates, [w, 1]), p.reduction)
     return e.reshape(y, x.shape)
+
+
+def _better(bd, a: str, b: str, el: str, dtype: np.dtype, largest: bool) -> tuple[str, str]:
+    """(a sorts strictly before b, a ties b) as the kernel's stable sort orders them: NaN first when largest,
+    last when smallest; NaNs tie."""
+    if dtype.kind in "iu":
+        predicate = {(True, "i"): 4, (True, "u"): 8, (False, "i"): 2, (False, "u"): 6}[(largest, dtype.kind)]
+        cmp = lambda pr: bd.op("arith.cmpi", a, b, type=el, result="i1", props=f"predicate = {pr} : i64")  # noqa: E731
+        return cmp(predicate), cmp(0)
+    nan_a, nan_b = bd.cmpf("uno", a, a, el), bd.cmpf("uno", b, b, el)
+    ordered = bd.cmpf("ogt" if largest else "olt", a, b, el)
+    true = bd.typed("arith.constant", [], "i1", "value = true")
+    if largest:  # a NaN before every number
+        nan_first = bd.op("arith.andi", nan_a, bd.op("arith.xori", nan_b, true, type="i1"), type="i1")
+    else:  # every number before a NaN
+        nan_first = bd.op("arith.andi", nan_b, bd.op("arith.xori", nan_a, true, type="i1"), type="i1")
+    tie = bd.op("arith.ori", bd.cmpf("oeq", a, b, el), bd.op("arith.andi", nan_a, nan_b, type="i1"), type="i1")
+    return bd.op("arith.ori", ordered, nan_first, type="i1"), tie
+
+
+@rule(top.TopKOp)
+def _(e: Emitter, op, p: top.TopKParams, args):
+    """Each element's rank in the kernel's stable order (how many sort before it: better, or tied at a smaller
+    index), a linalg reduction over the axis; then output slot r takes the element ranked r. No sort in TOSA;
+    n * (n + K) comparisons per row."""
+    (x,) = args
+    if x.dtype == np.bool_:
+        raise NotImplementedError("TopK of bool")
+    axis, r = p.axis % x.rank, x.rank
+    el = element(x.dtype)
+    own = [f"d{d}" for d in range(r)]
+    other = [f"d{r}" if d == axis else f"d{d}" for d in range(r)]
+
+    def rank_body(bd, v, acc):
+        before, tie = _better(bd, v[0], v[1], el, x.dtype, p.largest)
+        j, i = (bd.typed("linalg.index", [], "index", f"dim = {d} : i64") for d in (r, axis))
+        earlier = bd.typed("arith.cmpi", [(j, "index"), (i, "index")], "i1", "predicate = 2 : i64")
+        counts = bd.op("arith.ori", before, bd.op("arith.andi", tie, earlier, type="i1"), type="i1")
+        return bd.op("arith.addi", acc, bd.typed("arith.extui", [(counts, "i1")], "i32"), type="i32")
+
+    ranks = e.loops([(x, other), (x, own)], e.const(np.zeros(x.shape, np.int32)), own, 1, rank_body)
+    shape = list(x.shape)
+    shape[axis] = p.K
+
+    def pick(source: Val | None, dtype) -> Val:
+        """Output slot d{axis} takes, over positions d{r} along the axis, the one whose rank is the slot."""
+        out_el = element(dtype)
+
+        def body(bd, v, acc):
+            slot = bd.typed(
+                "arith.index_cast", [(bd.typed("linalg.index", [], "index", f"dim = {axis} : i64"), "index")], "i32"
+            )
+            here = bd.op("arith.cmpi", v[0], slot, type="i32", result="i1", props="predicate = 0 : i64")
+            if source is None:  # the position itself: the index output
+                at = bd.typed(
+                    "arith.index_cast", [(bd.typed("linalg.index", [], "index", f"dim = {r} : i64"), "index")], out_el
+                )
+            else:
+                at = v[1]
+            return bd.select(here, at, acc, out_el)
+
+        inputs = [(ranks, other)] + ([(source, other)] if source is not None else [])
+        return e.loops(inputs, e.const(np.zeros(shape, dtype)), own, 1, body)
+
+    return pick(x, x.dtype), pick(None, np.int64)
