@@ -448,3 +448,49 @@ def test_topk_in_the_kernels_stable_order(tmp_path):
     for name in outs:
         assert _same_bits(np.asarray(top[name]), np.asarray(got[name]).view(top[name].dtype)).all(), name
     assert top["i_l"][0].tolist() == [1, 0, 3] and top["i_s"][1].tolist() == [3, 0, 1]
+
+
+@needs_iree
+def test_lstm_gru_rnn_unrolled(tmp_path):
+    """LSTM (bidirectional, peepholes, clip, initial states), GRU (both reset placements, reverse) and RNN (relu
+    with an initial state): every output as TOP's kernel within float32 rounding."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    seq, batch, inp, hs = 4, 2, 3, 5
+    x = rng.standard_normal((seq, batch, inp)).astype(np.float32)
+
+    def weights(gates, dirs, prefix):
+        return {
+            f"{prefix}_w": rng.standard_normal((dirs, gates * hs, inp)).astype(np.float32) * 0.5,
+            f"{prefix}_r": rng.standard_normal((dirs, gates * hs, hs)).astype(np.float32) * 0.5,
+            f"{prefix}_b": rng.standard_normal((dirs, 2 * gates * hs)).astype(np.float32) * 0.5,
+            f"{prefix}_h": rng.standard_normal((dirs, batch, hs)).astype(np.float32),
+        }
+
+    inits = {**weights(4, 2, "l"), **weights(3, 1, "g"), **weights(1, 1, "r")}
+    inits["l_c"] = rng.standard_normal((2, batch, hs)).astype(np.float32)
+    inits["l_p"] = rng.standard_normal((2, 3 * hs)).astype(np.float32)
+    nodes = [
+        helper.make_node(
+            "LSTM",
+            ["x", "l_w", "l_r", "l_b", "", "l_h", "l_c", "l_p"],
+            ["l_y", "l_yh", "l_yc"],
+            hidden_size=hs,
+            direction="bidirectional",
+            clip=1.5,
+        ),
+        helper.make_node("GRU", ["x", "g_w", "g_r", "g_b", "", "g_h"], ["g_y", "g_yh"], hidden_size=hs),
+        helper.make_node(
+            "GRU", ["x", "g_w", "g_r", "g_b"], ["g2_y"], hidden_size=hs, linear_before_reset=1, direction="reverse"
+        ),
+        helper.make_node(
+            "RNN", ["x", "r_w", "r_r", "r_b", "", "r_h"], ["r_y", "r_yh"], hidden_size=hs, activations=["Relu"]
+        ),
+    ]
+    outs = ["l_y", "l_yh", "l_yc", "g_y", "g_yh", "g2_y", "r_y", "r_yh"]
+    model = conftest.make_onnx(nodes, {"x": x}, outs, initializers=inits, opset=14)
+    top, got = _top_and_iree(tmp_path, model, {"x": x})
+    for name in outs:
+        np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-5, err_msg=name)

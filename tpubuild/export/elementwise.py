@@ -310,6 +310,29 @@ _FORMULAS = {
     ),
 }
 
+# ONNX RNN activations by (lower-case) name: fn(body, x, el, alpha, beta), as the kernel's (kernels/rnn.py)
+RNN_ACTIVATIONS = {
+    "sigmoid": lambda bd, x, el, a, b: _sigmoid(bd, x, el),
+    "tanh": lambda bd, x, el, a, b: bd.f("math.tanh", x, el=el),
+    "relu": lambda bd, x, el, a, b: bd.f("arith.maximumf", x, _c(bd, 0.0, el), el=el),
+    "affine": lambda bd, x, el, a, b: bd.f(
+        "arith.addf", bd.f("arith.mulf", _c(bd, a, el), x, el=el), _c(bd, b, el), el=el
+    ),
+    "leakyrelu": lambda bd, x, el, a, b: bd.select(
+        bd.cmpf("oge", x, _c(bd, 0.0, el), el), x, bd.f("arith.mulf", x, _c(bd, a, el), el=el), el
+    ),
+    "thresholdedrelu": lambda bd, x, el, a, b: bd.select(bd.cmpf("ogt", x, _c(bd, a, el), el), x, _c(bd, 0.0, el), el),
+    "scaledtanh": lambda bd, x, el, a, b: bd.f(
+        "arith.mulf", _c(bd, a, el), bd.f("math.tanh", bd.f("arith.mulf", _c(bd, b, el), x, el=el), el=el), el=el
+    ),
+    "hardsigmoid": lambda bd, x, el, a, b: _hardsigmoid_of(bd, x, el, a, b),
+    "elu": lambda bd, x, el, a, b: _elu(bd, x, el, a),
+    "softsign": lambda bd, x, el, a, b: bd.f(
+        "arith.divf", x, bd.f("arith.addf", _c(bd, 1.0, el), bd.f("math.absf", x, el=el), el=el), el=el
+    ),
+    "softplus": lambda bd, x, el, a, b: _softplus(bd, x, el),
+}
+
 for _cls, _formula in _FORMULAS.items():
     rule(_cls)(_activation(lambda bd, x, el, p, _f=_formula: _f(bd, x, el, p)))
 
@@ -670,4 +693,4 @@ def _(e: Emitter, op, p: top.ArgParams, args):
     return idx
 
 
-__all__ = ["reduce_mean", "reduce_sum", "scalar_literal"]
+__all__ = ["RNN_ACTIVATIONS", "reduce_mean", "reduce_sum", "scalar_literal"]

@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
-from tpubuild.export.elementwise import reduce_mean, reduce_sum
+from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_mean, reduce_sum
 from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
 from tpubuild.ir import top
+from tpubuild.kernels.rnn import activation_specs
 
 _NHWC = (0, 2, 3, 1)
 _NCHW = (0, 3, 1, 2)
@@ -505,3 +506,211 @@ def _(e: Emitter, op, p: top.CumSumParams, args):
         x.dtype,
     )
     return e.transpose(e.reshape(prod, moved.shape), [int(i) for i in np.argsort(perm)])
+
+
+# ---- recurrent layers ------------------------------------------------------------------------------------
+# Unrolled over the (static) sequence as the kernel (kernels/rnn.py) loops: the input's products with W for
+# every step in one matmul, then per step the state's product with R and the gates' arithmetic in
+# linalg.generic bodies. float32 where the kernel computes in float64: equal within float32 rounding.
+
+
+def _mm(e: Emitter, a: Val, b: Val) -> Val:
+    """[M, K] x [K, N] through tosa.matmul."""
+    (m, k), n = a.shape, b.shape[1]
+    zp = e.zero_point(a.dtype)
+    y = e.op1("tosa.matmul", [e.reshape(a, [1, m, k]), e.reshape(b, [1, k, n]), zp, zp], [1, m, n], a.dtype)
+    return e.reshape(y, [m, n])
+
+
+def _row(e: Emitter, v: Val, i: int) -> Val:
+    """v[i] of a tensor (a direction's weights, a step's input)."""
+    return e.reshape(e.slice(v, [i] + [0] * (v.rank - 1), [1, *v.shape[1:]]), v.shape[1:])
+
+
+def _cols(v: Val, e: Emitter, part: int, size: int) -> Val:
+    """Gate ``part`` (columns part * size ...) of a [B, G * size] tensor."""
+    return e.slice(v, [0, part * size], [v.shape[0], size])
+
+
+class _Gates:
+    """A direction's activations (ONNX's slots: name, alpha, beta) and clip, applied in linalg bodies."""
+
+    def __init__(self, e: Emitter, p: top.RnnParams, specs, dtype):
+        self.e, self.p, self.specs, self.dtype, self.el = e, p, specs, dtype, element(dtype)
+
+    def act(self, bd, slot: int, x: str, clip: bool = True) -> str:
+        if clip and self.p.clip > 0:
+            c = bd.const(self.p.clip, self.dtype)
+            x = bd.f(
+                "arith.minimumf",
+                bd.f("arith.maximumf", x, bd.f("arith.negf", c, el=self.el), el=self.el),
+                c,
+                el=self.el,
+            )
+        name, alpha, beta = self.specs[slot]
+        return RNN_ACTIVATIONS[name](bd, x, self.el, alpha, beta)
+
+    def map(self, inputs, body) -> Val:
+        """``body(b, scalars, self)`` on each element of the inputs."""
+        return self.e.map(inputs, lambda bd, v: body(bd, v, self))
+
+
+def _rnn_common(e: Emitter, op, p: top.RnnParams, args, gates: int, defaults):
+    x, w, r = args[:3]
+    if not x.is_float:
+        raise NotImplementedError(f"{op.name} of {x.dtype}")
+    seq, batch, inp = x.shape
+    backwards = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[p.direction]
+    specs = activation_specs(p, defaults, len(backwards))
+    per = len(defaults)
+    for d, back in enumerate(backwards):
+        xw = _mm(e, e.reshape(x, [seq * batch, inp]), e.transpose(_row(e, w, d), [1, 0]))
+        xw = e.reshape(xw, [seq, batch, gates * p.hidden_size])
+        rt = e.transpose(_row(e, r, d), [1, 0])  # [H, G * H]
+        steps = list(reversed(range(seq))) if back else list(range(seq))
+        yield d, steps, xw, rt, _Gates(e, p, specs[per * d : per * (d + 1)], x.dtype)
+
+
+def _state(e: Emitter, v: Val | None, d: int, batch: int, hs: int, dtype) -> Val:
+    return _row(e, v, d) if v is not None else e.const(np.zeros((batch, hs), dtype))
+
+
+def _stacked(e: Emitter, per_direction: list[dict[int, Val]], seq: int) -> Val:
+    """Y [seq, dirs, B, H] from each direction's states by step."""
+    dirs = []
+    for states in per_direction:
+        dirs.append(e.concat([e.reshape(states[t], [1, 1, *states[t].shape]) for t in range(seq)], 0))
+    return e.concat(dirs, 1)
+
+
+def _final(e: Emitter, last: list[Val]) -> Val:
+    return e.concat([e.reshape(v, [1, *v.shape]) for v in last], 0)
+
+
+@rule(top.RNNOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0 = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last = [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 1, ("Tanh",)):
+        if b is not None:
+            bias = _row(e, b, d)
+            xw = e.binary(
+                "tosa.add",
+                xw,
+                e.reshape(e.binary("tosa.add", e.slice(bias, [0], [hs]), e.slice(bias, [hs], [hs])), [1, 1, hs]),
+            )
+        h = _state(e, h0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            pre = e.binary("tosa.add", _row(e, xw, t), _mm(e, h, rt))
+            h = states[t] = g.map([pre], lambda bd, v, gg: gg.act(bd, 0, v[0]))
+        ys.append(states)
+        last.append(h)
+    return _stacked(e, ys, seq), _final(e, last)
+
+
+@rule(top.GRUOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0 = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last = [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 3, ("Sigmoid", "Tanh")):
+        rb = None
+        if b is not None:
+            bias = _row(e, b, d)
+            xw = e.binary("tosa.add", xw, e.reshape(e.slice(bias, [0], [3 * hs]), [1, 1, 3 * hs]))
+            rb = e.reshape(e.slice(bias, [3 * hs], [3 * hs]), [1, 3 * hs])
+        rh = e.slice(rt, [0, 2 * hs], [hs, hs])
+        h = _state(e, h0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            xt = _row(e, xw, t)
+            hr = _mm(e, h, rt)
+            if rb is not None:
+                hr = e.binary("tosa.add", hr, rb)
+            z, reset = (
+                g.map(
+                    [_cols(xt, e, k, hs), _cols(hr, e, k, hs)],
+                    lambda bd, v, gg: gg.act(bd, 0, bd.f("arith.addf", *v, el=gg.el)),
+                )
+                for k in (0, 1)
+            )
+            if p.linear_before_reset:
+                cand = g.map(
+                    [_cols(xt, e, 2, hs), reset, _cols(hr, e, 2, hs)],
+                    lambda bd, v, gg: gg.act(
+                        bd, 1, bd.f("arith.addf", v[0], bd.f("arith.mulf", v[1], v[2], el=gg.el), el=gg.el)
+                    ),
+                )
+            else:
+                rh_in = _mm(e, e.binary("tosa.mul", reset, h), rh)
+                if rb is not None:
+                    rh_in = e.binary("tosa.add", rh_in, _cols(rb, e, 2, hs))
+                cand = g.map(
+                    [_cols(xt, e, 2, hs), rh_in], lambda bd, v, gg: gg.act(bd, 1, bd.f("arith.addf", *v, el=gg.el))
+                )
+
+            def update(bd, v, gg):  # (1 - z) * cand + z * h
+                keep = bd.f("arith.subf", bd.const(1.0, x.dtype), v[0], el=gg.el)
+                return bd.f(
+                    "arith.addf",
+                    bd.f("arith.mulf", keep, v[1], el=gg.el),
+                    bd.f("arith.mulf", v[0], v[2], el=gg.el),
+                    el=gg.el,
+                )
+
+            h = states[t] = g.map([z, cand, h], update)
+        ys.append(states)
+        last.append(h)
+    return _stacked(e, ys, seq), _final(e, last)
+
+
+@rule(top.LSTMOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0, c0, peep = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last_h, last_c = [], [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 4, ("Sigmoid", "Tanh", "Tanh")):
+        if b is not None:
+            bias = _row(e, b, d)
+            both = e.binary("tosa.add", e.slice(bias, [0], [4 * hs]), e.slice(bias, [4 * hs], [4 * hs]))
+            xw = e.binary("tosa.add", xw, e.reshape(both, [1, 1, 4 * hs]))
+        if peep is not None:
+            pi, po, pf = (e.reshape(e.slice(_row(e, peep, d), [k * hs], [hs]), [1, hs]) for k in range(3))
+        else:
+            pi = po = pf = e.const(np.zeros((1, hs), x.dtype))
+        h, c = _state(e, h0, d, batch, hs, x.dtype), _state(e, c0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            gates = e.binary("tosa.add", _row(e, xw, t), _mm(e, h, rt))
+            gi, go, gf, gc = (_cols(gates, e, k, hs) for k in range(4))
+
+            def cell(bd, v, gg):  # forget * c + i * g(gc), peepholes on the previous cell
+                gi_, gf_, gc_, c_, pi_, pf_ = v
+                i = gg.act(bd, 0, bd.f("arith.addf", gi_, bd.f("arith.mulf", pi_, c_, el=gg.el), el=gg.el))
+                if p.input_forget:
+                    forget = bd.f("arith.subf", bd.const(1.0, x.dtype), i, el=gg.el)
+                else:
+                    forget = gg.act(bd, 0, bd.f("arith.addf", gf_, bd.f("arith.mulf", pf_, c_, el=gg.el), el=gg.el))
+                return bd.f(
+                    "arith.addf",
+                    bd.f("arith.mulf", forget, c_, el=gg.el),
+                    bd.f("arith.mulf", i, gg.act(bd, 1, gc_), el=gg.el),
+                    el=gg.el,
+                )
+
+            c = g.map([gi, gf, gc, c, pi, pf], cell)
+
+            def hidden(bd, v, gg):  # o * h(c), the output gate's peephole on the new cell
+                o = gg.act(bd, 0, bd.f("arith.addf", v[0], bd.f("arith.mulf", v[2], v[1], el=gg.el), el=gg.el))
+                return bd.f("arith.mulf", o, gg.act(bd, 2, v[1], clip=False), el=gg.el)
+
+            h = states[t] = g.map([go, c, po], hidden)
+        ys.append(states)
+        last_h.append(h)
+        last_c.append(c)
+    return _stacked(e, ys, seq), _final(e, last_h), _final(e, last_c)
