@@ -52,8 +52,7 @@ def activation_specs(p: top.RnnParams, defaults: tuple[str, ...], dirs: int) -> 
 def activations(p: top.RnnParams, defaults: tuple[str, ...], dirs: int) -> list:
     """One callable per activation slot (per direction), alphas/betas consumed in order."""
     return [
-        lambda x, fn=_ACTIVATIONS[name][0], a=a, b=b: fn(x, a, b)
-        for name, a, b in activation_specs(p, defaults, dirs)
+        lambda x, fn=_ACTIVATIONS[name][0], a=a, b=b: fn(x, a, b) for name, a, b in activation_specs(p, defaults, dirs)
     ]
 
 
