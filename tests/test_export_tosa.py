@@ -66,13 +66,15 @@ def test_export_is_upstream_mlir_with_main_and_resources(tmp_path):
     assert 'tpubuild.inputs = "[\\"x\\"]"' in text and 'loc("y")' in text
 
 
-def test_an_op_without_a_rule_is_refused_naming_op_location_and_model(tmp_path):
+def test_an_op_without_a_rule_is_refused_naming_op_location_and_model(tmp_path, monkeypatch):
     from onnx import helper
 
+    from tpubuild.export import tosa
     from tpubuild.export.tosa import export_module, get_rule
     from tpubuild.ir import top
 
-    assert get_rule(top.MaxPoolWithMaskOp) is None  # the op this test relies on having no rule
+    get_rule(top.MaxPoolWithMaskOp)  # the rules registered, then this one taken out for the test
+    monkeypatch.delitem(tosa._RULES, top.MaxPoolWithMaskOp)
     conftest = _conftest()
     x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
     node = helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], name="pool")
@@ -494,3 +496,30 @@ def test_lstm_gru_rnn_unrolled(tmp_path):
     top, got = _top_and_iree(tmp_path, model, {"x": x})
     for name in outs:
         np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_iree
+def test_pools_tosa_lacks_tap_by_tap(tmp_path):
+    """3-D and dilated pools, and MaxPool's indices (row- and column-major), as the kernel's taps: padded,
+    ceil mode, counts with and without the pads."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    x3 = rng.standard_normal((1, 2, 5, 6, 7)).astype(np.float32)
+    x2 = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    pool3 = {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2], "pads": [1, 0, 1, 1, 1, 0]}
+    nodes = [
+        helper.make_node("MaxPool", ["x3"], ["max3"], ceil_mode=1, **pool3),
+        helper.make_node("AveragePool", ["x3"], ["avg3"], **pool3),
+        helper.make_node("AveragePool", ["x3"], ["avg3_pads"], count_include_pad=1, **pool3),
+        helper.make_node("MaxPool", ["x2"], ["dil"], kernel_shape=[2, 3], dilations=[2, 2], pads=[1, 1, 0, 1]),
+        helper.make_node("MaxPool", ["x2"], ["mp", "idx"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["x2"], ["mp_f", "idx_f"], kernel_shape=[2, 2], storage_order=1),
+    ]
+    outs = ["max3", "avg3", "avg3_pads", "dil", "mp", "idx", "mp_f", "idx_f"]
+    model = conftest.make_onnx(nodes, {"x3": x3, "x2": x2}, outs, opset=19)
+    top, got = _top_and_iree(tmp_path, model, {"x3": x3, "x2": x2})
+    for name in outs:
+        np.testing.assert_allclose(got[name], top[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        assert got[name].dtype == top[name].dtype

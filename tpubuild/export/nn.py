@@ -14,7 +14,9 @@ import numpy as np
 
 from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_mean, reduce_sum
 from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
+from tpubuild.export.tensor import strided_slice
 from tpubuild.ir import top
+from tpubuild.kernels import nn as pool_kernels
 from tpubuild.kernels.rnn import activation_specs
 
 _NHWC = (0, 2, 3, 1)
@@ -214,6 +216,8 @@ def _(e: Emitter, op, p: top.ReluParams, args):
 def _pool(e: Emitter, op, p: top.PoolParams, x: Val, kind: str) -> Val:
     out_shape = list(op.results[0].type.get_shape())
     nd = len(p.kernel_shape)
+    if nd > 2 or any(d != 1 for d in (p.dilations or ())):
+        return _pool_taps(e, p, x, kind)[0]
     if nd == 1:
         p2 = top.PoolParams(
             kernel_shape=(1, *p.kernel_shape),
@@ -271,6 +275,90 @@ def _pool_2d(e: Emitter, op, p: top.PoolParams, x: Val, kind: str, out_shape) ->
 @rule(top.MaxPoolOp)
 def _(e: Emitter, op, p, args):
     return _pool(e, op, p, args[0], "max")
+
+
+@rule(top.MaxPoolWithMaskOp)
+def _(e: Emitter, op, p: top.MaskPoolParams, args):
+    return _pool_taps(e, p, args[0], "argmax")
+
+
+def _pool_taps(e: Emitter, p: top.PoolParams, x: Val, kind: str) -> tuple[Val, ...]:
+    """A pool TOSA has no op for (3-D, dilated, with indices) as the kernel computes it tap by tap: the input
+    padded as the kernel pads it (the lowest value for max, zeros for average), one strided slice per window
+    tap, their maximum or their sum in tap order divided by the kernel's counts; with indices, the first
+    maximum's flat position among the real (unpadded) taps, as the kernel and onnxruntime pick it."""
+    nd = len(p.kernel_shape)
+    spatial = x.shape[-nd:]
+    begin, end = pool_kernels._pool_pads(p, spatial)
+    dil, out_sp = pool_kernels._pool_shape(p, spatial)
+    lowest = float(np.iinfo(x.dtype).min) if x.dtype.kind in "iu" else -math.inf
+    xp = e.pad(x, [0] * (x.rank - nd) + begin, [0] * (x.rank - nd) + end, lowest if kind != "avg" else 0.0)
+    lead = x.shape[:-nd]
+    taps = [
+        strided_slice(
+            e,
+            xp,
+            [0] * len(lead) + [t * d for t, d in zip(tap, dil, strict=True)],
+            [*lead, *out_sp],
+            [1] * len(lead) + list(p.strides),
+        )
+        for tap in np.ndindex(*p.kernel_shape)
+    ]
+    el = element(x.dtype)
+    if kind == "max":
+        return (
+            e.relu(_reduce_taps(e, taps, "tosa.maximum"), p.relu_limit)
+            if p.do_relu
+            else _reduce_taps(e, taps, "tosa.maximum"),
+        )
+    if kind == "avg":
+        total = _reduce_taps(e, taps, "tosa.add")
+        counts = pool_kernels._pool_counts(p, spatial, begin, dil, out_sp).astype(x.dtype)
+        y = e.map([total, e.const(counts)], lambda bd, v: bd.f("arith.divf", *v, el=el))
+        return (e.relu(y, p.relu_limit) if p.do_relu else y,)
+    # the flat position of each (output, tap) in the unpadded plane, -1 on padding
+    grids = np.meshgrid(*[np.arange(o) * s for o, s in zip(out_sp, p.strides, strict=True)], indexing="ij")
+    positions = []
+    for tap in np.ndindex(*p.kernel_shape):
+        coords = [g + t * d - b for g, t, d, b in zip(grids, tap, dil, begin, strict=True)]
+        inside = np.logical_and.reduce([(c >= 0) & (c < n) for c, n in zip(coords, spatial, strict=True)])
+        clipped = [np.clip(c, 0, n - 1) for c, n in zip(coords, spatial, strict=True)]
+        flat = np.ravel_multi_index(clipped, spatial, order="F" if getattr(p, "storage_order", 0) else "C")
+        positions.append(e.const(np.where(inside, flat, -1).astype(np.int64).reshape((1,) * len(lead) + tuple(out_sp))))
+
+    def first_max(pick_index: bool):
+        def body(bd, v):
+            vals, pos = v[: len(taps)], v[len(taps) :]
+            best, at = vals[0], bd.const(-1, np.int64)
+            for value, where in zip(vals, pos, strict=True):
+                valid = bd.op(
+                    "arith.cmpi", where, bd.const(0, np.int64), type="i64", result="i1", props="predicate = 5 : i64"
+                )
+                first = bd.op(
+                    "arith.cmpi", at, bd.const(0, np.int64), type="i64", result="i1", props="predicate = 2 : i64"
+                )
+                if x.is_float:
+                    larger = bd.cmpf("ogt", value, best, el)
+                else:
+                    larger = bd.op("arith.cmpi", value, best, type=el, result="i1", props="predicate = 4 : i64")
+                take = bd.op("arith.andi", valid, bd.op("arith.ori", first, larger, type="i1"), type="i1")
+                best, at = bd.select(take, value, best, el), bd.select(take, where, at, "i64")
+            return at if pick_index else best
+
+        return body
+
+    values = e.map([*taps, *positions], first_max(False))
+    index = e.map([*taps, *positions], first_max(True), dtype=np.int64)
+    plane = math.prod(spatial)
+    offsets = (np.arange(math.prod(lead)) * plane).reshape(tuple(lead) + (1,) * nd).astype(np.int64)
+    return (e.relu(values, p.relu_limit) if p.do_relu else values), e.binary("tosa.add", index, e.const(offsets))
+
+
+def _reduce_taps(e: Emitter, taps: list[Val], name: str) -> Val:
+    y = taps[0]
+    for t in taps[1:]:
+        y = e.binary(name, y, t)
+    return y
 
 
 @rule(top.AvgPoolOp)

@@ -456,3 +456,18 @@ def _(e: Emitter, op, p: top.TopKParams, args):
         return e.loops(inputs, e.const(np.zeros(shape, dtype)), own, 1, body)
 
     return pick(x, x.dtype), pick(None, np.int64)
+
+
+def strided_slice(e: Emitter, x: Val, starts, counts, steps) -> Val:
+    """x[..., start:start + (count - 1) * step + 1:step, ...] per axis (non-negative starts and steps)."""
+    for axis, (start, count, step) in enumerate(zip(starts, counts, steps, strict=True)):
+        if start == 0 and count == x.shape[axis] and step == 1:
+            continue
+        begin = [0] * x.rank
+        begin[axis] = start
+        size = list(x.shape)
+        size[axis] = (count - 1) * step + 1
+        x = e.slice(x, begin, size)
+        if step > 1:
+            x = _step(e, x, axis, step, count)
+    return x
