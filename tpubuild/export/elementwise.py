@@ -608,6 +608,9 @@ def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
 
 
 def reduce_sum(e: Emitter, v: Val, axes) -> Val:
+    """A sum over ``axes``; float16's in float32, rounded once, as numpy sums float16."""
+    if v.dtype == np.float16:
+        return e.cast(_reduce_axes(e, "tosa.reduce_sum", e.cast(v, np.float32), axes), v.dtype)
     return _reduce_axes(e, "tosa.reduce_sum", v, axes)
 
 
@@ -638,7 +641,10 @@ def _reduce(e: Emitter, op, p: top.ReduceParams, x: Val) -> Val:
             "ReduceSum": "tosa.reduce_sum",
             "ReduceProd": "tosa.reduce_product",
         }
-        y = reduce_mean(e, x, p.axes) if mode == "ReduceMean" else _reduce_axes(e, names[mode], x, p.axes)
+        if mode in ("ReduceMean", "ReduceSum"):
+            y = (reduce_mean if mode == "ReduceMean" else reduce_sum)(e, x, p.axes)
+        else:
+            y = _reduce_axes(e, names[mode], x, p.axes)
     else:
         _float(x, op)
         pre = {

@@ -204,8 +204,10 @@ def _(e: Emitter, op, p: top.ReluParams, args):
         a3 = e.reshape(e.broadcast_to(a2, [*batch, m, k]), [nb, m, k])
         b3 = e.reshape(e.broadcast_to(b2, [*batch, k, n]), [nb, k, n])
     zp = e.zero_point(a.dtype)
-    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], a.dtype)
-    y = e.reshape(y, out_shape)
+    # 16-bit floats accumulate in float32, rounded once at the end, as numpy's (and ml_dtypes') matmul
+    acc = np.float32 if a.is_float and a.dtype.itemsize == 2 else a.dtype
+    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], acc)
+    y = e.reshape(e.cast(y, a.dtype), out_shape)
     if bias is not None:
         y = e.binary("tosa.add", y, bias)
     if p.do_relu:
