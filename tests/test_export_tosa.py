@@ -546,3 +546,24 @@ def test_float16_sums_accumulate_in_float32(tmp_path):
     for name in ("mm", "sm", "rs"):
         assert got[name].dtype == np.float16
         np.testing.assert_allclose(got[name].astype(np.float64), top[name].astype(np.float64), rtol=1e-4, err_msg=name)
+
+
+@needs_iree
+def test_max_and_min_of_infinite_rows(tmp_path):
+    """ReduceMax of a row of -inf is -inf and ReduceMin of +inf rows +inf (IREE's tosa.reduce_max starts from
+    -FLT_MAX): what an attention mask's all-masked row test relies on; NaN propagates as numpy's."""
+    from onnx import helper
+
+    conftest = _conftest()
+    x = np.array([[-np.inf, -np.inf, -np.inf], [1.0, np.nan, 2.0], [np.inf, np.inf, np.inf]], np.float32)
+    axes = np.array([1], np.int64)
+    nodes = [
+        helper.make_node("ReduceMax", ["x", "axes"], ["max"]),
+        helper.make_node("ReduceMin", ["x", "axes"], ["min"]),
+        helper.make_node("Softmax", ["x"], ["sm"], axis=1),
+    ]
+    model = conftest.make_onnx(nodes, {"x": x}, ["max", "min", "sm"], initializers={"axes": axes}, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"x": x})
+    for name in ("max", "min", "sm"):
+        np.testing.assert_array_equal(got[name], top[name], err_msg=name)
+    assert top["max"][0, 0] == -np.inf and top["min"][2, 0] == np.inf

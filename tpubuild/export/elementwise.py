@@ -599,12 +599,28 @@ def _to_e8m0(bd: Body, f: str, p: top.CastParams) -> str:
 # ---- reductions -----------------------------------------------------------------------------------------
 
 
+# IREE lowers tosa.reduce_max/min of floats from -/+FLT_MAX, not -/+inf: a row of -inf had the maximum -3.4e38
+_EXTREME = {"tosa.reduce_max": ("arith.maximumf", -math.inf), "tosa.reduce_min": ("arith.minimumf", math.inf)}
+
+
 def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
+    if name in _EXTREME and v.is_float:  # a fold from the infinity (maximumf/minimumf propagate NaN, as numpy)
+        fold, start = _EXTREME[name]
+        el = element(v.dtype)
+        keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
+        at = [f"d{v.rank + list(axes).index(d)}" if d in axes else f"d{d}" for d in range(v.rank)]
+        init = e.const(np.full(keep, start, v.dtype))
+        loops = [f"d{d}" for d in range(v.rank)]  # a reduced axis: a parallel loop of one
+        return e.loops([(v, at)], init, loops, len(axes), lambda bd, x, acc: bd.f(fold, acc, x[0], el=el))
     for axis in axes:
         shape = list(v.shape)
         shape[axis] = 1
         v = e.op1(name, [v], shape, v.dtype, f"axis = {axis} : i32")
     return v
+
+
+def reduce_max(e: Emitter, v: Val, axes) -> Val:
+    return _reduce_axes(e, "tosa.reduce_max", v, axes)
 
 
 def reduce_sum(e: Emitter, v: Val, axes) -> Val:
@@ -699,4 +715,4 @@ def _(e: Emitter, op, p: top.ArgParams, args):
     return idx
 
 
-__all__ = ["RNN_ACTIVATIONS", "reduce_mean", "reduce_sum", "scalar_literal"]
+__all__ = ["RNN_ACTIVATIONS", "reduce_max", "reduce_mean", "reduce_sum", "scalar_literal"]

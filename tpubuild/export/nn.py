@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_mean, reduce_sum
+from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_max, reduce_mean, reduce_sum
 from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
 from tpubuild.export.tensor import strided_slice
 from tpubuild.ir import top
@@ -375,9 +375,7 @@ def _(e: Emitter, op, p: top.SoftmaxParams, args):
     axis = p.axis % x.rank
     if p.beta != 1.0:
         x = e.binary("tosa.mul", x, e.scalar(p.beta, x.dtype, x.rank))
-    m = e.op1(
-        "tosa.reduce_max", [x], [1 if i == axis else d for i, d in enumerate(x.shape)], x.dtype, f"axis = {axis} : i32"
-    )
+    m = reduce_max(e, x, [axis])
     ex = e.map([x, m], lambda bd, v: bd.f("math.exp", bd.f("arith.subf", *v, el=el), el=el))
     s = reduce_sum(e, ex, [axis])
     if p.log:
