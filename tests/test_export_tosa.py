@@ -527,23 +527,25 @@ def test_pools_tosa_lacks_tap_by_tap(tmp_path):
 
 @needs_iree
 def test_float16_sums_accumulate_in_float32(tmp_path):
-    """float16 MatMul and the sums of Softmax and ReduceSum accumulate in float32 and round once, as numpy's:
-    within the bench's tolerance of TOP (float16 accumulation is off by float16 ulps)."""
+    """float16 MatMul and the sums of Softmax and ReduceSum accumulate in float32 and round once, as numpy's, and
+    Celu computes in float32: within the bench's tolerance of TOP (float16 steps are off by float16 ulps)."""
     from onnx import helper
 
     conftest = _conftest()
     rng = np.random.default_rng(0)
     a = rng.uniform(0, 1, (4, 512)).astype(np.float16)
-    b = rng.uniform(0, 1, (512, 8)).astype(np.float16)
+    b = rng.uniform(-3, 1, (512, 8)).astype(np.float16)
     nodes = [
         helper.make_node("MatMul", ["a", "b"], ["mm"]),
         helper.make_node("Softmax", ["a"], ["sm"], axis=1),
         helper.make_node("ReduceSum", ["a", "axes"], ["rs"], keepdims=0),
+        helper.make_node("Celu", ["b"], ["celu"], alpha=0.7),  # the kernel's float64, rounded once
     ]
     inits = {"axes": np.array([1], np.int64)}
-    model = conftest.make_onnx(nodes, {"a": a, "b": b}, ["mm", "sm", "rs"], initializers=inits, opset=18)
+    names = ["mm", "sm", "rs", "celu"]
+    model = conftest.make_onnx(nodes, {"a": a, "b": b}, names, initializers=inits, opset=18)
     top, got = _top_and_iree(tmp_path, model, {"a": a, "b": b})
-    for name in ("mm", "sm", "rs"):
+    for name in names:
         assert got[name].dtype == np.float16
         np.testing.assert_allclose(got[name].astype(np.float64), top[name].astype(np.float64), rtol=1e-4, err_msg=name)
 

@@ -193,14 +193,25 @@ rule(top.SqrtOp)(_math("math.sqrt"))
 rule(top.RoundOp)(_math("math.roundeven"))
 
 
-def _activation(formula):
-    """A rule computing ``formula(body, x, el, p)`` on each element of a float tensor."""
+def _activation(formula, wide: bool = False):
+    """A rule computing ``formula(body, x, el, p)`` on each element of a float tensor; ``wide``: 16-bit floats
+    computed in float32 and rounded once (the kernels that compute in float64 so)."""
 
     def fn(e: Emitter, op, p, args):
         el = _float(args[0], op)
+        if wide and el != "f32":
+            return e.map(args, lambda bd, x: _rounded(bd, formula(bd, [_widened(bd, v, el) for v in x], "f32", p), el))
         return e.map(args, lambda bd, x: formula(bd, x, el, p))
 
     return fn
+
+
+def _widened(bd: Body, x: str, el: str) -> str:
+    return bd.typed("arith.extf", [(x, el)], "f32")
+
+
+def _rounded(bd: Body, x: str, el: str) -> str:
+    return bd.typed("arith.truncf", [(x, "f32")], el)
 
 
 _FLOAT_OF = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32)}
@@ -333,8 +344,11 @@ RNN_ACTIVATIONS = {
     "softplus": lambda bd, x, el, a, b: _softplus(bd, x, el),
 }
 
+# kernels computing in float64 (rounded once to a 16-bit float)
+_WIDE = (top.SwishOp, top.CeluOp)
+
 for _cls, _formula in _FORMULAS.items():
-    rule(_cls)(_activation(lambda bd, x, el, p, _f=_formula: _f(bd, x, el, p)))
+    rule(_cls)(_activation(lambda bd, x, el, p, _f=_formula: _f(bd, x, el, p), wide=_cls in _WIDE))
 
 
 def _pow(bd: Body, x: str, el: str, exponent: float) -> str:
