@@ -569,3 +569,25 @@ def test_max_and_min_of_infinite_rows(tmp_path):
     for name in ("max", "min", "sm"):
         np.testing.assert_array_equal(got[name], top[name], err_msg=name)
     assert top["max"][0, 0] == -np.inf and top["min"][2, 0] == np.inf
+
+
+@needs_iree
+def test_einsum_ellipsis_diagonal_and_implicit_output(tmp_path):
+    """Einsum with an ellipsis (broadcast batch dims), a repeated subscript (a diagonal) and an implicit output."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    nodes = [
+        helper.make_node("Einsum", ["a"], ["diag"], equation="...ii->...i"),
+        helper.make_node("Einsum", ["a", "b"], ["bmm"], equation="...ij,...jk->...ik"),
+        helper.make_node("Einsum", ["a", "b"], ["implicit"], equation="abij,bjk"),
+    ]
+    outs = ["diag", "bmm", "implicit"]
+    model = conftest.make_onnx(nodes, {"a": a, "b": b}, outs, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"a": a, "b": b})
+    for name in outs:
+        np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert top["implicit"].shape == (2, 4, 5)

@@ -8,6 +8,7 @@ rows no window reads are sliced off.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -506,14 +507,27 @@ def _(e: Emitter, op, p: top.LRNParams, args):
 __all__ = ["conv_nchw", "scalar_literal"]
 
 
+def _einsum_subscripts(mode: str, ranks: list[int]) -> tuple[list[str], str]:
+    """Each operand's subscripts and the output's, numpy's way: an ellipsis as letters of its own (right
+    aligned, broadcast), an implicit output as the ellipsis then the letters used once, in alphabetical order."""
+    mode = mode.replace(" ", "")
+    lhs, out = mode.split("->") if "->" in mode else (mode, None)
+    subs = lhs.split(",")
+    spare = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in mode]
+    dots = max((r - len(s.replace("...", "")) for s, r in zip(subs, ranks, strict=True) if "..." in s), default=0)
+    ell = "".join(spare[:dots][::-1])
+    subs = [s.replace("...", ell[dots - (r - len(s.replace("...", ""))) :]) for s, r in zip(subs, ranks, strict=True)]
+    if out is None:
+        counts = collections.Counter("".join(subs))
+        out = ell + "".join(sorted(c for c in counts if counts[c] == 1 and c not in ell))
+    return subs, out.replace("...", ell)
+
+
 @rule(top.EinsumOp)
 def _(e: Emitter, op, p: top.EinsumParams, args):
     """One ``linalg.generic``: a loop per subscript letter, the output's parallel and the rest reductions, the
     products of the operands' elements summed into a zero tensor."""
-    if "." in p.mode or "->" not in p.mode:
-        raise NotImplementedError(f"einsum {p.mode!r} (ellipsis or implicit output)")
-    lhs, out = p.mode.replace(" ", "").split("->")
-    subs = lhs.split(",")
+    subs, out = _einsum_subscripts(p.mode, [v.rank for v in args])
     x0 = args[0]
     if not x0.is_float or any(v.dtype != x0.dtype for v in args):
         raise NotImplementedError(f"einsum of {[v.dtype.name for v in args]}")
