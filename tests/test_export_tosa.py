@@ -591,3 +591,29 @@ def test_einsum_ellipsis_diagonal_and_implicit_output(tmp_path):
     for name in outs:
         np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert top["implicit"].shape == (2, 4, 5)
+
+
+@needs_iree
+def test_conv3d_and_its_transpose(tmp_path):
+    """3-D Conv (pads, strides, dilations, bias, a computed filter) and ConvTranspose through tosa.conv3d."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 5, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 2, 3, 2)).astype(np.float32)
+    wt = rng.standard_normal((2, 3, 3, 2, 2)).astype(np.float32)
+    bias = rng.standard_normal(3).astype(np.float32)
+    nodes = [
+        helper.make_node(
+            "Conv", ["x", "w", "bias"], ["conv"], pads=[1, 0, 1, 0, 1, 1], strides=[2, 1, 2], dilations=[1, 2, 1]
+        ),
+        helper.make_node("Conv", ["x", "w_in"], ["computed"]),
+        helper.make_node("ConvTranspose", ["x", "wt"], ["deconv"], strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1]),
+    ]
+    outs = ["conv", "computed", "deconv"]
+    inputs = {"x": x, "w_in": w}
+    model = conftest.make_onnx(nodes, inputs, outs, initializers={"w": w, "wt": wt, "bias": bias}, opset=18)
+    top, got = _top_and_iree(tmp_path, model, inputs)
+    for name in outs:
+        np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -64,7 +64,7 @@ def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, m
 
 
 def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
-    """A TOP Conv (1-D or 2-D, any group) through TOSA's NHWC convs."""
+    """A TOP Conv (1-D or 2-D, any group; 3-D ungrouped) through TOSA's channels-last convs."""
     nd = len(p.kernel_shape)
     if nd == 1:  # as a 2-D conv of height 1
         p2 = top.ConvParams(
@@ -80,8 +80,10 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         w2 = _reshaped(e, w, (w.shape[0], w.shape[1], 1, w.shape[2]))
         y = conv_nchw(e, op, p2, x2, w2, b, [*out_shape[:2], 1, out_shape[2]])
         return e.reshape(y, out_shape)
+    if nd == 3 and p.group == 1:
+        return _conv3d(e, p, x, w, b, out_shape)
     if nd != 2:
-        raise NotImplementedError(f"{nd}-D convolution")
+        raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
     out_hw = list(out_shape[2:])
@@ -114,6 +116,30 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return e.transpose(y, _NCHW)
+
+
+def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
+    """tosa.conv3d on NDHWC, its filter [OC, KD, KH, KW, IC]."""
+    oc = w.shape[0]
+    xh = e.transpose(x, (0, 2, 3, 4, 1))
+    xh, ends = _fit_windows(
+        e, xh, (1, 2, 3), w.shape[2:], p.strides, p.dilations, p.pads[:3], p.pads[3:], out_shape[2:]
+    )
+    if isinstance(w, np.ndarray):
+        wv = e.const(np.ascontiguousarray(w.transpose(0, 2, 3, 4, 1)))
+    else:
+        wv = e.transpose(w, (0, 2, 3, 4, 1))
+    bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
+    zp = e.zero_point(x.dtype)
+    pad = [v for pair in zip(p.pads[:3], ends, strict=True) for v in pair]
+    props = (
+        f"acc_type = {element(x.dtype)}, dilation = array<i64: {', '.join(map(str, p.dilations))}>, "
+        f"pad = array<i64: {', '.join(map(str, pad))}>, stride = array<i64: {', '.join(map(str, p.strides))}>"
+    )
+    y = e.op1("tosa.conv3d", [xh, wv, bias, zp, zp], [x.shape[0], *out_shape[2:], oc], x.dtype, props)
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return e.transpose(y, (0, 4, 1, 2, 3))
 
 
 def _reshaped(e: Emitter, w, shape):
