@@ -572,6 +572,22 @@ def test_max_and_min_of_infinite_rows(tmp_path):
 
 
 @needs_iree
+def test_bfloat16_sums_round_each_step(tmp_path):
+    """bfloat16 ReduceSum as ml_dtypes (TOP's kernel) adds: in order, each partial sum rounded to bfloat16; bit
+    for bit (IREE's own bfloat16 sum keeps the partial sums in float32). Softmax uses the same sum, but IREE
+    fuses its exp and division without rounding between them: not bit for bit."""
+    import ml_dtypes
+    from onnx import helper
+
+    conftest = _conftest()
+    x = np.random.default_rng(0).uniform(0, 1, (3, 300)).astype(ml_dtypes.bfloat16)
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["rs"])
+    model = conftest.make_onnx([node], {"x": x}, ["rs"], initializers={"axes": np.array([1], np.int64)}, opset=18)
+    top, got = _top_and_iree(tmp_path, model, {"x": x})
+    assert _same_bits(np.asarray(top["rs"]), np.asarray(got["rs"])).all()
+
+
+@needs_iree
 def test_einsum_ellipsis_diagonal_and_implicit_output(tmp_path):
     """Einsum with an ellipsis (broadcast batch dims), a repeated subscript (a diagonal) and an implicit output."""
     from onnx import helper

@@ -638,10 +638,31 @@ def reduce_max(e: Emitter, v: Val, axes) -> Val:
 
 
 def reduce_sum(e: Emitter, v: Val, axes) -> Val:
-    """A sum over ``axes``; float16's in float32, rounded once, as numpy sums float16."""
+    """A sum over ``axes``; float16's in float32, rounded once, as numpy sums float16; bfloat16's in order, as
+    ml_dtypes sums it."""
     if v.dtype == np.float16:
         return e.cast(_reduce_axes(e, "tosa.reduce_sum", e.cast(v, np.float32), axes), v.dtype)
+    if v.dtype == np.dtype(ml_dtypes.bfloat16):
+        return _sequential_bf16_sum(e, v, axes)
     return _reduce_axes(e, "tosa.reduce_sum", v, axes)
+
+
+def _sequential_bf16_sum(e: Emitter, v: Val, axes) -> Val:
+    """ml_dtypes' bfloat16 sum: one element at a time, each partial sum rounded to bfloat16. A fold whose
+    accumulator is the sum's bits (i16), so IREE cannot keep it in float32 between steps."""
+    keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
+    at = [f"d{v.rank + list(axes).index(d)}" if d in axes else f"d{d}" for d in range(v.rank)]
+
+    def body(bd: Body, x, acc):
+        total = bd.f(
+            "arith.addf",
+            _widened(bd, bd.typed("arith.bitcast", [(acc, "i16")], "bf16"), "bf16"),
+            _widened(bd, x[0], "bf16"),
+        )
+        return bd.typed("arith.bitcast", [(_rounded(bd, total, "bf16"), "bf16")], "i16")
+
+    bits = e.loops([(v, at)], e.const(np.zeros(keep, np.int16)), [f"d{d}" for d in range(v.rank)], len(axes), body)
+    return e.map([bits], lambda bd, x: bd.typed("arith.bitcast", [(x[0], "i16")], "bf16"), dtype=v.dtype)
 
 
 def reduce_mean(e: Emitter, v: Val, axes) -> Val:
