@@ -66,12 +66,12 @@ def _(e: Emitter, op, p, args):
     if a.dtype == np.bool_ or b.dtype == np.bool_:
         raise NotImplementedError(f"Pow of {a.dtype} by {b.dtype}")
     if not a.is_float and not b.is_float:  # integer power (the exponent in the base's type), as numpy's
-        return e.map([a, _cast(e, b, a.dtype)], lambda bd, x: _ipow(bd, *x, element(a.dtype), a.dtype))
+        return e.map([a, _cast(e, b, a.dtype)], lambda bd, x: _ipow(bd, x[0], x[1], element(a.dtype), a.dtype))
     # in float (the base's float type, or float32 for an integer base) and cast back, as the kernel's float64
     # power cast to the base's type (an integer result truncated)
     f = a.dtype if a.is_float else np.dtype(np.float32)
     el = element(f)
-    y = e.map([_cast(e, a, f), _cast(e, b, f)], lambda bd, x: _powf(bd, *x, el))
+    y = e.map([_cast(e, a, f), _cast(e, b, f)], lambda bd, x: _powf(bd, x[0], x[1], el))
     return _cast(e, y, a.dtype)
 
 
