@@ -389,7 +389,7 @@ def _iree_batch(batch: list, work: Path) -> None:
     import subprocess
 
     from tpubuild.build.cpu import COMPILE_FLAGS, Vmfb, iree_tool
-    from tpubuild.export.tosa import write_functions
+    from tpubuild.export.tosa import carried, write_functions
 
     if not batch:
         return
@@ -418,6 +418,8 @@ def _iree_batch(batch: list, work: Path) -> None:
             args = [
                 np.asarray(feeds[n], np.float32 if feeds[n].dtype == np.float64 else None, order="C") for n in names
             ]
+            # 2/4-bit types as their bytes (the export carries them so: tosa.CARRIED)
+            args = [carried(a) for a in args]
             outs = fn(*[a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a for a in args])
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             got = [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outs]
@@ -428,14 +430,25 @@ def _iree_batch(batch: list, work: Path) -> None:
             r.iree, r.iree_reason = "fail", f"{len(got)} outputs, expected {len(expected)}"
             continue
         for j, (g, want) in enumerate(zip(got, expected, strict=True)):
-            if want.ndim == 0 and g.shape == (1,):  # the runtime hands a rank-0 result back as one element
-                g = g.reshape(())
-            if want.dtype.kind == "u" and g.dtype.kind == "i" and g.dtype.itemsize == want.dtype.itemsize:
-                g = g.view(want.dtype)
+            g = _as_returned(g, want)
             problem = _compare(g.astype(want.dtype) if g.dtype == np.float32 and want.dtype == np.float64 else g, want)
             if problem:
                 r.iree, r.iree_reason = "fail", f"output {j}: {problem}"
                 break
+
+
+def _as_returned(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """An IREE result as the export means it: a rank-0 result (the runtime hands it back as one element), an
+    unsigned one (signless in the export), a 2/4-bit one (carried as its bytes) in the expected type."""
+    from tpubuild.export.tosa import CARRIED
+
+    if want.ndim == 0 and got.shape == (1,):
+        got = got.reshape(())
+    if want.dtype.kind == "u" and got.dtype.kind == "i" and got.dtype.itemsize == want.dtype.itemsize:
+        got = got.view(want.dtype)
+    if want.dtype in CARRIED and got.dtype == np.int8:
+        got = got.view(want.dtype)
+    return got
 
 
 # ---- report ---------------------------------------------------------------------------

@@ -111,7 +111,10 @@ _FLOATS = {"f16": "float16", "f32": "float32"}
 
 def _signless(a):
     """An unsigned array as the signed one of the same bits: the export's integers are signless (IREE's ABI
-    checks the element type)."""
+    checks the element type); 2/4-bit types as their bytes, as the export carries them."""
+    from tpubuild.export.tosa import carried
+
+    a = carried(a)
     return a.view(a.dtype.str.replace("u", "i")) if a.dtype.kind == "u" else a
 
 

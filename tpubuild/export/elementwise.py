@@ -8,12 +8,13 @@ activations), written from the same formula as the op's reference kernel.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import ml_dtypes
 import numpy as np
 
-from tpubuild.export.tosa import Body, Emitter, Val, element, rule, scalar_literal
+from tpubuild.export.tosa import CARRIED, NARROW, Body, Emitter, Val, element, rule, scalar_literal
 from tpubuild.ir import top
 from tpubuild.ir.types import dtype_from_name
 
@@ -62,9 +63,47 @@ def _(e: Emitter, op, p, args):
 @rule(top.Pow3Op)
 def _(e: Emitter, op, p, args):
     a, b = args
-    if a.is_float and b.dtype == a.dtype:
-        return e.binary("tosa.pow", a, b)
-    raise NotImplementedError(f"Pow of {a.dtype} by {b.dtype}")
+    if a.dtype == np.bool_ or b.dtype == np.bool_:
+        raise NotImplementedError(f"Pow of {a.dtype} by {b.dtype}")
+    if not a.is_float and not b.is_float:  # integer power (the exponent in the base's type), as numpy's
+        return e.map([a, _cast(e, b, a.dtype)], lambda bd, x: _ipow(bd, x[0], x[1], element(a.dtype), a.dtype))
+    # in float (the base's float type, or float32 for an integer base) and cast back, as the kernel's float64
+    # power cast to the base's type (an integer result truncated)
+    f = a.dtype if a.is_float else np.dtype(np.float32)
+    el = element(f)
+    y = e.map([_cast(e, a, f), _cast(e, b, f)], lambda bd, x: _powf(bd, x[0], x[1], el))
+    return _cast(e, y, a.dtype)
+
+
+def _powf(bd: Body, a: str, b: str, el: str) -> str:
+    """a ** b as numpy's: powf of |a|, negative for a negative base and an odd integer exponent, NaN for a negative
+    base and a fractional one (IREE's powf is NaN for every negative base)."""
+    m = bd.f("math.powf", bd.f("math.absf", a, el=el), b, el=el)
+    integral = bd.cmpf("oeq", b, bd.f("math.trunc", b, el=el), el)
+    odd = bd.cmpf("one", bd.f("arith.remf", b, _c(bd, 2.0, el), el=el), _c(bd, 0.0, el), el)
+    signed = bd.select(odd, bd.f("arith.negf", m, el=el), m, el)
+    negative = bd.select(integral, signed, _c(bd, math.nan, el), el)
+    return bd.select(bd.cmpf("olt", a, _c(bd, 0.0, el), el), negative, m, el)
+
+
+def _ipow(bd: Body, base: str, exponent: str, el: str, dtype) -> str:
+    """base ** exponent by squaring over the exponent's bits (IREE has no lowering of math.ipowi); wraps on
+    overflow as numpy's integer power."""
+    result = bd.const(1, dtype)
+    one = bd.const(1, dtype)
+    for bit in range(np.dtype(dtype).itemsize * 8 - 1):
+        shifted = bd.op("arith.shrui", exponent, bd.const(bit, dtype), type=el)
+        odd = bd.op(
+            "arith.cmpi",
+            bd.op("arith.andi", shifted, one, type=el),
+            one,
+            type=el,
+            result="i1",
+            props="predicate = 0 : i64",
+        )
+        result = bd.select(odd, bd.op("arith.muli", result, base, type=el), result, el)
+        base = bd.op("arith.muli", base, base, type=el)
+    return result
 
 
 @rule(top.ModOp)
@@ -112,7 +151,11 @@ def _(e: Emitter, op, p, args):
 
 @rule(top.ClipOp)
 def _(e: Emitter, op, p, args):
-    return e.clamp(args[0], p.min, p.max)
+    (x,) = args
+    if p.min > p.max:  # numpy's clip: the max bound applied last, everything is max (tosa.clamp refuses)
+        lo, hi = e.scalar(p.min, x.dtype, x.rank), e.scalar(p.max, x.dtype, x.rank)
+        return e.binary("tosa.minimum", e.binary("tosa.maximum", x, lo), hi)
+    return e.clamp(x, p.min, p.max)
 
 
 _TOSA_UNARY = {
@@ -150,18 +193,32 @@ rule(top.SqrtOp)(_math("math.sqrt"))
 rule(top.RoundOp)(_math("math.roundeven"))
 
 
-def _activation(formula):
-    """A rule computing ``formula(body, x, el, p)`` on each element of a float tensor."""
+def _activation(formula, wide: bool = False):
+    """A rule computing ``formula(body, x, el, p)`` on each element of a float tensor; ``wide``: 16-bit floats
+    computed in float32 and rounded once (the kernels that compute in float64 so)."""
 
     def fn(e: Emitter, op, p, args):
         el = _float(args[0], op)
+        if wide and el != "f32":
+            return e.map(args, lambda bd, x: _rounded(bd, formula(bd, [_widened(bd, v, el) for v in x], "f32", p), el))
         return e.map(args, lambda bd, x: formula(bd, x, el, p))
 
     return fn
 
 
+def _widened(bd: Body, x: str, el: str) -> str:
+    return bd.typed("arith.extf", [(x, el)], "f32")
+
+
+def _rounded(bd: Body, x: str, el: str) -> str:
+    return bd.typed("arith.truncf", [(x, "f32")], el)
+
+
+_FLOAT_OF = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32)}
+
+
 def _c(bd: Body, value: float, el: str) -> str:
-    return bd.const(value, np.float16 if el == "f16" else np.float32)
+    return bd.const(value, _FLOAT_OF[el])
 
 
 def _sigmoid(bd: Body, x: str, el: str) -> str:
@@ -264,8 +321,34 @@ _FORMULAS = {
     ),
 }
 
+# ONNX RNN activations by (lower-case) name: fn(body, x, el, alpha, beta), as the kernel's (kernels/rnn.py)
+RNN_ACTIVATIONS = {
+    "sigmoid": lambda bd, x, el, a, b: _sigmoid(bd, x, el),
+    "tanh": lambda bd, x, el, a, b: bd.f("math.tanh", x, el=el),
+    "relu": lambda bd, x, el, a, b: bd.f("arith.maximumf", x, _c(bd, 0.0, el), el=el),
+    "affine": lambda bd, x, el, a, b: bd.f(
+        "arith.addf", bd.f("arith.mulf", _c(bd, a, el), x, el=el), _c(bd, b, el), el=el
+    ),
+    "leakyrelu": lambda bd, x, el, a, b: bd.select(
+        bd.cmpf("oge", x, _c(bd, 0.0, el), el), x, bd.f("arith.mulf", x, _c(bd, a, el), el=el), el
+    ),
+    "thresholdedrelu": lambda bd, x, el, a, b: bd.select(bd.cmpf("ogt", x, _c(bd, a, el), el), x, _c(bd, 0.0, el), el),
+    "scaledtanh": lambda bd, x, el, a, b: bd.f(
+        "arith.mulf", _c(bd, a, el), bd.f("math.tanh", bd.f("arith.mulf", _c(bd, b, el), x, el=el), el=el), el=el
+    ),
+    "hardsigmoid": lambda bd, x, el, a, b: _hardsigmoid_of(bd, x, el, a, b),
+    "elu": lambda bd, x, el, a, b: _elu(bd, x, el, a),
+    "softsign": lambda bd, x, el, a, b: bd.f(
+        "arith.divf", x, bd.f("arith.addf", _c(bd, 1.0, el), bd.f("math.absf", x, el=el), el=el), el=el
+    ),
+    "softplus": lambda bd, x, el, a, b: _softplus(bd, x, el),
+}
+
+# kernels computing in float64 (rounded once to a 16-bit float)
+_WIDE = (top.SwishOp, top.CeluOp)
+
 for _cls, _formula in _FORMULAS.items():
-    rule(_cls)(_activation(lambda bd, x, el, p, _f=_formula: _f(bd, x, el, p)))
+    rule(_cls)(_activation(lambda bd, x, el, p, _f=_formula: _f(bd, x, el, p), wide=_cls in _WIDE))
 
 
 def _pow(bd: Body, x: str, el: str, exponent: float) -> str:
@@ -334,13 +417,26 @@ def _(e: Emitter, op, p, args):
     return e.op1("tosa.select", [cond, a, b], shape, a.dtype)
 
 
-@rule(top.CastOp)
+@rule(top.CastOp, narrow=True)
 def _(e: Emitter, op, p: top.CastParams, args):
     (x,) = args
     to = dtype_from_name(p.to)
     element(to)
+    if x.dtype == to:
+        return x
+    if x.dtype in NARROW:
+        x = _decode(e, x)
+    if to in NARROW:
+        return _encode(e, x, to, p)
+    return _cast(e, x, to)
+
+
+def _cast(e: Emitter, x: Val, to: np.dtype) -> Val:
+    """A cast between the types TOSA and arith have."""
     if "u" in (x.dtype.kind, to.kind) and to != np.bool_ and x.dtype != np.bool_:
-        return _unsigned_cast(e, x, to)
+        return _arith_cast(e, x, to)
+    if np.dtype(np.int64) in (x.dtype, to) and (x.is_float or to.kind == "f"):  # TOSA casts no i64 to float
+        return _arith_cast(e, x, to)
     if x.is_float and to.kind in "iu":
         # float -> int truncates toward zero, as C casts (tosa.cast rounds to nearest)
         el = element(x.dtype)
@@ -350,11 +446,13 @@ def _(e: Emitter, op, p: top.CastParams, args):
     return e.cast(x, to)
 
 
-def _unsigned_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
-    """A cast from or to an unsigned type: the arith op that reads (or writes) the bits unsigned."""
+def _arith_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
+    """A cast TOSA has not (from or to an unsigned type, between int64 and floats): the arith op, reading (or
+    writing) the bits unsigned where the type is; float to integer truncates toward zero."""
     src, dst = element(x.dtype), element(to)
     if x.is_float:
-        return e.map([x], lambda bd, v: bd.typed("arith.fptoui", [(v[0], src)], dst), dtype=to)
+        op = "arith.fptoui" if to.kind == "u" else "arith.fptosi"
+        return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
     if to.kind == "f" or to == np.dtype(ml_dtypes.bfloat16):
         op = "arith.uitofp" if x.dtype.kind == "u" else "arith.sitofp"
         return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
@@ -366,10 +464,168 @@ def _unsigned_cast(e: Emitter, x: Val, to: np.dtype) -> Val:
     return e.map([x], lambda bd, v: bd.typed(op, [(v[0], src)], dst), dtype=to)
 
 
+# ---- 8-bit floats and 2/4-bit types (ONNX Cast) ---------------------------------------------------------
+# Computed on float32 and integer bits, as ml_dtypes (TOP's kernel) and onnx's to_float8e8m0 define them: a
+# float is rounded to nearest even on the type's grid in float32 (exact), clamped where ONNX saturates, and only
+# then truncf'd to the 8-bit type (IREE's truncf rounds values below the smallest normal wrongly); codes are
+# read back through a table of the type's values. float8_e8m0fnu, float4_e2m1fn and the 2/4-bit integers are
+# bit arithmetic on bytes.
+
+_F4 = np.dtype(ml_dtypes.float4_e2m1fn)
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+# float4_e2m1fn's magnitudes by code, and the rounding thresholds between neighbours: a tie goes to the even code,
+# so the step up from an even code needs more than the midpoint, from an odd one the midpoint itself
+_F4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_F4_STEPS = tuple(
+    ((a + b) / 2, "ogt" if k % 2 == 0 else "oge") for k, (a, b) in enumerate(itertools.pairwise(_F4_VALUES))
+)
+
+
+def _bits(dtype: np.dtype) -> int:
+    """The width of a 2/4-bit integer type."""
+    return 2 if "2" in dtype.name else 4
+
+
+def _i(bd: Body, name: str, *args: str, el: str = "i32") -> str:
+    return bd.op(name, *args, type=el)
+
+
+def _icmp(bd: Body, predicate: int, a: str, b: str, el: str = "i32") -> str:
+    return bd.op("arith.cmpi", a, b, type=el, result="i1", props=f"predicate = {predicate} : i64")
+
+
+def _decode(e: Emitter, x: Val) -> Val:
+    """A NARROW tensor as one TOSA computes on: 2/4-bit integers as int8/uint8, floats as float32."""
+    el = element(x.dtype)
+    if x.dtype in CARRIED and x.dtype != _F4:
+        n, signed = _bits(x.dtype), ml_dtypes.iinfo(x.dtype).min < 0
+
+        def integer(bd: Body, v):
+            if signed:  # sign-extended from n bits: shifted to the top and back
+                up = bd.const(8 - n, np.int8)
+                return _i(bd, "arith.shrsi", _i(bd, "arith.shli", v[0], up, el="i8"), up, el="i8")
+            return _i(bd, "arith.andi", v[0], bd.const((1 << n) - 1, np.int8), el="i8")
+
+        return e.map([x], integer, dtype=np.int8 if signed else np.uint8)
+
+    # floats: a table of the type's 256 (or 16) values, read at the code (IREE's extf reads float8_e4m3fn's
+    # negative NaN as -480)
+    codes = 16 if x.dtype == _F4 else 256
+    table = e.use(e.const(np.arange(codes, dtype=np.uint8).view(x.dtype).astype(np.float32)))
+
+    def body(bd: Body, v):
+        byte = v[0] if el == "i8" else bd.typed("arith.bitcast", [(v[0], el)], "i8")
+        if codes == 16:  # the low 4 bits only: never read past the table
+            byte = _i(bd, "arith.andi", byte, bd.const(15, np.int8), el="i8")
+        at = bd.typed("arith.index_cast", [(bd.typed("arith.extui", [(byte, "i8")], "i32"), "i32")], "index")
+        return bd.typed("tensor.extract", [(table.name, table.type), (at, "index")], "f32")
+
+    return e.map([x], body, dtype=np.float32)
+
+
+def _encode(e: Emitter, x: Val, to: np.dtype, p: top.CastParams) -> Val:
+    """A tensor of a TOSA type cast to a NARROW type (ONNX Cast: round to nearest even, saturating as asked)."""
+    if x.dtype == np.bool_:
+        raise NotImplementedError(f"cast of bool to {to.name}")
+    dst = element(to)
+    if to in CARRIED and to != _F4:
+        # the low n bits of the integer (float truncated toward zero), as ml_dtypes wraps
+        if x.is_float:
+            x = _cast(e, x, np.dtype(np.int32))
+        src = element(x.dtype)
+        mask = (1 << _bits(to)) - 1
+
+        def wrap(bd: Body, v):
+            byte = v[0] if src == "i8" else bd.typed("arith.trunci", [(v[0], src)], "i8")
+            return _i(bd, "arith.andi", byte, bd.const(mask, np.int8), el="i8")
+
+        return e.map([x], wrap, dtype=to)
+    if not x.is_float and to == _E8M0:
+        raise NotImplementedError(f"cast of {x.dtype} to {to.name}")  # float32 would round the large ones first
+    x = _cast(e, x, np.dtype(np.float32))
+
+    def body(bd: Body, v):
+        if to == _F4:
+            return _to_f4(bd, v[0])
+        if to == _E8M0:
+            return _to_e8m0(bd, v[0], p)
+        f = _to_grid(bd, v[0], ml_dtypes.finfo(to))
+        if p.saturate and x.is_float:
+            big = bd.const(float(ml_dtypes.finfo(to).max), np.float32)
+            f = bd.f("arith.minimumf", bd.f("arith.maximumf", f, bd.f("arith.negf", big)), big)
+        return bd.typed("arith.truncf", [(f, "f32")], dst)
+
+    return e.map([x], body, dtype=to)
+
+
+def _to_grid(bd: Body, f: str, info) -> str:
+    """``f`` rounded (to nearest even) to the float32 value of an 8-bit float type, or past its largest one: the
+    quantum 2 ** (max(exponent, the smallest normal one) - mantissa bits) from the float32's exponent field, the
+    quotient rounded (all exact). IREE's truncf rounds values just below the smallest normal to zero; given a
+    value of the type it has nothing to round."""
+    bits = bd.typed("arith.bitcast", [(f, "f32")], "i32")
+    c = lambda v: bd.const(v, np.int32)  # noqa: E731
+    exp = _i(bd, "arith.andi", _i(bd, "arith.shrui", bits, c(23)), c(0xFF))
+    exp = _i(bd, "arith.maxsi", exp, c(info.minexp + 127))
+    quantum = bd.typed(
+        "arith.bitcast", [(_i(bd, "arith.shli", _i(bd, "arith.subi", exp, c(info.nmant)), c(23)), "i32")], "f32"
+    )
+    steps = bd.f("math.roundeven", bd.f("arith.divf", bd.f("math.absf", f), quantum))
+    return bd.f("math.copysign", bd.f("arith.mulf", steps, quantum), f)
+
+
+def _to_f4(bd: Body, f: str) -> str:
+    """float4_e2m1fn's code (saturating; NaN as ml_dtypes writes it: the sign bit flipped, magnitude 0)."""
+    a = bd.f("math.absf", f)
+    code = bd.const(0, np.int8)
+    for threshold, predicate in _F4_STEPS:
+        up = bd.typed("arith.extui", [(bd.cmpf(predicate, a, bd.const(threshold, np.float32)), "i1")], "i8")
+        code = _i(bd, "arith.addi", code, up, el="i8")
+    negative = _icmp(bd, 2, bd.typed("arith.bitcast", [(f, "f32")], "i32"), bd.const(0, np.int32))
+    negative = _i(bd, "arith.xori", negative, bd.cmpf("uno", f, f), el="i1")
+    return bd.select(negative, _i(bd, "arith.ori", code, bd.const(8, np.int8), el="i8"), code, "i8")
+
+
+def _to_e8m0(bd: Body, f: str, p: top.CastParams) -> str:
+    """onnx's to_float8e8m0 on float32 bits: the exponent field, rounded up, down or to nearest by the fraction;
+    inf and NaN are 255; saturating, the largest exponent does not round up into 255."""
+    bits = bd.typed("arith.bitcast", [(f, "f32")], "i32")
+    c = lambda v: bd.const(v, np.int32)  # noqa: E731
+    exp = _i(bd, "arith.andi", _i(bd, "arith.shrui", bits, c(23)), c(0xFF))
+    nonzero = lambda mask: _icmp(bd, 1, _i(bd, "arith.andi", bits, c(mask)), c(0))  # noqa: E731
+    if p.round_mode == "nearest":
+        guard, rest = nonzero(0x400000), _i(bd, "arith.ori", nonzero(0x200000), nonzero(0x1FFFFF), el="i1")
+        odd = _icmp(bd, 8, exp, c(0))  # onnx's "lsb": any exponent above 0
+        up = _i(bd, "arith.andi", guard, _i(bd, "arith.ori", rest, odd, el="i1"), el="i1")
+    elif p.round_mode == "up":
+        up = nonzero(0x7FFFFF)
+    elif p.round_mode == "down":
+        up = bd.typed("arith.constant", [], "i1", "value = false")
+    else:
+        raise NotImplementedError(f"float8_e8m0fnu round mode {p.round_mode}")
+    if p.saturate:
+        up = _i(bd, "arith.andi", up, _icmp(bd, 1, exp, c(0xFE)), el="i1")
+    rounded = _i(bd, "arith.addi", exp, bd.typed("arith.extui", [(up, "i1")], "i32"))
+    out = bd.select(_icmp(bd, 0, exp, c(0xFF)), c(0xFF), rounded, "i32")
+    return bd.typed("arith.bitcast", [(bd.typed("arith.trunci", [(out, "i32")], "i8"), "i8")], "f8E8M0FNU")
+
+
 # ---- reductions -----------------------------------------------------------------------------------------
 
 
+# IREE lowers tosa.reduce_max/min of floats from -/+FLT_MAX, not -/+inf: a row of -inf had the maximum -3.4e38
+_EXTREME = {"tosa.reduce_max": ("arith.maximumf", -math.inf), "tosa.reduce_min": ("arith.minimumf", math.inf)}
+
+
 def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
+    if name in _EXTREME and v.is_float:  # a fold from the infinity (maximumf/minimumf propagate NaN, as numpy)
+        fold, start = _EXTREME[name]
+        el = element(v.dtype)
+        keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
+        at = [f"d{v.rank + list(axes).index(d)}" if d in axes else f"d{d}" for d in range(v.rank)]
+        init = e.const(np.full(keep, start, v.dtype))
+        loops = [f"d{d}" for d in range(v.rank)]  # a reduced axis: a parallel loop of one
+        return e.loops([(v, at)], init, loops, len(axes), lambda bd, x, acc: bd.f(fold, acc, x[0], el=el))
     for axis in axes:
         shape = list(v.shape)
         shape[axis] = 1
@@ -377,8 +633,36 @@ def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
     return v
 
 
+def reduce_max(e: Emitter, v: Val, axes) -> Val:
+    return _reduce_axes(e, "tosa.reduce_max", v, axes)
+
+
 def reduce_sum(e: Emitter, v: Val, axes) -> Val:
+    """A sum over ``axes``; float16's in float32, rounded once, as numpy sums float16; bfloat16's in order, as
+    ml_dtypes sums it."""
+    if v.dtype == np.float16:
+        return e.cast(_reduce_axes(e, "tosa.reduce_sum", e.cast(v, np.float32), axes), v.dtype)
+    if v.dtype == np.dtype(ml_dtypes.bfloat16):
+        return _sequential_bf16_sum(e, v, axes)
     return _reduce_axes(e, "tosa.reduce_sum", v, axes)
+
+
+def _sequential_bf16_sum(e: Emitter, v: Val, axes) -> Val:
+    """ml_dtypes' bfloat16 sum: one element at a time, each partial sum rounded to bfloat16. A fold whose
+    accumulator is the sum's bits (i16), so IREE cannot keep it in float32 between steps."""
+    keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
+    at = [f"d{v.rank + list(axes).index(d)}" if d in axes else f"d{d}" for d in range(v.rank)]
+
+    def body(bd: Body, x, acc):
+        total = bd.f(
+            "arith.addf",
+            _widened(bd, bd.typed("arith.bitcast", [(acc, "i16")], "bf16"), "bf16"),
+            _widened(bd, x[0], "bf16"),
+        )
+        return bd.typed("arith.bitcast", [(_rounded(bd, total, "bf16"), "bf16")], "i16")
+
+    bits = e.loops([(v, at)], e.const(np.zeros(keep, np.int16)), [f"d{d}" for d in range(v.rank)], len(axes), body)
+    return e.map([bits], lambda bd, x: bd.typed("arith.bitcast", [(x[0], "i16")], "bf16"), dtype=v.dtype)
 
 
 def reduce_mean(e: Emitter, v: Val, axes) -> Val:
@@ -390,10 +674,17 @@ def reduce_mean(e: Emitter, v: Val, axes) -> Val:
 @rule(top.ReduceOp)
 def _(e: Emitter, op, p: top.ReduceParams, args):
     (x,) = args
+    if x.dtype.kind == "u" and p.mode in ("ReduceMax", "ReduceMin"):
+        raise NotImplementedError(f"{p.mode} of unsigned integers (TOSA's compare signed)")
+    if x.dtype == np.bool_ and p.mode in ("ReduceMax", "ReduceMin"):
+        # any / all: TOSA's max and min take no i1, the same on 0/1 bytes
+        return e.cast(_reduce(e, op, p, e.cast(x, np.int8)), np.bool_)
+    return _reduce(e, op, p, x)
+
+
+def _reduce(e: Emitter, op, p: top.ReduceParams, x: Val) -> Val:
     el = element(x.dtype)
     mode = p.mode
-    if x.dtype.kind == "u" and mode in ("ReduceMax", "ReduceMin"):
-        raise NotImplementedError(f"{mode} of unsigned integers (TOSA's compare signed)")
     if mode in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd") or (mode == "ReduceMean" and x.is_float):
         names = {
             "ReduceMax": "tosa.reduce_max",
@@ -401,7 +692,10 @@ def _(e: Emitter, op, p: top.ReduceParams, args):
             "ReduceSum": "tosa.reduce_sum",
             "ReduceProd": "tosa.reduce_product",
         }
-        y = reduce_mean(e, x, p.axes) if mode == "ReduceMean" else _reduce_axes(e, names[mode], x, p.axes)
+        if mode in ("ReduceMean", "ReduceSum"):
+            y = (reduce_mean if mode == "ReduceMean" else reduce_sum)(e, x, p.axes)
+        else:
+            y = _reduce_axes(e, names[mode], x, p.axes)
     else:
         _float(x, op)
         pre = {
@@ -456,4 +750,4 @@ def _(e: Emitter, op, p: top.ArgParams, args):
     return idx
 
 
-__all__ = ["reduce_mean", "reduce_sum", "scalar_literal"]
+__all__ = ["RNN_ACTIVATIONS", "reduce_max", "reduce_mean", "reduce_sum", "scalar_literal"]

@@ -8,13 +8,17 @@ rows no window reads are sliced off.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
 
-from tpubuild.export.elementwise import reduce_mean, reduce_sum
+from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_max, reduce_mean, reduce_sum
 from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
+from tpubuild.export.tensor import strided_slice
 from tpubuild.ir import top
+from tpubuild.kernels import nn as pool_kernels
+from tpubuild.kernels.rnn import activation_specs
 
 _NHWC = (0, 2, 3, 1)
 _NCHW = (0, 3, 1, 2)
@@ -60,7 +64,7 @@ def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, m
 
 
 def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
-    """A TOP Conv (1-D or 2-D, any group) through TOSA's NHWC convs."""
+    """A TOP Conv (1-D or 2-D, any group; 3-D ungrouped) through TOSA's channels-last convs."""
     nd = len(p.kernel_shape)
     if nd == 1:  # as a 2-D conv of height 1
         p2 = top.ConvParams(
@@ -76,8 +80,10 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         w2 = _reshaped(e, w, (w.shape[0], w.shape[1], 1, w.shape[2]))
         y = conv_nchw(e, op, p2, x2, w2, b, [*out_shape[:2], 1, out_shape[2]])
         return e.reshape(y, out_shape)
+    if nd == 3 and p.group == 1:
+        return _conv3d(e, p, x, w, b, out_shape)
     if nd != 2:
-        raise NotImplementedError(f"{nd}-D convolution")
+        raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
     out_hw = list(out_shape[2:])
@@ -110,6 +116,30 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return e.transpose(y, _NCHW)
+
+
+def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
+    """tosa.conv3d on NDHWC, its filter [OC, KD, KH, KW, IC]."""
+    oc = w.shape[0]
+    xh = e.transpose(x, (0, 2, 3, 4, 1))
+    xh, ends = _fit_windows(
+        e, xh, (1, 2, 3), w.shape[2:], p.strides, p.dilations, p.pads[:3], p.pads[3:], out_shape[2:]
+    )
+    if isinstance(w, np.ndarray):
+        wv = e.const(np.ascontiguousarray(w.transpose(0, 2, 3, 4, 1)))
+    else:
+        wv = e.transpose(w, (0, 2, 3, 4, 1))
+    bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
+    zp = e.zero_point(x.dtype)
+    pad = [v for pair in zip(p.pads[:3], ends, strict=True) for v in pair]
+    props = (
+        f"acc_type = {element(x.dtype)}, dilation = array<i64: {', '.join(map(str, p.dilations))}>, "
+        f"pad = array<i64: {', '.join(map(str, pad))}>, stride = array<i64: {', '.join(map(str, p.strides))}>"
+    )
+    y = e.op1("tosa.conv3d", [xh, wv, bias, zp, zp], [x.shape[0], *out_shape[2:], oc], x.dtype, props)
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return e.transpose(y, (0, 4, 1, 2, 3))
 
 
 def _reshaped(e: Emitter, w, shape):
@@ -201,8 +231,10 @@ def _(e: Emitter, op, p: top.ReluParams, args):
         a3 = e.reshape(e.broadcast_to(a2, [*batch, m, k]), [nb, m, k])
         b3 = e.reshape(e.broadcast_to(b2, [*batch, k, n]), [nb, k, n])
     zp = e.zero_point(a.dtype)
-    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], a.dtype)
-    y = e.reshape(y, out_shape)
+    # 16-bit floats accumulate in float32, rounded once at the end, as numpy's (and ml_dtypes') matmul
+    acc = np.float32 if a.is_float and a.dtype.itemsize == 2 else a.dtype
+    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], acc)
+    y = e.reshape(e.cast(y, a.dtype), out_shape)
     if bias is not None:
         y = e.binary("tosa.add", y, bias)
     if p.do_relu:
@@ -213,6 +245,8 @@ def _(e: Emitter, op, p: top.ReluParams, args):
 def _pool(e: Emitter, op, p: top.PoolParams, x: Val, kind: str) -> Val:
     out_shape = list(op.results[0].type.get_shape())
     nd = len(p.kernel_shape)
+    if nd > 2 or any(d != 1 for d in (p.dilations or ())):
+        return _pool_taps(e, p, x, kind)[0]
     if nd == 1:
         p2 = top.PoolParams(
             kernel_shape=(1, *p.kernel_shape),
@@ -272,6 +306,90 @@ def _(e: Emitter, op, p, args):
     return _pool(e, op, p, args[0], "max")
 
 
+@rule(top.MaxPoolWithMaskOp)
+def _(e: Emitter, op, p: top.MaskPoolParams, args):
+    return _pool_taps(e, p, args[0], "argmax")
+
+
+def _pool_taps(e: Emitter, p: top.PoolParams, x: Val, kind: str) -> tuple[Val, ...]:
+    """A pool TOSA has no op for (3-D, dilated, with indices) as the kernel computes it tap by tap: the input
+    padded as the kernel pads it (the lowest value for max, zeros for average), one strided slice per window
+    tap, their maximum or their sum in tap order divided by the kernel's counts; with indices, the first
+    maximum's flat position among the real (unpadded) taps, as the kernel and onnxruntime pick it."""
+    nd = len(p.kernel_shape)
+    spatial = x.shape[-nd:]
+    begin, end = pool_kernels._pool_pads(p, spatial)
+    dil, out_sp = pool_kernels._pool_shape(p, spatial)
+    lowest = float(np.iinfo(x.dtype).min) if x.dtype.kind in "iu" else -math.inf
+    xp = e.pad(x, [0] * (x.rank - nd) + begin, [0] * (x.rank - nd) + end, lowest if kind != "avg" else 0.0)
+    lead = x.shape[:-nd]
+    taps = [
+        strided_slice(
+            e,
+            xp,
+            [0] * len(lead) + [t * d for t, d in zip(tap, dil, strict=True)],
+            [*lead, *out_sp],
+            [1] * len(lead) + list(p.strides),
+        )
+        for tap in np.ndindex(*p.kernel_shape)
+    ]
+    el = element(x.dtype)
+    if kind == "max":
+        return (
+            e.relu(_reduce_taps(e, taps, "tosa.maximum"), p.relu_limit)
+            if p.do_relu
+            else _reduce_taps(e, taps, "tosa.maximum"),
+        )
+    if kind == "avg":
+        total = _reduce_taps(e, taps, "tosa.add")
+        counts = pool_kernels._pool_counts(p, spatial, begin, dil, out_sp).astype(x.dtype)
+        y = e.map([total, e.const(counts)], lambda bd, v: bd.f("arith.divf", *v, el=el))
+        return (e.relu(y, p.relu_limit) if p.do_relu else y,)
+    # the flat position of each (output, tap) in the unpadded plane, -1 on padding
+    grids = np.meshgrid(*[np.arange(o) * s for o, s in zip(out_sp, p.strides, strict=True)], indexing="ij")
+    positions = []
+    for tap in np.ndindex(*p.kernel_shape):
+        coords = [g + t * d - b for g, t, d, b in zip(grids, tap, dil, begin, strict=True)]
+        inside = np.logical_and.reduce([(c >= 0) & (c < n) for c, n in zip(coords, spatial, strict=True)])
+        clipped = [np.clip(c, 0, n - 1) for c, n in zip(coords, spatial, strict=True)]
+        flat = np.ravel_multi_index(clipped, spatial, order="F" if getattr(p, "storage_order", 0) else "C")
+        positions.append(e.const(np.where(inside, flat, -1).astype(np.int64).reshape((1,) * len(lead) + tuple(out_sp))))
+
+    def first_max(pick_index: bool):
+        def body(bd, v):
+            vals, pos = v[: len(taps)], v[len(taps) :]
+            best, at = vals[0], bd.const(-1, np.int64)
+            for value, where in zip(vals, pos, strict=True):
+                valid = bd.op(
+                    "arith.cmpi", where, bd.const(0, np.int64), type="i64", result="i1", props="predicate = 5 : i64"
+                )
+                first = bd.op(
+                    "arith.cmpi", at, bd.const(0, np.int64), type="i64", result="i1", props="predicate = 2 : i64"
+                )
+                if x.is_float:
+                    larger = bd.cmpf("ogt", value, best, el)
+                else:
+                    larger = bd.op("arith.cmpi", value, best, type=el, result="i1", props="predicate = 4 : i64")
+                take = bd.op("arith.andi", valid, bd.op("arith.ori", first, larger, type="i1"), type="i1")
+                best, at = bd.select(take, value, best, el), bd.select(take, where, at, "i64")
+            return at if pick_index else best
+
+        return body
+
+    values = e.map([*taps, *positions], first_max(False))
+    index = e.map([*taps, *positions], first_max(True), dtype=np.int64)
+    plane = math.prod(spatial)
+    offsets = (np.arange(math.prod(lead)) * plane).reshape(tuple(lead) + (1,) * nd).astype(np.int64)
+    return (e.relu(values, p.relu_limit) if p.do_relu else values), e.binary("tosa.add", index, e.const(offsets))
+
+
+def _reduce_taps(e: Emitter, taps: list[Val], name: str) -> Val:
+    y = taps[0]
+    for t in taps[1:]:
+        y = e.binary(name, y, t)
+    return y
+
+
 @rule(top.AvgPoolOp)
 def _(e: Emitter, op, p, args):
     return _pool(e, op, p, args[0], "avg")
@@ -284,9 +402,7 @@ def _(e: Emitter, op, p: top.SoftmaxParams, args):
     axis = p.axis % x.rank
     if p.beta != 1.0:
         x = e.binary("tosa.mul", x, e.scalar(p.beta, x.dtype, x.rank))
-    m = e.op1(
-        "tosa.reduce_max", [x], [1 if i == axis else d for i, d in enumerate(x.shape)], x.dtype, f"axis = {axis} : i32"
-    )
+    m = reduce_max(e, x, [axis])
     ex = e.map([x, m], lambda bd, v: bd.f("math.exp", bd.f("arith.subf", *v, el=el), el=el))
     s = reduce_sum(e, ex, [axis])
     if p.log:
@@ -417,14 +533,27 @@ def _(e: Emitter, op, p: top.LRNParams, args):
 __all__ = ["conv_nchw", "scalar_literal"]
 
 
+def _einsum_subscripts(mode: str, ranks: list[int]) -> tuple[list[str], str]:
+    """Each operand's subscripts and the output's, numpy's way: an ellipsis as letters of its own (right
+    aligned, broadcast), an implicit output as the ellipsis then the letters used once, in alphabetical order."""
+    mode = mode.replace(" ", "")
+    lhs, out = mode.split("->") if "->" in mode else (mode, None)
+    subs = lhs.split(",")
+    spare = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in mode]
+    dots = max((r - len(s.replace("...", "")) for s, r in zip(subs, ranks, strict=True) if "..." in s), default=0)
+    ell = "".join(spare[:dots][::-1])
+    subs = [s.replace("...", ell[dots - (r - len(s.replace("...", ""))) :]) for s, r in zip(subs, ranks, strict=True)]
+    if out is None:
+        counts = collections.Counter("".join(subs))
+        out = ell + "".join(sorted(c for c in counts if counts[c] == 1 and c not in ell))
+    return subs, out.replace("...", ell)
+
+
 @rule(top.EinsumOp)
 def _(e: Emitter, op, p: top.EinsumParams, args):
     """One ``linalg.generic``: a loop per subscript letter, the output's parallel and the rest reductions, the
     products of the operands' elements summed into a zero tensor."""
-    if "." in p.mode or "->" not in p.mode:
-        raise NotImplementedError(f"einsum {p.mode!r} (ellipsis or implicit output)")
-    lhs, out = p.mode.replace(" ", "").split("->")
-    subs = lhs.split(",")
+    subs, out = _einsum_subscripts(p.mode, [v.rank for v in args])
     x0 = args[0]
     if not x0.is_float or any(v.dtype != x0.dtype for v in args):
         raise NotImplementedError(f"einsum of {[v.dtype.name for v in args]}")
@@ -474,16 +603,26 @@ def _(e: Emitter, op, p: top.EinsumParams, args):
 
 @rule(top.CumSumOp)
 def _(e: Emitter, op, p: top.CumSumParams, args):
-    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last)."""
+    """A float cumulative sum as a product with a triangular matrix of ones along the axis (moved last); an
+    integer one as a sum under that mask (a matmul would go through floats)."""
     (x,) = args
-    if not x.is_float:
-        raise NotImplementedError(f"cumulative sum of {x.dtype}")
     axis = p.axis % x.rank
     n = x.shape[axis]
     i, j = np.indices((n, n))
     keep = (i >= j) if p.reverse else (i <= j)
     if p.exclusive:
         keep &= i != j
+    if not x.is_float:
+        # integers (exact, wrapping): a linalg.generic summing x[.., j, ..] where keep[j, i], j a reduction loop
+        el = element(x.dtype)
+        out = [f"d{d}" for d in range(x.rank)]
+        at = [f"d{x.rank}" if d == axis else f"d{d}" for d in range(x.rank)]
+
+        def body(bd, v, acc):
+            return bd.select(v[1], bd.op("arith.addi", acc, v[0], type=el), acc, el)
+
+        mask = e.const(keep)
+        return e.loops([(x, at), (mask, [f"d{x.rank}", f"d{axis}"])], e.const(np.zeros(x.shape, x.dtype)), out, 1, body)
     perm = [d for d in range(x.rank) if d != axis] + [axis]
     moved = e.transpose(x, perm)
     rows = math.prod(moved.shape[:-1])
@@ -495,3 +634,211 @@ def _(e: Emitter, op, p: top.CumSumParams, args):
         x.dtype,
     )
     return e.transpose(e.reshape(prod, moved.shape), [int(i) for i in np.argsort(perm)])
+
+
+# ---- recurrent layers ------------------------------------------------------------------------------------
+# Unrolled over the (static) sequence as the kernel (kernels/rnn.py) loops: the input's products with W for
+# every step in one matmul, then per step the state's product with R and the gates' arithmetic in
+# linalg.generic bodies. float32 where the kernel computes in float64: equal within float32 rounding.
+
+
+def _mm(e: Emitter, a: Val, b: Val) -> Val:
+    """[M, K] x [K, N] through tosa.matmul."""
+    (m, k), n = a.shape, b.shape[1]
+    zp = e.zero_point(a.dtype)
+    y = e.op1("tosa.matmul", [e.reshape(a, [1, m, k]), e.reshape(b, [1, k, n]), zp, zp], [1, m, n], a.dtype)
+    return e.reshape(y, [m, n])
+
+
+def _row(e: Emitter, v: Val, i: int) -> Val:
+    """v[i] of a tensor (a direction's weights, a step's input)."""
+    return e.reshape(e.slice(v, [i] + [0] * (v.rank - 1), [1, *v.shape[1:]]), v.shape[1:])
+
+
+def _cols(v: Val, e: Emitter, part: int, size: int) -> Val:
+    """Gate ``part`` (columns part * size ...) of a [B, G * size] tensor."""
+    return e.slice(v, [0, part * size], [v.shape[0], size])
+
+
+class _Gates:
+    """A direction's activations (ONNX's slots: name, alpha, beta) and clip, applied in linalg bodies."""
+
+    def __init__(self, e: Emitter, p: top.RnnParams, specs, dtype):
+        self.e, self.p, self.specs, self.dtype, self.el = e, p, specs, dtype, element(dtype)
+
+    def act(self, bd, slot: int, x: str, clip: bool = True) -> str:
+        if clip and self.p.clip > 0:
+            c = bd.const(self.p.clip, self.dtype)
+            x = bd.f(
+                "arith.minimumf",
+                bd.f("arith.maximumf", x, bd.f("arith.negf", c, el=self.el), el=self.el),
+                c,
+                el=self.el,
+            )
+        name, alpha, beta = self.specs[slot]
+        return RNN_ACTIVATIONS[name](bd, x, self.el, alpha, beta)
+
+    def map(self, inputs, body) -> Val:
+        """``body(b, scalars, self)`` on each element of the inputs."""
+        return self.e.map(inputs, lambda bd, v: body(bd, v, self))
+
+
+def _rnn_common(e: Emitter, op, p: top.RnnParams, args, gates: int, defaults):
+    x, w, r = args[:3]
+    if not x.is_float:
+        raise NotImplementedError(f"{op.name} of {x.dtype}")
+    seq, batch, inp = x.shape
+    backwards = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[p.direction]
+    specs = activation_specs(p, defaults, len(backwards))
+    per = len(defaults)
+    for d, back in enumerate(backwards):
+        xw = _mm(e, e.reshape(x, [seq * batch, inp]), e.transpose(_row(e, w, d), [1, 0]))
+        xw = e.reshape(xw, [seq, batch, gates * p.hidden_size])
+        rt = e.transpose(_row(e, r, d), [1, 0])  # [H, G * H]
+        steps = list(reversed(range(seq))) if back else list(range(seq))
+        yield d, steps, xw, rt, _Gates(e, p, specs[per * d : per * (d + 1)], x.dtype)
+
+
+def _state(e: Emitter, v: Val | None, d: int, batch: int, hs: int, dtype) -> Val:
+    return _row(e, v, d) if v is not None else e.const(np.zeros((batch, hs), dtype))
+
+
+def _stacked(e: Emitter, per_direction: list[dict[int, Val]], seq: int) -> Val:
+    """Y [seq, dirs, B, H] from each direction's states by step."""
+    dirs = []
+    for states in per_direction:
+        dirs.append(e.concat([e.reshape(states[t], [1, 1, *states[t].shape]) for t in range(seq)], 0))
+    return e.concat(dirs, 1)
+
+
+def _final(e: Emitter, last: list[Val]) -> Val:
+    return e.concat([e.reshape(v, [1, *v.shape]) for v in last], 0)
+
+
+@rule(top.RNNOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0 = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last = [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 1, ("Tanh",)):
+        if b is not None:
+            bias = _row(e, b, d)
+            xw = e.binary(
+                "tosa.add",
+                xw,
+                e.reshape(e.binary("tosa.add", e.slice(bias, [0], [hs]), e.slice(bias, [hs], [hs])), [1, 1, hs]),
+            )
+        h = _state(e, h0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            pre = e.binary("tosa.add", _row(e, xw, t), _mm(e, h, rt))
+            h = states[t] = g.map([pre], lambda bd, v, gg: gg.act(bd, 0, v[0]))
+        ys.append(states)
+        last.append(h)
+    return _stacked(e, ys, seq), _final(e, last)
+
+
+@rule(top.GRUOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0 = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last = [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 3, ("Sigmoid", "Tanh")):
+        rb = None
+        if b is not None:
+            bias = _row(e, b, d)
+            xw = e.binary("tosa.add", xw, e.reshape(e.slice(bias, [0], [3 * hs]), [1, 1, 3 * hs]))
+            rb = e.reshape(e.slice(bias, [3 * hs], [3 * hs]), [1, 3 * hs])
+        rh = e.slice(rt, [0, 2 * hs], [hs, hs])
+        h = _state(e, h0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            xt = _row(e, xw, t)
+            hr = _mm(e, h, rt)
+            if rb is not None:
+                hr = e.binary("tosa.add", hr, rb)
+            z, reset = (
+                g.map(
+                    [_cols(xt, e, k, hs), _cols(hr, e, k, hs)],
+                    lambda bd, v, gg: gg.act(bd, 0, bd.f("arith.addf", *v, el=gg.el)),
+                )
+                for k in (0, 1)
+            )
+            if p.linear_before_reset:
+                cand = g.map(
+                    [_cols(xt, e, 2, hs), reset, _cols(hr, e, 2, hs)],
+                    lambda bd, v, gg: gg.act(
+                        bd, 1, bd.f("arith.addf", v[0], bd.f("arith.mulf", v[1], v[2], el=gg.el), el=gg.el)
+                    ),
+                )
+            else:
+                rh_in = _mm(e, e.binary("tosa.mul", reset, h), rh)
+                if rb is not None:
+                    rh_in = e.binary("tosa.add", rh_in, _cols(rb, e, 2, hs))
+                cand = g.map(
+                    [_cols(xt, e, 2, hs), rh_in], lambda bd, v, gg: gg.act(bd, 1, bd.f("arith.addf", *v, el=gg.el))
+                )
+
+            def update(bd, v, gg):  # (1 - z) * cand + z * h
+                keep = bd.f("arith.subf", bd.const(1.0, x.dtype), v[0], el=gg.el)
+                return bd.f(
+                    "arith.addf",
+                    bd.f("arith.mulf", keep, v[1], el=gg.el),
+                    bd.f("arith.mulf", v[0], v[2], el=gg.el),
+                    el=gg.el,
+                )
+
+            h = states[t] = g.map([z, cand, h], update)
+        ys.append(states)
+        last.append(h)
+    return _stacked(e, ys, seq), _final(e, last)
+
+
+@rule(top.LSTMOp)
+def _(e: Emitter, op, p: top.RnnParams, args):
+    x, _, _, b, h0, c0, peep = args
+    seq, batch, _ = x.shape
+    hs = p.hidden_size
+    ys, last_h, last_c = [], [], []
+    for d, steps, xw, rt, g in _rnn_common(e, op, p, args, 4, ("Sigmoid", "Tanh", "Tanh")):
+        if b is not None:
+            bias = _row(e, b, d)
+            both = e.binary("tosa.add", e.slice(bias, [0], [4 * hs]), e.slice(bias, [4 * hs], [4 * hs]))
+            xw = e.binary("tosa.add", xw, e.reshape(both, [1, 1, 4 * hs]))
+        if peep is not None:
+            pi, po, pf = (e.reshape(e.slice(_row(e, peep, d), [k * hs], [hs]), [1, hs]) for k in range(3))
+        else:
+            pi = po = pf = e.const(np.zeros((1, hs), x.dtype))
+        h, c = _state(e, h0, d, batch, hs, x.dtype), _state(e, c0, d, batch, hs, x.dtype)
+        states = {}
+        for t in steps:
+            gates = e.binary("tosa.add", _row(e, xw, t), _mm(e, h, rt))
+            gi, go, gf, gc = (_cols(gates, e, k, hs) for k in range(4))
+
+            def cell(bd, v, gg):  # forget * c + i * g(gc), peepholes on the previous cell
+                gi_, gf_, gc_, c_, pi_, pf_ = v
+                i = gg.act(bd, 0, bd.f("arith.addf", gi_, bd.f("arith.mulf", pi_, c_, el=gg.el), el=gg.el))
+                if p.input_forget:
+                    forget = bd.f("arith.subf", bd.const(1.0, x.dtype), i, el=gg.el)
+                else:
+                    forget = gg.act(bd, 0, bd.f("arith.addf", gf_, bd.f("arith.mulf", pf_, c_, el=gg.el), el=gg.el))
+                return bd.f(
+                    "arith.addf",
+                    bd.f("arith.mulf", forget, c_, el=gg.el),
+                    bd.f("arith.mulf", i, gg.act(bd, 1, gc_), el=gg.el),
+                    el=gg.el,
+                )
+
+            c = g.map([gi, gf, gc, c, pi, pf], cell)
+
+            def hidden(bd, v, gg):  # o * h(c), the output gate's peephole on the new cell
+                o = gg.act(bd, 0, bd.f("arith.addf", v[0], bd.f("arith.mulf", v[2], v[1], el=gg.el), el=gg.el))
+                return bd.f("arith.mulf", o, gg.act(bd, 2, v[1], clip=False), el=gg.el)
+
+            h = states[t] = g.map([go, c, po], hidden)
+        ys.append(states)
+        last_h.append(h)
+        last_c.append(c)
+    return _stacked(e, ys, seq), _final(e, last_h), _final(e, last_c)

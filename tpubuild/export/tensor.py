@@ -11,17 +11,17 @@ from tpubuild.ir import top
 from tpubuild.kernels.resize import axis_taps, resampled
 
 
-@rule(top.IdentityOp)
+@rule(top.IdentityOp, narrow=True)
 def _(e: Emitter, op, p, args):
     return args[0]
 
 
-@rule(top.ReshapeOp)
+@rule(top.ReshapeOp, narrow=True)
 def _(e: Emitter, op, p: top.ShapeParams, args):
     return e.reshape(args[0], p.shape)
 
 
-@rule(top.PermuteOp)
+@rule(top.PermuteOp, narrow=True)
 def _(e: Emitter, op, p: top.PermuteParams, args):
     return e.transpose(args[0], p.order)
 
@@ -283,3 +283,191 @@ def _(e: Emitter, op, p: top.AxisParams, args):
         return bd.typed("tensor.extract", [(x.name, x.type)] + [(i, "index") for i in at], element(x.dtype))
 
     return e.generic([idx], idx.shape, x.dtype, body)
+
+
+def _flat_index(e: Emitter, idx: Val, dims, strides) -> Val:
+    """Index tuples (the last axis of ``idx``, len(dims) long; negatives counted from the end of their dim) as
+    flat int32 offsets sum(i_k * strides[k]), of shape idx.shape[:-1]."""
+    depth = len(dims)
+    i = e.cast(idx, np.int32)
+    size = e.const(np.array(dims, np.int32).reshape((1,) * (i.rank - 1) + (depth,)))
+    neg = e.binary("tosa.greater", e.scalar(0, np.int32, i.rank), i, np.bool_)
+    i = e.op1("tosa.select", [neg, e.binary("tosa.add", i, size), i], i.shape, np.int32)
+    stride = e.const(np.array(strides, np.int32).reshape((1,) * (i.rank - 1) + (depth,)))
+    flat = e.op1(
+        "tosa.reduce_sum", [e.binary("tosa.mul", i, stride)], [*i.shape[:-1], 1], np.int32, f"axis = {i.rank - 1} : i32"
+    )
+    return e.reshape(flat, i.shape[:-1])
+
+
+def _strides(shape) -> list[int]:
+    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]
+
+
+@rule(top.GatherNDOp)
+def _(e: Emitter, op, p: top.GatherNDParams, args):
+    """tosa.gather of the input as [batch, K, C]: the index tuples as flat offsets into its K leading dims."""
+    x, idx = args
+    b, depth = p.batch_dims, idx.shape[-1]
+    batch = math.prod(x.shape[:b])
+    lead, rest = x.shape[b : b + depth], x.shape[b + depth :]
+    flat = _flat_index(e, idx, lead, _strides(lead))
+    w = math.prod(idx.shape[b:-1])
+    values = e.reshape(x, [batch, math.prod(lead), math.prod(rest)])
+    y = e.op1("tosa.gather", [values, e.reshape(flat, [batch, w])], [batch, w, math.prod(rest)], x.dtype)
+    return e.reshape(y, op.results[0].type.get_shape())
+
+
+_COMBINE = {  # ScatterND/Elements reductions: (float op, signed int op, unsigned int op)
+    "add": ("arith.addf", "arith.addi", "arith.addi"),
+    "mul": ("arith.mulf", "arith.muli", "arith.muli"),
+    "max": ("arith.maximumf", "arith.maxsi", "arith.maxui"),
+    "min": ("arith.minimumf", "arith.minsi", "arith.minui"),
+}
+
+
+def _scatter(e: Emitter, x: Val, flat: Val, updates: Val, reduction: str) -> Val:
+    """``x`` [K, C] with rows ``flat`` [W] (int32) replaced by (or combined with) ``updates`` [W, C]. Replaced:
+    tosa.scatter (ONNX leaves duplicate indices undefined there). Combined, which TOSA has no op for: a
+    linalg.generic over (k, c, w), each update folded into the rows it names, in order (duplicates all count)."""
+    k, c = x.shape
+    w = flat.shape[0]
+    if reduction == "none":
+        y = e.op1(
+            "tosa.scatter",
+            [e.reshape(x, [1, k, c]), e.reshape(flat, [1, w]), e.reshape(updates, [1, w, c])],
+            [1, k, c],
+            x.dtype,
+        )
+        return e.reshape(y, [k, c])
+    if reduction not in _COMBINE or x.dtype == np.bool_:
+        raise NotImplementedError(f"scatter reduction {reduction} of {x.dtype}")
+    el = element(x.dtype)
+    combine = _COMBINE[reduction][0 if x.is_float else 2 if x.dtype.kind == "u" else 1]
+
+    def body(bd, v, acc):
+        row = bd.typed("arith.index_cast", [(v[0], "i32")], "index")
+        here = bd.typed(
+            "arith.cmpi",
+            [(row, "index"), (bd.typed("linalg.index", [], "index", "dim = 0 : i64"), "index")],
+            "i1",
+            "predicate = 0 : i64",
+        )
+        return bd.select(here, bd.op(combine, acc, v[1], type=el), acc, el)
+
+    return e.loops([(flat, ["d2"]), (updates, ["d2", "d1"])], x, ["d0", "d1"], 1, body)
+
+
+@rule(top.ScatterNDOp)
+def _(e: Emitter, op, p: top.ScatterParams, args):
+    x, idx, updates = args
+    depth = idx.shape[-1]
+    lead, rest = x.shape[:depth], x.shape[depth:]
+    flat = _flat_index(e, idx, lead, _strides(lead))
+    w, c = math.prod(flat.shape), math.prod(rest)
+    y = _scatter(e, e.reshape(x, [math.prod(lead), c]), e.reshape(flat, [w]), e.reshape(updates, [w, c]), p.reduction)
+    return e.reshape(y, x.shape)
+
+
+@rule(top.ScatterElementsOp)
+def _(e: Emitter, op, p: top.ScatterParams, args):
+    """Each update element's flat offset in the input: its own position's on the other axes (a constant) plus its
+    index times the axis' stride; then a scatter of single elements."""
+    x, idx, updates = args
+    axis = p.axis % x.rank
+    strides = _strides(x.shape)
+    own = np.indices(idx.shape)
+    base = sum(own[d] * strides[d] for d in range(x.rank) if d != axis)
+    i = e.cast(idx, np.int32)
+    neg = e.binary("tosa.greater", e.scalar(0, np.int32, i.rank), i, np.bool_)
+    i = e.op1(
+        "tosa.select", [neg, e.binary("tosa.add", i, e.scalar(x.shape[axis], np.int32, i.rank)), i], i.shape, np.int32
+    )
+    at = e.binary(
+        "tosa.add",
+        e.binary("tosa.mul", i, e.scalar(strides[axis], np.int32, i.rank)),
+        e.const(np.asarray(base, np.int32)),
+    )
+    w = math.prod(idx.shape)
+    y = _scatter(e, e.reshape(x, [math.prod(x.shape), 1]), e.reshape(at, [w]), e.reshape(updates, [w, 1]), p.reduction)
+    return e.reshape(y, x.shape)
+
+
+def _better(bd, a: str, b: str, el: str, dtype: np.dtype, largest: bool) -> tuple[str, str]:
+    """(a sorts strictly before b, a ties b) as the kernel's stable sort orders them: NaN first when largest,
+    last when smallest; NaNs tie."""
+    if dtype.kind in "iu":
+        predicate = {(True, "i"): 4, (True, "u"): 8, (False, "i"): 2, (False, "u"): 6}[(largest, dtype.kind)]
+        cmp = lambda pr: bd.op("arith.cmpi", a, b, type=el, result="i1", props=f"predicate = {pr} : i64")  # noqa: E731
+        return cmp(predicate), cmp(0)
+    nan_a, nan_b = bd.cmpf("uno", a, a, el), bd.cmpf("uno", b, b, el)
+    ordered = bd.cmpf("ogt" if largest else "olt", a, b, el)
+    true = bd.typed("arith.constant", [], "i1", "value = true")
+    if largest:  # a NaN before every number
+        nan_first = bd.op("arith.andi", nan_a, bd.op("arith.xori", nan_b, true, type="i1"), type="i1")
+    else:  # every number before a NaN
+        nan_first = bd.op("arith.andi", nan_b, bd.op("arith.xori", nan_a, true, type="i1"), type="i1")
+    tie = bd.op("arith.ori", bd.cmpf("oeq", a, b, el), bd.op("arith.andi", nan_a, nan_b, type="i1"), type="i1")
+    return bd.op("arith.ori", ordered, nan_first, type="i1"), tie
+
+
+@rule(top.TopKOp)
+def _(e: Emitter, op, p: top.TopKParams, args):
+    """Each element's rank in the kernel's stable order (how many sort before it: better, or tied at a smaller
+    index), a linalg reduction over the axis; then output slot r takes the element ranked r. No sort in TOSA;
+    n * (n + K) comparisons per row."""
+    (x,) = args
+    if x.dtype == np.bool_:
+        raise NotImplementedError("TopK of bool")
+    axis, r = p.axis % x.rank, x.rank
+    el = element(x.dtype)
+    own = [f"d{d}" for d in range(r)]
+    other = [f"d{r}" if d == axis else f"d{d}" for d in range(r)]
+
+    def rank_body(bd, v, acc):
+        before, tie = _better(bd, v[0], v[1], el, x.dtype, p.largest)
+        j, i = (bd.typed("linalg.index", [], "index", f"dim = {d} : i64") for d in (r, axis))
+        earlier = bd.typed("arith.cmpi", [(j, "index"), (i, "index")], "i1", "predicate = 2 : i64")
+        counts = bd.op("arith.ori", before, bd.op("arith.andi", tie, earlier, type="i1"), type="i1")
+        return bd.op("arith.addi", acc, bd.typed("arith.extui", [(counts, "i1")], "i32"), type="i32")
+
+    ranks = e.loops([(x, other), (x, own)], e.const(np.zeros(x.shape, np.int32)), own, 1, rank_body)
+    shape = list(x.shape)
+    shape[axis] = p.K
+
+    def pick(source: Val | None, dtype) -> Val:
+        """Output slot d{axis} takes, over positions d{r} along the axis, the one whose rank is the slot."""
+        out_el = element(dtype)
+
+        def body(bd, v, acc):
+            slot = bd.typed(
+                "arith.index_cast", [(bd.typed("linalg.index", [], "index", f"dim = {axis} : i64"), "index")], "i32"
+            )
+            here = bd.op("arith.cmpi", v[0], slot, type="i32", result="i1", props="predicate = 0 : i64")
+            if source is None:  # the position itself: the index output
+                at = bd.typed(
+                    "arith.index_cast", [(bd.typed("linalg.index", [], "index", f"dim = {r} : i64"), "index")], out_el
+                )
+            else:
+                at = v[1]
+            return bd.select(here, at, acc, out_el)
+
+        inputs = [(ranks, other)] + ([(source, other)] if source is not None else [])
+        return e.loops(inputs, e.const(np.zeros(shape, dtype)), own, 1, body)
+
+    return pick(x, x.dtype), pick(None, np.int64)
+
+
+def strided_slice(e: Emitter, x: Val, starts, counts, steps) -> Val:
+    """x[..., start:start + (count - 1) * step + 1:step, ...] per axis (non-negative starts and steps)."""
+    for axis, (start, count, step) in enumerate(zip(starts, counts, steps, strict=True)):
+        if start == 0 and count == x.shape[axis] and step == 1:
+            continue
+        begin = [0] * x.rank
+        begin[axis] = start
+        size = list(x.shape)
+        size[axis] = (count - 1) * step + 1
+        x = e.slice(x, begin, size)
+        if step > 1:
+            x = _step(e, x, axis, step, count)
+    return x

@@ -46,7 +46,29 @@ _ELEMENT = {
     np.dtype(np.uint16): "i16",
     np.dtype(np.uint32): "i32",
     np.dtype(np.uint64): "i64",
+    # 8-bit floats: MLIR's own types, which IREE compiles and its runtime passes as ml_dtypes arrays
+    np.dtype(ml_dtypes.float8_e4m3fn): "f8E4M3FN",
+    np.dtype(ml_dtypes.float8_e5m2): "f8E5M2",
+    np.dtype(ml_dtypes.float8_e4m3fnuz): "f8E4M3FNUZ",
+    np.dtype(ml_dtypes.float8_e5m2fnuz): "f8E5M2FNUZ",
+    np.dtype(ml_dtypes.float8_e8m0fnu): "f8E8M0FNU",
 }
+
+# types IREE cannot carry across a function's boundary (its runtime maps no i4, i2 or f4 buffer to numpy, and
+# sub-byte tensors of odd sizes are no whole bytes): carried one per byte, in the low bits as ml_dtypes holds them
+CARRIED = {
+    np.dtype(ml_dtypes.int4): "i8",
+    np.dtype(ml_dtypes.uint4): "i8",
+    np.dtype(ml_dtypes.int2): "i8",
+    np.dtype(ml_dtypes.uint2): "i8",
+    np.dtype(ml_dtypes.float4_e2m1fn): "i8",
+}
+_ELEMENT.update(CARRIED)
+
+# the types above no arithmetic rule reads (their bytes are not the values): only the rules of ops that move
+# bytes, or convert them (Cast), take them; registered with ``rule(..., narrow=True)``
+NARROW = frozenset(t for t, el in _ELEMENT.items() if el.startswith("f8")) | frozenset(CARRIED)
+_NARROW_RULES: set[type] = set()
 
 # TOSA binary ops on integers that TOSA's profile refuses (8/16-bit, unsigned), as arith ops in a linalg.generic:
 # (op, unsigned variant, cmpi predicate or None)
@@ -68,9 +90,18 @@ _CHUNK = 1 << 22
 _INLINE = 16
 
 
-def rule(*op_classes: type) -> Callable[[Callable], Callable]:
-    """Register ``fn(e: Emitter, op, params, args: list[Val | None]) -> Val | tuple[Val, ...]`` for op classes."""
+def rule(*op_classes: type, narrow: bool = False) -> Callable[[Callable], Callable]:
+    """Register ``fn(e: Emitter, op, params, args: list[Val | None]) -> Val | tuple[Val, ...]`` for op classes;
+    ``narrow``: the rule handles NARROW types (8-bit floats, 2/4-bit types), which other rules are never given."""
+    if narrow:
+        _NARROW_RULES.update(op_classes)
     return _RULES.register(*op_classes)
+
+
+def carried(array: np.ndarray) -> np.ndarray:
+    """An array as an exported function takes or returns it: a CARRIED type as its bytes (int8)."""
+    a = np.asarray(array)
+    return a.view(np.int8) if a.dtype in CARRIED else a
 
 
 def get_rule(op_class: type) -> Callable | None:
@@ -128,7 +159,9 @@ def scalar_literal(value, dtype) -> str:
         return "true" if value else "false"
     if dt.kind in "iu":
         return str(int(value))
-    bits = np.asarray(value, dt).reshape(1).view({2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize])[0]
+    bits = (
+        np.asarray(value, dt).reshape(1).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize])[0]
+    )
     return f"0x{int(bits):0{dt.itemsize * 2}X}"
 
 
@@ -256,16 +289,17 @@ class Emitter:
     def const(self, array, dtype=None) -> Val:
         """A tosa.const holding ``array`` (a splat or a small one inline, else a resource blob)."""
         a = np.asarray(array, dtype=dtype)
+        typed = a.dtype  # float64 stays the value's type, written as float32 (see _ELEMENT)
         if a.dtype == np.float64:
             a = a.astype(np.float32)
+        if a.size == 0:  # no values (TOSA refuses a zero-size tosa.const)
+            return self.op1("tensor.empty", [], a.shape, typed)
         ttype = tensor_type(a.shape, a.dtype)
         flat = a.reshape(-1)
         if _splat(flat):
             text = f"dense<{scalar_literal(flat[0], a.dtype)}>"
         elif a.dtype == np.bool_ or (a.dtype.kind in "iu" and a.size <= _INLINE):
             text = f"dense<{json.dumps(_nested(a))}>"
-        elif a.size == 0:
-            text = "dense<[]>" if a.ndim == 1 else f"dense<{json.dumps(np.zeros(a.shape).tolist())}>"
         elif not self.resources_on:
             # inline hex: IREE's f32 -> f16 demotion rewrites dense attributes, not resource blobs
             text = f'dense<"0x{np.ascontiguousarray(a).view(np.uint8).tobytes().hex().upper()}">'
@@ -273,7 +307,7 @@ class Emitter:
             key = f"{self.key_prefix}w{len(self.resources)}"
             self.resources.append((key, np.ascontiguousarray(a)))
             text = f"dense_resource<{key}>"
-        return self.op1("tosa.const", [], a.shape, a.dtype, f"values = {text} : {ttype}")
+        return self.op1("tosa.const", [], a.shape, typed, f"values = {text} : {ttype}")
 
     def scalar(self, value, dtype, rank: int) -> Val:
         """A constant of one element broadcastable to ``rank`` dims (TOSA elementwise ops need equal ranks)."""
@@ -325,6 +359,8 @@ class Emitter:
     def slice(self, v: Val, start: Sequence[int], size: Sequence[int]) -> Val:
         if tuple(size) == v.shape:
             return v
+        if not math.prod(size):  # nothing to take (TOSA refuses zero-size tensors)
+            return self.op1("tensor.empty", [], size, v.dtype)
         a, b = self.shape(start), self.shape(size)
         st = f"!tosa.shape<{v.rank}>"
         return self.op("tosa.slice", [v, a, b], [(size, v.dtype)], operand_types=[v.type, st, st])[0]
@@ -440,6 +476,37 @@ class Emitter:
             f"operandSegmentSizes = array<i32: {len(inputs)}, 1>"
         )
         return self.op("linalg.generic", [*inputs, init], [(shape, out_dt)], props, region=region)[0]
+
+    def loops(
+        self,
+        inputs: Sequence[tuple[Val, Sequence[str]]],
+        init: Val,
+        out: Sequence[str],
+        reductions: int,
+        body: Callable[[Body, list[str], str], str],
+    ) -> Val:
+        """A ``linalg.generic`` over loops d0.. (the parallel ones, then ``reductions`` reduction loops): each
+        input read at its index expressions (``"d0"``, ``"0"``), the result ``init``'s shape indexed by ``out``;
+        ``body(b, input scalars, accumulator)`` gives the new accumulator."""
+        n = len(out) + reductions
+        dims = ", ".join(f"d{i}" for i in range(n))
+        maps = [f"affine_map<({dims}) -> ({', '.join(ix)})>" for _, ix in [*inputs, (init, out)]]
+        b = Body(self)
+        args = [self.fresh() for _ in inputs]
+        acc = self.fresh()
+        result = body(b, args, acc)
+        vals = [self.use(v) for v, _ in inputs]
+        init = self.use(init)
+        block = ", ".join(f"{a}: {element(v.dtype)}" for a, v in zip([*args, acc], [*vals, init], strict=True))
+        region = [f"^bb0({block}):", *b.lines, f'"linalg.yield"({result}) : ({element(init.dtype)}) -> ()']
+        iterators = ", ".join(
+            ["#linalg.iterator_type<parallel>"] * len(out) + ["#linalg.iterator_type<reduction>"] * reductions
+        )
+        props = (
+            f"indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}], "
+            f"operandSegmentSizes = array<i32: {len(vals)}, 1>"
+        )
+        return self.op("linalg.generic", [*vals, init], [(init.shape, init.dtype)], props, region=region)[0]
 
     def map(self, inputs: Sequence[Val], body: Callable[[Body, list[str]], str], dtype=None) -> Val:
         """``generic`` over the inputs' broadcast shape, the result typed as the first input unless given."""
@@ -580,7 +647,8 @@ def translate(module, weights, model: str, *, resources: bool = True, key_prefix
         if rule_of is None:  # every op was checked for a rule before the first was emitted; this names it anyway
             raise TpuBuildError(f"{op.name} has no export rule", model=model, loc=op.loc_name, stage="export")
         try:
-            out = rule_of(e, op, op.params, operands)
+            _refuse_narrow(op, operands)
+            out = _without_values(e, op, operands) or rule_of(e, op, op.params, operands)
         except NotImplementedError as err:
             raise TpuBuildError(
                 f"{op.name} cannot be exported to TOSA: {err}", model=model, loc=op.loc_name, stage="export"
@@ -626,6 +694,40 @@ def export_file(in_mlir: str, out_mlir: str, model: str | None = None, *, resour
     weights = weights_for(module, in_mlir)
     with all_or_nothing(out_mlir) as (tmp,), open(tmp, "wb") as fh:
         write_module(fh, module, weights, name, resources=resources)
+
+
+def _without_values(e: Emitter, op, operands: Sequence[Val | None]) -> tuple[Val, ...] | None:
+    """The results of an op that reads no value, or None: TOSA refuses tensors with a zero-size dim, but they hold
+    nothing to compute. Empty results are tensor.empty; results of only empty operands (a sum over an empty
+    axis) depend on shapes alone, and are the op's kernel's on such operands, as constants."""
+    from tpubuild.ir.types import dtype_of, shape_of
+    from tpubuild.kernels import get_kernel
+
+    results = [(shape_of(r.type), dtype_of(r.type)) for r in op.results]
+    if all(math.prod(shape) == 0 for shape, _ in results):
+        return tuple(e.op1("tensor.empty", [], shape, dtype) for shape, dtype in results)
+    present = [v for v in operands if v is not None]
+    if not present or any(math.prod(v.shape) for v in present):
+        return None
+    arrays = [None if v is None else np.zeros(v.shape, v.dtype) for v in operands]
+    with np.errstate(all="ignore"):
+        out = get_kernel(type(op))(op.params, *arrays)
+    return tuple(
+        e.const(np.asarray(a, dtype))
+        for a, (_, dtype) in zip(out if isinstance(out, tuple) else (out,), results, strict=True)
+    )
+
+
+def _refuse_narrow(op, operands: Sequence[Val | None]) -> None:
+    """A rule that computes on values must not be given NARROW ones: their bytes are not values it can read."""
+    from tpubuild.ir.types import dtype_of
+
+    if type(op) in _NARROW_RULES:
+        return
+    types = [v.dtype for v in operands if v is not None] + [dtype_of(r.type) for r in op.results]
+    narrow = sorted({t.name for t in types if t in NARROW})
+    if narrow:
+        raise NotImplementedError(f"{', '.join(narrow)} operands or results (only Cast and data movement take them)")
 
 
 def _defined(v: Val | None) -> Val:

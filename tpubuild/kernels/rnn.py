@@ -32,21 +32,28 @@ _ACTIVATIONS = {
 }
 
 
-def activations(p: top.RnnParams, defaults: tuple[str, ...], dirs: int) -> list:
-    """One callable per activation slot (per direction), alphas/betas consumed in order."""
+def activation_specs(p: top.RnnParams, defaults: tuple[str, ...], dirs: int) -> list[tuple[str, float, float]]:
+    """(lower-case name, alpha, beta) per activation slot (per direction), alphas/betas consumed in order."""
     names = list(p.activations) or list(defaults) * dirs
     if len(names) != len(defaults) * dirs:
         raise KernelError(f"{len(names)} activations given, expected {len(defaults) * dirs}")
     alphas, betas = list(p.activation_alpha), list(p.activation_beta)
-    fns = []
+    specs = []
     for name in names:
         if name.lower() not in _ACTIVATIONS:
             raise KernelError(f"unsupported RNN activation {name!r}")
-        fn, da, db = _ACTIVATIONS[name.lower()]
+        _, da, db = _ACTIVATIONS[name.lower()]
         a = alphas.pop(0) if da is not None and alphas else da
         b = betas.pop(0) if db is not None and betas else db
-        fns.append(lambda x, fn=fn, a=a, b=b: fn(x, a, b))
-    return fns
+        specs.append((name.lower(), a, b))
+    return specs
+
+
+def activations(p: top.RnnParams, defaults: tuple[str, ...], dirs: int) -> list:
+    """One callable per activation slot (per direction), alphas/betas consumed in order."""
+    return [
+        lambda x, fn=_ACTIVATIONS[name][0], a=a, b=b: fn(x, a, b) for name, a, b in activation_specs(p, defaults, dirs)
+    ]
 
 
 def _directions(p: top.RnnParams) -> list[bool]:
