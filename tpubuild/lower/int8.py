@@ -46,9 +46,9 @@ from tpubuild.lower.quant import (
 )
 
 ACC_LIMIT = 2**31  # int32 accumulator
-# A Concat whose inputs' ranges differ by more than this stays float, and so does
-# everything after it: one 8-bit scale cannot hold both (a detection head's boxes
-# in 0..320 next to scores in 0..0.005 would leave every score 0).
+# A Concat whose inputs' ranges differ by more than this stays float, and so do the
+# ops that pass its values on (PASS_ON): one 8-bit scale cannot hold both (a detection
+# head's boxes in 0..320 next to scores in 0..0.005 would leave every score 0).
 CONCAT_RANGE_RATIO = 64.0
 # Ops whose result is a per-sample vector (pooled features and what reads them: squeeze-excite gates, a
 # classifier head) stay float while together they do at most this share of the model's multiply-accumulates.
