@@ -20,7 +20,17 @@ from functools import cache
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, Builtin, BoolAttr, IntegerAttr, ModuleOp, StringAttr, i1, i64
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    Builtin,
+    BoolAttr,
+    DictionaryAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    i1,
+    i64,
+)
 from xdsl.ir import Attribute, Block, OpResult, Operation, Region, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -235,6 +245,19 @@ def module_attr(module: ModuleOp, key: str, default: str | None = None) -> str |
     if isinstance(attr, IntegerAttr):  # (BoolAttr is a generic alias: isinstance cannot take it)
         return str(bool(attr.value.data)).lower() if attr.type == i1 else str(attr.value.data)
     return str(attr)
+
+
+def plain_value(attr: Attribute) -> typing.Any:
+    """An attribute of integers, strings, arrays and dictionaries (lg.groups, ginfo) as plain Python values."""
+    if isinstance(attr, IntegerAttr):
+        return attr.value.data
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, ArrayAttr):
+        return [plain_value(a) for a in attr.data]
+    if isinstance(attr, DictionaryAttr):
+        return {k: plain_value(v) for k, v in attr.data.items()}
+    raise TpuBuildError(f"unexpected attribute {attr}: expected integers, strings, arrays and dictionaries")
 
 
 def set_module_attrs(module: ModuleOp, **attrs: str | bool) -> None:

@@ -197,9 +197,9 @@ def read_groups(lg_mlir: str | Path) -> list[GroupRow]:
         return _read_groups_parsed(path)
     from xdsl.parser import Parser
 
-    from tpubuild.ir.mlir import context
+    from tpubuild.ir.mlir import context, plain_value
 
-    groups = _plain(Parser(context(), attr, str(path)).parse_attribute())
+    groups = plain_value(Parser(context(), attr, str(path)).parse_attribute())
     kinds = {name: site.op for name, site in graph_info_text(text).sites.items()}
     return [
         GroupRow(
@@ -241,21 +241,6 @@ def _module_attr(text: str, key: str) -> str | None:
                 return text[start : i + 1]
         i += 1
     return None
-
-
-def _plain(attr):
-    """An attribute of integers, strings, arrays and dictionaries as Python values."""
-    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
-
-    if isinstance(attr, IntegerAttr):
-        return attr.value.data
-    if isinstance(attr, StringAttr):
-        return attr.data
-    if isinstance(attr, ArrayAttr):
-        return [_plain(a) for a in attr.data]
-    if isinstance(attr, DictionaryAttr):
-        return {k: _plain(v) for k, v in attr.data.items()}
-    return attr
 
 
 def _read_groups_parsed(lg_mlir: Path) -> list[GroupRow]:

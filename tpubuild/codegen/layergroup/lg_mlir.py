@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Attribute
 
 from tpubuild.build.chips import Chip
@@ -111,19 +110,6 @@ def layer_group(module: ModuleOp, chip: Chip, *, exact_f32: bool = True) -> tupl
 # ---- reading lg.mlir back -----------------------------------------------------------------------
 
 
-def _py(attr: Attribute) -> Any:
-    """An lg.groups attribute as plain Python: int, str, list or dict (of those)."""
-    if isinstance(attr, IntegerAttr):
-        return attr.value.data
-    if isinstance(attr, StringAttr):
-        return attr.data
-    if isinstance(attr, ArrayAttr):
-        return [_py(a) for a in attr.data]
-    if isinstance(attr, DictionaryAttr):
-        return {k: _py(v) for k, v in attr.data.items()}
-    raise TpuBuildError(f"unexpected attribute {attr} in lg.groups")
-
-
 def _ranges(d: dict) -> list[Range]:
     return [
         (n, n + ns, h, h + hs) for n, ns, h, hs in zip(d["n_idx"], d["n_slice"], d["h_idx"], d["h_slice"], strict=True)
@@ -137,9 +123,11 @@ def read_groups(module: ModuleOp, graph: Graph | None = None) -> list[Group]:
     if attr is None:
         raise TpuBuildError("the module has no lg.groups attribute", hint="run the layergroup stage first")
     index = {node.name: node.index for node in graph.ops}
-    infos = {node.name: _py(node.op.attributes["ginfo"]) for node in graph.ops if "ginfo" in node.op.attributes}
+    infos = {
+        node.name: mlir.plain_value(node.op.attributes["ginfo"]) for node in graph.ops if "ginfo" in node.op.attributes
+    }
     groups = []
-    for d in _py(attr):
+    for d in mlir.plain_value(attr):
         g = Group(
             d["id"],
             d["kind"],
