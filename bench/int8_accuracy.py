@@ -291,14 +291,15 @@ def float_outputs(onnx_file: Path, samples) -> list[list[np.ndarray]]:
 
 def default_path(model: Model):
     """What a manifest without tuning fields builds: calibration's default method on the samples it does not hold
-    back, then the mixed-precision search judged on those it does (as the calibrate and search stages)."""
+    back, then the mixed-precision search judged on the worst of them (as the calibrate and search stages)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.manifest import DEFAULT_METHOD
     from tpubuild.calib.calibrate import apply_table, calibrate
     from tpubuild.lower.search import SearchConfig, search, search_pool
 
     entries, _ = calibrate(model.module, model.weights, model.cal, DEFAULT_METHOD)
-    pool, config, _ = search_pool(model.cal, SearchConfig())  # as the search stage
+    config = SearchConfig()
+    pool, _ = search_pool(model.cal, config)  # as the search stage
     found = search(
         apply_table(model.module, entries),
         model.weights,

@@ -273,13 +273,11 @@ def test_a_failing_int8_target_is_pointed_at_what_fixes_it(tmp_path):
     assert hint.index("calibration.data") < hint.index("tolerance")  # the fix before the check's loosening
 
 
-def test_the_search_judges_every_held_back_sample_or_the_first_of_a_small_set():
+def test_the_search_chooses_from_the_first_samples_and_every_held_back_one():
     from tpubuild.lower.search import search_pool
 
-    samples = [{"x": np.full((1,), float(i), np.float32)} for i in range(12)]
-    pool, config, said = search_pool(samples, SearchConfig())
-    assert [s["x"][0] for s in pool] == [4.0, 9.0] and config.samples == 2 and "held back" in said
-    _, config, _ = search_pool(samples, SearchConfig(samples=1), samples_given=True)
-    assert config.samples == 1  # the manifest's own count wins
-    pool, config, said = search_pool(samples[:3], SearchConfig())
-    assert len(pool) == 3 and config.samples == SearchConfig().samples and "too few" in said
+    samples = [{"x": np.full((1,), float(i), np.float32)} for i in range(50)]
+    pool, said = search_pool(samples, SearchConfig(pool=12))
+    assert [int(s["x"][0]) for s in pool] == [*range(12), 14, 19, 24, 29, 34, 39] and "held back" in said
+    pool, said = search_pool(samples[:3], SearchConfig())
+    assert len(pool) == 3 and "all 3" in said

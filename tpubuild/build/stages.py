@@ -273,8 +273,7 @@ def search_qtable(
     module = load_module(in_mlir)
     # the samples calibration reads: without the held-back test sample when there is one (it is their last)
     every = _calibration_samples(data_files, inputs, count, hold_back_test)
-    # judged on the samples calibration held back for validation, when the set is large enough to spare some
-    samples, config, pool = search_pool(every, config, samples_given="samples" in options)
+    samples, pool = search_pool(every, config)
     if not samples:
         raise TpuBuildError(
             "no calibration sample to search a quantize table with",
