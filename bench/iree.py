@@ -7,7 +7,8 @@ canonical.mlir and TOP outputs:
 
 - ours: `tpubuild export --tosa canonical.mlir` then `iree-compile` (llvm-cpu, this CPU): seconds of each;
 - IREE's: `iree-import-onnx` on the same ONNX file the build read (with `--opset-version 17` when its opset is
-  older, as IREE advises for old models), then the same `iree-compile`;
+  older, as IREE advises for old models, and with symbolic input dims set to the test input's shape, which our
+  build compiles for), then the same `iree-compile`;
 - cosine of the vmfb's outputs (IREE runtime, local-sync) against TOP inference's on the test input (goal
   >= 0.99999), the worst output;
 - latency: the vmfb (local-sync: one thread) against onnxruntime on one thread (intra and inter op), the
@@ -130,7 +131,9 @@ def bench_model(manifest: Path, build_dir: Path, runs: int, onnx_path: bool, wor
     vmfb.unlink()
     if onnx_path:
         imported, theirs = work / f"{m.name}.onnx.mlir", work / f"{m.name}.onnx.vmfb"
-        importer = [str(Path(sys.executable).parent / "iree-import-onnx"), str(source), "-o", str(imported)]
+        static = static_copy(source, inputs, work / f"{m.name}.static.onnx")
+        row["static"] = static != source
+        importer = [str(Path(sys.executable).parent / "iree-import-onnx"), str(static), "-o", str(imported)]
         if onnx_opset(source) < IMPORT_OPSET:
             importer += ["--opset-version", str(IMPORT_OPSET)]
             row["upgraded"] = True
@@ -139,7 +142,7 @@ def bench_model(manifest: Path, build_dir: Path, runs: int, onnx_path: bool, wor
             row["onnx_compile"] = timed([*compile_cmd, str(imported), "-o", str(theirs)])[:2]
         except RuntimeError as err:
             row["onnx_error"] = str(err)
-        for f in (imported, theirs):
+        for f in (imported, theirs, work / f"{m.name}.static.onnx"):
             f.unlink(missing_ok=True)
     return row
 
@@ -149,6 +152,27 @@ def onnx_opset(path: Path) -> int:
 
     model = onnx.load(str(path), load_external_data=False)
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def static_copy(path: Path, inputs: dict, out: Path) -> Path:
+    """The ONNX file with its graph inputs' symbolic dims set to the test input's, as the manifest fixes them for
+    our build (the same file when they are static): both sides then compile the same shapes, where IREE would
+    otherwise build shape-generic code."""
+    import onnx
+
+    model = onnx.load(str(path))
+    changed = False
+    for value in model.graph.input:
+        if value.name not in inputs:
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, inputs[value.name].shape, strict=True):
+            if not dim.HasField("dim_value"):
+                dim.dim_value = int(size)
+                changed = True
+    if not changed:
+        return path
+    onnx.save(model, str(out))
+    return out
 
 
 def _secs(pair) -> str:
@@ -177,7 +201,7 @@ def report(rows: list[dict]) -> None:
         if "onnx_compile" in r:
             theirs = (r["import"][0] + r["onnx_compile"][0], r["import"][1] + r["onnx_compile"][1])
         ratio = f"{ours[1] / theirs[1]:.2f}x" if theirs else r.get("onnx_error", "-")[:40]
-        ratio += "*" if theirs and r.get("upgraded") else ""
+        ratio += ("*" if r.get("upgraded") else "") + ("+" if r.get("static") else "") if theirs else ""
         faster += bool(theirs and ours[1] <= theirs[1])
         print(
             f"{r['model']:<22} {_secs(r['export']):>13} {_secs(r['compile']):>15} {_secs(ours):>15} "
@@ -189,7 +213,8 @@ def report(rows: list[dict]) -> None:
         f"\n{sum(r['cos'] >= GOAL_COS for r in ok)} of {len(rows)} models at cosine >= {GOAL_COS} vs TOP; "
         f"export + compile took no more CPU than IREE's ONNX path on {faster} of "
         f"{sum('onnx_compile' in r for r in ok)} where IREE's path built (ratio: CPU seconds, ours / IREE's; "
-        f"*: iree-import-onnx --opset-version {IMPORT_OPSET}, the model's opset being older)"
+        f"*: iree-import-onnx --opset-version {IMPORT_OPSET}, the model's opset being older; +: its symbolic input "
+        "dims set to the test input's, as our build fixes them)"
     )
 
 

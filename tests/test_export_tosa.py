@@ -633,3 +633,35 @@ def test_conv3d_and_its_transpose(tmp_path):
     top, got = _top_and_iree(tmp_path, model, inputs)
     for name in outs:
         np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_iree
+def test_grouped_convs_through_iree_match_onnxruntime(tmp_path):
+    """A grouped 1x1 conv with bias and ReLU (ShuffleNet's: one batched matmul, no conv per group) and a grouped
+    3x3 one (a conv per group), against onnxruntime."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from tpubuild.build.cpu import Vmfb, compile_vmfb
+    from tpubuild.export.tosa import export_module
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    w1 = rng.standard_normal((12, 2, 1, 1)).astype(np.float32)
+    b1 = rng.standard_normal(12).astype(np.float32)
+    w2 = rng.standard_normal((6, 6, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=4, name="gconv1x1"),
+        helper.make_node("Relu", ["c1"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], group=2, pads=[1, 1, 1, 1], name="gconv3x3"),
+    ]
+    model = conftest.make_onnx(nodes, {"x": x}, initializers={"w1": w1, "b1": b1, "w2": w2})
+    module, weights = _top_module(tmp_path, model, {"x": x})
+    text = export_module(module, weights, "tiny")
+    assert text.count('"tosa.matmul"') == 1 and text.count('"tosa.conv2d"') == 2
+    (tmp_path / "m.tosa.mlir").write_text(text, encoding="utf-8")
+    compile_vmfb(str(tmp_path / "m.tosa.mlir"), str(tmp_path / "m.vmfb"))
+    got = Vmfb(str(tmp_path / "m.vmfb")).run({"x": x})["y"]
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -86,6 +86,8 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
+    if 1 < g < c and _pointwise(p, w):
+        return _grouped_pointwise(e, p, x, w, b, out_shape)
     out_hw = list(out_shape[2:])
     bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
     xh = e.transpose(x, _NHWC)
@@ -116,6 +118,33 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return e.transpose(y, _NCHW)
+
+
+def _pointwise(p, w) -> bool:
+    return tuple(w.shape[2:]) == (1, 1) and set(p.strides) == {1} and not any(p.pads)
+
+
+def _grouped_pointwise(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
+    """A grouped 1x1 conv (ShuffleNet's) as one batched tosa.matmul in NCHW: per image and group, the group's
+    [OC/g, IC/g] filter times its [IC/g, H*W] channels. A conv per group, sliced and concatenated, made
+    ShuffleNet's export 4x the ops and its iree-compile twice IREE's own ONNX path's."""
+    (n, c, h, wd), oc, g = x.shape, w.shape[0], p.group
+    icg, ocg = c // g, oc // g
+    if isinstance(w, np.ndarray):
+        filters = e.const(np.ascontiguousarray(np.broadcast_to(w.reshape(1, g, ocg, icg), (n, g, ocg, icg))))
+    else:
+        filters = e.broadcast_to(e.reshape(w, [1, g, ocg, icg]), [n, g, ocg, icg])
+    filters = e.reshape(filters, [n * g, ocg, icg])
+    zp = e.zero_point(x.dtype)
+    # 16-bit floats accumulate in float32, as the conv kernels do
+    acc = np.float32 if x.is_float and x.dtype.itemsize == 2 else x.dtype
+    y = e.op1("tosa.matmul", [filters, e.reshape(x, [n * g, icg, h * wd]), zp, zp], [n * g, ocg, h * wd], acc)
+    y = e.reshape(e.cast(y, x.dtype), out_shape)
+    if b is not None:
+        y = e.binary("tosa.add", y, e.reshape(b, [1, oc, 1, 1]))
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return y
 
 
 def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
