@@ -143,6 +143,10 @@ def zoo(args, tmp: Path) -> None:
         compile_cmd(manifests, tmp / "local", args.workers), {"TPUBUILD_ARTIFACT_CACHE": str(tmp / "cache-local")}
     )
     print(f"local   (doit -n {args.workers}):                {local:7.1f} s   {local_line}", flush=True)
+    # the zoo's build tree and cache take about 33 GB (every tensor of every level is kept): two at once can fill
+    # a disk
+    for folder in ("local", "cache-local"):
+        shutil.rmtree(tmp / folder, ignore_errors=True)
     with (
         LocalCluster(
             n_workers=args.workers,
