@@ -579,7 +579,7 @@ def bench_table(manifest: Path, args, workdir: Path) -> Result:
     r.columns["ours"] = lowest_by_part(model.ours(entries, False, found.table), model.refs, model.parts)
     notes.append(
         f"ours: {len(found.chosen)} tensors / {len(found.table)} ops kept in {found.mode} by the search "
-        f"(held-back cos {found.int8_score:.5f} -> {found.score:.5f}"
+        f"(searched cos {found.int8_score:.5f} -> {found.score:.5f}"
         + ("" if found.reached else ", target NOT reached")
         + f"), {found.lowerings} lowerings, {time.perf_counter() - start:.0f} s"
     )
