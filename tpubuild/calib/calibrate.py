@@ -1,9 +1,8 @@
 """canonical.mlir + calibration samples -> calibration table -> cali.mlir.
 
 1. ``held_back``: a few calibration samples, spread over the set, are
-   held back from the statistics (``validation_samples`` gives them); the mixed-precision search judges INT8 on
-   them (lower/search.py), so that what it accepts holds on inputs the
-   thresholds were not fitted to.
+   held back from the statistics (``validation_samples`` gives them): inputs the thresholds were not fitted
+   to, among those the mixed-precision search may judge INT8 on (lower/search.py).
 2. ``collect_stats``: TOP inference one sample at a time; an observer feeds
    every float activation tensor (graph inputs included) into its streaming
    statistics, and tensors are freed after their last use. With two
