@@ -170,7 +170,7 @@ def test_the_samples_scored_are_those_where_int8_alone_is_worst(net):
     )
     assert result.pool == len(net.samples) and list(result.scored) == worst and result.samples == 2
     assert result.int8_score == pytest.approx(min(per_sample), abs=1e-9)
-    assert "of the first 10 where INT8 alone is furthest from float" in format_result(result)
+    assert "of the 10 in the pool, those where INT8 alone is furthest from float" in format_result(result)
     assert result.reached and net.score(cali, result.table, net.samples) >= 0.99
 
 
