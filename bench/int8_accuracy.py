@@ -31,7 +31,8 @@ over the evaluation inputs, per output part:
 - ours: what a manifest with no tuning fields builds for bm1684x INT8
   (symmetric): calibration with the default method (`auto`) on the calibration
   samples minus those held back, then the mixed-precision search with default
-  options judged on the held-back ones (calibrate and search stages; a manifest's
+  options judged on the calibration samples where INT8 alone is furthest from float
+  (calibrate and search stages; a manifest's
   `method`, `table`, `quantize_table` and `mixed_precision` are ignored), output by
   TPU inference (the chip's exact arithmetic; the simulator is bit-exact with it);
 - onnxruntime MinMax, Percentile, Entropy: its recommended flow on the same
@@ -229,7 +230,7 @@ class Model:
         from tpubuild.calib.calibrate import validation_samples
 
         held = len(validation_samples(self.cal))
-        notes.append(f"calibration {read} ({read - held} statistics, {held} held back for the search)")
+        notes.append(f"calibration {read} ({read - held} statistics, {held} held back)")
         self.note = "; ".join(notes)
         # evaluation: after the samples the build reads (the same inputs with --samples)
         rest = list(zip(names[built:], every[built:], strict=True))[: max_eval if max_eval is not None else None]

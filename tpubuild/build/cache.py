@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpubuild.build.files import link_or_copy
+
 FORMAT = 1
 OFF = "off"
 _META = "meta.json"
@@ -445,17 +447,11 @@ def _check(path: Path, meta: Mapping[str, Any], key: str) -> str | None:
 
 
 def _link_or_copy(src: Path, tmp: Path) -> None:
-    """Put ``src`` at ``tmp`` (an existing temp file): a hard link if possible, else a copy."""
+    """Put ``src`` at ``tmp`` (an existing temp file): a hard link if possible, else a writable copy. A vanished
+    entry raises FileNotFoundError: the caller falls back to running the stage."""
     os.unlink(tmp)
-    try:
-        os.link(src, tmp)
-        return
-    except FileNotFoundError:
-        raise  # the entry vanished: the caller falls back to running the stage
-    except OSError:
-        pass  # another file system, or links not allowed
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o644)
+    if not link_or_copy(src, tmp):
+        os.chmod(tmp, 0o644)
 
 
 class _Tee(io.TextIOBase):

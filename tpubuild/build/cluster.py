@@ -39,6 +39,7 @@ from typing import Any
 from doit.exceptions import TaskError, TaskFailed
 from doit.runner import ERROR, JobHold, MThreadRunner
 
+from tpubuild.build.files import link_or_copy
 from tpubuild.errors import TpuBuildError
 
 VARIABLE = "TPUBUILD_SCHEDULER"
@@ -584,23 +585,25 @@ def _made(folder: str) -> Path:
     return Path(folder)
 
 
+def _blob(blobs: str, sha: str) -> str:
+    """Where this worker keeps its copy of the file of sha256 ``sha``."""
+    return os.path.join(blobs, sha[:2], sha)
+
+
 def _fetch(cache, item: Mapping[str, Any], dest: str, blobs: str) -> None:
     """Input ``item`` (its sha256 and cache member) at ``dest``: a hard link of this worker's copy (in ``blobs``),
     or a download."""
     sha = item["sha256"]
-    local = os.path.join(blobs, sha[:2], sha)
+    local = _blob(blobs, sha)
     if not os.path.exists(local):
         _made(os.path.dirname(local))
         cache.get_blob(sha, local, item.get("member"))
         os.chmod(local, 0o444)  # linked into scratch folders: a stage replaces its files, never edits them
-    try:
-        os.link(local, dest)
-    except OSError:
-        shutil.copyfile(local, dest)
+    link_or_copy(local, dest)
 
 
 def _keep_local(path: str, sha: str, blobs: str) -> None:
-    local = os.path.join(blobs, sha[:2], sha)
+    local = _blob(blobs, sha)
     if not os.path.exists(local):
         _made(os.path.dirname(local))
         with contextlib.suppress(OSError):

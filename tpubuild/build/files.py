@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -126,6 +127,20 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         name, dtype = entry.rsplit("=", 1)
         arrays[name] = arrays[name].view(np.dtype(getattr(ml_dtypes, dtype)))
     return arrays
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
+    """Put ``src`` at ``dst`` (not there yet): a hard link where the file system allows, else a copy; True if
+    linked. A missing ``src`` raises FileNotFoundError. The caches and cluster workers hand out their read-only
+    files this way: stages publish by rename, so they never write into a linked file."""
+    try:
+        os.link(src, dst)
+        return True
+    except FileNotFoundError:
+        raise
+    except OSError:  # another file system, or links not allowed
+        shutil.copyfile(src, dst)
+        return False
 
 
 @contextlib.contextmanager

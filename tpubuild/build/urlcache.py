@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.build.cache import FORMAT, Entry, _check_meta, file_digest
+from tpubuild.build.files import link_or_copy
 from tpubuild.errors import TpuBuildError
 
 _META = "meta.json"
@@ -118,7 +119,9 @@ class UrlCache:
             with _published(targets) as temps:
                 for i, (tmp, f) in enumerate(zip(temps, files, strict=True)):
                     member = self._path(entry.key[:2], entry.key, str(i))
-                    if not (self.local and _linked(member, tmp)):
+                    if self.local:
+                        link_or_copy(member, tmp)
+                    else:
                         self.fs.get_file(member, tmp)
                     if file_digest(tmp) != f["sha256"]:
                         raise _Corrupt(f"file {i} ({f['name']}) does not match its digest")
@@ -167,10 +170,7 @@ class UrlCache:
         tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
         try:
             for i, target in enumerate(targets):
-                try:
-                    os.link(target, tmp / str(i))
-                except OSError:  # another file system, or no links there
-                    shutil.copyfile(target, tmp / str(i))
+                link_or_copy(target, tmp / str(i))
                 os.chmod(tmp / str(i), 0o444)
             (tmp / _META).write_text(meta_text, encoding="utf-8")
             Path(final).parent.mkdir(parents=True, exist_ok=True)
@@ -364,18 +364,6 @@ def _published(targets: Sequence[str]):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
         raise
-
-
-def _linked(src: str, dst: str) -> bool:
-    """Hard-link ``src`` at ``dst``; False where links are not possible (another file system). A missing ``src``
-    raises FileNotFoundError."""
-    try:
-        os.link(src, dst)
-    except FileNotFoundError:
-        raise
-    except OSError:
-        return False
-    return True
 
 
 @dataclass

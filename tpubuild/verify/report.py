@@ -183,15 +183,16 @@ def read_precision(text: str) -> Precision:
 _GROUPS_ATTR = "lg.groups = "
 
 
-def read_groups(lg_mlir: str | Path) -> list[GroupRow]:
+def read_groups(lg_mlir: str | Path, text: str | None = None) -> list[GroupRow]:
     """The layer groups lg.mlir records: its ``lg.groups`` module attribute, each op's type from its line.
 
     The attribute alone goes through the MLIR parser, not the module: the page needs none of the ops'
     attributes, and parsing a whole lg.mlir is most of a page's time (cls: 0.45 s of a warm page's 0.7).
-    A file without the attribute where it is printed is parsed whole, as layer group reads it.
+    A file without the attribute where it is printed is parsed whole, as layer group reads it. ``text``: the
+    file's, when the caller has read it already.
     """
     path = Path(lg_mlir)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8") if text is None else text
     attr = _module_attr(text, _GROUPS_ATTR)
     if attr is None:
         return _read_groups_parsed(path)
@@ -321,6 +322,7 @@ def target_page(
     doc = json.loads(Path(verify_json).read_text(encoding="utf-8"))
     infos = graph_infos(graphs, Path(verify_json).parent.parent)
     mf = read_model(model_file)
+    lg_text = Path(lg_mlir).read_text(encoding="utf-8")
     return PageData(
         model=model,
         target=target,
@@ -328,12 +330,12 @@ def target_page(
         levels=levels_of(doc["comparisons"], infos),
         test_input=doc.get("test_input"),
         profile=json.loads(Path(profile_json).read_text(encoding="utf-8")),
-        groups=read_groups(lg_mlir),
+        groups=read_groups(lg_mlir, lg_text),
         lane_bytes=mf.header.chip.lane_bytes,
         spans=command_spans(mf),
         model_bytes=Path(model_file).stat().st_size,
         weight_bytes=len(mf.weights),
-        precision=read_precision(Path(lg_mlir).read_text(encoding="utf-8")) if target.endswith("INT8") else None,
+        precision=read_precision(lg_text) if target.endswith("INT8") else None,
     )
 
 
