@@ -115,6 +115,7 @@ class SearchResult:
     lowerings: int
     pool: int = 0  # the calibration samples they were chosen from
     scored: tuple[int, ...] = ()  # which of the pool (indices)
+    pool_score: float | None = None  # the table's score on the whole pool, when it was scored there
 
     @property
     def reached(self) -> bool:
@@ -162,6 +163,7 @@ class Evaluator:
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
         self.samples = list(samples)
+        self.active = list(range(len(self.samples)))  # the samples scored (keep)
         self.processes = processes
         # TOP's graph outputs per sample: those given (calibration's), the others made when first scored
         self.refs: dict[int, list[np.ndarray]] = {i: list(r) for i, r in (refs or {}).items()}
@@ -215,22 +217,23 @@ class Evaluator:
         order: Sequence[int] | None = None,
         stop_below: float | None = None,
     ) -> dict[int, float]:
-        """Each sample's lowest cosine of any output, in ``order``; with ``stop_below``, none after the
+        """Each scored sample's lowest cosine of any output, in ``order``; with ``stop_below``, none after the
         first sample below it (its score is then all that matters)."""
         found = {}
-        for i in range(len(self.samples)) if order is None else order:
+        for i in self.active if order is None else order:
             found[i] = self.sample_score(tpu_module, tpu_weights, i)
             if stop_below is not None and found[i] < stop_below:
                 break
         return found
 
     def pool_scores(self, tpu_module: ModuleOp, tpu_weights: WeightStore) -> list[float]:
-        """Every sample's score (per_sample); with two processes the odd samples are scored in a forked one,
-        which sends their scores and TOP outputs (their INT8 tensors stay there: the memo computes those of
-        the samples kept when a step first needs them)."""
-        if not self._shared():
-            return list(self.per_sample(tpu_module, tpu_weights).values())
-        evens, odds = self._halves()
+        """Every sample's score, scored or not (per_sample); with two processes the odd samples are scored in a
+        forked one, which sends their scores and TOP outputs (their INT8 tensors stay there: the memo computes
+        those of the samples kept when a step first needs them)."""
+        every = range(len(self.samples))
+        if self.processes < 2 or len(every) < 2:
+            return list(self.per_sample(tpu_module, tpu_weights, every).values())
+        evens, odds = _alternate(every)
         found, theirs = forked.alongside(
             lambda: {i: self.sample_score(tpu_module, tpu_weights, i) for i in evens},
             lambda: {i: (self.sample_score(tpu_module, tpu_weights, i), self.ref(i)) for i in odds},
@@ -244,9 +247,9 @@ class Evaluator:
     def score_tables(self, tables: Sequence[Mapping[str, str]]) -> list[dict[int, float]]:
         """score(table) of each table, each lowering counted; with two processes the odd samples are scored in
         a forked one, which lowers each table itself."""
-        if not self._shared():
+        if self.processes < 2 or len(self.active) < 2:
             return [self.score(t) for t in tables]
-        evens, odds = self._halves()
+        evens, odds = _alternate(self.active)
 
         def scores(indices: list[int], counted: bool) -> list[dict[int, float]]:
             found = []
@@ -256,18 +259,12 @@ class Evaluator:
             return found
 
         mine, theirs = forked.alongside(lambda: scores(evens, True), lambda: scores(odds, False), _WHAT)
-        return [{i: {**a, **b}[i] for i in range(len(self.samples))} for a, b in zip(mine, theirs, strict=True)]
-
-    def _shared(self) -> bool:
-        return self.processes > 1 and len(self.samples) > 1
-
-    def _halves(self) -> tuple[list[int], list[int]]:
-        return list(range(0, len(self.samples), 2)), list(range(1, len(self.samples), 2))
+        return [{i: {**a, **b}[i] for i in self.active} for a, b in zip(mine, theirs, strict=True)]
 
     def keep(self, indices: Sequence[int]) -> None:
-        """Score only these samples from now on (their tensors of the runs so far stay in the memo)."""
-        self.samples = [self.samples[i] for i in indices]
-        self.refs = {new: self.refs[old] for new, old in enumerate(indices) if old in self.refs}
+        """Score only these samples from now on (their tensors of the runs so far stay in the memo, the others'
+        go)."""
+        self.active = list(indices)
         self.memo.keep(indices)
 
     def score(
@@ -284,6 +281,11 @@ class Evaluator:
 
 # how the errors of its second process name the work
 _WHAT = "the mixed-precision search"
+
+
+def _alternate(indices: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Every other index from the first, and from the second: each process's half."""
+    return list(indices[::2]), list(indices[1::2])
 
 
 def int8_ops(lw: Lowering) -> set[TensorOp]:
@@ -375,22 +377,41 @@ def search(
         module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples, processes=processes, refs=refs
     )
     lw, tpu_module, tpu_weights = ev.lower(user)
-    per_sample = ev.pool_scores(tpu_module, tpu_weights)
-    pool = len(per_sample)
-    # stable: the first samples on ties, scored in their own order
-    worst = sorted(sorted(range(pool), key=lambda i: per_sample[i])[: config.samples])
-    ev.keep(worst)
-    int8_score = min(per_sample[i] for i in worst)
-    if pool > len(worst):
-        say(f"scoring samples {', '.join(str(i) for i in worst)} of {pool} (INT8 alone furthest from float)")
-    say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {config.target_cos})")
+    int8 = ev.pool_scores(tpu_module, tpu_weights)
+    pool, target = len(int8), config.target_cos
+    ev.keep(_worst(range(pool), int8, config.samples))
+    int8_score = min(int8[i] for i in ev.active)
+    if pool > len(ev.active):
+        say(f"scoring samples {', '.join(map(str, ev.active))} of {pool} (INT8 alone furthest from float)")
+    say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {target})")
     units = units_of(lw, user)
-    finder = _Search(ev, units, user, mode, config, say)
-    chosen = finder.run(int8_score) if int8_score < config.target_cos else frozenset()
+    first = finder = _Search(ev, units, user, mode, config, say)
+    chosen = finder.run({i: int8[i] for i in ev.active}) if int8_score < target else frozenset()
+    pool_score = min(int8) if not chosen else None
+    # a table found on a few samples can miss the target on others of the pool by far (the error moves to
+    # inputs INT8 alone handled well): the pool is scored with it, and the worst samples it misses on join
+    # those scored, the search going on from that table, until it holds on the whole pool
+    while chosen and finder.scores[chosen] >= target and finder.budget_left():
+        _, tpu_module, tpu_weights = ev.lower(finder.table(chosen))
+        now = ev.pool_scores(tpu_module, tpu_weights)
+        pool_score = min(now)
+        missed = [i for i in range(pool) if i not in ev.active and now[i] < target]
+        if not missed:
+            break
+        added = _worst(missed, now, config.samples)
+        say(
+            f"the table scores {len(missed)} more of the pool below {target} (cos {pool_score:.6f} on sample "
+            f"{min(missed, key=lambda i: now[i])}): samples {', '.join(map(str, added))} scored too"
+        )
+        ev.keep(sorted([*ev.active, *added]))
+        int8_score = min(int8[i] for i in ev.active)
+        finder = _Search(ev, units, user, mode, config, say)
+        chosen = finder.extend(chosen, {i: now[i] for i in ev.active}, first.order)
+        pool_score = None
     score = finder.scores.get(chosen, int8_score)
     picked = [units[i] for i in sorted(chosen)]
     for i in sorted(chosen):
-        units[i].score = finder.alone.get(i, math.nan)
+        units[i].score = first.alone.get(i, math.nan)
     return SearchResult(
         table_of(user, picked, mode),
         user,
@@ -398,12 +419,18 @@ def search(
         mode,
         int8_score,
         score,
-        config.target_cos,
-        len(ev.samples),
+        target,
+        len(ev.active),
         ev.lowerings,
         pool,
-        tuple(worst),
+        tuple(ev.active),
+        pool_score,
     )
+
+
+def _worst(indices: Iterable[int], scores: Sequence[float], count: int) -> list[int]:
+    """The ``count`` of ``indices`` with the lowest scores, in their own order (the first ones on ties)."""
+    return sorted(sorted(indices, key=lambda i: scores[i])[:count])
 
 
 class _Ahead:
@@ -495,6 +522,7 @@ class _Search:
         self.per_sample: dict[frozenset[int], dict[int, float]] = {}  # of the tables in ``scores``
         self.failed: set[frozenset[int]] = set()  # tables known below the target, not scored on every sample
         self.alone: dict[int, float] = {}  # a tensor's score when its segment alone was float
+        self.order: list[tuple[float, frozenset[int]]] = []  # the chunks, the most useful alone first
         self.ahead: _Ahead | None = None  # the second process, during the greedy and pruning steps
         self.known: dict[tuple, dict[int, float]] = {}  # evaluations made here ahead of their step
 
@@ -556,7 +584,8 @@ class _Search:
     def budget_left(self) -> bool:
         return self.ev.lowerings < self.config.max_lowerings
 
-    def run(self, int8_score: float) -> frozenset[int]:
+    def run(self, int8: Mapping[int, float]) -> frozenset[int]:
+        """The table: chunks alone in float, then _greedy from none (``int8``: each sample's score then)."""
         n = len(self.units)
         k = min(self.config.chunks, n)
         chunks = [frozenset(range(i * n // k, (i + 1) * n // k)) for i in range(k)]
@@ -571,36 +600,45 @@ class _Search:
         for s, c in alone:
             for i in c:
                 self.alone[i] = s
+        self.order = alone
+        return self.extend(frozenset(), int8, alone)
+
+    def extend(
+        self, start: frozenset[int], scores: Mapping[int, float], order: list[tuple[float, frozenset[int]]]
+    ) -> frozenset[int]:
+        """_greedy from ``start``, a table below the target whose per-sample ``scores`` are known, in the
+        working-ahead process's company."""
+        self.per_sample[start], self.scores[start] = dict(scores), min(scores.values())
         if self.ev.processes > 1:
             self.ahead = _Ahead(self.ev)
         try:
-            return self._greedy(alone, int8_score)
+            return self._greedy(start, order)
         finally:
             if self.ahead is not None:
                 self.ahead.close()
                 self.ahead = None
 
-    def _greedy(self, alone: list[tuple[float, frozenset[int]]], int8_score: float) -> frozenset[int]:
-        """Chunks join the table, the most useful first, until it reaches the target; then _prune."""
+    def _greedy(self, start: frozenset[int], order: list[tuple[float, frozenset[int]]]) -> frozenset[int]:
+        """Chunks join ``start``, in ``order`` (the most useful first), until the table reaches the target;
+        then _prune drops what it can of those that joined."""
         target = self.config.target_cos
-        chosen: frozenset[int] = frozenset()
-        below = []  # the greedy tables below the target, in order
-        for k, (_, c) in enumerate(alone):
+        chosen, joined = start, []
+        below = [start]  # the tables below the target, in order
+        ahead = [c for _, c in order if not c <= start]
+        for k, c in enumerate(ahead):
             if not self.budget_left():
                 break
             chosen = chosen | c
-            nxt = chosen | alone[k + 1][1] if k + 1 < len(alone) else None
-            if self.passes_ahead(chosen, alone[0][1], nxt):
+            joined.append(c)
+            nxt = chosen | ahead[k + 1] if k + 1 < len(ahead) else None
+            if self.passes_ahead(chosen, start, nxt):
                 self.say(f"+ tensors {self._span(c)}: cos {self.scores[chosen]:.6f}")
-                return self._prune(chosen, [c for _, c in reversed(alone) if c <= chosen])
+                return self._prune(chosen, joined[::-1])
             below.append(chosen)
             self.say(f"+ tensors {self._span(c)}: below {target}")
         # not reached: the best of them, each now scored on every sample (the greedy steps stopped at the
         # first sample below the target)
-        best = (int8_score, frozenset())
-        for table in below:
-            best = max(best, (self.full_score(table), table), key=lambda b: b[0])
-        return best[1]
+        return max(below, key=self.full_score)
 
     def full_score(self, chosen: frozenset[int]) -> float:
         """score(chosen) for a table passes() found below the target: its lowering again (not counted:
@@ -644,7 +682,8 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
     """The quantize table text: what was searched and found as comments, then ``op_name MODE`` lines."""
     lines = [f"# {h}" for h in header]
     chosen_from = (
-        f" (of the {result.pool} in the pool, those where INT8 alone is furthest from float)"
+        f" (of the {result.pool} in the pool: those where INT8 alone, then each table found, is furthest from "
+        "float)"
         if result.pool > result.samples
         else ""
     )
@@ -654,6 +693,8 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
         f"# INT8{' with the user table' if result.user else ''}: {result.int8_score:.6f}; "
         f"with this table: {result.score:.6f} ({result.lowerings} lowerings)",
     ]
+    if result.pool_score is not None and result.pool > result.samples:
+        lines.append(f"# on every sample of the pool: {result.pool_score:.6f}")
     if not result.reached:
         lines.append(f"# TARGET NOT REACHED: the best table found is below {result.target}")
     lines.append("# op_name MODE")

@@ -210,10 +210,9 @@ class Memo:
         return {name: here[key][i] for name, (key, i) in outputs}
 
     def keep(self, indices: Sequence[int]) -> None:
-        """Only these inputs from now on, numbered in this order; their tensors stay."""
-        self.inputs = [self.inputs[i] for i in indices]
-        number = {old: new for new, old in enumerate(indices)}
-        kept = OrderedDict(((key, number[i]), entry) for (key, i), entry in self._results.items() if i in number)
+        """Drop the tensors of every input but these (they keep their numbers; the others may be run again)."""
+        wanted = set(indices)
+        kept = OrderedDict((k, entry) for k, entry in self._results.items() if k[1] in wanted)
         self._results, self._bytes = kept, sum(size for _, size in kept.values())
 
     def _plan_of(self, module: ModuleOp, weights: WeightStore) -> tuple[list, list]:
