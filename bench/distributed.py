@@ -4,7 +4,8 @@
 
 1. The zoo (configs/models, or --models) built twice from an empty build folder and an empty artifact cache:
    `tpubuild compile -j N` locally (doit -n N), then on a LocalCluster of N single-threaded process workers on
-   this machine (`tpubuild compile --scheduler`, the cache a folder): same cores. Prints both wall times and
+   this machine (`tpubuild compile --scheduler`, the cache a folder): same cores, and the same processes (the
+   workers are not daemonic, so a stage forks its second process there as it does locally). Prints both wall times and
    their ratio (goal: at most 1.15, what scheduling and the cache round trips cost).
 2. From that cluster run's per-stage durations (Dask's task stream: the time each stage ran on its worker), the
    simulated makespan of the same dependency graph on 1, 2, 4, ..., 64 workers: list scheduling, the ready task
@@ -135,8 +136,29 @@ def _topological(deps: Mapping[str, set[str]], users: Mapping[str, list[str]]) -
     return order
 
 
+@contextlib.contextmanager
+def local_cluster(workers: int, folder: Path):
+    """``workers`` single-threaded process workers, not daemonic: as a local build's stages, a stage on a worker
+    forks a second process for half of its samples (tpubuild.forked; a daemonic process may have no children),
+    so both builds use the same processes on the same cores."""
+    import dask
+    from distributed import LocalCluster
+
+    with (
+        dask.config.set({"distributed.worker.daemon": False}),
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            local_directory=str(folder),
+        ) as cluster,
+    ):
+        yield cluster
+
+
 def zoo(args, tmp: Path) -> None:
-    from distributed import Client, LocalCluster, get_task_stream
+    from distributed import Client, get_task_stream
 
     manifests = manifests_of(args.models)
     local, local_line = timed(
@@ -148,13 +170,7 @@ def zoo(args, tmp: Path) -> None:
     for folder in ("local", "cache-local"):
         shutil.rmtree(tmp / folder, ignore_errors=True)
     with (
-        LocalCluster(
-            n_workers=args.workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            local_directory=str(tmp / "workers"),
-        ) as cluster,
+        local_cluster(args.workers, tmp / "workers") as cluster,
         Client(cluster) as client,
         get_task_stream(client) as stream,
     ):
@@ -192,8 +208,6 @@ def _no_stage(**kwargs) -> None:
 
 
 def synthetic(args, tmp: Path) -> None:
-    from distributed import LocalCluster
-
     folder = tmp / "synthetic"
     folder.mkdir()
     text = (REPO / "configs" / "models" / "demo_cnn.yaml").read_text(encoding="utf-8")
@@ -201,13 +215,7 @@ def synthetic(args, tmp: Path) -> None:
     for i in range(args.synthetic):
         (folder / f"demo_cnn_{i:04d}.yaml").write_text(text.replace("name: demo_cnn", f"name: demo_cnn_{i:04d}"))
     workers_before = _cpu(resource.RUSAGE_CHILDREN)
-    with LocalCluster(
-        n_workers=args.workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        local_directory=str(tmp / "workers-synthetic"),
-    ) as cluster:
+    with local_cluster(args.workers, tmp / "workers-synthetic") as cluster:
         os.environ["TPUBUILD_SCHEDULER"] = cluster.scheduler_address
         os.environ["TPUBUILD_ARTIFACT_CACHE"] = str(tmp / "cache-synthetic")
         start, here = time.perf_counter(), _cpu(resource.RUSAGE_SELF)

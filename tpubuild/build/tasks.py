@@ -841,11 +841,7 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
         from tpubuild.build import cluster
 
         cluster.install(bool(os.environ.get("TPUBUILD_SCHEDULER")))
-    # Python's cyclic GC at its defaults collects the young generation every 700 new objects and all of them
-    # every 70,000: a stage building an xDSL module makes millions, and each full collection walks every live
-    # object of the process (the imported compiler, the modules kept for the next stage). At 10,000 the
-    # cls matrix (compile:ppocr_mobile_v2_cls) spent 0.25 s in the GC instead of 0.9-1.5 s, for 2% more memory.
-    gc.set_threshold(10_000, 10, 10)
+    collect_garbage_less()
     build_dir.mkdir(parents=True, exist_ok=True)
     return {
         # sqlite3: the dbm and json backends lose state under concurrent runs (DESIGN.md)
@@ -855,6 +851,15 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
         "default_tasks": ["compile"],
         "reporter": ProgressReporter,
     }
+
+
+def collect_garbage_less() -> None:
+    """Python's cyclic GC at its defaults collects the young generation every 700 new objects and all of them
+    every 70,000: a stage building an xDSL module makes millions, and each full collection walks every live
+    object of the process (the imported compiler, the modules kept for the next stage). At 10,000 the
+    cls matrix (compile:ppocr_mobile_v2_cls) spent 0.25 s in the GC instead of 0.9-1.5 s, for 2% more memory.
+    (doit's processes, and a cluster's workers before a stage.)"""
+    gc.set_threshold(10_000, 10, 10)
 
 
 def _interrupt(signum, frame):

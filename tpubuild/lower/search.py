@@ -687,8 +687,7 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
     """The quantize table text: what was searched and found as comments, then ``op_name MODE`` lines."""
     lines = [f"# {h}" for h in header]
     chosen_from = (
-        f" (of the {result.pool} in the pool: those where INT8 alone, then each table found, is furthest from "
-        "float)"
+        f" (of the {result.pool} in the pool: those where INT8 alone, then each table found, is furthest from float)"
         if result.pool > result.samples
         else ""
     )
