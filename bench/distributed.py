@@ -5,8 +5,8 @@
 1. The zoo (configs/models, or --models) built twice from an empty build folder and an empty artifact cache:
    `tpubuild compile -j N` locally (doit -n N), then on a LocalCluster of N single-threaded process workers on
    this machine (`tpubuild compile --scheduler`, the cache a folder): same cores, and the same processes (the
-   workers are not daemonic, so a stage forks its second process there as it does locally). Prints both wall times and
-   their ratio (goal: at most 1.15, what scheduling and the cache round trips cost).
+   workers are not daemonic, so a stage forks its second process there as it does locally). Prints both wall
+   times and their ratio (goal: at most 1.15, what scheduling and the cache round trips cost).
 2. From that cluster run's per-stage durations (Dask's task stream: the time each stage ran on its worker), the
    simulated makespan of the same dependency graph on 1, 2, 4, ..., 64 workers: list scheduling, the ready task
    heading the longest remaining chain first; the critical path is the floor no worker count goes below.
