@@ -236,7 +236,7 @@ class Evaluator:
         forked one, which sends their scores and TOP outputs (their INT8 tensors stay there: the memo computes
         those of the samples kept when a step first needs them)."""
         every = range(len(self.samples))
-        if self.processes < 2 or len(every) < 2:
+        if not self._shared(every):
             return list(self.per_sample(tpu_module, tpu_weights, every).values())
         evens, odds = _alternate(every)
         found, theirs = forked.alongside(
@@ -252,7 +252,7 @@ class Evaluator:
     def score_tables(self, tables: Sequence[Mapping[str, str]]) -> list[dict[int, float]]:
         """score(table) of each table, each lowering counted; with two processes the odd samples are scored in
         a forked one, which lowers each table itself."""
-        if self.processes < 2 or len(self.active) < 2:
+        if not self._shared(self.active):
             return [self.score(t) for t in tables]
         evens, odds = _alternate(self.active)
 
@@ -265,6 +265,10 @@ class Evaluator:
 
         mine, theirs = forked.alongside(lambda: scores(evens, True), lambda: scores(odds, False), _WHAT)
         return [{i: {**a, **b}[i] for i in self.active} for a, b in zip(mine, theirs, strict=True)]
+
+    def _shared(self, indices: Sequence[int]) -> bool:
+        """Whether a forked process takes half of these samples."""
+        return self.processes > 1 and len(indices) > 1
 
     def keep(self, indices: Sequence[int]) -> None:
         """Score only these samples from now on (their tensors of the runs so far stay in the memo, the others'
