@@ -665,3 +665,50 @@ def test_grouped_convs_through_iree_match_onnxruntime(tmp_path):
     got = Vmfb(str(tmp_path / "m.vmfb")).run({"x": x})["y"]
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_iree
+def test_upsampling_and_global_means_take_the_short_forms(tmp_path):
+    """DBNet's and FPN's upsampling and squeeze-excite's mean, against onnxruntime: a ConvTranspose whose windows
+    tile its output (stride = kernel) is one tosa.matmul, not a conv on a zero-stuffed input; a nearest Resize by
+    whole factors a broadcast, not a gather; a mean over H and W one reduction; the general forms stay for the
+    rest (a ConvTranspose with overlapping windows, a Resize by 1.5)."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from tpubuild.build.cpu import Vmfb, compile_vmfb
+    from tpubuild.export.tosa import export_module
+
+    conftest = _conftest()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 6, 5)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    bt = rng.standard_normal(3).astype(np.float32)
+    wo = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "wt", "bt"], ["up"], strides=[2, 2], name="deconv"),
+        helper.make_node("ConvTranspose", ["x", "wo"], ["overlap"], strides=[2, 2], name="deconv_overlap"),
+        helper.make_node("Resize", ["x", "", "s2"], ["near"], mode="nearest", name="resize2"),
+        helper.make_node("Resize", ["x", "", "s15"], ["near15"], mode="nearest", name="resize15"),
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2, 3], keepdims=1, name="mean"),
+    ]
+    outs = ["up", "overlap", "near", "near15", "mean"]
+    inits = {
+        "wt": wt,
+        "bt": bt,
+        "wo": wo,
+        "s2": np.array([1, 1, 2, 3], np.float32),
+        "s15": np.array([1, 1, 1.5, 1.5], np.float32),
+    }
+    model = conftest.make_onnx(nodes, {"x": x}, outs, initializers=inits, opset=17)
+    module, weights = _top_module(tmp_path, model, {"x": x})
+    text = export_module(module, weights, "tiny")
+    # the overlapping deconv's conv, the 1.5 resize's two gathers, one reduction
+    assert text.count('"tosa.matmul"') == 1 and text.count('"tosa.conv2d"') == 1
+    assert text.count('"tosa.gather"') == 2 and text.count('"tosa.reduce_sum"') == 1
+    (tmp_path / "m.tosa.mlir").write_text(text, encoding="utf-8")
+    compile_vmfb(str(tmp_path / "m.tosa.mlir"), str(tmp_path / "m.vmfb"))
+    got = Vmfb(str(tmp_path / "m.vmfb")).run({"x": x})
+    want = dict(zip(outs, ort.InferenceSession(model.SerializeToString()).run(outs, {"x": x}), strict=True))
+    for name in outs:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)

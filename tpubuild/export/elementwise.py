@@ -626,11 +626,23 @@ def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
         init = e.const(np.full(keep, start, v.dtype))
         loops = [f"d{d}" for d in range(v.rank)]  # a reduced axis: a parallel loop of one
         return e.loops([(v, at)], init, loops, len(axes), lambda bd, x, acc: bd.f(fold, acc, x[0], el=el))
-    for axis in axes:
+    # adjacent axes merged into one first: one reduction a run of them, where IREE would dispatch one an axis
+    keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
+    merged: list[int] = []
+    runs: list[int] = []
+    for d, n in enumerate(v.shape):
+        if d in axes and d - 1 in axes:
+            merged[-1] *= n
+            continue
+        if d in axes:
+            runs.append(len(merged))
+        merged.append(n)
+    v = e.reshape(v, merged)
+    for axis in runs:
         shape = list(v.shape)
         shape[axis] = 1
         v = e.op1(name, [v], shape, v.dtype, f"axis = {axis} : i32")
-    return v
+    return e.reshape(v, keep)
 
 
 def reduce_max(e: Emitter, v: Val, axes) -> Val:

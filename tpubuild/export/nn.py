@@ -181,6 +181,43 @@ def _(e: Emitter, op, p: top.ConvParams, args):
     return conv_nchw(e, op, p, x, w.array if w.array is not None else w, b, op.results[0].type.get_shape())
 
 
+def _patches(p: top.DeconvParams, x: Val, out_shape) -> bool:
+    """A transposed conv whose output windows tile the output: stride = kernel, no padding, one group."""
+    return (
+        len(p.kernel_shape) == 2
+        and p.group == 1
+        and tuple(p.strides) == tuple(p.kernel_shape)
+        and set(p.dilations) == {1}
+        and not any(p.pads)
+        and not any(p.output_padding or ())
+        and list(out_shape[2:]) == [d * k for d, k in zip(x.shape[2:], p.kernel_shape, strict=True)]
+    )
+
+
+def _deconv_as_patches(e: Emitter, p: top.DeconvParams, x: Val, w: Val, b: Val | None, out_shape) -> Val:
+    """Each input pixel's channels times the [IC, OC * KH * KW] filter is its output window: one product, then
+    the windows put in place (DBNet's and U-Net's upsampling). As a conv on the zero-stuffed input it is
+    KH * KW times the work, and the stuffed input a transpose of its own in IREE."""
+    n, ic, h, wd = x.shape
+    oc = w.shape[1]
+    kh, kw = p.kernel_shape
+    rows = e.reshape(e.transpose(x, _NHWC), [1, n * h * wd, ic])
+    filters = (
+        e.const(w.array.reshape(1, ic, oc * kh * kw)) if w.array is not None else e.reshape(w, [1, ic, oc * kh * kw])
+    )
+    zp = e.zero_point(x.dtype)
+    # 16-bit floats accumulate in float32, as the conv kernels do
+    acc = np.float32 if x.is_float and x.dtype.itemsize == 2 else x.dtype
+    y = e.op1("tosa.matmul", [rows, filters, zp, zp], [1, n * h * wd, oc * kh * kw], acc)
+    y = e.reshape(e.cast(y, x.dtype), [n, h, wd, oc, kh, kw])
+    y = e.reshape(e.transpose(y, (0, 3, 1, 4, 2, 5)), out_shape)
+    if b is not None:
+        y = e.binary("tosa.add", y, e.reshape(b, [1, oc, 1, 1]))
+    if p.do_relu:
+        y = e.relu(y, p.relu_limit)
+    return y
+
+
 @rule(top.DeconvOp)
 def _(e: Emitter, op, p: top.DeconvParams, args):
     """A transposed conv as a conv: the input with stride - 1 zeros between its pixels, padded by
@@ -188,6 +225,8 @@ def _(e: Emitter, op, p: top.DeconvParams, args):
     x, w, b = args
     nd = len(p.kernel_shape)
     out_shape = list(op.results[0].type.get_shape())
+    if _patches(p, x, out_shape):
+        return _deconv_as_patches(e, p, x, w, b, out_shape)
     g = p.group
     ic, ocg = w.shape[:2]
     k = tuple(w.shape[2:])

@@ -202,15 +202,24 @@ def _(e: Emitter, op, p: top.AxisParams, args):
 
 @rule(top.InterpOp)
 def _(e: Emitter, op, p: top.InterpParams, args):
-    """Resize one axis at a time, as the kernel: nearest as a gather of the source indices, linear and cubic as
-    a product with the [in, out] matrix of the kernel's taps and weights (clamped taps summed)."""
+    """Resize one axis at a time, as the kernel: nearest as a gather of the source indices (a broadcast when
+    each row is repeated a whole number of times), linear and cubic as a product with the [in, out] matrix of the
+    kernel's taps and weights (clamped taps summed)."""
     (x,) = args
     if not x.is_float:
         raise NotImplementedError(f"resize of {x.dtype}")
     for axis in resampled(p, x.shape):
         idx, weights, outside = axis_taps(x.shape[axis], axis, p.shape[axis], p)
         out_len = idx.shape[0]
-        if p.mode == "nearest":
+        k = x.shape[axis]
+        if p.mode == "nearest" and out_len % k == 0 and np.array_equal(idx[:, 0], np.arange(out_len) // (out_len // k)):
+            # each row repeated: a broadcast, which IREE fuses into the consumer where a gather is a dispatch
+            rows = e.reshape(x, [*x.shape[: axis + 1], 1, *x.shape[axis + 1 :]])
+            y = e.reshape(
+                e.tile(rows, [1] * (axis + 1) + [out_len // k] + [1] * (x.rank - axis - 1)),
+                [*x.shape[:axis], out_len, *x.shape[axis + 1 :]],
+            )
+        elif p.mode == "nearest":
             y = gather_axis(e, x, axis, e.const(idx[:, 0].astype(np.int32)), [out_len])
         else:
             matrix = np.zeros((x.shape[axis], out_len), np.float64)
