@@ -639,11 +639,7 @@ def test_conv3d_and_its_transpose(tmp_path):
 def test_grouped_convs_through_iree_match_onnxruntime(tmp_path):
     """A grouped 1x1 conv with bias and ReLU (ShuffleNet's: one batched matmul, no conv per group) and a grouped
     3x3 one (a conv per group), against onnxruntime."""
-    import onnxruntime as ort
     from onnx import helper
-
-    from tpubuild.build.cpu import Vmfb, compile_vmfb
-    from tpubuild.export.tosa import export_module
 
     conftest = _conftest()
     rng = np.random.default_rng(0)
@@ -657,14 +653,25 @@ def test_grouped_convs_through_iree_match_onnxruntime(tmp_path):
         helper.make_node("Conv", ["r", "w2"], ["y"], group=2, pads=[1, 1, 1, 1], name="gconv3x3"),
     ]
     model = conftest.make_onnx(nodes, {"x": x}, initializers={"w1": w1, "b1": b1, "w2": w2})
-    module, weights = _top_module(tmp_path, model, {"x": x})
-    text = export_module(module, weights, "tiny")
+    text, got, want = _iree_and_onnxruntime(tmp_path, model, {"x": x}, ["y"])
     assert text.count('"tosa.matmul"') == 1 and text.count('"tosa.conv2d"') == 2
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+
+
+def _iree_and_onnxruntime(tmp_path: Path, model, inputs: dict, outs: list[str]) -> tuple[str, dict, dict]:
+    """The model's TOSA export, its outputs through IREE, and onnxruntime's."""
+    import onnxruntime as ort
+
+    from tpubuild.build.cpu import Vmfb, compile_vmfb
+    from tpubuild.export.tosa import export_module
+
+    module, weights = _top_module(tmp_path, model, inputs)
+    text = export_module(module, weights, "tiny")
     (tmp_path / "m.tosa.mlir").write_text(text, encoding="utf-8")
     compile_vmfb(str(tmp_path / "m.tosa.mlir"), str(tmp_path / "m.vmfb"))
-    got = Vmfb(str(tmp_path / "m.vmfb")).run({"x": x})["y"]
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    got = Vmfb(str(tmp_path / "m.vmfb")).run(inputs)
+    want = dict(zip(outs, ort.InferenceSession(model.SerializeToString()).run(outs, inputs), strict=True))
+    return text, got, want
 
 
 @needs_iree
@@ -673,18 +680,11 @@ def test_upsampling_and_global_means_take_the_short_forms(tmp_path):
     tile its output (stride = kernel) is one tosa.matmul, not a conv on a zero-stuffed input; a nearest Resize by
     whole factors a broadcast, not a gather; a mean over H and W one reduction; the general forms stay for the
     rest (a ConvTranspose with overlapping windows, a Resize by 1.5)."""
-    import onnxruntime as ort
     from onnx import helper
-
-    from tpubuild.build.cpu import Vmfb, compile_vmfb
-    from tpubuild.export.tosa import export_module
 
     conftest = _conftest()
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 4, 6, 5)).astype(np.float32)
-    wt = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
-    bt = rng.standard_normal(3).astype(np.float32)
-    wo = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    x, wt, bt, wo = (rng.standard_normal(s).astype(np.float32) for s in [(1, 4, 6, 5), (4, 3, 2, 2), 3, (4, 2, 3, 3)])
     nodes = [
         helper.make_node("ConvTranspose", ["x", "wt", "bt"], ["up"], strides=[2, 2], name="deconv"),
         helper.make_node("ConvTranspose", ["x", "wo"], ["overlap"], strides=[2, 2], name="deconv_overlap"),
@@ -701,14 +701,9 @@ def test_upsampling_and_global_means_take_the_short_forms(tmp_path):
         "s15": np.array([1, 1, 1.5, 1.5], np.float32),
     }
     model = conftest.make_onnx(nodes, {"x": x}, outs, initializers=inits, opset=17)
-    module, weights = _top_module(tmp_path, model, {"x": x})
-    text = export_module(module, weights, "tiny")
+    text, got, want = _iree_and_onnxruntime(tmp_path, model, {"x": x}, outs)
     # the overlapping deconv's conv, the 1.5 resize's two gathers, one reduction
     assert text.count('"tosa.matmul"') == 1 and text.count('"tosa.conv2d"') == 1
     assert text.count('"tosa.gather"') == 2 and text.count('"tosa.reduce_sum"') == 1
-    (tmp_path / "m.tosa.mlir").write_text(text, encoding="utf-8")
-    compile_vmfb(str(tmp_path / "m.tosa.mlir"), str(tmp_path / "m.vmfb"))
-    got = Vmfb(str(tmp_path / "m.vmfb")).run({"x": x})
-    want = dict(zip(outs, ort.InferenceSession(model.SerializeToString()).run(outs, {"x": x}), strict=True))
     for name in outs:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
