@@ -5,6 +5,7 @@
 - the default method judges candidates by their consumers' error, and wins where KL clips what matters;
 - the search judges each part of a Concat output, so box coordinates cannot hide destroyed class scores;
 - per-sample vectors (pooled features, a classifier head) stay float when they are a small share of the work;
+- the ops after the last conv or matmul (a detector's box decoding) stay float;
 - a manifest with calibration data and no tuning fields gets all of this.
 """
 
@@ -140,6 +141,60 @@ def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_
     monkeypatch.setattr(int8_module, "vector_region", lambda lw: set())
     lost = int8_logits()
     assert lost < 0.88
+
+
+def test_a_box_decoding_after_the_last_conv_stays_float(make_model, tmp_path, monkeypatch):
+    """YOLOv8's box decoding: grid anchors -+ the head's distances, their half sum and their difference, times
+    the stride. In INT8 each op rounds the boxes again at its own scale; after the last conv they compute in
+    float, from the conv's INT8 outputs, and only those were rounded."""
+    rng = np.random.default_rng(13)
+    nodes = [
+        node("Conv", ["x", "wl"], "lt"),
+        node("Conv", ["x", "wr"], "rb"),
+        node("Sub", ["anchors", "lt"], "x1y1"),
+        node("Add", ["anchors", "rb"], "x2y2"),
+        node("Add", ["x1y1", "x2y2"], "sum"),
+        node("Mul", ["sum", "half"], "cxy"),
+        node("Sub", ["x2y2", "x1y1"], "wh"),
+        node("Concat", ["cxy", "wh"], "xywh", axis=1),
+        node("Mul", ["xywh", "stride"], "boxes"),
+    ]
+    grid = np.stack(np.meshgrid(np.arange(8), np.arange(8), indexing="xy")).astype(np.float32)[None] + 0.5
+    inits = {
+        "wl": rng.standard_normal((2, 8, 1, 1)).astype(np.float32),
+        "wr": rng.standard_normal((2, 8, 1, 1)).astype(np.float32),
+        "anchors": grid,
+        "half": np.array(0.5, np.float32),
+        "stride": np.array(16.0, np.float32),
+    }
+    module, weights = top_module(make_model, tmp_path, nodes, (1, 8, 8, 8), inits)
+    samples = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(8)]
+    cali, _ = calibrate(module, weights, samples, "max")
+    test = {"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)}
+    expect = run(module, weights, test)["boxes"]
+
+    def int8_values():
+        tm, tw = lower_module(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+        return dequantized(tm, run(tm, tw, test))
+
+    lw = int8_module.Lowering(apply_table(module, cali), weights, chip=BM1684X, mode="INT8", cali=cali)
+    tail = {op.names[0] for op in int8_module.output_tail(lw)}
+    assert tail == {"x1y1", "x2y2", "sum", "cxy", "wh", "xywh", "boxes"}  # not the convs
+    got = int8_values()
+
+    def decoding_error(values):
+        """The boxes against the decoding of the conv outputs these INT8 boxes were computed from."""
+        lt, rb = (values[name].astype(np.float64) for name in ("lt", "rb"))
+        x1y1, x2y2 = grid - lt, grid + rb
+        decoded = np.concatenate([(x1y1 + x2y2) * 0.5, x2y2 - x1y1], axis=1) * 16
+        return float(np.max(np.abs(values["boxes"] - decoded)))
+
+    # only the convs' outputs were rounded: their decoding, to float16's rounding
+    assert decoding_error(got) <= 0.2
+    monkeypatch.setattr(int8_module, "output_tail", lambda lw: set())
+    lost = int8_values()
+    assert decoding_error(lost) > 1.0  # a rounding per op at the boxes' scale (about 1.3 a step)
+    assert np.max(np.abs(lost["boxes"] - expect)) > 1.2 * np.max(np.abs(got["boxes"] - expect))
 
 
 def test_a_model_of_vectors_stays_int8(make_model, tmp_path):

@@ -245,9 +245,11 @@ def test_int8_lut_is_exact_to_half_a_step(make_model, tmp_path, op, fn):
     """A table entry is f(real input) rounded once: within half an output step of the float function."""
     rng = np.random.default_rng(2)
     model = make_model(
-        [node("Conv", ["x", "w", "b"], "c"), node(op, ["c"], "y")],
+        # a conv reads y: ops after the last conv stay float (int8.output_tail)
+        [node("Conv", ["x", "w", "b"], "c"), node(op, ["c"], "y"), node("Conv", ["y", "wh"], "head")],
         {"x": np.zeros((1, 3, 6, 6), np.float32)},
-        initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1)},
+        ["y", "head"],
+        initializers={"w": randn(rng, 4, 3, 1, 1), "b": randn(rng, 4, scale=0.1), "wh": randn(rng, 4, 4, 1, 1)},
     )
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
     tm, raw, real = built.tpu("INT8")
@@ -270,15 +272,18 @@ def test_int8_chain_of_table_ops_is_one_table(make_model, tmp_path):
         node("Add", ["scaled", "beta"], "affine"),
         node("Sigmoid", ["affine"], "gate"),
         node("Add", ["affine", "gate"], "out"),
+        node("Conv", ["out", "wh"], "head"),  # ops after the last conv stay float (int8.output_tail)
     ]
     model = make_model(
         nodes,
         {"x": np.zeros((1, 3, 6, 6), np.float32)},
+        ["out", "head"],
         initializers={
             "w": randn(rng, 4, 3, 1, 1),
             "b": randn(rng, 4, scale=0.1),
             "a": np.array(0.7, np.float32),
             "beta": np.array(0.2, np.float32),
+            "wh": randn(rng, 4, 4, 1, 1),
         },
     )
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
@@ -301,8 +306,13 @@ def test_int8_data_movement_keeps_the_quantization_and_is_exact(make_model, tmp_
         node("Reshape", ["t", "shape"], "r"),
         helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"], name="s"),
         helper.make_node("Resize", ["c", "", "scales"], ["up"], name="up", mode="nearest"),
+        # products read them: ops after the last conv or matmul stay float (int8.output_tail)
+        node("MatMul", ["s", "ws"], "s_head"),
+        node("Conv", ["up", "wh"], "up_head"),
     ]
     inits = {
+        "ws": randn(rng, 4, 4),
+        "wh": randn(rng, 4, 4, 1, 1),
         "w": randn(rng, 4, 3, 1, 1),
         "b": randn(rng, 4, scale=0.1),
         "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
@@ -313,7 +323,9 @@ def test_int8_data_movement_keeps_the_quantization_and_is_exact(make_model, tmp_
         "axes": np.array([1], np.int64),
         "scales": np.array([1, 1, 2, 2], np.float32),
     }
-    model = make_model(nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)}, ["s", "up"], initializers=inits)
+    model = make_model(
+        nodes, {"x": np.zeros((1, 3, 6, 6), np.float32)}, ["s", "up", "s_head", "up_head"], initializers=inits
+    )
     built = Built(model, {"x": (1, 3, 6, 6)}, tmp_path)
     tm, raw, real = built.tpu("INT8")
     c_type = op_named(tm, "c").result_types[0].element_type

@@ -58,6 +58,8 @@ CONCAT_RANGE_RATIO = 64.0
 # they cost next to nothing; a model that is mostly vectors (an MLP) stays INT8.
 VECTOR_MACS_SHARE = 0.05
 NOT_COMPUTED = (top.WeightOp, top.InputOp, top.NoneOp)
+# ops that sum over their inputs' channels with weights: what a TPU computes in INT8 for speed
+MIXING = (top.ConvOp, top.DeconvOp, top.MatMulOp, top.EinsumOp, top.RnnOp)
 
 
 def relu_bounds(qy: QType, p) -> tuple[int, int]:
@@ -451,10 +453,26 @@ def vector_region(lw: Lowering) -> set[Operation]:
     return vectors if sum(_macs(op) for op in vectors) <= VECTOR_MACS_SHARE * total else set()
 
 
+def output_tail(lw: Lowering) -> set[Operation]:
+    """The ops after the last conv or matmul on every way to a graph output: a classifier's softmax, a detector's
+    score sigmoid and box decoding. In INT8 each of them quantizes the output once more, at a scale a step of
+    which is a pixel of a box (mini_yolo: anchors -+ distances, their sum and difference, half, times the
+    stride: five roundings after the last conv); they compute from the last conv's INT8 output in float instead,
+    element by element, a small share of the work."""
+    ret = mlir.return_op(lw.module)
+    tail: set[Operation] = set()
+    for op in reversed(lw.ops):
+        if isinstance(op, (*NOT_COMPUTED, *MIXING)) or not op.results:
+            continue
+        if all(use.operation is ret or use.operation in tail for r in op.results for use in r.uses):
+            tail.add(op)
+    return tail
+
+
 def float_region(lw: Lowering) -> set[Operation]:
     """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and the ops after them that
     pass their values on element by element (PASS_ON); Adds and Subs of such inputs, alone; per-sample
-    vectors (vector_region).
+    vectors (vector_region); the ops after the last conv or matmul (output_tail).
 
     An INT8 op that passes values on would put the Concat's result back under one scale (a detection head's
     transposed output, a transformer's residual stream after Concat(class token, patches)); an op that mixes
@@ -476,4 +494,4 @@ def float_region(lw: Lowering) -> set[Operation]:
             forced.add(op)
         elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
             alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)
-    return forced | alone | vector_region(lw)
+    return forced | alone | vector_region(lw) | output_tail(lw)
