@@ -457,8 +457,8 @@ def output_tail(lw: Lowering) -> set[Operation]:
     """The ops after the last conv or matmul on every way to a graph output: a classifier's softmax, a detector's
     score sigmoid and box decoding. In INT8 each of them quantizes the output once more, at a scale a step of
     which is a pixel of a box (mini_yolo: anchors -+ distances, their sum and difference, half, times the
-    stride: five roundings after the last conv); they compute from the last conv's INT8 output in float instead,
-    element by element, a small share of the work."""
+    stride: five roundings after the last conv); they compute from the last conv's INT8 output in float instead.
+    None of them is a conv or a matmul: they are a small share of the work."""
     ret = mlir.return_op(lw.module)
     tail: set[Operation] = set()
     for op in reversed(lw.ops):
