@@ -2,7 +2,7 @@
 
 The model: a detector-like head whose output is Concat(box coordinates up to about 300, 18 sigmoid class
 scores) on axis 1. With its scores destroyed (the Concat quantized to one INT8 scale, the boxes', as the
-lowering did before its float fallback for such Concats) the whole output keeps a cosine above 0.99 and
+lowering did before its float rules for such Concats and for the ops after the last conv) the whole output keeps a cosine above 0.99 and
 verification must still fail, on the scores part.
 """
 
@@ -116,6 +116,14 @@ def lower_and_verify(detector, tag: str, outputs=None, **lowering):
     return None, json.loads(Path(out["v.json"]).read_text())["comparisons"][0]
 
 
+def _one_scale_for_the_concat(monkeypatch) -> None:
+    """The lowering before its float rules for such a Concat and for the ops after the last conv."""
+    from tpubuild.lower import int8
+
+    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    monkeypatch.setattr(int8, "output_tail", lambda lw: set())
+
+
 def test_concat_parts_found_through_an_elementwise_op(detector):
     from tpubuild.ir.mlir import load_module
 
@@ -141,9 +149,7 @@ def test_default_lowering_passes_part_by_part(detector):
 
 def test_destroyed_scores_fail_although_the_whole_output_is_similar(detector, monkeypatch):
     """One INT8 scale for the whole Concat (the boxes'): every score rounds to 0 or one step of 2.4."""
-    from tpubuild.lower import int8
-
-    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    _one_scale_for_the_concat(monkeypatch)
     err, comp = lower_and_verify(detector, "destroyed")
     (whole,) = [r for r in comp["tensors"] if r["output"]]
     assert whole["cos"] > 0.99 and whole["passed"], whole  # one cosine over the output would PASS
@@ -160,9 +166,7 @@ def test_destroyed_scores_fail_although_the_whole_output_is_similar(detector, mo
 
 
 def test_manifest_parts_win_over_the_concat(detector, monkeypatch):
-    from tpubuild.lower import int8
-
-    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    _one_scale_for_the_concat(monkeypatch)
     outputs = {"output0": {"parts": {"xy": {"axis": 1, "range": [0, 2]}, "cls": {"axis": -3, "range": [4, 22]}}}}
     err, comp = lower_and_verify(detector, "declared", outputs)
     assert [(r["part"], r["range"], r["declared"]) for r in comp["parts"]] == [
@@ -280,10 +284,9 @@ def test_summary_shows_what_decided(tmp_path):
 def test_report_page_shows_parts_and_what_decided(detector, monkeypatch):
     """report.html (here a failure page's levels): the failing part called out at the top, a parts table,
     the deciding cosine next to the intermediate minimum, and the test input's source."""
-    from tpubuild.lower import int8
     from tpubuild.verify import report
 
-    monkeypatch.setattr(int8, "CONCAT_RANGE_RATIO", math.inf)
+    _one_scale_for_the_concat(monkeypatch)
     _, comp = lower_and_verify(detector, "page")
     data = report.PageData("m", "bm1684x-INT8", False, report.levels_of([comp], {}), test_input="calibration sample s")
     page = report.render(data)
