@@ -2,8 +2,8 @@
 
 The model: a detector-like head whose output is Concat(box coordinates up to about 300, 18 sigmoid class
 scores) on axis 1. With its scores destroyed (the Concat quantized to one INT8 scale, the boxes', as the
-lowering did before its float rules for such Concats and for the ops after the last conv) the whole output keeps a cosine above 0.99 and
-verification must still fail, on the scores part.
+lowering did before its float rules for such Concats and for the ops after the last conv) the whole output
+keeps a cosine above 0.99 and verification must still fail, on the scores part.
 """
 
 from __future__ import annotations
