@@ -146,7 +146,7 @@ def test_a_pooled_vector_stays_float_where_one_int8_scale_cannot_hold_an_unseen_
 def test_a_box_decoding_after_the_last_conv_stays_float(make_model, tmp_path, monkeypatch):
     """YOLOv8's box decoding: grid anchors -+ the head's distances, their half sum and their difference, times
     the stride. In INT8 each op rounds the boxes again at its own scale; after the last conv they compute in
-    float, from the conv's INT8 outputs, and only those were rounded."""
+    float32 (the chip has it), from the conv's INT8 outputs, and only those were rounded."""
     rng = np.random.default_rng(13)
     nodes = [
         node("Conv", ["x", "wl"], "lt"),
@@ -189,8 +189,8 @@ def test_a_box_decoding_after_the_last_conv_stays_float(make_model, tmp_path, mo
         decoded = np.concatenate([(x1y1 + x2y2) * 0.5, x2y2 - x1y1], axis=1) * 16
         return float(np.max(np.abs(values["boxes"] - decoded)))
 
-    # only the convs' outputs were rounded: their decoding, to float16's rounding
-    assert decoding_error(got) <= 0.2
+    # only the convs' outputs were rounded: their decoding, in float32 (a float16 box near 128 is 1/16 a step)
+    assert decoding_error(got) <= 1e-4
     monkeypatch.setattr(int8_module, "output_tail", lambda lw: set())
     lost = int8_values()
     assert decoding_error(lost) > 1.0  # a rounding per op at the boxes' scale (about 1.3 a step)

@@ -472,7 +472,7 @@ def output_tail(lw: Lowering) -> set[Operation]:
 def float_region(lw: Lowering) -> set[Operation]:
     """Concats of inputs whose ranges differ by more than CONCAT_RANGE_RATIO, and the ops after them that
     pass their values on element by element (PASS_ON); Adds and Subs of such inputs, alone; per-sample
-    vectors (vector_region); the ops after the last conv or matmul (output_tail).
+    vectors (vector_region). (The ops after the last conv or matmul stay float too: output_tail.)
 
     An INT8 op that passes values on would put the Concat's result back under one scale (a detection head's
     transposed output, a transformer's residual stream after Concat(class token, patches)); an op that mixes
@@ -494,4 +494,4 @@ def float_region(lw: Lowering) -> set[Operation]:
             forced.add(op)
         elif isinstance(op, (top.AddOp, top.SubOp)) and lut_operand(lw, op) is None and _ranges_differ(lw, op):
             alone.add(op)  # (with a scalar constant it is a table, exact whatever the ranges)
-    return forced | alone | vector_region(lw) | output_tail(lw)
+    return forced | alone | vector_region(lw)

@@ -127,6 +127,10 @@ class Lowering:
         args = mlir.main_func(module).body.block.args
         self.block = Block(arg_types=[plain_type(a.type) for a in args])
         self.float_forced: set[Operation] = set()  # INT8: ops that must stay float (int8.float_region)
+        # INT8: the ops after the last conv or matmul (int8.output_tail), in F32 where the chip has it: they are
+        # a small share of the work and make the outputs (a box in pixels beyond 512 is a half-pixel step in F16)
+        self.tail: set[Operation] = set()
+        self.tail_mode = "F32" if "F32" in chip.modes else self.fallback
         self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
         self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
 
@@ -134,9 +138,10 @@ class Lowering:
 
     def run(self, weight_file: str) -> tuple[ModuleOp, WeightStore]:
         if self.mode == "INT8":
-            from tpubuild.lower.int8 import float_region, lut_chains
+            from tpubuild.lower.int8 import float_region, lut_chains, output_tail
 
-            self.float_forced = float_region(self)
+            self.tail = output_tail(self)
+            self.float_forced = float_region(self) | self.tail
             self.chains = lut_chains(self)
             self.absorbed = {op for chain in self.chains.values() for op in chain}
         arg_index: dict[SSAValue, int] = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
@@ -186,7 +191,7 @@ class Lowering:
             results = rule(self, op) if rule and op not in self.float_forced else None
             if results is not None:
                 return results
-            mode = self.fallback
+            mode = self.tail_mode if op in self.tail else self.fallback
         if type(op) not in FLOAT_RULES and type(op) not in tpu.MIRROR:
             raise TpuBuildError(f"{op.name} has no TPU lowering", hint="this op cannot be compiled for a TPU yet")
         return FLOAT_RULES.get(type(op), mirror)(self, op, mode)
