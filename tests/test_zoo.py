@@ -289,6 +289,8 @@ def test_int8_add_of_a_padding_mask_keeps_the_scores(make_model, tmp_path):
         helper.make_node("Unsqueeze", ["bias", "axis1"], ["bias3"]),
         helper.make_node("Add", ["scores", "bias3"], ["masked"]),
         helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        # the attention's product with the values: ops after the last matmul stay float anyway (output_tail)
+        helper.make_node("MatMul", ["probs", "x"], ["context"]),
     ]
     inits = {
         "wq": rng.standard_normal((dim, dim)).astype(np.float32) / 2,
@@ -297,9 +299,8 @@ def test_int8_add_of_a_padding_mask_keeps_the_scores(make_model, tmp_path):
         "big": np.float32(-10000),
         "axis1": np.array([1], np.int64),
     }
-    model = make_model(
-        nodes, {"x": np.zeros((1, seq, dim), np.float32), "mask": np.zeros((1, seq), np.float32)}, initializers=inits
-    )
+    inputs = {"x": np.zeros((1, seq, dim), np.float32), "mask": np.zeros((1, seq), np.float32)}
+    model = make_model(nodes, inputs, ["probs", "context"], initializers=inits)
     onnx.save(model, tmp_path / "m.onnx")
     module, weights = convert_onnx(tmp_path / "m.onnx", {"x": (1, seq, dim), "mask": (1, seq)}, "t", "w.npz")
     module, weights = canonicalize(module, weights, "c.npz")
