@@ -128,7 +128,7 @@ class Lowering:
         self.block = Block(arg_types=[plain_type(a.type) for a in args])
         self.float_forced: set[Operation] = set()  # INT8: ops that must stay float (int8.float_region)
         # INT8: the ops after the last conv or matmul (int8.output_tail), in F32 where the chip has it: they are
-        # a small share of the work and make the outputs (a box in pixels beyond 512 is a half-pixel step in F16)
+        # a small share of the work, and they make the outputs (F16 rounds a box beyond 512 px to half pixels)
         self.tail: set[Operation] = set()
         self.tail_mode = "F32" if "F32" in chip.modes else self.fallback
         self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
