@@ -618,16 +618,15 @@ _EXTREME = {"tosa.reduce_max": ("arith.maximumf", -math.inf), "tosa.reduce_min":
 
 
 def _reduce_axes(e: Emitter, name: str, v: Val, axes) -> Val:
+    keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
     if name in _EXTREME and v.is_float:  # a fold from the infinity (maximumf/minimumf propagate NaN, as numpy)
         fold, start = _EXTREME[name]
         el = element(v.dtype)
-        keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
         at = [f"d{v.rank + list(axes).index(d)}" if d in axes else f"d{d}" for d in range(v.rank)]
         init = e.const(np.full(keep, start, v.dtype))
         loops = [f"d{d}" for d in range(v.rank)]  # a reduced axis: a parallel loop of one
         return e.loops([(v, at)], init, loops, len(axes), lambda bd, x, acc: bd.f(fold, acc, x[0], el=el))
     # adjacent axes merged into one first: one reduction a run of them, where IREE would dispatch one an axis
-    keep = [1 if d in axes else n for d, n in enumerate(v.shape)]
     merged: list[int] = []
     runs: list[int] = []
     for d, n in enumerate(v.shape):

@@ -135,13 +135,23 @@ def _grouped_pointwise(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None
     else:
         filters = e.broadcast_to(e.reshape(w, [1, g, ocg, icg]), [n, g, ocg, icg])
     filters = e.reshape(filters, [n * g, ocg, icg])
-    zp = e.zero_point(x.dtype)
-    # 16-bit floats accumulate in float32, as the conv kernels do
-    acc = np.float32 if x.is_float and x.dtype.itemsize == 2 else x.dtype
-    y = e.op1("tosa.matmul", [filters, e.reshape(x, [n * g, icg, h * wd]), zp, zp], [n * g, ocg, h * wd], acc)
-    y = e.reshape(e.cast(y, x.dtype), out_shape)
+    y = e.reshape(_matmul3(e, filters, e.reshape(x, [n * g, icg, h * wd])), out_shape)
+    return _bias_relu(e, p, y, b)
+
+
+def _matmul3(e: Emitter, a: Val, b: Val) -> Val:
+    """tosa.matmul of [B, M, K] and [B, K, N], in a's type; 16-bit floats accumulate in float32 and round once
+    at the end, as numpy's (and ml_dtypes') matmul and the conv kernels do."""
+    zp = e.zero_point(a.dtype)
+    acc = np.float32 if a.is_float and a.dtype.itemsize == 2 else a.dtype
+    y = e.op1("tosa.matmul", [a, b, zp, zp], [a.shape[0], a.shape[1], b.shape[2]], acc)
+    return e.cast(y, a.dtype)
+
+
+def _bias_relu(e: Emitter, p, y: Val, b: Val | None) -> Val:
+    """An NCHW result plus the per-channel bias, then the fused ReLU."""
     if b is not None:
-        y = e.binary("tosa.add", y, e.reshape(b, [1, oc, 1, 1]))
+        y = e.binary("tosa.add", y, e.reshape(b, [1, y.shape[1], 1, 1]))
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return y
@@ -205,17 +215,8 @@ def _deconv_as_patches(e: Emitter, p: top.DeconvParams, x: Val, w: Val, b: Val |
     filters = (
         e.const(w.array.reshape(1, ic, oc * kh * kw)) if w.array is not None else e.reshape(w, [1, ic, oc * kh * kw])
     )
-    zp = e.zero_point(x.dtype)
-    # 16-bit floats accumulate in float32, as the conv kernels do
-    acc = np.float32 if x.is_float and x.dtype.itemsize == 2 else x.dtype
-    y = e.op1("tosa.matmul", [rows, filters, zp, zp], [1, n * h * wd, oc * kh * kw], acc)
-    y = e.reshape(e.cast(y, x.dtype), [n, h, wd, oc, kh, kw])
-    y = e.reshape(e.transpose(y, (0, 3, 1, 4, 2, 5)), out_shape)
-    if b is not None:
-        y = e.binary("tosa.add", y, e.reshape(b, [1, oc, 1, 1]))
-    if p.do_relu:
-        y = e.relu(y, p.relu_limit)
-    return y
+    y = e.reshape(_matmul3(e, rows, filters), [n, h, wd, oc, kh, kw])
+    return _bias_relu(e, p, e.reshape(e.transpose(y, (0, 3, 1, 4, 2, 5)), out_shape), b)
 
 
 @rule(top.DeconvOp)
@@ -298,11 +299,7 @@ def _(e: Emitter, op, p: top.ReluParams, args):
     else:
         a3 = e.reshape(e.broadcast_to(a2, [*batch, m, k]), [nb, m, k])
         b3 = e.reshape(e.broadcast_to(b2, [*batch, k, n]), [nb, k, n])
-    zp = e.zero_point(a.dtype)
-    # 16-bit floats accumulate in float32, rounded once at the end, as numpy's (and ml_dtypes') matmul
-    acc = np.float32 if a.is_float and a.dtype.itemsize == 2 else a.dtype
-    y = e.op1("tosa.matmul", [a3, b3, zp, zp], [a3.shape[0], a3.shape[1], n], acc)
-    y = e.reshape(e.cast(y, a.dtype), out_shape)
+    y = e.reshape(_matmul3(e, a3, b3), out_shape)
     if bias is not None:
         y = e.binary("tosa.add", y, bias)
     if p.do_relu:
