@@ -86,7 +86,7 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    if 1 < g < c and _pointwise(p, w):
+    if _pointwise(p, w) and (1 < g < c or (g == 1 and n == 1)):
         return _grouped_pointwise(e, p, x, w, b, out_shape)
     out_hw = list(out_shape[2:])
     bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
@@ -125,9 +125,13 @@ def _pointwise(p, w) -> bool:
 
 
 def _grouped_pointwise(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
-    """A grouped 1x1 conv (ShuffleNet's) as one batched tosa.matmul in NCHW: per image and group, the group's
-    [OC/g, IC/g] filter times its [IC/g, H*W] channels. A conv per group, sliced and concatenated, made
-    ShuffleNet's export 4x the ops and its iree-compile twice IREE's own ONNX path's."""
+    """A 1x1 conv (of one image, or grouped as ShuffleNet's) as one batched tosa.matmul in NCHW: per image and
+    group, the group's [OC/g, IC/g] filter times its [IC/g, H*W] channels. A conv per group, sliced and
+    concatenated, made ShuffleNet's export 4x the ops and its iree-compile twice IREE's own ONNX path's. Ungrouped,
+    the result stays NCHW, where a Concat of channels is a contiguous join that IREE writes in place; through
+    channels-last tosa.conv2d, ddddocr_det's CSP blocks compiled to 90 dispatches (transposes, strided copies) where
+    IREE's own ONNX path makes 72, and this form 80. (Several images would repeat the filter per image: those
+    take tosa.conv2d.)"""
     (n, c, h, wd), oc, g = x.shape, w.shape[0], p.group
     icg, ocg = c // g, oc // g
     if isinstance(w, np.ndarray):
