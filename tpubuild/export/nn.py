@@ -17,6 +17,7 @@ from tpubuild.export.elementwise import RNN_ACTIVATIONS, reduce_max, reduce_mean
 from tpubuild.export.tosa import Emitter, Val, element, rule, scalar_literal
 from tpubuild.export.tensor import strided_slice
 from tpubuild.ir import top
+from tpubuild.ir.types import shape_of
 from tpubuild.kernels import nn as pool_kernels
 from tpubuild.kernels.rnn import activation_specs
 
@@ -86,7 +87,7 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
-    if _pointwise(p, w) and (1 < g < c or (g == 1 and n == 1)):
+    if _pointwise(p, w) and (1 < g < c or (g == 1 and n == 1 and _no_depthwise(op))):
         return _grouped_pointwise(e, p, x, w, b, out_shape)
     out_hw = list(out_shape[2:])
     bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
@@ -120,6 +121,19 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
     return e.transpose(y, _NCHW)
 
 
+def _is_depthwise(op) -> bool:
+    if not isinstance(op, top.ConvOp):
+        return False
+    p = op.params
+    return p.group > 1 and p.group == shape_of(op.operands[0].type)[1]
+
+
+def _no_depthwise(op) -> bool:
+    """Whether the function holding the conv has no depthwise conv."""
+    block = op.parent_block()
+    return not any(_is_depthwise(other) for other in block.ops)
+
+
 def _pointwise(p, w) -> bool:
     return tuple(w.shape[2:]) == (1, 1) and set(p.strides) == {1} and not any(p.pads)
 
@@ -128,10 +142,11 @@ def _grouped_pointwise(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None
     """A 1x1 conv (of one image, or grouped as ShuffleNet's) as one batched tosa.matmul in NCHW: per image and
     group, the group's [OC/g, IC/g] filter times its [IC/g, H*W] channels. A conv per group, sliced and
     concatenated, made ShuffleNet's export 4x the ops and its iree-compile twice IREE's own ONNX path's. Ungrouped,
-    the result stays NCHW, where a Concat of channels is a contiguous join that IREE writes in place; through
-    channels-last tosa.conv2d, ddddocr_det's CSP blocks compiled to 90 dispatches (transposes, strided copies) where
-    IREE's own ONNX path makes 72, and this form 80. (Several images would repeat the filter per image: those
-    take tosa.conv2d.)"""
+    the result stays NCHW: taken when a Concat of channels reads it, which NCHW makes a contiguous join that IREE
+    writes in place. Through channels-last tosa.conv2d, ddddocr_det's CSP blocks compiled to 90 dispatches
+    (transposes, strided copies) where IREE's own ONNX path makes 72, and this form 80; every 1x1 conv so made
+    MobileNet's depthwise-pointwise pairs alternate layouts (retinaface_mnet: twice the transposes). Several
+    images would repeat the filter per image: those take tosa.conv2d."""
     (n, c, h, wd), oc, g = x.shape, w.shape[0], p.group
     icg, ocg = c // g, oc // g
     if isinstance(w, np.ndarray):
@@ -471,6 +486,12 @@ def _(e: Emitter, op, p: top.SoftmaxParams, args):
     axis = p.axis % x.rank
     if p.beta != 1.0:
         x = e.binary("tosa.mul", x, e.scalar(p.beta, x.dtype, x.rank))
+    if not p.log and x.dtype == np.float32:
+        # linalg's own op (TOSA has none), which IREE compiles to one dispatch where the formula below takes three
+        # (16-bit floats keep the formula: IREE links no fmaxf for its f16 softmax, and their sums accumulate in
+        # float32 as the kernel's)
+        init = e.op1("tensor.empty", [], x.shape, x.dtype)
+        return e.op1("linalg.softmax", [x, init], x.shape, x.dtype, f"dimension = {axis} : i64")
     m = reduce_max(e, x, [axis])
     ex = e.map([x, m], lambda bd, v: bd.f("math.exp", bd.f("arith.subf", *v, el=el), el=el))
     s = reduce_sum(e, ex, [axis])
