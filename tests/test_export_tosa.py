@@ -707,3 +707,43 @@ def test_upsampling_and_global_means_take_the_short_forms(tmp_path):
     assert text.count('"tosa.gather"') == 2 and text.count('"tosa.reduce_sum"') == 1
     for name in outs:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def _conv_join_model(depthwise: bool):
+    """Two 1x1 conv branches of one input joined by a channel Concat, then a float32 Softmax over the channels;
+    with ``depthwise``, a depthwise 3x3 conv reads the input first (a MobileNet block)."""
+    from onnx import helper
+
+    conftest = _conftest()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 4, 5, 6)).astype(np.float32)
+    inits = {n: rng.standard_normal(s).astype(np.float32) for n, s in [("wa", (3, 4, 1, 1)), ("wb", (2, 4, 1, 1))]}
+    nodes, src = [], "x"
+    if depthwise:
+        inits["wd"] = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["x", "wd"], ["dw"], group=4, pads=[1, 1, 1, 1]))
+        src = "dw"
+    nodes += [
+        helper.make_node("Conv", [src, "wa"], ["a"]),
+        helper.make_node("Conv", [src, "wb"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+        helper.make_node("Softmax", ["cat"], ["probs"], axis=1),
+    ]
+    return conftest.make_onnx(nodes, {"x": x}, ["cat", "probs"], initializers=inits, opset=17), x
+
+
+@needs_iree
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_pointwise_convs_and_softmax_take_the_forms_iree_compiles_best(tmp_path, depthwise):
+    """Against onnxruntime: a 1x1 conv is a tosa.matmul in NCHW (its channel Concat a contiguous join), unless the
+    model has depthwise convs, which are channels-last only (then tosa.conv2d beside them); a float32 Softmax is
+    one linalg.softmax."""
+    model, x = _conv_join_model(depthwise)
+    text, got, want = _iree_and_onnxruntime(tmp_path, model, {"x": x}, ["cat", "probs"])
+    if depthwise:
+        assert text.count('"tosa.conv2d"') == 2 and '"tosa.matmul"' not in text
+    else:
+        assert text.count('"tosa.matmul"') == 2 and '"tosa.conv2d"' not in text and '"tosa.transpose"' not in text
+    assert text.count('"linalg.softmax"') == 1
+    for name in ("cat", "probs"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -9,6 +9,7 @@ rows no window reads are sliced off.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import numpy as np
@@ -130,8 +131,12 @@ def _is_depthwise(op) -> bool:
 
 def _no_depthwise(op) -> bool:
     """Whether the function holding the conv has no depthwise conv."""
-    block = op.parent_block()
-    return not any(_is_depthwise(other) for other in block.ops)
+    return not _has_depthwise(op.parent_block())
+
+
+@functools.lru_cache(maxsize=2)  # asked by each 1x1 conv of the function being exported
+def _has_depthwise(block) -> bool:
+    return any(_is_depthwise(op) for op in block.ops)
 
 
 def _pointwise(p, w) -> bool:
@@ -142,11 +147,11 @@ def _grouped_pointwise(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None
     """A 1x1 conv (of one image, or grouped as ShuffleNet's) as one batched tosa.matmul in NCHW: per image and
     group, the group's [OC/g, IC/g] filter times its [IC/g, H*W] channels. A conv per group, sliced and
     concatenated, made ShuffleNet's export 4x the ops and its iree-compile twice IREE's own ONNX path's. Ungrouped,
-    the result stays NCHW: taken when a Concat of channels reads it, which NCHW makes a contiguous join that IREE
-    writes in place. Through channels-last tosa.conv2d, ddddocr_det's CSP blocks compiled to 90 dispatches
-    (transposes, strided copies) where IREE's own ONNX path makes 72, and this form 80; every 1x1 conv so made
-    MobileNet's depthwise-pointwise pairs alternate layouts (retinaface_mnet: twice the transposes). Several
-    images would repeat the filter per image: those take tosa.conv2d."""
+    the result stays NCHW, where a Concat of channels is a contiguous join that IREE writes in place, not a strided
+    copy per input: through channels-last tosa.conv2d, ddddocr_det's CSP blocks compiled to 90 dispatches where
+    IREE's own ONNX path makes 72, and in this form to 80. Not in a model with depthwise convs, which TOSA has
+    only channels-last: MobileNet's depthwise-pointwise pairs would alternate layouts (retinaface_mnet: twice the
+    transposes). Nor for several images, whose filter this form repeats per image."""
     (n, c, h, wd), oc, g = x.shape, w.shape[0], p.group
     icg, ocg = c // g, oc // g
     if isinstance(w, np.ndarray):

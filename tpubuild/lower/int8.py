@@ -458,13 +458,22 @@ def output_tail(lw: Lowering) -> set[Operation]:
     score sigmoid and box decoding. In INT8 each of them quantizes the output once more, at a scale a step of
     which is a pixel of a box (mini_yolo: anchors -+ distances, their sum and difference, half, times the
     stride: five roundings after the last conv); they compute from the last conv's INT8 output in float instead.
-    None of them is a conv or a matmul: they are a small share of the work."""
+    None of them is a conv or a matmul: they are a small share of the work. So is a per-sample vector (float
+    anyway: vector_region) that only such ops read, a classifier's pooled features and fully connected head
+    included, whose logits would otherwise be F16 ahead of an F32 softmax; the feature map before the pool stays
+    INT8."""
     ret = mlir.return_op(lw.module)
-    tail: set[Operation] = set()
+    vectors = vector_region(lw)
+    after: set[Operation] = set()  # after the last conv or matmul
+    tail: set[Operation] = set()  # and the vectors only they read
     for op in reversed(lw.ops):
-        if isinstance(op, (*NOT_COMPUTED, *MIXING)) or not op.results:
+        if isinstance(op, NOT_COMPUTED) or not op.results:
             continue
-        if all(use.operation is ret or use.operation in tail for r in op.results for use in r.uses):
+        uses = [use.operation for r in op.results for use in r.uses]
+        if not isinstance(op, MIXING) and all(u is ret or u in after for u in uses):
+            after.add(op)
+            tail.add(op)
+        elif op in vectors and all(u is ret or u in tail for u in uses):
             tail.add(op)
     return tail
 
