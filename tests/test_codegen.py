@@ -125,8 +125,9 @@ def test_cnn_on_the_chip_matches_tpu_inference(make_model, tmp_path, mode, chip)
 @pytest.mark.parametrize("mode", ["INT8", "F32"])
 def test_an_output_descriptor_names_the_onnx_output(make_model, tmp_path, monkeypatch, mode):
     """Lowering returns an output it computed in another type cast back to f32 (``<name>_f32``): the .model's
-    output descriptor keeps the ONNX name as ``source``; an F32 output keeps its name and needs none. (The INT8
-    model's head would be F32 as the ops after its last conv: int8.output_tail is off, and it is F16.)"""
+    output descriptor keeps the ONNX name as ``source``; an F32 output keeps its name and needs none. (With
+    int8.output_tail the INT8 model's head computes in F32 like an F32 output; switched off here, the head is F16
+    and its output a cast.)"""
     from tpubuild.lower import int8
 
     monkeypatch.setattr(int8, "output_tail", lambda lw: set())
