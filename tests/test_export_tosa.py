@@ -611,7 +611,8 @@ def test_einsum_ellipsis_diagonal_and_implicit_output(tmp_path):
 
 @needs_iree
 def test_conv3d_and_its_transpose(tmp_path):
-    """3-D Conv (pads, strides, dilations, bias, a computed filter) and ConvTranspose through tosa.conv3d."""
+    """3-D Conv (pads, strides, dilations, bias, a computed filter, two groups) and ConvTranspose through
+    tosa.conv3d."""
     from onnx import helper
 
     conftest = _conftest()
@@ -620,16 +621,20 @@ def test_conv3d_and_its_transpose(tmp_path):
     w = rng.standard_normal((3, 2, 2, 3, 2)).astype(np.float32)
     wt = rng.standard_normal((2, 3, 3, 2, 2)).astype(np.float32)
     bias = rng.standard_normal(3).astype(np.float32)
+    wg = rng.standard_normal((4, 1, 2, 2, 3)).astype(np.float32)
+    bg = rng.standard_normal(4).astype(np.float32)
     nodes = [
         helper.make_node(
             "Conv", ["x", "w", "bias"], ["conv"], pads=[1, 0, 1, 0, 1, 1], strides=[2, 1, 2], dilations=[1, 2, 1]
         ),
         helper.make_node("Conv", ["x", "w_in"], ["computed"]),
+        helper.make_node("Conv", ["x", "wg", "bg"], ["grouped"], group=2, pads=[0, 1, 1, 0, 1, 1]),
         helper.make_node("ConvTranspose", ["x", "wt"], ["deconv"], strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1]),
     ]
-    outs = ["conv", "computed", "deconv"]
+    outs = ["conv", "computed", "grouped", "deconv"]
     inputs = {"x": x, "w_in": w}
-    model = conftest.make_onnx(nodes, inputs, outs, initializers={"w": w, "wt": wt, "bias": bias}, opset=18)
+    initializers = {"w": w, "wt": wt, "bias": bias, "wg": wg, "bg": bg}
+    model = conftest.make_onnx(nodes, inputs, outs, initializers=initializers, opset=18)
     top, got = _top_and_iree(tmp_path, model, inputs)
     for name in outs:
         np.testing.assert_allclose(got[name], top[name], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -66,7 +66,7 @@ def _conv2d_nhwc(e: Emitter, x: Val, w, bias: Val, p, out_hw, depthwise: bool, m
 
 
 def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
-    """A TOP Conv (1-D or 2-D, any group; 3-D ungrouped) through TOSA's channels-last convs."""
+    """A TOP Conv (1-D, 2-D or 3-D, any group) through TOSA's channels-last convs."""
     nd = len(p.kernel_shape)
     if nd == 1:  # as a 2-D conv of height 1
         p2 = top.ConvParams(
@@ -82,44 +82,48 @@ def conv_nchw(e: Emitter, op, p, x: Val, w: np.ndarray | Val, b: Val | None, out
         w2 = _reshaped(e, w, (w.shape[0], w.shape[1], 1, w.shape[2]))
         y = conv_nchw(e, op, p2, x2, w2, b, [*out_shape[:2], 1, out_shape[2]])
         return e.reshape(y, out_shape)
-    if nd == 3 and p.group == 1:
-        return _conv3d(e, p, x, w, b, out_shape)
+    if nd == 3:
+        return _per_group(e, x, w, b, p.group, 1, lambda xi, wi, bi: _conv3d(e, p, xi, wi, bi, out_shape))
     if nd != 2:
-        raise NotImplementedError(f"{nd}-D convolution" + (f" of {p.group} groups" if nd == 3 else ""))
+        raise NotImplementedError(f"{nd}-D convolution")
     n, c = x.shape[:2]
     oc, g = w.shape[0], p.group
     if _pointwise(p, w) and (1 < g < c or (g == 1 and n == 1 and _no_depthwise(op))):
         return _grouped_pointwise(e, p, x, w, b, out_shape)
     out_hw = list(out_shape[2:])
-    bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
     xh = e.transpose(x, _NHWC)
-    if g == 1:
-        y = _conv2d_nhwc(e, xh, w, bias, p, out_hw, False)
-    elif g == c:
+    if 1 < g == c:
+        bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
         y = _conv2d_nhwc(e, xh, w, bias, p, out_hw, True, oc // c)
     else:
-        # grouped: one conv per group on its channels, concatenated
-        icg, ocg = c // g, oc // g
-        parts = []
-        bias_all = b.array if b is not None and b.array is not None else None
-        for i in range(g):
-            xi = e.slice(xh, [0, 0, 0, i * icg], [n, xh.shape[1], xh.shape[2], icg])
-            if b is None:
-                bi = e.const(np.zeros(ocg, x.dtype))
-            elif bias_all is not None:
-                bi = e.const(bias_all[i * ocg : (i + 1) * ocg])
-            else:
-                bi = e.slice(b, [i * ocg], [ocg])
-            wi = (
-                w[i * ocg : (i + 1) * ocg]
-                if isinstance(w, np.ndarray)
-                else e.slice(w, [i * ocg, 0, 0, 0], [ocg, *w.shape[1:]])
-            )
-            parts.append(_conv2d_nhwc(e, xi, wi, bi, p, out_hw, False))
-        y = e.concat(parts, 3)
+        y = _per_group(e, xh, w, b, g, 3, lambda xi, wi, bi: _conv2d_nhwc(e, xi, wi, bi, p, out_hw, False))
     if p.do_relu:
         y = e.relu(y, p.relu_limit)
     return e.transpose(y, _NCHW)
+
+
+def _per_group(e: Emitter, x: Val, w: np.ndarray | Val, b: Val | None, g: int, axis: int, conv) -> Val:
+    """A grouped conv as ``conv(x, w, bias)`` once per group on its channels (``axis`` of x), concatenated there."""
+    if g == 1:
+        return conv(x, w, b if b is not None else e.const(np.zeros(w.shape[0], x.dtype)))
+    icg, ocg = x.shape[axis] // g, w.shape[0] // g
+    bias_all = b.array if b is not None and b.array is not None else None
+    parts = []
+    for i in range(g):
+        start, size = [0] * x.rank, list(x.shape)
+        start[axis], size[axis] = i * icg, icg
+        if b is None:
+            bi = e.const(np.zeros(ocg, x.dtype))
+        elif bias_all is not None:
+            bi = e.const(bias_all[i * ocg : (i + 1) * ocg])
+        else:
+            bi = e.slice(b, [i * ocg], [ocg])
+        if isinstance(w, np.ndarray):
+            wi = w[i * ocg : (i + 1) * ocg]
+        else:
+            wi = e.slice(w, [i * ocg] + [0] * (w.rank - 1), [ocg, *w.shape[1:]])
+        parts.append(conv(e.slice(x, start, size), wi, bi))
+    return e.concat(parts, axis)
 
 
 def _is_depthwise(op) -> bool:
@@ -181,7 +185,7 @@ def _bias_relu(e: Emitter, p, y: Val, b: Val | None) -> Val:
     return y
 
 
-def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape) -> Val:
+def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, bias: Val, out_shape) -> Val:
     """tosa.conv3d on NDHWC, its filter [OC, KD, KH, KW, IC]."""
     oc = w.shape[0]
     xh = e.transpose(x, (0, 2, 3, 4, 1))
@@ -192,7 +196,6 @@ def _conv3d(e: Emitter, p, x: Val, w: np.ndarray | Val, b: Val | None, out_shape
         wv = e.const(np.ascontiguousarray(w.transpose(0, 2, 3, 4, 1)))
     else:
         wv = e.transpose(w, (0, 2, 3, 4, 1))
-    bias = b if b is not None else e.const(np.zeros(oc, x.dtype))
     zp = e.zero_point(x.dtype)
     pad = [v for pair in zip(p.pads[:3], ends, strict=True) for v in pair]
     props = (
