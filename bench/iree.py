@@ -17,7 +17,9 @@ canonical.mlir and TOP outputs:
 Tools run as subprocesses (their start-up included on both sides); wall seconds, and in brackets the CPU seconds
 the tool used (user + system), which a busy machine does not inflate. With --repeat K each export, import and
 compile runs K times and its fastest run counts (the least wall and the least CPU seconds): on this machine one
-compile of the same file varies by about 5% in CPU seconds, and the noise only ever adds. Prints one row per
+compile of the same file varies by about 5% in CPU seconds, and the noise only ever adds. The two paths take
+turns (ours, IREE's, ours, ...): the machine's speed drifts over minutes, by 10% and more, and would otherwise
+favour whichever path ran in a faster spell. Prints one row per
 model, then the totals.
 """
 
@@ -47,12 +49,6 @@ GOAL_COS = 0.99999
 # it, BatchNormalization and MaxPool of opsets before 17 fail to import
 IMPORT_OPSET = 17
 TPUBUILD = str(Path(sys.executable).parent / "tpubuild")
-
-
-def timed(cmd: list[str], repeat: int = 1) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds of the child, stderr tail), the least of ``repeat`` runs; raises on failure."""
-    runs = [_timed_once(cmd) for _ in range(repeat)]
-    return min(r[0] for r in runs), min(r[1] for r in runs), runs[-1][2]
 
 
 def _timed_once(cmd: list[str]) -> tuple[float, float, str]:
@@ -123,35 +119,48 @@ def bench_model(manifest: Path, build_dir: Path, runs: int, onnx_path: bool, wor
     p = ModelPaths.of(build_dir, m.name)
     tosa, vmfb = work / f"{m.name}.tosa.mlir", work / f"{m.name}.vmfb"
     compile_cmd = [iree_tool("iree-compile"), *COMPILE_FLAGS]
-    row["export"] = timed([TPUBUILD, "export", "--tosa", str(p.canonical_mlir), "-o", str(tosa)], repeat)[:2]
-    row["compile"] = timed([*compile_cmd, str(tosa), "-o", str(vmfb)], repeat)[:2]
-    tosa.unlink()
-    module = Vmfb(str(vmfb))
     inputs = read_npz(p.input_npz)
-    outs = module.run(inputs)
-    ref = read_npz(p.top_outs)
-    names = output_names(load_module(p.canonical_mlir))
-    row["cos"] = min(cosine(outs[n], ref[n]) for n in names)
-    row["vmfb_ms"] = median_ms(lambda: module.run(inputs), runs)
     source = source_file(m, p)
-    row["ort_ms"] = onnxruntime_ms(source, inputs, runs)
-    module = None  # its buffers freed before the next model
-    vmfb.unlink()
+    steps = {
+        "export": [TPUBUILD, "export", "--tosa", str(p.canonical_mlir), "-o", str(tosa)],
+        "compile": [*compile_cmd, str(tosa), "-o", str(vmfb)],
+    }
+    theirs: dict[str, list[str]] = {}
     if onnx_path:
-        imported, theirs = work / f"{m.name}.onnx.mlir", work / f"{m.name}.onnx.vmfb"
+        imported, built = work / f"{m.name}.onnx.mlir", work / f"{m.name}.onnx.vmfb"
         static = static_copy(source, inputs, work / f"{m.name}.static.onnx")
         row["static"] = static != source
         importer = [str(Path(sys.executable).parent / "iree-import-onnx"), str(static), "-o", str(imported)]
         if onnx_opset(source) < IMPORT_OPSET:
             importer += ["--opset-version", str(IMPORT_OPSET)]
             row["upgraded"] = True
+        theirs = {"import": importer, "onnx_compile": [*compile_cmd, str(imported), "-o", str(built)]}
+    # the two paths take turns, so that a machine whose speed drifts over minutes slows both alike
+    timings: dict[str, list[tuple[float, float]]] = {key: [] for key in [*steps, *theirs]}
+    for _ in range(repeat):
+        for key, cmd in steps.items():
+            timings[key].append(_timed_once(cmd)[:2])
         try:
-            row["import"] = timed(importer, repeat)[:2]
-            row["onnx_compile"] = timed([*compile_cmd, str(imported), "-o", str(theirs)], repeat)[:2]
+            for key, cmd in theirs.items():
+                timings[key].append(_timed_once(cmd)[:2])
         except RuntimeError as err:
             row["onnx_error"] = str(err)
-        for f in (imported, theirs, work / f"{m.name}.static.onnx"):
-            f.unlink(missing_ok=True)
+            theirs = {}
+    for key, times in timings.items():
+        if times and (key in steps or key in theirs):
+            row[key] = (min(t[0] for t in times), min(t[1] for t in times))
+    for f in work.glob(f"{m.name}.*onnx*"):
+        f.unlink()
+    tosa.unlink()
+    module = Vmfb(str(vmfb))
+    outs = module.run(inputs)
+    ref = read_npz(p.top_outs)
+    names = output_names(load_module(p.canonical_mlir))
+    row["cos"] = min(cosine(outs[n], ref[n]) for n in names)
+    row["vmfb_ms"] = median_ms(lambda: module.run(inputs), runs)
+    row["ort_ms"] = onnxruntime_ms(source, inputs, runs)
+    module = None  # its buffers freed before the next model
+    vmfb.unlink()
     return row
 
 
