@@ -19,8 +19,7 @@ the tool used (user + system), which a busy machine does not inflate. With --rep
 compile runs K times and its fastest run counts (the least wall and the least CPU seconds): on this machine one
 compile of the same file varies by about 5% in CPU seconds, and the noise only ever adds. The two paths take
 turns (ours, IREE's, ours, ...): the machine's speed drifts over minutes, by 10% and more, and would otherwise
-favour whichever path ran in a faster spell. Prints one row per
-model, then the totals.
+favour whichever path ran in a faster spell. Prints one row per model, then the totals.
 """
 
 from __future__ import annotations
