@@ -128,6 +128,17 @@ def test_a_wrecked_tensor_is_found_and_kept_in_float(net):
     assert net.score(cali, table, held_out) >= 0.99  # it holds on inputs the search never saw
 
 
+def test_the_default_target_leaves_a_margin_for_inputs_the_search_never_saw(net):
+    cali = net.wreck("r2", 3.0)
+    held_out = net.samples[6:]
+    at_the_line = run_search(net, cali, target_cos=0.99)
+    assert at_the_line.reached and at_the_line.table == {}  # INT8 alone holds 0.99 on the samples scored
+    assert net.score(cali, None, held_out) < 0.99  # and misses it on inputs the search never saw
+    result = run_search(net, cali)  # the default target
+    assert result.target > 0.99 and [u.tensor for u in result.chosen] == ["r2"]
+    assert net.score(cali, result.table, held_out) >= 0.99
+
+
 def test_nothing_is_pinned_when_int8_already_meets_the_target(net):
     result = run_search(net, net.cali, target_cos=0.99)
     assert result.int8_score >= 0.99 and result.reached

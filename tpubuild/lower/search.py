@@ -85,7 +85,10 @@ from tpubuild.verify.similarity import cosine
 class SearchConfig:
     """The manifest's ``mixed_precision`` options."""
 
-    target_cos: float = 0.99
+    # a margin over the 0.99 an INT8 model should hold on inputs the search never scores: a table that just
+    # reached 0.99 on the calibration pool left held-out inputs at 0.976 (ppocrv6_det), 0.982
+    # (mini_mobilenet) and 0.984 (retinaface_mnet); one searched to 0.995 at 0.987, 0.990 and 0.993
+    target_cos: float = 0.995
     samples: int = 4  # calibration samples scored: those of the pool where INT8 alone is worst
     pool: int = 32  # the first calibration samples they are chosen from
     chunks: int = 8  # contiguous groups of tensors tried first
