@@ -492,3 +492,31 @@ def test_kept_outputs_stay_within_their_budget(monkeypatch):
     kept = [inference.kept_outputs(b"m", inputs) for inputs, _ in runs]
     assert kept[:2] == [None, None] and [k[0][0] for k in kept[2:]] == [2, 3, 4]  # the newest, 400 bytes each
     assert inference.kept_outputs(b"other", runs[4][0]) is None
+
+
+class _Counted:
+    """An evaluator stand-in: a table reaches the target when it holds every one of ``needed``; each score is a
+    lowering."""
+
+    processes, lowerings = 1, 0
+
+    def __init__(self, needed: set[str]):
+        self.needed = needed
+
+    def score(self, table, order=None, stop_below=None, counted=True) -> dict[int, float]:
+        self.lowerings += counted
+        return {0: 1.0 if self.needed <= set(table) else 0.5}
+
+
+def test_pruning_leaves_a_sixth_of_the_budget_for_the_pool():
+    """Pruning 12 tensors one by one would take 12 lowerings; with 12 in all it stops at 10, so that search()
+    still scores the table on the whole pool (and extends it where it misses) instead of returning one it never
+    checked there."""
+    units = [search_module.Unit(f"t{i}", (f"t{i}",)) for i in range(12)]
+    ev = _Counted({"t3", "t7"})
+    finder = search_module._Search(ev, units, {}, "F16", SearchConfig(max_lowerings=12), lambda text: None)
+    every = frozenset(range(12))
+    finder.per_sample[every], finder.scores[every] = {0: 1.0}, 1.0
+    chosen = finder._prune(every, [frozenset({i}) for i in range(12)])
+    assert ev.lowerings == 10 and finder.budget_left()
+    assert {3, 7} <= chosen and len(chosen) == 4  # t0 .. t9 tried: t3 and t7 stay, t10 and t11 untried

@@ -34,7 +34,10 @@ test sentence), and an input that wrecks INT8 most shows the tensors that matter
    that matter (mini_mobilenet: 8 of its 32 below 0.99 with the table of its 4).
 
 Every score is a real lowering and TPU inference; ``max_lowerings`` bounds the
-cost, and a target not reached is reported in the table's header. The user's
+cost, and a target not reached is reported in the table's header. Pruning stops
+a sixth of the budget short, so that step 4 still scores the table on the pool:
+a table pruned to the last lowering and never scored there left held-out inputs
+further from float than one with a few more tensors in float that was. The user's
 quantize table is the starting point: its entries stay as written and an op it
 names is never re-pinned.
 
@@ -593,8 +596,9 @@ class _Search:
         self.per_sample[chosen], self.scores[chosen] = found, min(found.values())
         return True
 
-    def budget_left(self) -> bool:
-        return self.ev.lowerings < self.config.max_lowerings
+    def budget_left(self, keep: int = 0) -> bool:
+        """Whether a lowering is left, ``keep`` aside."""
+        return self.ev.lowerings < self.config.max_lowerings - keep
 
     def run(self, int8: Mapping[int, float]) -> frozenset[int]:
         """The table: chunks alone in float, then _greedy from none (``int8``: each sample's score then)."""
@@ -663,7 +667,9 @@ class _Search:
 
     def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
         """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
-        while queue and self.budget_left():
+        # a sixth of the budget stays for scoring the table on the whole pool (search()): a table never
+        # scored there is a worse result than one with a few more tensors in float
+        while queue and self.budget_left(keep=self.config.max_lowerings // 6):
             seg = queue.pop(0) & chosen
             if not seg:
                 continue
