@@ -494,29 +494,47 @@ def test_kept_outputs_stay_within_their_budget(monkeypatch):
     assert inference.kept_outputs(b"other", runs[4][0]) is None
 
 
+
 class _Counted:
-    """An evaluator stand-in: a table reaches the target when it holds every one of ``needed``; each score is a
-    lowering."""
+    """An evaluator stand-in (search() builds it as Evaluator): sample i reaches the target when the table holds
+    every tensor of ``NEEDED[i]``; every table scored is a lowering."""
 
-    processes, lowerings = 1, 0
+    NEEDED = [{"t3", "t7"}, {"t3", "t7", "t11"}]
+    processes = 1
 
-    def __init__(self, needed: set[str]):
-        self.needed = needed
+    def __init__(self, module, weights, *, samples, **_):
+        self.lowerings, self.active, self.lowered = 0, list(range(len(samples))), {}
+
+    def _score(self, table, i: int) -> float:
+        return 1.0 if self.NEEDED[i] <= set(table) else 0.5
+
+    def lower(self, table, counted=True):
+        self.lowerings += counted
+        self.lowered = dict(table)
+        return None, None, None
+
+    def pool_scores(self, tpu_module, tpu_weights) -> list[float]:
+        return [self._score(self.lowered, i) for i in range(len(self.NEEDED))]
+
+    def keep(self, indices) -> None:
+        self.active = list(indices)
 
     def score(self, table, order=None, stop_below=None, counted=True) -> dict[int, float]:
         self.lowerings += counted
-        return {0: 1.0 if self.needed <= set(table) else 0.5}
+        return {i: self._score(table, i) for i in (self.active if order is None else order)}
+
+    def score_tables(self, tables) -> list[dict[int, float]]:
+        return [self.score(t) for t in tables]
 
 
-def test_pruning_leaves_a_sixth_of_the_budget_for_the_pool():
-    """Pruning 12 tensors one by one would take 12 lowerings; with 12 in all it stops at 10, so that search()
-    still scores the table on the whole pool (and extends it where it misses) instead of returning one it never
-    checked there."""
+def test_the_first_pruning_leaves_budget_to_score_the_table_on_the_pool(monkeypatch):
+    """12 tensors in one chunk; sample 0 needs t3 and t7 in float, sample 1 t11 as well. Searched on sample 0,
+    pruning by halves would spend all 13 lowerings and return t3 and t7, never scored on sample 1; stopping 2
+    short, it leaves the pool check, which finds sample 1 missing, and the extension that covers it."""
     units = [search_module.Unit(f"t{i}", (f"t{i}",)) for i in range(12)]
-    ev = _Counted({"t3", "t7"})
-    finder = search_module._Search(ev, units, {}, "F16", SearchConfig(max_lowerings=12), lambda text: None)
-    every = frozenset(range(12))
-    finder.per_sample[every], finder.scores[every] = {0: 1.0}, 1.0
-    chosen = finder._prune(every, [frozenset({i}) for i in range(12)])
-    assert ev.lowerings == 10 and finder.budget_left()
-    assert {3, 7} <= chosen and len(chosen) == 4  # t0 .. t9 tried: t3 and t7 stay, t10 and t11 untried
+    monkeypatch.setattr(search_module, "Evaluator", _Counted)
+    monkeypatch.setattr(search_module, "units_of", lambda lw, user: units)
+    config = SearchConfig(samples=1, chunks=1, max_lowerings=13, target_cos=0.99)
+    result = search(None, None, chip=BM1684X, cali={}, asymmetric=False, samples=[{}, {}], config=config)
+    assert result.lowerings == 13 and result.scored == (0, 1)
+    assert _Counted.NEEDED[1] <= set(result.table)  # it holds on the whole pool

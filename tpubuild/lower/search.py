@@ -34,10 +34,11 @@ test sentence), and an input that wrecks INT8 most shows the tensors that matter
    that matter (mini_mobilenet: 8 of its 32 below 0.99 with the table of its 4).
 
 Every score is a real lowering and TPU inference; ``max_lowerings`` bounds the
-cost, and a target not reached is reported in the table's header. Pruning stops
-a sixth of the budget short, so that step 4 still scores the table on the pool:
-a table pruned to the last lowering and never scored there left held-out inputs
-further from float than one with a few more tensors in float that was. The user's
+cost, and a target not reached is reported in the table's header. The first
+pruning stops a sixth of the budget short, so that step 4 still scores the table
+on the pool: a table pruned to the last lowering and never scored there left
+held-out inputs further from float than one with a few more tensors in float
+that was. (Later prunings spend what is left: the extension adds whole chunks.) The user's
 quantize table is the starting point: its entries stay as written and an op it
 names is never re-pinned.
 
@@ -400,7 +401,9 @@ def search(
         say(f"scoring samples {', '.join(map(str, ev.active))} of {pool} (INT8 alone furthest from float)")
     say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {target})")
     units = units_of(lw, user)
-    first = finder = _Search(ev, units, user, mode, config, say)
+    # the first table's pruning leaves a sixth of the budget for scoring it on the pool: a table never scored
+    # there is a worse result than one with a few more tensors in float
+    first = finder = _Search(ev, units, user, mode, config, say, keep=config.max_lowerings // 6)
     chosen = finder.run({i: int8[i] for i in ev.active}) if int8_score < target else frozenset()
     pool_score = min(int8) if not chosen else None
     # a table found on a few samples can miss the target on others of the pool by far (the error moves to
@@ -531,8 +534,9 @@ def _work_ahead(ev: Evaluator, conn) -> None:
 class _Search:
     """Greedy over contiguous chunks of the quantized tensors, then pruning by halves (delta debugging)."""
 
-    def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say):
+    def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say, keep: int = 0):
         self.ev, self.units, self.user, self.mode, self.config, self.say = ev, units, user, mode, config, say
+        self.keep = keep  # lowerings pruning leaves unspent
         self.scores: dict[frozenset[int], float] = {}
         self.per_sample: dict[frozenset[int], dict[int, float]] = {}  # of the tables in ``scores``
         self.failed: set[frozenset[int]] = set()  # tables known below the target, not scored on every sample
@@ -667,9 +671,7 @@ class _Search:
 
     def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
         """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
-        # a sixth of the budget stays for scoring the table on the whole pool (search()): a table never
-        # scored there is a worse result than one with a few more tensors in float
-        while queue and self.budget_left(keep=self.config.max_lowerings // 6):
+        while queue and self.budget_left(keep=self.keep):
             seg = queue.pop(0) & chosen
             if not seg:
                 continue
