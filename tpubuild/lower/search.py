@@ -38,9 +38,9 @@ cost, and a target not reached is reported in the table's header. The first
 pruning stops a sixth of the budget short, so that step 4 still scores the table
 on the pool: a table pruned to the last lowering and never scored there left
 held-out inputs further from float than one with a few more tensors in float
-that was. (Later prunings spend what is left: the extension adds whole chunks.) The user's
-quantize table is the starting point: its entries stay as written and an op it
-names is never re-pinned.
+that was. (Later prunings spend what is left, or the extension's whole chunks
+would stay.) The user's quantize table is the starting point: its entries stay
+as written and an op it names is never re-pinned.
 
 With ``processes=2``, a forked process scores half of the samples of the pool
 (INT8 inference of each, and TOP's unless calibration left it; a quarter of the
@@ -89,9 +89,9 @@ from tpubuild.verify.similarity import cosine
 class SearchConfig:
     """The manifest's ``mixed_precision`` options."""
 
-    # a margin over the 0.99 an INT8 model should hold on inputs the search never scores: a table that just
+    # a margin over the 0.99 an INT8 model should hold on inputs the search never scores: tables that just
     # reached 0.99 on the calibration pool left held-out inputs at 0.976 (ppocrv6_det), 0.982
-    # (mini_mobilenet) and 0.984 (retinaface_mnet); one searched to 0.995 at 0.987, 0.990 and 0.993
+    # (mini_mobilenet) and 0.984 (retinaface_mnet)
     target_cos: float = 0.995
     samples: int = 4  # calibration samples scored: those of the pool where INT8 alone is worst
     pool: int = 32  # the first calibration samples they are chosen from
