@@ -34,13 +34,9 @@ test sentence), and an input that wrecks INT8 most shows the tensors that matter
    that matter (mini_mobilenet: 8 of its 32 below 0.99 with the table of its 4).
 
 Every score is a real lowering and TPU inference; ``max_lowerings`` bounds the
-cost, and a target not reached is reported in the table's header. The first
-pruning stops a sixth of the budget short, so that step 4 still scores the table
-on the pool: a table pruned to the last lowering and never scored there left
-held-out inputs further from float than one with a few more tensors in float
-that was. (Later prunings spend what is left, or the extension's whole chunks
-would stay.) The user's quantize table is the starting point: its entries stay
-as written and an op it names is never re-pinned.
+cost, and a target not reached is reported in the table's header. The user's
+quantize table is the starting point: its entries stay as written and an op it
+names is never re-pinned.
 
 With ``processes=2``, a forked process scores half of the samples of the pool
 (INT8 inference of each, and TOP's unless calibration left it; a quarter of the
@@ -89,9 +85,9 @@ from tpubuild.verify.similarity import cosine
 class SearchConfig:
     """The manifest's ``mixed_precision`` options."""
 
-    # a margin over the 0.99 an INT8 model should hold on inputs the search never scores: tables that just
+    # a margin over the 0.99 an INT8 model should hold on inputs the search never scores: a table that just
     # reached 0.99 on the calibration pool left held-out inputs at 0.976 (ppocrv6_det), 0.982
-    # (mini_mobilenet) and 0.984 (retinaface_mnet)
+    # (mini_mobilenet) and 0.984 (retinaface_mnet); one searched to 0.995 at 0.987, 0.990 and 0.993
     target_cos: float = 0.995
     samples: int = 4  # calibration samples scored: those of the pool where INT8 alone is worst
     pool: int = 32  # the first calibration samples they are chosen from
@@ -401,9 +397,7 @@ def search(
         say(f"scoring samples {', '.join(map(str, ev.active))} of {pool} (INT8 alone furthest from float)")
     say(f"INT8{' with the user table' if user else ''}: cos {int8_score:.6f} (target {target})")
     units = units_of(lw, user)
-    # the first table's pruning leaves a sixth of the budget for scoring it on the pool: a table never scored
-    # there is a worse result than one with a few more tensors in float
-    first = finder = _Search(ev, units, user, mode, config, say, keep=config.max_lowerings // 6)
+    first = finder = _Search(ev, units, user, mode, config, say)
     chosen = finder.run({i: int8[i] for i in ev.active}) if int8_score < target else frozenset()
     pool_score = min(int8) if not chosen else None
     # a table found on a few samples can miss the target on others of the pool by far (the error moves to
@@ -534,9 +528,8 @@ def _work_ahead(ev: Evaluator, conn) -> None:
 class _Search:
     """Greedy over contiguous chunks of the quantized tensors, then pruning by halves (delta debugging)."""
 
-    def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say, keep: int = 0):
+    def __init__(self, ev: Evaluator, units: list[Unit], user, mode: str, config: SearchConfig, say):
         self.ev, self.units, self.user, self.mode, self.config, self.say = ev, units, user, mode, config, say
-        self.keep = keep  # lowerings pruning leaves unspent
         self.scores: dict[frozenset[int], float] = {}
         self.per_sample: dict[frozenset[int], dict[int, float]] = {}  # of the tables in ``scores``
         self.failed: set[frozenset[int]] = set()  # tables known below the target, not scored on every sample
@@ -600,9 +593,8 @@ class _Search:
         self.per_sample[chosen], self.scores[chosen] = found, min(found.values())
         return True
 
-    def budget_left(self, keep: int = 0) -> bool:
-        """Whether a lowering is left, ``keep`` aside."""
-        return self.ev.lowerings < self.config.max_lowerings - keep
+    def budget_left(self) -> bool:
+        return self.ev.lowerings < self.config.max_lowerings
 
     def run(self, int8: Mapping[int, float]) -> frozenset[int]:
         """The table: chunks alone in float, then _greedy from none (``int8``: each sample's score then)."""
@@ -671,7 +663,7 @@ class _Search:
 
     def _prune(self, chosen: frozenset[int], queue: list[frozenset[int]]) -> frozenset[int]:
         """Drop segments (least useful first, then halves of those that must stay) while the target holds."""
-        while queue and self.budget_left(keep=self.keep):
+        while queue and self.budget_left():
             seg = queue.pop(0) & chosen
             if not seg:
                 continue
