@@ -253,7 +253,9 @@ def test_steps_score_samples_hardest_first_and_stop_below_the_target(net, monkey
     # alone in float (below the target: r1 is the wrecked one) before it keeps x and r1, then r1
     fast = run_search(net, cali, target_cos=target, samples=3, chunks=2, max_lowerings=12)
     fast_runs, runs["n"] = runs["n"], 0
-    monkeypatch.setattr(search_module._Search, "passes", lambda self, chosen, like: self.score(chosen) >= target)
+    monkeypatch.setattr(
+        search_module._Search, "passes", lambda self, chosen, like: self.score(chosen) >= self.config.target_cos
+    )
     full = run_search(net, cali, target_cos=target, samples=3, chunks=2, max_lowerings=12)
     assert fast.table == full.table and fast.score == full.score and fast.lowerings == full.lowerings
     assert [u.tensor for u in fast.chosen] == [u.tensor for u in full.chosen]
@@ -492,3 +494,46 @@ def test_kept_outputs_stay_within_their_budget(monkeypatch):
     kept = [inference.kept_outputs(b"m", inputs) for inputs, _ in runs]
     assert kept[:2] == [None, None] and [k[0][0] for k in kept[2:]] == [2, 3, 4]  # the newest, 400 bytes each
     assert inference.kept_outputs(b"other", runs[4][0]) is None
+
+
+class _Reaching:
+    """An evaluator stand-in (search() builds it as Evaluator): a table holding t3 and t7 in float scores 0.993
+    on every sample, as far as its float mode goes; any other 0.5. Every table scored is a lowering."""
+
+    processes = 1
+
+    def __init__(self, module, weights, *, samples, **_):
+        self.lowerings, self.active, self.lowered, self.count = 0, list(range(len(samples))), {}, len(samples)
+
+    def _score(self, table) -> float:
+        return 0.993 if {"t3", "t7"} <= set(table) else 0.5
+
+    def lower(self, table, counted=True):
+        self.lowerings += counted
+        self.lowered = dict(table)
+        return None, None, None
+
+    def pool_scores(self, tpu_module, tpu_weights) -> list[float]:
+        return [self._score(self.lowered)] * self.count
+
+    def keep(self, indices) -> None:
+        self.active = list(indices)
+
+    def score(self, table, order=None, stop_below=None, counted=True) -> dict[int, float]:
+        self.lowerings += counted
+        return {i: self._score(table) for i in (self.active if order is None else order)}
+
+    def score_tables(self, tables) -> list[dict[int, float]]:
+        return [self.score(t) for t in tables]
+
+
+def test_a_target_beyond_the_float_mode_keeps_the_fewest_tensors_that_hold_the_floor(monkeypatch):
+    """Everything in float reaches 0.993, short of the default target: the search returns t3 and t7 (what holds
+    0.99), not all 12 tensors (the best score, every op in float)."""
+    units = [search_module.Unit(f"t{i}", (f"t{i}",)) for i in range(12)]
+    monkeypatch.setattr(search_module, "Evaluator", _Reaching)
+    monkeypatch.setattr(search_module, "units_of", lambda lw, user: units)
+    result = search(None, None, chip=BM1684X, cali={}, asymmetric=False, samples=[{}, {}], config=SearchConfig())
+    assert not result.reached and result.score == 0.993
+    assert set(result.table) == {"t3", "t7"}
+    assert "# TARGET NOT REACHED: the fewest tensors found that hold 0.99, below 0.995" in format_result(result)
