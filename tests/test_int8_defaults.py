@@ -322,6 +322,10 @@ def test_a_failing_int8_target_is_pointed_at_what_fixes_it(tmp_path):
     table.write_text("# mixed-precision search: ...\n# TARGET NOT REACHED: ...\na F16\nb F16\n")
     hint = int8_failure_hint("bm1684x-INT8", str(table))
     assert "kept 2 ops in float (bm1684x-INT8/qtable.txt)" in hint and "max_lowerings" in hint
+    floor = "# TARGET NOT REACHED: the fewest tensors found that hold 0.99, below 0.995"
+    table.write_text(f"# mixed-precision search: ...\n{floor}\na F16\n")
+    hint = int8_failure_hint("bm1684x-INT8", str(table))
+    assert "beyond what its float mode reaches" in hint and "max_lowerings" not in hint
     table.write_text("# mixed-precision search: ...\na F16\n")
     hint = int8_failure_hint("bm1684x-INT8", str(table))
     assert "calibration.data more inputs like the test input" in hint

@@ -467,6 +467,13 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
             f"{kept_text} of {target} stay in float, as the search is off: remove mixed_precision: "
             "{search: false} from the manifest so that the search keeps in float what INT8 cannot hold"
         )
+    elif any("TARGET NOT REACHED: the fewest tensors found that hold" in line for line in lines):
+        first = (
+            f"the search's target is beyond what its float mode reaches with every op in float, so it kept the "
+            f"{kept} ops ({where}) that hold its floor on the calibration samples, and the test input is further "
+            "from float: give calibration.data more inputs like the test input, or pin the ops furthest from float "
+            "(report.html) in a quantize table"
+        )
     elif any("TARGET NOT REACHED" in line for line in lines):
         first = (
             f"the search kept {kept} ops in float ({where}) but ran out of lowerings before its target: raise "
