@@ -655,16 +655,17 @@ class _Search:
         # not reached: the first of them, each now scored on every sample (the greedy steps stopped at the
         # first sample below the target), that holds the floor the default target is a margin over, pruned
         # against that floor; else the best. A target above what the float mode itself reaches (BF16 on
-        # cv183x: retinaface_mnet all in BF16 0.9947) would otherwise keep every op in float.
-        floor = min(FLOOR_COS, target)
-        held = next((t for t in below if self.full_score(t) >= floor), None)
+        # cv183x: retinaface_mnet all in BF16 0.9947) would otherwise keep every op in float. (Each of them
+        # scores below the target, so a target at or under the floor finds none here.)
+        held = next((t for t in below if self.full_score(t) >= FLOOR_COS), None)
         if held is None:
             return max(below, key=self.full_score)
-        if floor == target or not self.budget_left():
+        if not self.budget_left():
             return held
-        lower = _Search(self.ev, self.units, self.user, self.mode, replace(self.config, target_cos=floor), self.say)
+        floor = replace(self.config, target_cos=FLOOR_COS)
+        lower = _Search(self.ev, self.units, self.user, self.mode, floor, self.say)
         lower.per_sample[held], lower.scores[held] = self.per_sample[held], self.scores[held]
-        self.say(f"the target is out of reach: pruning against {floor}")
+        self.say(f"the target is out of reach: pruning against {FLOOR_COS}")
         chosen = lower._prune(held, [c for c in joined[::-1] if c <= held])
         self.per_sample[chosen], self.scores[chosen] = lower.per_sample[chosen], lower.scores[chosen]
         return chosen
