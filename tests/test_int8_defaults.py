@@ -265,14 +265,25 @@ def test_a_concat_output_is_judged_part_by_part(make_model, tmp_path, monkeypatc
     assert blind.int8_score > 0.99 and not blind.chosen
 
 
-def test_a_part_below_one_int8_step_is_not_judged_by_its_noise():
+def test_a_tiny_part_is_scored_by_its_error_in_steps_not_its_noise():
+    """The search scores a tiny part as verification judges it, by its largest error in INT8 steps, mapped to a
+    cosine's scale: within half of the bound above the 0.995 target, at the bound the 0.99 floor, beyond it
+    below; its cosine, noise, plays no part."""
     parts = [Part("boxes", 1, 0, 4, ("boxes",)), Part("scores", 1, 4, 6, ("scores",))]
     thresholds = {"boxes": 320.0, "scores": 1.0}  # one step of the scores: 1/127
     ref = np.concatenate([np.full((1, 4, 5), 300.0), np.full((1, 2, 5), 1e-3)], axis=1)
     test = ref.copy()
     test[:, 4:] = -1e-3  # opposite sign: cosine -1, but a fraction of one step
-    assert part_cosines(test, ref, parts, thresholds) == [pytest.approx(1.0)]
-    ref[:, 4:] = 0.5  # the same part with signal is judged, and fails
+    boxes, scores = part_cosines(test, ref, parts, thresholds)
+    assert boxes == pytest.approx(1.0) and scores > 0.9999
+    test[:, 4:] = 1e-3 + 2.0 / 127  # two steps too high everywhere: a cosine of 1.0, and half the bound
+    assert 0.995 < part_cosines(test, ref, parts, thresholds)[1] < 0.998
+    test[:, 4:] = 1e-3 + 4.0 / 127  # at the bound
+    assert part_cosines(test, ref, parts, thresholds)[1] == pytest.approx(0.99)
+    test[:, 4:] = 0.1  # 12.6 steps: false detections
+    assert part_cosines(test, ref, parts, thresholds)[1] < 0.91
+    ref[:, 4:] = 0.5  # the same part with signal is judged by its cosine
+    test[:, 4:] = -0.5
     assert part_cosines(test, ref, parts, thresholds)[1] == pytest.approx(-1.0)
 
 
@@ -332,11 +343,30 @@ def test_a_failing_int8_target_is_pointed_at_what_fixes_it(tmp_path):
     assert hint.index("calibration.data") < hint.index("tolerance")  # the fix before the check's loosening
 
 
-def test_the_search_chooses_from_the_first_samples_and_every_held_back_one():
+def test_the_search_chooses_from_samples_spread_over_the_set_and_every_held_back_one():
+    """Sorted file order groups kinds of input (photographs, then faces): the pool reaches the end of the set."""
     from tpubuild.lower.search import search_pool
 
     samples = [{"x": np.full((1,), float(i), np.float32)} for i in range(50)]
     pool, said = search_pool(samples, SearchConfig(pool=12))
-    assert [int(s["x"][0]) for s in pool] == [*range(12), 14, 19, 24, 29, 34, 39] and "held back" in said
+    spread = [0, 4, 8, 12, 16, 20, 25, 29, 33, 37, 41, 45]  # one in every 50/12, from the first
+    held_back = [4, 9, 14, 19, 24, 29, 34, 39]
+    assert [int(s["x"][0]) for s in pool] == sorted({*spread, *held_back})
+    assert "of the 50" in said and "held back" in said
     pool, said = search_pool(samples[:3], SearchConfig())
     assert len(pool) == 3 and "all 3" in said
+
+
+def test_the_pool_of_files_is_counted_from_their_headers(tmp_path):
+    """Calibration files (a Samples stream) are counted without reading their data, and read once up to the
+    last sample picked."""
+    from tpubuild.calib.data import Samples
+    from tpubuild.lower.search import search_pool
+
+    for f in range(5):
+        np.savez(tmp_path / f"cal{f}.npz", x=np.arange(10 * f, 10 * f + 10, dtype=np.float32).reshape(10, 1))
+    spec = [{"name": "x", "shape": [1], "dtype": "float32"}]
+    samples = Samples.of(sorted(tmp_path.glob("cal*.npz")), spec)
+    pool, said = search_pool(samples, SearchConfig(pool=10))
+    assert [int(s["x"][0]) for s in pool] == sorted({*range(0, 50, 5), 4, 9, 14, 19, 24, 29, 34, 39})
+    assert "of the 50" in said

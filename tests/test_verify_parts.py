@@ -208,9 +208,32 @@ def test_tiny_part_is_judged_by_its_max_abs_error_in_int8_steps():
     assert bad.rule == "tiny" and not bad.passed and bad.to_dict()["label"] == "TINY NOT OK"
     edge = ref + TINY_PART_MAX_STEPS * step * 0.999
     assert judge_part(edge, ref, tol, step).passed
-    # a part with values above one step, or without a calibrated scale, is judged by cos and euc
+    # a part with values of many steps, or without a calibrated scale, is judged by cos and euc
     assert judge_part(rounded, ref + 0.5, tol, step).rule == "similarity"
     assert judge_part(rounded, ref, tol, None).rule == "similarity" and not judge_part(rounded, ref, tol, None).passed
+
+
+def test_a_part_a_few_steps_tall_is_tiny_when_rounding_alone_fails_a_cosine_check():
+    """A YOLOv8 detector's class scores on a photograph with nothing to detect: most far below one step, the
+    largest a few steps (nudenet's 320n.onnx: every one below 0.043, 5.4 steps). Rounded to the step, the
+    best any INT8 result can be, they score a cosine below the tolerance: the cosine cannot judge them."""
+    step = 1.0 / 127
+    rng = np.random.default_rng(1)
+    ref = rng.exponential(0.0005, 2000)
+    ref[:20] = rng.uniform(0.01, 0.042, 20)  # a few anchors up to 5 steps
+    assert ref.max() > step  # the one-step rule would have judged this by its cosine
+    rounded = np.round(ref / step) * step
+    tol = Tolerance(0.99, 0.9)
+    assert judge_part(rounded, ref, tol, None).sim.cos < 0.99  # exact up to its own rounding, and it fails a cosine
+    ok = judge_part(rounded, ref, tol, step)
+    assert ok.rule == "tiny" and ok.passed
+    lost = rounded.copy()
+    lost[:20] = 0.0  # the scores INT8 should keep, lost
+    assert not judge_part(lost, ref, tol, step).passed
+    # the same scores when something is detected (one anchor at 0.8): the cosine means something again
+    found = ref.copy()
+    found[0] = 0.8
+    assert judge_part(np.round(found / step) * step, found, tol, step).rule == "similarity"
 
 
 def test_compare_judges_parts_and_reports_what_decided():

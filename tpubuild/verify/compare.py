@@ -163,7 +163,7 @@ def format_part(row: dict) -> str:
     where = f"{row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
     if row.get("rule") == "tiny":
         return (
-            f"{where}: {row['label']}, float values below one INT8 step ({row['step']:.3g}): max abs err "
+            f"{where}: {row['label']}, float values too small for their INT8 step ({row['step']:.3g}): max abs err "
             f"{row['max_abs']:.3g} (at most {row['step'] * _tiny_steps():.3g})"
         )
     return (

@@ -12,9 +12,9 @@ So verification judges each part of such an output on its own, as well as the wh
 - declared parts: the manifest's ``outputs: {<output>: {parts: {<part>: {axis, range: [start, stop]}}}}``
   (docs/manifest.md); an output with declared parts uses those and no automatic ones.
 
-A part whose float values are all tiny is judged by its largest absolute error, not its cosine
-(``judge_part``): an image with nothing to detect has class scores near zero in float, and the cosine
-between those and INT8's zeros and single steps is noise, not a verdict.
+A part whose float values are tiny for its INT8 scale is judged by its largest absolute error, not its
+cosine (``judge_part``): an image with nothing to detect has class scores near zero in float, and the
+cosine between those and INT8's zeros and few steps is noise, not a verdict.
 """
 
 from __future__ import annotations
@@ -28,12 +28,17 @@ import numpy as np
 from tpubuild.errors import TpuBuildError
 from tpubuild.verify.similarity import Similarity, Tolerance, similarity
 
-# The tiny-part rule (docs/manifest.md, "Output parts"). A part is tiny when every float (reference) value
-# is below one INT8 step of its calibrated scale, step = T / 127 with T the largest calibration threshold
-# of the tensors the part comes from; it then passes when its largest absolute error is at most
-# TINY_PART_MAX_STEPS such steps (the error rounding to the nearest step and the layers before it can make,
-# far below any decision threshold: 4 steps of a sigmoid's [0, 1] range is 0.031).
+# The tiny-part rule (docs/manifest.md, "Output parts"). A part's INT8 step is T / 127, T the largest
+# calibration threshold of the tensors the part comes from. The part is tiny when its float (reference)
+# values, rounded to that step, are at a cosine below TINY_PART_COS to themselves: then even an INT8 result
+# exact up to its own rounding fails a cosine check (a YOLOv8 detector's 18 class scores on a photograph
+# with nothing to detect, every one below 0.043: 0.961), and the cosine says nothing of how good it is.
+# 0.995: rounding alone then costs more than half of the shortfall that INT8's goal, cos 0.99, allows.
+# A tiny part passes when its largest absolute error is at most TINY_PART_MAX_STEPS steps (the error
+# rounding to the nearest step and the layers before it can make, far below any decision threshold: 4
+# steps of a sigmoid's [0, 1] range is 0.031).
 INT8_STEPS = 127
+TINY_PART_COS = 0.995
 TINY_PART_MAX_STEPS = 4.0
 
 _CONCAT = "top.Concat"
@@ -254,19 +259,33 @@ def part_step(part: Part, thresholds: Mapping[str, float] | None) -> float | Non
     return max(known) / INT8_STEPS if known else None
 
 
-def below_one_step(ref_max: float, step: float | None) -> bool:
-    """The tiny-part rule's test: every float value of the part (its largest |value| ``ref_max``) is below one
-    INT8 ``step`` of its calibrated scale (never, without a known step)."""
-    return step is not None and ref_max < step
+def rounding_cos(ref: np.ndarray, step: float) -> float:
+    """The cosine of ``ref`` rounded to multiples of ``step`` against ``ref``: the best an INT8 result at that
+    step can score (0 when every value rounds to zero)."""
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    q = np.round(r / step) * step
+    norm = float(np.linalg.norm(q) * np.linalg.norm(r))
+    return float(q @ r) / norm if norm > 0 else 0.0
+
+
+def is_tiny(ref: np.ndarray, step: float | None) -> bool:
+    """The tiny-part rule's test: the part's float values ``ref`` are too small for an INT8 ``step`` of its
+    calibrated scale for a cosine to judge it (rounding_cos below TINY_PART_COS; never without a step)."""
+    return step is not None and rounding_cos(ref, step) < TINY_PART_COS
+
+
+def tiny_part_passes(max_abs: float, step: float) -> bool:
+    """A tiny part's verdict: its largest absolute error is at most TINY_PART_MAX_STEPS steps."""
+    return max_abs <= TINY_PART_MAX_STEPS * step
 
 
 def judge_part(test: np.ndarray, ref: np.ndarray, tol: Tolerance, step: float | None) -> PartJudgement:
-    """A part's metrics and verdict: cos/euc as any tensor, except a tiny part (every |float value| below
-    one INT8 ``step`` of its calibrated scale), which passes when its max abs error is at most
+    """A part's metrics and verdict: cos/euc as any tensor, except a tiny part (is_tiny: its float values too
+    small for one INT8 ``step`` of its calibrated scale), which passes when its max abs error is at most
     TINY_PART_MAX_STEPS steps. Without a known step (float targets, no calibration), cos/euc decide."""
     sim = similarity(test, ref, tol)
     ref_max = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
-    if step is not None and sim.label != "NOT MATCH" and below_one_step(ref_max, step):
-        passed = sim.label in ("EQUAL", "CLOSE") or sim.max_abs <= TINY_PART_MAX_STEPS * step
+    if step is not None and sim.label != "NOT MATCH" and is_tiny(ref, step):
+        passed = sim.label in ("EQUAL", "CLOSE") or tiny_part_passes(sim.max_abs, step)
         return PartJudgement(sim, passed, "tiny", step, ref_max)
     return PartJudgement(sim, sim.passed, "similarity", step, ref_max)

@@ -484,8 +484,8 @@ def parts_table(lv: Level) -> str:
             f"<td class=num>{'' if step is None else f'{_f(step):.3g}'}</td><td>{badge(bool(row['passed']))}</td></tr>"
         )
     return (
-        f"<p>Output parts, each judged on its own ({len(parts)}): a tiny part (every float value below one INT8 "
-        "step of its calibrated scale) by its max abs error, every other by cos and euc.</p>"
+        f"<p>Output parts, each judged on its own ({len(parts)}): a tiny part (float values too small for one INT8 "
+        "step of its calibrated scale for a cosine to judge them) by its max abs error, every other by cos and euc.</p>"
         f'<table class="parts">{head}{"".join(rows)}</table>'
     )
 
