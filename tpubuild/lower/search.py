@@ -12,9 +12,9 @@ chain along, or the rest of the chain would start from a new quantization.
 
 The score of a quantize table: lower the calibrated module with it, run TPU
 inference on a few calibration samples, and take the lowest cosine of any graph
-output against TOP inference (float32), over outputs and samples. The samples
-scored are the ``samples`` of the first ``pool`` calibration samples where INT8
-alone is furthest from float: a table that just reaches the target on easy
+output against TOP inference (float32), over outputs, their parts and samples
+(part_cosines). The samples scored are the ``samples`` of a ``pool`` of
+calibration samples (search_pool) where INT8 alone is furthest from float: a table that just reaches the target on easy
 samples can miss it on the others by far (MiniLM on cv183x: a table searched on
 the first 4 sentences scored 0.990 there, 0.964 on the 18th and 0.976 on the
 test sentence), and an input that wrecks INT8 most shows the tensors that matter.
@@ -335,13 +335,14 @@ def search_pool(
     """What the search chooses the samples it scores from, and a line saying which: ``config.pool`` calibration
     samples spread evenly over the set, and every one calibration held back from its statistics.
 
-    Spread, as sorted file order often groups one kind of input: a face detector calibrated on 40 photographs,
-    then 8 photographs of faces, had every face after the first 32 samples, and a table searched on those
-    alone left the class scores of faces it never scored at cosine 0.93. Held-back samples alone are too few to
-    find a hard input: PP-OCRv6 det's 4 (of 24 pages) scored INT8 at 0.993 or better, while 3 pages the
-    statistics read scored 0.949 to 0.970, and a test page 0.976. An input's INT8 error hardly depends on
-    whether it was one of the many the thresholds were fitted to, so the search scores the worst of all of
-    them."""
+    Spread, as sorted file order often groups one kind of input: a YOLOv8 detector calibrated on 40
+    photographs, then 8 of faces, had every face after the first 32 samples; a table searched on those left
+    the class scores of held-out faces at cosine 0.983, one searched on a pool spread over the set at 0.987.
+
+    Held-back samples alone are too few to find a hard input: PP-OCRv6 det's 4 (of 24 pages) scored INT8 at
+    0.993 or better, while 3 pages the statistics read scored 0.949 to 0.970, and a test page 0.976. An input's
+    INT8 error hardly depends on whether it was one of the many the thresholds were fitted to, so the search
+    scores the worst of all of them."""
     from tpubuild.calib.calibrate import VALIDATION_EVERY, VALIDATION_SAMPLES, held_back
 
     n = sum(1 for _ in samples.locations()) if isinstance(samples, Samples) else len(samples)
