@@ -14,10 +14,11 @@ The score of a quantize table: lower the calibrated module with it, run TPU
 inference on a few calibration samples, and take the lowest cosine of any graph
 output against TOP inference (float32), over outputs, their parts and samples
 (part_cosines). The samples scored are the ``samples`` of a ``pool`` of
-calibration samples (search_pool) where INT8 alone is furthest from float: a table that just reaches the target on easy
-samples can miss it on the others by far (MiniLM on cv183x: a table searched on
-the first 4 sentences scored 0.990 there, 0.964 on the 18th and 0.976 on the
-test sentence), and an input that wrecks INT8 most shows the tensors that matter.
+calibration samples (search_pool) where INT8 alone is furthest from float: a
+table that just reaches the target on easy samples can miss it on the others by
+far (MiniLM on cv183x: a table searched on the first 4 sentences scored 0.990
+there, 0.964 on the 18th and 0.976 on the test sentence), and an input that
+wrecks INT8 most shows the tensors that matter.
 
 1. The quantized tensors, in program order, are cut into ``chunks`` contiguous
    groups; each group alone in float is scored.
