@@ -139,6 +139,26 @@ def test_the_default_target_leaves_a_margin_for_inputs_the_search_never_saw(net)
     assert net.score(cali, result.table, held_out) >= 0.99
 
 
+def test_a_cheap_model_gets_more_lowerings_by_default(net, monkeypatch):
+    """The default bound is on cost: 60 lowerings for a model of CHEAP_MACS or more, as many more as it has fewer
+    multiply-accumulates, at most MOST_LOWERINGS; a manifest's max_lowerings is kept as written."""
+    from tpubuild.lower.int8 import macs
+
+    total = sum(macs(op) for op in net.module.walk())
+    assert 0 < total < search_module.CHEAP_MACS
+    assert search_module.default_lowerings(net.module) == search_module.MOST_LOWERINGS
+    monkeypatch.setattr(search_module, "CHEAP_MACS", 3 * total)
+    assert search_module.default_lowerings(net.module) == 180
+    monkeypatch.setattr(search_module, "CHEAP_MACS", total)
+    assert search_module.default_lowerings(net.module) == search_module.DEFAULT_LOWERINGS == 60
+    # an unreachable target spends 16 lowerings here: the bound search() takes from default_lowerings, or the
+    # manifest's, ends it first
+    cali = net.wreck("r2", 3.0)
+    monkeypatch.setattr(search_module, "default_lowerings", lambda module: 5)
+    assert run_search(net, cali, target_cos=1.0 + 1e-9).lowerings == 5
+    assert run_search(net, cali, target_cos=1.0 + 1e-9, max_lowerings=9).lowerings == 9
+
+
 def test_nothing_is_pinned_when_int8_already_meets_the_target(net):
     result = run_search(net, net.cali, target_cos=0.99)
     assert result.int8_score >= 0.99 and result.reached
@@ -533,7 +553,9 @@ def test_a_target_beyond_the_float_mode_keeps_the_fewest_tensors_that_hold_the_f
     units = [search_module.Unit(f"t{i}", (f"t{i}",)) for i in range(12)]
     monkeypatch.setattr(search_module, "Evaluator", _Reaching)
     monkeypatch.setattr(search_module, "units_of", lambda lw, user: units)
-    result = search(None, None, chip=BM1684X, cali={}, asymmetric=False, samples=[{}, {}], config=SearchConfig())
+    result = search(
+        None, None, chip=BM1684X, cali={}, asymmetric=False, samples=[{}, {}], config=SearchConfig(max_lowerings=60)
+    )
     assert not result.reached and result.score == 0.993
     assert set(result.table) == {"t3", "t7"}
     assert "# TARGET NOT REACHED: the fewest tensors found that hold 0.99, below 0.995" in format_result(result)

@@ -430,7 +430,8 @@ def _ranges_differ(lw: Lowering, op: TensorOp) -> bool:
     return bool(ranges) and max(ranges) > CONCAT_RANGE_RATIO * min(ranges)
 
 
-def _macs(op: Operation) -> int:
+def macs(op: Operation) -> int:
+    """An op's multiply-accumulates (convolutions and matmuls; 0 for the rest)."""
     if isinstance(op, top.ConvOp):
         return math.prod(shape_of(op.results[0].type)) * math.prod(shape_of(op.operands[1].type)[1:])
     if isinstance(op, top.MatMulOp):
@@ -449,8 +450,8 @@ def _is_vector(op: TensorOp) -> bool:
 def vector_region(lw: Lowering) -> set[Operation]:
     """The ops whose result is a per-sample vector, if together they are cheap (VECTOR_MACS_SHARE)."""
     vectors: set[Operation] = {op for op in lw.ops if not isinstance(op, NOT_COMPUTED) and _is_vector(op)}
-    total = sum(_macs(op) for op in lw.ops)
-    return vectors if sum(_macs(op) for op in vectors) <= VECTOR_MACS_SHARE * total else set()
+    total = sum(macs(op) for op in lw.ops)
+    return vectors if sum(macs(op) for op in vectors) <= VECTOR_MACS_SHARE * total else set()
 
 
 def output_tail(lw: Lowering) -> set[Operation]:
