@@ -340,7 +340,9 @@ def ort_quantized(model: Model, method: str, workdir: Path):
     cache = workdir / f"{model.m.name}_{method}.ranges.json"
     calibrate_method = getattr(CalibrationMethod, method)
     logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" warnings
-    with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print their progress
+    # the histogram calibrators print their progress; its tools write temporary external-data files to the
+    # working folder
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(workdir):
         if not pre.exists():
             _pre_process(quant_pre_process, model.onnx, pre)
         with tempfile.TemporaryDirectory(prefix="ort_calib_") as tmp:
