@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpubuild.errors import TpuBuildError
-from tpubuild.verify.similarity import Similarity, Tolerance, similarity
+from tpubuild.verify.similarity import Similarity, Tolerance, cosine, similarity
 
 # The tiny-part rule (docs/manifest.md, "Output parts"). A part's INT8 step is T / 127, T the largest
 # calibration threshold of the tensors the part comes from. The part is tiny when its float (reference)
@@ -262,10 +262,9 @@ def part_step(part: Part, thresholds: Mapping[str, float] | None) -> float | Non
 def rounding_cos(ref: np.ndarray, step: float) -> float:
     """The cosine of ``ref`` rounded to multiples of ``step`` against ``ref``: the best an INT8 result at that
     step can score (0 when every value rounds to zero)."""
-    r = np.asarray(ref, dtype=np.float64).ravel()
+    r = np.asarray(ref, dtype=np.float64)
     q = np.round(r / step) * step
-    norm = float(np.linalg.norm(q) * np.linalg.norm(r))
-    return float(q @ r) / norm if norm > 0 else 0.0
+    return cosine(q, r) if np.any(q) else 0.0
 
 
 def is_tiny(ref: np.ndarray, step: float | None) -> bool:
