@@ -298,6 +298,20 @@ def test_a_manifest_without_tuning_fields_gets_the_default_path(tmp_path):
     assert not off.searched
 
 
+def test_no_zoo_manifest_carries_per_model_tuning():
+    """Every manifest under configs/models, the optional torch folder too, builds INT8 by the default path."""
+    import yaml
+    from pathlib import Path
+
+    manifests = sorted((Path(__file__).resolve().parents[1] / "configs" / "models").rglob("*.yaml"))
+    assert len(manifests) > 20
+    for path in manifests:
+        data = yaml.safe_load(path.read_text())
+        tuned = {"quantize_table", "mixed_precision"} & set(data)
+        tuned |= {"calibration." + k for k in ("method", "table") if k in (data.get("calibration") or {})}
+        assert not tuned, f"{path.name} carries {sorted(tuned)}"
+
+
 def test_chips_that_lower_alike_share_one_search(tmp_path):
     """bm1684x and bm1688 have the same modes, so INT8 lowers alike on both: one search, and the other's stage
     copies its table; cv183x (no F16) searches for itself."""
