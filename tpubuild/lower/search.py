@@ -27,7 +27,8 @@ wrecks INT8 most shows the tensors that matter.
    accumulates over many layers, as in PP-OCRv4 rec, only as several.)
 3. Prune, by halves (delta debugging): each chosen group, least useful first,
    leaves the table if the target still holds without it; a group that must
-   stay is split in two and each half tried in turn, down to single tensors.
+   stay is split in two and each half tried in turn, down to a tenth of the
+   tensors (PRUNE_PARTS; single tensors in a small model).
 4. The table is scored on the whole pool. Where it misses the target, the
    ``samples`` worst of those samples join the ones scored, and steps 2 and 3
    go on from the table (the groups that join it are pruned), until it holds on
