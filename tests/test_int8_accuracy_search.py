@@ -128,7 +128,6 @@ def test_a_wrecked_tensor_is_found_and_kept_in_float(net):
     assert net.score(cali, table, held_out) >= 0.99  # it holds on inputs the search never saw
 
 
-
 def test_pruning_stops_at_a_tenth_of_the_tensors(net, monkeypatch):
     """A segment that must stay is halved down to len(units) // PRUNE_PARTS tensors, not always to one: the
     few around a culprit stay float with it, and the lowerings saved are left for the check on the pool."""
@@ -140,6 +139,7 @@ def test_pruning_stops_at_a_tenth_of_the_tensors(net, monkeypatch):
     coarse = run_search(net, cali, target_cos=0.99, chunks=1)
     assert coarse.reached and "r1" in [u.tensor for u in coarse.chosen] and len(coarse.chosen) > 1
     assert coarse.lowerings < fine.lowerings
+
 
 def test_the_default_target_leaves_a_margin_for_inputs_the_search_never_saw(net):
     cali = net.wreck("r2", 3.0)
