@@ -767,9 +767,9 @@ def summary_part_row(row: Mapping[str, Any]) -> str:
     what = f"  part {row['name']} (axis {row['axis']}, {row['range'][0]}:{row['range'][1]})"
     verdict = "PASS" if row["passed"] else "FAIL"
     if row.get("rule") == "tiny":
-        from tpubuild.verify.parts import TINY_PART_MAX_STEPS
+        from tpubuild.verify.parts import tiny_bound
 
-        bound = TINY_PART_MAX_STEPS * row["step"]
+        bound = tiny_bound(row["step"])
         return f"{'':<10} {what:<52} tiny part: max abs err {row['max_abs']:.3g} (at most {bound:.3g})  {verdict}"
     return (
         f"{'':<10} {what:<52} {_num(row['cos'], 6):>10} {_num(row['euc'], 6):>10} "

@@ -80,7 +80,7 @@ from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
 from tpubuild.top.inference import Memo, Plan
-from tpubuild.verify.parts import TINY_PART_MAX_STEPS, Part, concat_parts, is_tiny, part_step
+from tpubuild.verify.parts import Part, concat_parts, is_tiny, part_step, tiny_bound
 from tpubuild.verify.similarity import cosine, max_abs_error
 
 
@@ -178,7 +178,7 @@ def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part], thres
         if step is None or not is_tiny(r, step):
             found.append(cosine(t, r))
         else:
-            found.append(1.0 - (1.0 - FLOOR_COS) * (max_abs_error(t, r) / (TINY_PART_MAX_STEPS * step)) ** 2)
+            found.append(1.0 - (1.0 - FLOOR_COS) * (max_abs_error(t, r) / tiny_bound(step)) ** 2)
     return found
 
 
@@ -649,7 +649,8 @@ class _Search:
     @property
     def bound(self) -> int:
         """The bound on lowerings (search() has set it when the manifest did not)."""
-        return self.config.max_lowerings or DEFAULT_LOWERINGS
+        assert self.config.max_lowerings is not None, "search() resolves the bound before a _Search starts"
+        return self.config.max_lowerings
 
     def budget_left(self) -> bool:
         return self.ev.lowerings < self.bound

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tpubuild.verify.parts import Part, tiny_bound
 from tpubuild.verify.similarity import Tolerance, similarity
-
-if TYPE_CHECKING:
-    from tpubuild.verify.parts import Part
 
 
 def pair_tensors(
@@ -164,18 +161,12 @@ def format_part(row: dict) -> str:
     if row.get("rule") == "tiny":
         return (
             f"{where}: {row['label']}, float values too small for their INT8 step ({row['step']:.3g}): max abs err "
-            f"{row['max_abs']:.3g} (at most {row['step'] * _tiny_steps():.3g})"
+            f"{row['max_abs']:.3g} (at most {tiny_bound(row['step']):.3g})"
         )
     return (
         f"{where}: {row['label']}, cos {row['cos']:.6f}, euc {row['euc']:.6f}, SQNR {row['sqnr']:.1f} dB, "
         f"max abs err {row['max_abs']:.3g}"
     )
-
-
-def _tiny_steps() -> float:
-    from tpubuild.verify.parts import TINY_PART_MAX_STEPS
-
-    return TINY_PART_MAX_STEPS
 
 
 def worst(report: dict, count: int = 5, *, outputs: bool = False) -> list[dict]:

@@ -273,6 +273,11 @@ def is_tiny(ref: np.ndarray, step: float | None) -> bool:
     return step is not None and rounding_cos(ref, step) < TINY_PART_COS
 
 
+def tiny_bound(step: float) -> float:
+    """The largest absolute error a tiny part may have at an INT8 ``step``: TINY_PART_MAX_STEPS steps."""
+    return TINY_PART_MAX_STEPS * step
+
+
 def judge_part(test: np.ndarray, ref: np.ndarray, tol: Tolerance, step: float | None) -> PartJudgement:
     """A part's metrics and verdict: cos/euc as any tensor, except a tiny part (is_tiny: its float values too
     small for one INT8 ``step`` of its calibrated scale), which passes when its max abs error is at most
@@ -280,6 +285,6 @@ def judge_part(test: np.ndarray, ref: np.ndarray, tol: Tolerance, step: float | 
     sim = similarity(test, ref, tol)
     ref_max = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
     if step is not None and sim.label != "NOT MATCH" and is_tiny(ref, step):
-        passed = sim.label in ("EQUAL", "CLOSE") or sim.max_abs <= TINY_PART_MAX_STEPS * step
+        passed = sim.label in ("EQUAL", "CLOSE") or sim.max_abs <= tiny_bound(step)
         return PartJudgement(sim, passed, "tiny", step, ref_max)
     return PartJudgement(sim, sim.passed, "similarity", step, ref_max)
