@@ -208,6 +208,58 @@ def test_verify_top_fails_below_tolerance(tmp_path):
     assert not any(Path(p).exists() for p in outs)
 
 
+def test_verify_top_takes_float32_round_off_of_near_zero_maps(tmp_path):
+    """Sigmoids of logits near -18 (a detector's map of an input with nothing to find) are below 4e-8, and
+    onnxruntime's fast sigmoid is off by a large share of each (or 0): the map's cosine is far below the top
+    tolerance, yet every element is within FLOAT32_ATOL, so the map passes as CLOSE (and an F16 target's,
+    within FLOAT16_ATOL); a difference above it still fails."""
+    from tpubuild.verify.similarity import FLOAT32_ATOL
+
+    shift = -18.0
+    onnx_path = tmp_path / "m.onnx"
+    nodes = [helper.make_node("Add", ["x", "b"], ["logits"]), helper.make_node("Sigmoid", ["logits"], ["y"])]
+    save_onnx(onnx_path, nodes, {"x": ["N", 64]}, {"y": ["N", 64]}, {"b": np.array(shift, np.float32)})
+    specs = [{"name": "x", "shape": [2, 64], "dtype": "float32", "range": [-1.0, 1.0]}]
+    names = [
+        "origin.mlir",
+        "origin_weights.npz",
+        "input.npz",
+        "onnx_outs.npz",
+        "canonical.mlir",
+        "canonical_weights.npz",
+    ]
+    o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
+    stages.transform(str(onnx_path), specs, "m", None, o, ow, inp)
+    stages.reference(str(onnx_path), inp, ref)
+    stages.canonicalize(o, ow, c, cw)
+    outs = [str(tmp_path / n) for n in ("origin_outs.npz", "top_outs.npz", "verify_top.json")]
+    tol = {"cos": 0.99999, "euc": 0.999}
+    stages.verify_top("m", str(onnx_path), o, c, inp, ref, tol, *outs)
+    rows = [r for r in json.loads(Path(outs[2]).read_text())["comparisons"][1]["tensors"] if r["name"] == "y"]
+    assert rows[0]["label"] == "CLOSE" and rows[0]["cos"] < tol["cos"]  # the cosine alone fails it
+    canonical = json.loads(Path(outs[2]).read_text())["comparisons"][1]
+    assert canonical["decided_cos"] >= tol["cos"] > canonical["min_cos"]  # the summary's figure: what decided
+    exact = 1 / (1 + np.exp(-shift - read_npz(inp)["x"].astype(np.float64)))
+    np.testing.assert_allclose(read_npz(outs[1])["y"], exact, rtol=1e-5)  # TOP's own map is exact
+
+    # an F16 target holds the map in float16's subnormals: a few steps of 2^-24 each, CLOSE within FLOAT16_ATOL
+    tpu, tw = str(tmp_path / "tpu.mlir"), str(tmp_path / "tpu_w.npz")
+    stages.lower("m", c, None, None, "bm1684x", "F16", False, tpu, tw)
+    f16_tol = {"cos": 0.99, "euc": 0.90}
+    verified = [str(tmp_path / n) for n in ("tpu_outs.npz", "tpu_raw.npz", "verify_tpu.json")]
+    stages.verify_tpu("m", "bm1684x-F16", tpu, c, inp, outs[1], f16_tol, *verified, mode="F16")
+    rows = json.loads(Path(verified[2]).read_text())["comparisons"][0]["tensors"]
+    assert [(r["label"], r["cos"] < f16_tol["cos"]) for r in rows if r.get("output")] == [("CLOSE", True)]
+    with pytest.raises(TpuBuildError, match="NOT SIMILAR"):  # judged as any other mode's, by its cosine
+        stages.verify_tpu("m", "bm1684x-F16", tpu, c, inp, outs[1], f16_tol, *verified)
+
+    tensors = read_npz(ref)
+    tensors["y"] = tensors["y"] + np.float32(2 * FLOAT32_ATOL)
+    write_npz(ref, tensors)
+    with pytest.raises(TpuBuildError, match="y: NOT SIMILAR"):
+        stages.verify_top("m", str(onnx_path), o, c, inp, ref, tol, *outs)
+
+
 def test_compiler_version_shape():
     import tpubuild
 

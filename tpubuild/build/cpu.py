@@ -205,13 +205,13 @@ def verify_iree(
     from tpubuild.build.files import read_npz, write_text
     from tpubuild.build.stages import _forget_failure, _keep_failure, _tolerance, _top_outputs
     from tpubuild.verify.compare import compare_tensors, format_row, jsonable
+    from tpubuild.verify.similarity import FLOAT32_ATOL
 
     got = {k: np.asarray(v, np.float32) if v.dtype == np.float16 else v for k, v in read_npz(iree_outs).items()}
     ref = read_npz(top_outs)
     names = _top_outputs(top_mlir)
-    report = compare_tensors(
-        got, {n: ref[n] for n in names if n in ref}, _tolerance(tolerance), test_outputs=names, ref_outputs=names
-    )
+    tol = _tolerance(tolerance, atol=FLOAT32_ATOL)
+    report = compare_tensors(got, {n: ref[n] for n in names if n in ref}, tol, test_outputs=names, ref_outputs=names)
     level = {"level": "iree", "test": f"{target}/{Path(vmfb).name}", "ref": Path(top_outs).name, **report}
     if not report["passed"] or report["compared"] != len(names):
         _keep_failure(out_json, {"model": model, "stage": "verify_iree", "target": target, "comparisons": [level]})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,9 @@ def verify_top(
     from tpubuild.top.inference import infer_file
     from tpubuild.verify.compare import compare_tensors, jsonable
     from tpubuild.verify.reference import output_names
-    from tpubuild.verify.similarity import Tolerance
+    from tpubuild.verify.similarity import FLOAT32_ATOL
 
-    tol = Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
+    tol = _tolerance(tolerance, atol=FLOAT32_ATOL)
     inputs = read_npz(input_npz)
     ref = read_npz(onnx_outs)
     ref_outputs = output_names(onnx_path)
@@ -366,6 +367,7 @@ def verify_tpu(
     outputs: Mapping[str, Any] | None = None,
     cali_table: str | None = None,
     quantize_table: str | None = None,
+    mode: str | None = None,
 ) -> None:
     """TPU inference (real values) vs TOP inference by tensor name, plus per-output max abs error and top-1.
 
@@ -378,7 +380,8 @@ def verify_tpu(
     SE block's 48 pooled values sit far from float while the outputs do not). Fails
     (publishing nothing) otherwise; an INT8 failure's hint is int8_failure_hint's.
     Keeps the stored bits too (tpu_raw.npz): what the chip simulation must reproduce.
-    ``quantize_table``: the table lowering read (for the hint only).
+    ``quantize_table``: the table lowering read (for the hint only). ``mode``: the target's (an F16
+    tensor is CLOSE within FLOAT16_ATOL).
     """
     import numpy as np
 
@@ -388,8 +391,9 @@ def verify_tpu(
     from tpubuild.top.inference import output_names
     from tpubuild.verify.compare import compare_tensors, jsonable
     from tpubuild.verify.parts import output_parts
+    from tpubuild.verify.similarity import FLOAT16_ATOL
 
-    tol = _tolerance(tolerance)
+    tol = _tolerance(tolerance, atol=FLOAT16_ATOL if mode == "F16" else None)
     raw, real = infer_tpu(tpu_mlir, read_npz(input_npz))
     ref = read_npz(top_outs)
     top_module = load_module(top_mlir)
@@ -667,10 +671,12 @@ def _forget_failure(out_json: str) -> None:
     failed_json(out_json).unlink(missing_ok=True)
 
 
-def _tolerance(tolerance: Mapping[str, float]):
+def _tolerance(tolerance: Mapping[str, float], atol: float | None = None):
+    """The manifest's ``{cos, euc}`` as a Tolerance; ``atol``: CLOSE's absolute bound, if not CLOSE_ATOL."""
     from tpubuild.verify.similarity import Tolerance
 
-    return Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
+    tol = Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
+    return tol if atol is None else replace(tol, atol=atol)
 
 
 def _output_checks(name: str, ref_name: str, test, ref, tolerance: Mapping[str, float]) -> dict:

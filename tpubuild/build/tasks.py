@@ -409,6 +409,7 @@ def _target_tasks(
             # INT8: the calibration thresholds give each output part its INT8 step (the tiny-part rule)
             "cali_table": str(p.cali_table) if int8 else None,
             "quantize_table": str(lower_table) if int8 and lower_table else None,
+            "mode": target.mode,
         },
         file_dep=[tp.tpu_mlir, tp.tpu_weights, p.canonical_mlir, p.input_npz, p.top_outs]
         + ([p.cali_table] if int8 else [])

@@ -14,7 +14,8 @@ must all have been compared: an output without a counterpart fails.
 An output may have parts (slices along one axis: a Concat's inputs, or what the manifest declares;
 tpubuild/verify/parts.py): each part is compared on its own and decides as well, so that a small part
 cannot hide behind a large one. The report's ``decided_cos`` is the lowest cosine of what decided (the
-outputs and their parts judged by similarity; every tensor when every tensor decides); ``min_cos`` stays
+outputs and their parts judged by similarity; every tensor when every tensor decides; not a tensor CLOSE
+below the tolerance's cosine, which its elementwise bound decided); ``min_cos`` stays
 the lowest over every tensor compared, intermediate ones included (a cause to look for, not the verdict).
 """
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tpubuild.verify.parts import Part, tiny_bound
-from tpubuild.verify.similarity import Tolerance, similarity
+from tpubuild.verify.similarity import CLOSE, Tolerance, similarity
 
 
 def pair_tensors(
@@ -94,8 +95,10 @@ def compare_tensors(
         deciding = rows
         passed = compared > 0 and all(row["passed"] for row in rows)
     passed = passed and all(row["passed"] for row in part_rows)
-    # the cosine of what decided: a tiny part's cosine is noise, its max abs error decided
-    judged = deciding + [row for row in part_rows if row["rule"] == "similarity"]
+    # the cosine of what decided: a tiny part's cosine is noise, its max abs error decided; so did the
+    # elementwise bound of a tensor CLOSE below the tolerance's cosine (a map of sigmoids near 1e-7)
+    judged = [row for row in deciding if not _close_only(row, tol)]
+    judged += [row for row in part_rows if row["rule"] == "similarity"]
     return {
         "tolerance": {"cos": tol.cos, "euc": tol.euc},
         "decided_by": "graph outputs" if decide == "outputs" else "every tensor",
@@ -113,6 +116,11 @@ def compare_tensors(
         "tensors": rows,
         "parts": part_rows,
     }
+
+
+def _close_only(row: Mapping, tol: Tolerance) -> bool:
+    """Whether a compared tensor passed by CLOSE's elementwise bound alone, its cosine or euc below ``tol``."""
+    return row["label"] == CLOSE and not (row["cos"] >= tol.cos and row["euc"] >= tol.euc)
 
 
 def _part_rows(test, ref, rows: list[dict], parts: Mapping[str, Sequence[Part]], tol: Tolerance, steps) -> list[dict]:
