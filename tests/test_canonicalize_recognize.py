@@ -1,4 +1,4 @@
-"""Canonicalize's recognition patterns: decomposed SiLU, GELU, HardSwish and LayerNorm become
+"""Canonicalize's recognition patterns: decomposed SiLU, GELU, HardSwish, means and LayerNorm become
 single ops, x*1 / x+0 go, an explicit Pad folds into Conv/pools, a scale folds into Softmax.
 
 Each model is built with onnx.helper, converted, canonicalized, printed, re-parsed and
@@ -494,6 +494,53 @@ def test_not_layernorm(tmp_path, case):
         assert found == ["top.LayerNorm", "top.Mul"]
     else:
         assert "top.LayerNorm" not in found and "top.Sqrt" in found
+
+
+# ---- means written as sums -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["div", "mul", "mul_reversed"])
+def test_sum_over_its_count_is_a_mean(tmp_path, form):
+    """ReduceSum(x) / n and ReduceSum(x) * (1/n), n the count summed (2 * 16 here) -> one ReduceMean named
+    after the division; in float16 the mean of these squares (about 400) fits where their sum (13000, or
+    2.1e5 over magika's 512) may not."""
+    inits = {"axes": np.array([1, 2], np.int64), "n": f32(32.0), "inv": f32(1 / 32)}
+    scaled = {
+        "div": node("Div", ["sum", "n"], "out"),
+        "mul": node("Mul", ["sum", "inv"], "out"),
+        "mul_reversed": node("Mul", ["inv", "sum"], "out"),
+    }[form]
+    nodes = [node("ReduceSum", ["x", "axes"], "sum", keepdims=1), scaled]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(3, 2, 16, scale=20)}, initializers=inits)
+    assert kinds(canonical) == [("top.Reduce", "out")]
+    mean = only(canonical, top.ReduceOp)
+    assert mean.params.mode == "ReduceMean" and mean.params.axes == (1, 2)
+
+
+@pytest.mark.parametrize("case", ["other_count", "sum_used", "broadcast"])
+def test_not_a_mean(tmp_path, case):
+    inits = {"axes": np.array([1], np.int64), "n": f32(15.0 if case == "other_count" else 16.0)}
+    if case == "broadcast":  # the divisor makes a larger tensor than the sum
+        inits["n"] = np.full((4, 1, 1), 16.0, np.float32)
+    nodes = [node("ReduceSum", ["x", "axes"], "sum", keepdims=1), node("Div", ["sum", "n"], "out")]
+    outputs = ["out", "sum"] if case == "sum_used" else None
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(3, 16)}, outputs=outputs, initializers=inits)
+    assert [k for k, _ in kinds(canonical)] == ["top.Reduce", "top.Div"]
+    assert only(canonical, top.ReduceOp).params.mode == "ReduceSum"
+
+
+def test_layernorm_with_means_written_as_sums(tmp_path):
+    """Keras' and Flax's exports take LayerNorm's means as ReduceSum / n: recognised all the same."""
+    nodes, inits = _layernorm(d=16)
+    inits.update({"axes": np.array([-1], np.int64), "n": f32(16.0)})
+    for name, src in [("mean", "x"), ("var", "sq")]:
+        at = next(k for k, n in enumerate(nodes) if n.output[0] == name)
+        nodes[at : at + 1] = [
+            node("ReduceSum", [src, "axes"], f"{name}_sum", keepdims=1),
+            node("Div", [f"{name}_sum", "n"], name),
+        ]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 5, 16, scale=3) + 2}, initializers=inits)
+    assert kinds(canonical) == [("top.LayerNorm", "out")]
 
 
 def test_onnx_layernorm_absorbs_following_affine(tmp_path):

@@ -91,7 +91,7 @@ class RemoveDeadOpsPass(ModulePass):
 
 @dataclass(frozen=True)
 class RecognizePass(ModulePass):
-    """Decomposed SiLU, GELU, HardSwish, Mish and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
+    """Decomposed SiLU, GELU, HardSwish, Mish, means and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
 
     name = "top-recognize"
     weights: WeightStore = field(default_factory=WeightStore)
@@ -103,6 +103,7 @@ class RecognizePass(ModulePass):
             [
                 recognize.RemoveNeutralArith(w),
                 recognize.RecognizeActivation(w),
+                recognize.RecognizeMean(w),
                 recognize.RecognizeLayerNorm(w),
                 recognize.RecognizeLayerNormAffine(w),
             ],

@@ -1,4 +1,4 @@
-"""Decomposed activations and LayerNorm recognised as the single TOP ops TPU-MLIR lowers whole.
+"""Decomposed activations, means and LayerNorm recognised as the single TOP ops TPU-MLIR lowers whole.
 
 Pointwise activations (SiLU / Swish, GELU, HardSwish, Mish) are recognised by their algebra rather
 than by the shape of the graph. A candidate root (Mul, Div, Add, Sub) is read as a
@@ -443,6 +443,41 @@ class RecognizeLayerNorm(RewritePattern):
         )
         rewriter.replace(op, ln)
         _erase_dead(norm.ops[::-1] + [var, square, sub, mean], rewriter)
+
+
+# op -> operand orders reading "sum op constant"
+_SUM_SCALES = {top.MulOp: ((0, 1), (1, 0)), top.DivOp: ((0, 1),)}
+
+
+@dataclass
+class RecognizeMean(RewritePattern):
+    """ReduceSum(x) / n or ReduceSum(x) * (1/n), n the count of the values summed -> ReduceMean(x), as Flax
+    and Keras exports write a mean. The mean then stays in range where the sum does not: magika's LayerNorm
+    sums 512 squares to 2.1e5, beyond float16's 65504, and its F16 target's output was NaN. (LayerNorm's
+    own recognition reads ReduceMean.)"""
+
+    weights: WeightStore
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if type(op) not in _SUM_SCALES or getattr(op.params, "do_relu", False):
+            return
+        for i, j in _SUM_SCALES[type(op)]:
+            total, c = _private(op.operands[i], top.ReduceOp), scalar(op.operands[j], self.weights)
+            if total is None or c is None or total.params.mode != "ReduceSum" or c == 0.0:
+                continue
+            x = total.operands[0]
+            count = math.prod(shape_of(x.type)[a] for a in total.params.axes)
+            scale = c if isinstance(op, top.MulOp) else 1.0 / c
+            if not math.isclose(scale * count, 1.0, rel_tol=_RTOL) or dtype_of(x.type).kind != "f":
+                continue
+            if op.results[0].type != total.results[0].type:
+                continue  # the constant broadcasts the sum larger or changes its type
+            mean = top.ReduceOp.make(
+                [x], replace(total.params, mode="ReduceMean"), name=op.names[0], result_types=[op.results[0].type]
+            )
+            rewriter.replace(op, mean)
+            rewriter.erase(total)
+            return
 
 
 # op -> operand orders reading "layernorm op constant"
