@@ -15,7 +15,7 @@ An output may have parts (slices along one axis: a Concat's inputs, or what the 
 tpubuild/verify/parts.py): each part is compared on its own and decides as well, so that a small part
 cannot hide behind a large one. The report's ``decided_cos`` is the lowest cosine of what decided (the
 outputs and their parts judged by similarity; every tensor when every tensor decides; not a tensor CLOSE
-below the tolerance's cosine, which its elementwise bound decided); ``min_cos`` stays
+below the tolerance's cosine, which its elementwise bound decided, unless all were); ``min_cos`` stays
 the lowest over every tensor compared, intermediate ones included (a cause to look for, not the verdict).
 """
 
@@ -96,8 +96,9 @@ def compare_tensors(
         passed = compared > 0 and all(row["passed"] for row in rows)
     passed = passed and all(row["passed"] for row in part_rows)
     # the cosine of what decided: a tiny part's cosine is noise, its max abs error decided; so did the
-    # elementwise bound of a tensor CLOSE below the tolerance's cosine (a map of sigmoids near 1e-7)
-    judged = [row for row in deciding if not _close_only(row, tol)]
+    # elementwise bound of a tensor CLOSE below the tolerance's cosine (a map of sigmoids near 1e-7), unless
+    # every output passed so (then their cosine is the only figure there is)
+    judged = [row for row in deciding if not _close_only(row, tol)] or deciding
     judged += [row for row in part_rows if row["rule"] == "similarity"]
     return {
         "tolerance": {"cos": tol.cos, "euc": tol.euc},
