@@ -209,7 +209,7 @@ class Model:
 
         self.m = m = load_manifest(manifest)
         self.paths = p = ModelPaths.of(build_dir, m.name)
-        self.onnx = source_file(m, p)
+        self.onnx = at_manifest_shapes(source_file(m, p), {s.name: s.shape for s in m.inputs}, p.root)
         self.module = load_module(p.canonical_mlir)
         self.weights = weights_for(self.module, p.canonical_mlir)
         inputs = [{**s.config(), "preprocess": s.preprocess} for s in m.inputs]
@@ -277,6 +277,21 @@ class Model:
             found = plan.run(s, all_tensors=False)
             outs.append([dequantize(np.asarray(found[n]), t) for n, t in zip(names, types, strict=True)])
         return outs
+
+
+def at_manifest_shapes(onnx_file: Path, shapes, folder: Path) -> Path:
+    """The source model, or a copy in ``folder`` whose fixed input dims are the manifest's (as the build runs it:
+    tpubuild.frontend.onnx_graph.set_input_shapes) for onnxruntime's float run and quantize_static."""
+    import onnx
+
+    from tpubuild.frontend.onnx_graph import set_input_shapes
+
+    model = onnx.load(str(onnx_file))
+    if not set_input_shapes(model, shapes):
+        return onnx_file
+    copy = folder / f"{onnx_file.stem}.manifest_shapes.onnx"
+    onnx.save(model, str(copy))
+    return copy
 
 
 def float_outputs(onnx_file: Path, samples) -> list[list[np.ndarray]]:
