@@ -459,7 +459,7 @@ class RecognizeMean(RewritePattern):
     weights: WeightStore
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) not in _SUM_SCALES or getattr(op.params, "do_relu", False):
+        if not isinstance(op, top.MulOp | top.DivOp) or getattr(op.params, "do_relu", False):
             return
         for i, j in _SUM_SCALES[type(op)]:
             total, c = _private(op.operands[i], top.ReduceOp), scalar(op.operands[j], self.weights)
