@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -98,10 +99,10 @@ def _const(a: np.ndarray) -> Operand:
     return Operand(a.shape, a.dtype, a)
 
 
-def _one_op_graph(op_cls, params, x_shape, w_shape):
-    b = mlir.GraphBuilder([tensor_type(x_shape)])
+def _one_op_graph(op_cls, params, x_shape, w_shape, dtype=np.float32):
+    b = mlir.GraphBuilder([tensor_type(x_shape, dtype)])
     x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
-    w = b.weight("w", tensor_type(w_shape))
+    w = b.weight("w", tensor_type(w_shape, dtype))
     bias = b.weight("b", tensor_type((w_shape[0],)))
     y = b.add(op_cls.make([x, w, bias], params, name="y")).results[0]
     graph = build_graph(b.finish([y], name="one", weight_file="w.npz", state="TPU_LOWERED"))
@@ -167,6 +168,36 @@ def test_f32_conv_slices_keep_every_tap_live():
     stride2 = dataclasses.replace(p, strides=(2, 2))
     graph, node = _one_op_graph(tpu.ConvOp, stride2, (1, 8, 16, 16), (8, 8, 5, 5))
     assert exact_f32(graph, node, local_rule(graph, node)).min_rows == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_conv_slices_keep_every_tap_live_too(dtype):
+    """The 16-bit modes' convs are float32 GEMMs on widened operands, rounded after. A top slice of one row
+    under a stride-2 3x3 window drops the kernel's top row of taps: most of its float32 sums change, and a
+    few of them cross a 16-bit rounding boundary (YOLO11s-seg's BF16 conv on cv183x: one pixel of 51200 one
+    step off). exact_f32 keeps two rows, whose slices give the whole tensor's bits."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 8, 400)).astype(dtype)
+    w = (rng.standard_normal((128, 64, 3, 3)) * 0.05).astype(dtype)
+    bias = rng.standard_normal(128).astype(np.float32)
+    p = tpu.ConvOp.PARAMS(kernel_shape=(3, 3), strides=(2, 2), pads=(1,) * 4, dilations=(1, 1))
+    graph, node = _one_op_graph(tpu.ConvOp, p, x.shape, w.shape, dtype)
+    rule = exact_f32(graph, node, local_rule(graph, node))
+    assert rule.min_rows == 2
+    kernel = get_kernel(tpu.ConvOp)
+
+    def bits(a: np.ndarray) -> np.ndarray:
+        return a.astype(dtype).view(np.uint16)  # rounded to the mode's type, as the chip stores the result
+
+    full = bits(kernel(p, x, w, bias))
+
+    def tile(lo: int, hi: int) -> np.ndarray:
+        first, end, top_pad, bottom = rule.window.need(lo, hi, x.shape[2])
+        return bits(kernel(dataclasses.replace(p, pads=(top_pad, 1, bottom, 1)), x[:, :, first:end], w, bias))
+
+    assert not np.array_equal(tile(0, 1), full[:, :, :1])  # one row: some values a step off
+    for lo in (0, 2):
+        np.testing.assert_array_equal(tile(lo, lo + 2), full[:, :, lo : lo + 2], err_msg=f"rows {lo}..{lo + 2}")
 
 
 def test_f32_deconv_slices_give_the_whole_tensors_bits():

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from tpubuild.build.chips import Chip
@@ -224,6 +225,10 @@ def _spatial_rule(p, nd: int) -> Rule:
     return Rule(window=window)
 
 
+# the result types of ops whose float path sums through float32 BLAS GEMMs (16-bit operands widened)
+_FLOAT32_GEMM = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
 def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
     """``rule`` limited so that the op's F32 slices give the whole tensor's bits.
 
@@ -232,9 +237,13 @@ def exact_f32(graph: Graph, node: Node, rule: Rule) -> Rule:
     own columns, K (channels x live taps) and N (``kernels.nn.pixel_gemm``): a conv slice matches
     the whole tensor as long as it keeps every tap live, i.e. each H slice has rows past the pads
     (``Rule.min_rows``); a Deconv's slices (whole runs of one tap's rows) always do. A MatMul's
-    GEMM runs on whole tensors. Integer GEMMs are exact and the half modes keep their rule too.
+    GEMM runs on whole tensors. Integer GEMMs are exact. The 16-bit float modes' GEMMs are the same
+    float32 ones on widened operands (kernels.tpu), rounded after: rounding hides most float32
+    differences but not one that crosses a rounding boundary (YOLO11s-seg on cv183x: a BF16 stride-2
+    conv in 1-row slices dropped its top taps for row 0, and one pixel of its 51200 came out one bf16
+    step off, which a later INT8 conv carried to the output), so they keep the same limits.
     """
-    if graph.tensors[node.name].dtype != np.float32:
+    if graph.tensors[node.name].dtype not in _FLOAT32_GEMM:
         return rule
     if isinstance(node.op, tpu.ConvOp):
         group, channels = node.op.params.group, graph.tensors[node.input(0)].shape[1]
