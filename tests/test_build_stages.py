@@ -183,22 +183,22 @@ def test_verify_top_and_summary(tmp_path):
     assert lines[4] == stages.SUMMARY_NOTE  # what the figures are: the minimum of what decided
 
 
+def up_to_canonical(tmp_path: Path, onnx_path: str, specs) -> tuple[str, str, str, str]:
+    """transform, reference and canonicalize into ``tmp_path``: (origin.mlir, canonical.mlir, input.npz,
+    onnx_outs.npz)."""
+    names = ["origin.mlir", "origin_weights.npz", "input.npz", "onnx_outs.npz", "canonical.mlir", "cw.npz"]
+    o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
+    stages.transform(onnx_path, specs, "m", None, o, ow, inp)
+    stages.reference(onnx_path, inp, ref)
+    stages.canonicalize(o, ow, c, cw)
+    return o, c, inp, ref
+
+
 def test_verify_top_fails_below_tolerance(tmp_path):
     """Tamper with the reference: the stage fails, names the tensor and publishes nothing."""
     onnx_path = str(tmp_path / "m.onnx")
     tiny_onnx(tmp_path / "m.onnx")
-    names = [
-        "origin.mlir",
-        "origin_weights.npz",
-        "input.npz",
-        "onnx_outs.npz",
-        "canonical.mlir",
-        "canonical_weights.npz",
-    ]
-    o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
-    stages.transform(onnx_path, SPECS, "m", None, o, ow, inp)
-    stages.reference(onnx_path, inp, ref)
-    stages.canonicalize(o, ow, c, cw)
+    o, c, inp, ref = up_to_canonical(tmp_path, onnx_path, SPECS)
     tensors = read_npz(ref)
     tensors["y"] = tensors["y"][::-1].copy() + 1
     write_npz(ref, tensors)
@@ -220,18 +220,7 @@ def test_verify_top_takes_float32_round_off_of_near_zero_maps(tmp_path):
     nodes = [helper.make_node("Add", ["x", "b"], ["logits"]), helper.make_node("Sigmoid", ["logits"], ["y"])]
     save_onnx(onnx_path, nodes, {"x": ["N", 64]}, {"y": ["N", 64]}, {"b": np.array(shift, np.float32)})
     specs = [{"name": "x", "shape": [2, 64], "dtype": "float32", "range": [-1.0, 1.0]}]
-    names = [
-        "origin.mlir",
-        "origin_weights.npz",
-        "input.npz",
-        "onnx_outs.npz",
-        "canonical.mlir",
-        "canonical_weights.npz",
-    ]
-    o, ow, inp, ref, c, cw = (str(tmp_path / n) for n in names)
-    stages.transform(str(onnx_path), specs, "m", None, o, ow, inp)
-    stages.reference(str(onnx_path), inp, ref)
-    stages.canonicalize(o, ow, c, cw)
+    o, c, inp, ref = up_to_canonical(tmp_path, str(onnx_path), specs)
     outs = [str(tmp_path / n) for n in ("origin_outs.npz", "top_outs.npz", "verify_top.json")]
     tol = {"cos": 0.99999, "euc": 0.999}
     stages.verify_top("m", str(onnx_path), o, c, inp, ref, tol, *outs)
