@@ -98,7 +98,7 @@ def compare_tensors(
     # the cosine of what decided: a tiny part's cosine is noise, its max abs error decided; so did the
     # elementwise bound of a tensor CLOSE below the tolerance's cosine (a map of sigmoids near 1e-7), unless
     # every output passed so (then their cosine is the only figure there is)
-    judged = [row for row in deciding if not _close_only(row, tol)] or deciding
+    judged = [row for row in deciding if not _close_only(row, tol)] or list(deciding)
     judged += [row for row in part_rows if row["rule"] == "similarity"]
     return {
         "tolerance": {"cos": tol.cos, "euc": tol.euc},
