@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -673,10 +672,9 @@ def _forget_failure(out_json: str) -> None:
 
 def _tolerance(tolerance: Mapping[str, float], atol: float | None = None):
     """The manifest's ``{cos, euc}`` as a Tolerance; ``atol``: CLOSE's absolute bound, if not CLOSE_ATOL."""
-    from tpubuild.verify.similarity import Tolerance
+    from tpubuild.verify.similarity import CLOSE_ATOL, Tolerance
 
-    tol = Tolerance(float(tolerance["cos"]), float(tolerance["euc"]))
-    return tol if atol is None else replace(tol, atol=atol)
+    return Tolerance(float(tolerance["cos"]), float(tolerance["euc"]), CLOSE_ATOL if atol is None else atol)
 
 
 def _output_checks(name: str, ref_name: str, test, ref, tolerance: Mapping[str, float]) -> dict:
