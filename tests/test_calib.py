@@ -429,12 +429,12 @@ def test_bounded_outputs_keep_their_whole_range(make_model, convert, method):
 
 def test_saturating_readers_bound_the_threshold(make_model, convert):
     """A tensor read only by HardSigmoid / Sigmoid needs no threshold past where their stored result stops
-    changing: HardSigmoid(x/6 + 1/2) is 1 from x = 3; a uint8 sigmoid output is 255 from ln(509). The INT8
+    changing: HardSigmoid(x/6 + 1/2) is 1 from x = 3; a 16-bit sigmoid result is 0 up to -ln(2^17 - 3). The INT8
     result is then as close to float as with the wide threshold (nothing is lost), and closer on the slope."""
     from onnx import helper
 
     from tpubuild.build.chips import load_chip
-    from tpubuild.calib.calibrate import apply_table, compute_entries
+    from tpubuild.calib.calibrate import RESULT_LEVELS, apply_table, compute_entries
     from tpubuild.lower.inference import dequantized
     from tpubuild.lower.lowering import lower_module
 
@@ -467,7 +467,7 @@ def test_saturating_readers_bound_the_threshold(make_model, convert):
     stats, _ = collect_stats(module, weights, samples)
     entries = compute_entries(module, weights, stats, "max")
     assert stats["c"].absmax > 95
-    assert entries["d"].threshold == pytest.approx(np.log(2 * 255 / entries["s"].threshold - 1))
+    assert entries["d"].threshold == pytest.approx(np.log(2 * RESULT_LEVELS / entries["s"].threshold - 1))
     # c is also a graph output, e is also read by a Relu: their values past the bound still matter
     assert entries["c"].threshold == threshold(stats["c"], "max")
     assert entries["e"].threshold == threshold(stats["e"], "max")
@@ -486,6 +486,43 @@ def test_saturating_readers_bound_the_threshold(make_model, convert):
         out = dequantized(tpu, run(tpu, w, test))
         errors.append(float(np.max(np.abs(np.asarray(out["g"], np.float64).reshape(ref.shape) - ref))))
     assert errors[1] < 0.01 and errors[1] < errors[0] / 10, errors  # the input's and the gate's rounding
+
+
+def test_saturating_readers_bound_the_threshold_through_moves(make_model, convert):
+    """YOLOv8's class logits reach their Sigmoid through Reshape and Concat, and run 40 below zero where the
+    sigmoid's result stopped changing at -8: the bound reaches back through ops that only move values. A value
+    that a move passes on to a reader that does not saturate (here a Relu) keeps the method's threshold."""
+    from onnx import helper
+
+    from tpubuild.calib.calibrate import RESULT_LEVELS, compute_entries
+
+    rng = np.random.default_rng(3)
+
+    def sample():
+        return {"x": rng.normal(-20.0, 10.0, (1, 3, 4, 4)).astype(np.float32)}
+
+    shape = np.array([1, 3, 16], np.int64)
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("Neg", ["x"], ["y"]),
+        helper.make_node("Reshape", ["y", "shape"], ["flat_y"]),
+        helper.make_node("Concat", ["flat", "flat_y"], ["joint"], axis=2),
+        helper.make_node("Sigmoid", ["joint"], ["s"]),
+        helper.make_node("Abs", ["x"], ["z"]),
+        helper.make_node("Transpose", ["z"], ["zt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Sigmoid", ["zt"], ["zs"]),
+        helper.make_node("Relu", ["zt"], ["zr"]),
+    ]
+    model = make_model(nodes, sample(), outputs=["s", "zs", "zr"], initializers={"shape": shape})
+    module, weights = convert(model, {"x": [1, 3, 4, 4]})
+    stats, _ = collect_stats(module, weights, [sample() for _ in range(4)])
+    entries = compute_entries(module, weights, stats, "max")
+    bound = np.log(2 * RESULT_LEVELS / entries["s"].threshold - 1)
+    assert stats["x"].absmax > 3 * bound
+    for name in ("flat", "y", "flat_y", "joint"):
+        assert entries[name].threshold == pytest.approx(bound), name
+    for name in ("x", "z", "zt"):  # x: Neg and Abs read it too
+        assert entries[name].threshold == threshold(stats[name], "max"), name
 
 
 def test_small_vectors_take_their_max(make_model, convert):

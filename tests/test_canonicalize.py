@@ -19,7 +19,7 @@ from tpubuild.build.files import npz_bytes
 from tpubuild.frontend import convert_onnx
 from tpubuild.ir import mlir, top
 from tpubuild.ir.mlir import GraphBuilder
-from tpubuild.ir.types import tensor_type
+from tpubuild.ir.types import shape_of, tensor_type
 from tpubuild.ir.weights import WeightStore
 from tpubuild.top.canonicalize import canonicalize
 from tpubuild.top.inference import run
@@ -51,6 +51,12 @@ def compute_ops(module) -> list:
 def kinds(module) -> list[tuple[str, str]]:
     """(op name, tensor name) of every compute op, in order."""
     return [(op.name, op.loc_name) for op in compute_ops(module)]
+
+
+def only_named(module, name: str):
+    found = [op for op in compute_ops(module) if name in op.names]
+    assert len(found) == 1, kinds(module)
+    return found[0]
 
 
 def only(module, cls):
@@ -556,6 +562,52 @@ def test_single_input_concat_removed(tmp_path):
     nodes = [node("Sigmoid", ["x"], "s"), node("Concat", ["s"], "c", axis=1), node("Tanh", ["c"], "out")]
     canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(2, 3)})
     assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
+
+
+def _yolov8_head(cut: str):
+    """Two levels of a YOLOv8 head: per level Concat(box, cls) on channels, Reshape to [1, C, H*W], the levels
+    concatenated on anchors, then box and cls taken apart again (``cut``: Split, Slice, or a Split one channel
+    off the joint), the class part through a Sigmoid."""
+    nodes, inits = [], {}
+    for level, hw in enumerate((4, 2)):
+        nodes += [
+            node("Sigmoid", [f"x{level}"], f"box{level}"),
+            node("Tanh", [f"y{level}"], f"cls{level}"),
+            node("Concat", [f"box{level}", f"cls{level}"], f"cat{level}", axis=1),
+            node("Reshape", [f"cat{level}", f"shape{level}"], f"flat{level}"),
+        ]
+        inits[f"shape{level}"] = _shape(1, 7, hw * hw)
+    nodes.append(node("Concat", ["flat0", "flat1"], "joint", axis=2))
+    if cut == "slice":
+        nodes.append(node("Slice", ["joint", "start", "end", "axes"], "scores"))
+        inits |= {"start": _shape(4), "end": _shape(7), "axes": _shape(1)}
+    else:
+        sizes = (4, 3) if cut == "split" else (5, 2)
+        nodes.append(helper.make_node("Split", ["joint", "sizes"], ["boxes", "scores"], name="split", axis=1))
+        nodes.append(node("Exp", ["boxes"], "box_out"))
+        inits["sizes"] = _shape(*sizes)
+    nodes.append(node("Sigmoid", ["scores"], "score_out"))
+    inputs = {"x0": randn(1, 4, 4, 4), "y0": randn(1, 3, 4, 4), "x1": randn(1, 4, 2, 2), "y1": randn(1, 3, 2, 2)}
+    outputs = ["score_out"] if cut == "slice" else ["box_out", "score_out"]
+    return nodes, inputs, outputs, inits
+
+
+@pytest.mark.parametrize("cut", ["split", "slice"])
+def test_split_of_a_yolov8_head_takes_its_parts_from_the_concat_inputs(tmp_path, cut):
+    nodes, inputs, outputs, inits = _yolov8_head(cut)
+    canonical, _, _ = canon_onnx(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert not [op for op in compute_ops(canonical) if isinstance(op, top.SplitOp | top.SliceOp)]
+    scores = mlir.value_name(only_named(canonical, "score_out").operands[0])
+    joined = only_named(canonical, scores)
+    # the sigmoid reads a Concat of the levels' class parts alone: [1, 3, 16 + 4]
+    assert isinstance(joined, top.ConcatOp) and shape_of(joined.results[0].type) == (1, 3, 20)
+    assert [mlir.value_name(x.owner.operands[0]) for x in joined.operands] == ["cls0", "cls1"]
+
+
+def test_split_across_the_concat_inputs_stays(tmp_path):
+    nodes, inputs, outputs, inits = _yolov8_head("misaligned")
+    canonical, _, _ = canon_onnx(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert isinstance(only(canonical, top.SplitOp).operands[0].owner, top.ConcatOp)
 
 
 # ---- whole models ---------------------------------------------------------------------

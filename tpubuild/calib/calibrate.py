@@ -16,8 +16,9 @@
    otherwise; min and max are the observed ones. Two more rules, whatever the
    method: a tensor of at most ``VECTOR_SIZE`` values per sample (pooled
    features, logits) takes its max, and a tensor read only by ops that
-   saturate (HardSigmoid, Clip, Sigmoid, Tanh) is clipped where their result
-   stops changing.
+   saturate (HardSigmoid, Clip, Sigmoid, Tanh), directly or through ops that
+   only move values (Reshape, Concat, ...: ``MOVES``), is clipped where their
+   result stops changing.
 4. A user table (the manifest's ``calibration.table``) wins: its entries
    replace computed ones, and when it covers every tensor no inference runs.
 5. ``apply_table``: every calibrated tensor's type becomes
@@ -46,7 +47,8 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType
-from tpubuild.ir.top import ClipOp, HardSigmoidOp, NoneOp, ReluOp, SigmoidOp, SoftmaxOp, TanhOp, WeightOp
+from tpubuild.ir import top
+from tpubuild.ir.top import ClipOp, ConcatOp, HardSigmoidOp, NoneOp, ReluOp, SigmoidOp, SoftmaxOp, TanhOp, WeightOp
 from tpubuild.ir.types import numpy_dtype
 from tpubuild.ir.weights import WeightStore
 
@@ -94,6 +96,13 @@ def validation_samples(samples: Iterable[Mapping[str, np.ndarray]]) -> list[Mapp
     limit = VALIDATION_EVERY * VALIDATION_SAMPLES
     return [sample for i, sample in enumerate(itertools.islice(iter(samples), limit)) if held_back(i)]
 
+# Sigmoid and Tanh only approach their ends: where they stop changing depends on the resolution of their
+# result, taken as 16 bits over its range. An INT8 result (256 levels) would stop sooner, but a detector's
+# score sigmoid stays float (after the last conv: lower/int8.output_tail), and there the 8-bit bound, -6.2,
+# turned every background anchor's score from 0 into 0.002: over YOLOv8's 3549 anchors x classes, that
+# outweighed the few real scores (cosine 0.73).
+RESULT_LEVELS = 2**16 - 1
+
 
 def _hardsigmoid_bound(op, out) -> float:
     a, b = op.params.alpha, op.params.beta  # 0 at -b/a, 1 at (1-b)/a
@@ -109,20 +118,19 @@ def _relu_bound(op, out) -> float:
 
 
 def _sigmoid_bound(op, out) -> float:
-    # past ln(2/s - 1) the result is within half an output step s of 0 or 1: the same stored value
-    step = out.threshold / (255 if out.min >= 0 else 127)
+    # past ln(2/s - 1) the result is within half a step s of 0 or 1 (s: RESULT_LEVELS steps over its range)
+    step = out.threshold / RESULT_LEVELS
     return math.log(2 / step - 1) if 0 < step < 2 else math.inf
 
 
 def _tanh_bound(op, out) -> float:
-    step = out.threshold / 127
+    step = out.threshold / (RESULT_LEVELS // 2)
     return math.atanh(1 - step / 2) if 0 < step < 2 else math.inf
 
 
-# op -> (op, its result's entry) -> the |x| beyond which its result no longer changes (as stored in
-# INT8: a table op's output is quantized). A tensor read only by such ops needs no threshold above
-# the largest of their bounds: PP-OCRv4 det's squeeze-excite gates read convolutions calibrated to
-# 95, which left 8 of the 256 input levels to HardSigmoid's whole (-3, 3) slope.
+# op -> (op, its result's entry) -> the |x| beyond which its result no longer changes. A tensor read only
+# by such ops needs no threshold above the largest of their bounds: PP-OCRv4 det's squeeze-excite gates read
+# convolutions calibrated to 95, which left 8 of the 256 input levels to HardSigmoid's whole (-3, 3) slope.
 SATURATES = {
     HardSigmoidOp: _hardsigmoid_bound,
     ClipOp: _clip_bound,
@@ -130,6 +138,23 @@ SATURATES = {
     SigmoidOp: _sigmoid_bound,
     TanhOp: _tanh_bound,
 }
+
+# Ops whose result's values are some of their data operand's (operand 0; a Concat's, all operands'), moved: a
+# value read only through them saturates where their results' readers do.
+MOVES = (
+    top.ReshapeOp,
+    top.PermuteOp,
+    top.SliceOp,
+    top.SplitOp,
+    top.TileOp,
+    top.ExpandOp,
+    top.Depth2SpaceOp,
+    top.GatherOp,
+    top.GatherElementsOp,
+    top.IdentityOp,
+    top.PadOp,
+    ConcatOp,
+)
 
 
 def activation_values(module: ModuleOp) -> dict[str, SSAValue]:
@@ -243,8 +268,9 @@ def compute_entries(
         raise TpuBuildError(f"unknown calibration method {method!r}; expected one of {list(METHOD_NAMES)}")
     chosen = {name: value if (rule := fixed[name]) is None else rule for name, value in chosen.items()}
     entries = {name: Entry(chosen[name], *_min_max(s)) for name, s in stats.items()}
+    bounds = _saturation_bounds(values, entries)
     for name, entry in entries.items():
-        bound = _saturation_bound(values.get(name), entries)
+        bound = bounds.get(name, math.inf)
         if bound < entry.threshold:
             entries[name] = Entry(bound, entry.min, entry.max)
     return entries
@@ -259,16 +285,29 @@ def _fixed_threshold(value: SSAValue | None, s: TensorStats) -> float | None:
     return None
 
 
-def _saturation_bound(value: SSAValue | None, entries: Mapping[str, Entry]) -> float:
-    """The largest |x| that changes what any reader of ``value`` computes; inf if a reader is not
-    a saturating op (or the value is a graph output: the return op reads it)."""
-    bounds = []
-    for use in value.uses if value is not None else ():
-        op = use.operation
-        rule = SATURATES.get(type(op))
-        out = entries.get(op.names[0]) if rule is not None and isinstance(op, TensorOp) else None
-        bounds.append(rule(op, out) if rule is not None and out is not None else math.inf)
-    return max(bounds, default=math.inf)
+def _saturation_bounds(values: Mapping[str, SSAValue], entries: Mapping[str, Entry]) -> dict[str, float]:
+    """Per value by name, the largest |x| that changes what any reader computes: inf if one reader is not a
+    saturating op (or the value is a graph output: the return op reads it). Ops that only move values (``MOVES``)
+    pass their results' bounds back: YOLOv8's class logits reach their sigmoid through Reshape and Concat."""
+    bounds: dict[SSAValue, float] = {}
+
+    def bound(value: SSAValue) -> float:
+        if value not in bounds:
+            found = []
+            for use in value.uses:
+                op = use.operation
+                rule = SATURATES.get(type(op))
+                out = entries.get(op.names[0]) if rule is not None and isinstance(op, TensorOp) else None
+                if out is not None:
+                    found.append(rule(op, out))
+                elif isinstance(op, MOVES) and (use.index == 0 or isinstance(op, ConcatOp)):
+                    found.append(max((bound(r) for r in op.results), default=math.inf))
+                else:
+                    found.append(math.inf)
+            bounds[value] = max(found, default=math.inf)
+        return bounds[value]
+
+    return {name: bound(value) for name, value in values.items()}
 
 
 def _candidates(s: TensorStats) -> list[float]:
