@@ -566,8 +566,8 @@ def test_single_input_concat_removed(tmp_path):
 
 def _yolov8_head(cut: str):
     """Two levels of a YOLOv8 head: per level Concat(box, cls) on channels, Reshape to [1, C, H*W], the levels
-    concatenated on anchors, then box and cls taken apart again (``cut``: Split, Slice, or a Split one channel
-    off the joint), the class part through a Sigmoid."""
+    concatenated on anchors, then box and cls taken apart again (``cut``: a Split, two Slices, or a Split one
+    channel off the seam), the class part through a Sigmoid."""
     nodes, inits = [], {}
     for level, hw in enumerate((4, 2)):
         nodes += [
@@ -579,17 +579,16 @@ def _yolov8_head(cut: str):
         inits[f"shape{level}"] = _shape(1, 7, hw * hw)
     nodes.append(node("Concat", ["flat0", "flat1"], "joint", axis=2))
     if cut == "slice":
-        nodes.append(node("Slice", ["joint", "start", "end", "axes"], "scores"))
-        inits |= {"start": _shape(4), "end": _shape(7), "axes": _shape(1)}
+        nodes.append(node("Slice", ["joint", "zero", "four", "axes"], "boxes"))
+        nodes.append(node("Slice", ["joint", "four", "seven", "axes"], "scores"))
+        inits |= {"zero": _shape(0), "four": _shape(4), "seven": _shape(7), "axes": _shape(1)}
     else:
         sizes = (4, 3) if cut == "split" else (5, 2)
         nodes.append(helper.make_node("Split", ["joint", "sizes"], ["boxes", "scores"], name="split", axis=1))
-        nodes.append(node("Exp", ["boxes"], "box_out"))
         inits["sizes"] = _shape(*sizes)
-    nodes.append(node("Sigmoid", ["scores"], "score_out"))
+    nodes += [node("Exp", ["boxes"], "box_out"), node("Sigmoid", ["scores"], "score_out")]
     inputs = {"x0": randn(1, 4, 4, 4), "y0": randn(1, 3, 4, 4), "x1": randn(1, 4, 2, 2), "y1": randn(1, 3, 2, 2)}
-    outputs = ["score_out"] if cut == "slice" else ["box_out", "score_out"]
-    return nodes, inputs, outputs, inits
+    return nodes, inputs, ["box_out", "score_out"], inits
 
 
 @pytest.mark.parametrize("cut", ["split", "slice"])
@@ -597,6 +596,7 @@ def test_split_of_a_yolov8_head_takes_its_parts_from_the_concat_inputs(tmp_path,
     nodes, inputs, outputs, inits = _yolov8_head(cut)
     canonical, _, _ = canon_onnx(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
     assert not [op for op in compute_ops(canonical) if isinstance(op, top.SplitOp | top.SliceOp)]
+    assert not [op for op in compute_ops(canonical) if {"joint", "cat0", "flat1"} & set(op.names)]  # the chain went
     scores = mlir.value_name(only_named(canonical, "score_out").operands[0])
     joined = only_named(canonical, scores)
     # the sigmoid reads a Concat of the levels' class parts alone: [1, 3, 16 + 4]

@@ -14,7 +14,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewri
 from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.types import shape_of
-from tpubuild.top.patterns.common import erase_if_unused, forward, is_graph_output, producer, single_user
+from tpubuild.top.patterns.common import erase_if_unused, forward, is_graph_output, producer
 
 
 class RemoveNoOpReshape(RewritePattern):
@@ -99,12 +99,15 @@ def _edges(concat: top.ConcatOp, axis: int) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
 
 
-def _plan_cut(value: SSAValue, axis: int, pieces: tuple[tuple[int, int], ...]) -> _Cut | None:
+def _plan_cut(value: SSAValue, axis: int, pieces: tuple[tuple[int, int], ...], first: bool = False) -> _Cut | None:
     """A cut of ``value`` that ends at Concats along ``axis`` whose inputs meet at every piece's ends, through
-    ops that only move values; None if there is none. Every value on the way has one user (the old chain
-    goes), and is not a graph output."""
+    ops that only move values; None if there is none. Every value on the way has one user, so the old chain
+    goes; the ``first`` may have more if all are Splits or Slices (a box Slice and a class Slice), each of which
+    takes its pieces the same way."""
     op = producer(value)
-    if single_user(value) is None or not isinstance(op, top.ConcatOp | top.ReshapeOp | top.PermuteOp):
+    users = [use.operation for use in value.uses]
+    shared = first and all(isinstance(u, top.SplitOp | top.SliceOp) for u in users)
+    if not (len(users) == 1 or shared) or not isinstance(op, top.ConcatOp | top.ReshapeOp | top.PermuteOp):
         return None
     rank = len(shape_of(value.type))
     if isinstance(op, top.ConcatOp):
@@ -154,7 +157,7 @@ def _apply_cut(op: TensorOp, axis: int, pieces: tuple[tuple[int, int], ...], rew
     if any(is_graph_output(r) for r in op.results):
         return  # a piece may be an input of the Concat, under that input's name
     rank = len(shape_of(op.operands[0].type))
-    cut = _plan_cut(op.operands[0], axis % rank, pieces)
+    cut = _plan_cut(op.operands[0], axis % rank, pieces, first=True)
     if cut is not None:
         rewriter.replace(op, [], _cut_values(cut, op.names, rewriter))
 
