@@ -237,9 +237,9 @@ class Detector:
         self.module, self.weights = top_module(make_model, tmp_path, nodes, (1, 8, 8, 8), inits)
         self.samples = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(10)]
         cali, _ = calibrate(self.module, self.weights, self.samples, "max")
-        # the class logits' range cut 20-fold (as a statistic fooled by a lopsided set might): the scores
+        # the class logits' range cut 40-fold (as a statistic fooled by a lopsided set might): the scores
         # saturate, and only their own part of the output shows it
-        self.cali = {**cali, "logits": dataclasses.replace(cali["logits"], threshold=cali["logits"].threshold / 20)}
+        self.cali = {**cali, "logits": dataclasses.replace(cali["logits"], threshold=cali["logits"].threshold / 40)}
 
     def search(self, **config):
         return search(

@@ -96,6 +96,7 @@ def validation_samples(samples: Iterable[Mapping[str, np.ndarray]]) -> list[Mapp
     limit = VALIDATION_EVERY * VALIDATION_SAMPLES
     return [sample for i, sample in enumerate(itertools.islice(iter(samples), limit)) if held_back(i)]
 
+
 # Sigmoid and Tanh only approach their ends: where they stop changing depends on the resolution of their
 # result, taken as 16 bits over its range. An INT8 result (256 levels) would stop sooner, but a detector's
 # score sigmoid stays float (after the last conv: lower/int8.output_tail), and there the 8-bit bound, -6.2,
@@ -298,7 +299,7 @@ def _saturation_bounds(values: Mapping[str, SSAValue], entries: Mapping[str, Ent
                 op = use.operation
                 rule = SATURATES.get(type(op))
                 out = entries.get(op.names[0]) if rule is not None and isinstance(op, TensorOp) else None
-                if out is not None:
+                if rule is not None and out is not None:
                     found.append(rule(op, out))
                 elif isinstance(op, MOVES) and (use.index == 0 or isinstance(op, ConcatOp)):
                     found.append(max((bound(r) for r in op.results), default=math.inf))
