@@ -10,25 +10,10 @@ import numpy as np
 from tpubuild.errors import TpuBuildError
 
 
-def load_onnx(onnx_path: str | Path):
-    """onnx.load with a user-facing error for a missing or corrupt file."""
-    import onnx
-
-    path = Path(onnx_path)
-    if not path.is_file():
-        raise TpuBuildError("no such ONNX file", file=str(path))
-    try:
-        return onnx.load(str(path))
-    except Exception as err:  # protobuf raises DecodeError, onnx raises its own types: all mean "bad file"
-        raise TpuBuildError(
-            f"not a valid ONNX model ({type(err).__name__}: {err})",
-            file=str(path),
-            hint="the file is truncated or not an .onnx; re-export or re-download it",
-        ) from None
-
-
 def output_names(onnx_path: str | Path) -> list[str]:
     """The graph outputs, in order."""
+    from tpubuild.frontend.onnx_graph import load_onnx
+
     return [out.name for out in load_onnx(onnx_path).graph.output]
 
 
@@ -52,7 +37,7 @@ def onnx_tensors(onnx_path: str | Path, inputs: Mapping[str, np.ndarray]) -> dic
     """Every tensor of the main graph (graph outputs and all intermediates) by name."""
     import onnxruntime as ort
 
-    from tpubuild.frontend.onnx_graph import set_input_shapes
+    from tpubuild.frontend.onnx_graph import load_onnx, set_input_shapes
 
     model = load_onnx(onnx_path)
     set_input_shapes(model, {name: np.shape(value) for name, value in inputs.items()})  # the manifest's, as TOP's
