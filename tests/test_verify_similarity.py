@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -58,6 +59,15 @@ def test_sqnr_by_hand():
     assert sqnr_db(ref, ref) == math.inf
     # a constant offset is zero-mean noise 0: SQNR ignores DC, as TPU-MLIR's does
     assert sqnr_db(ref + 5.0, ref) == math.inf
+
+
+def test_empty_tensors_are_equal_without_warnings():
+    """A zero-length slice (RivaGAN's encoder makes a [1, 0, 1, 256, 256] tensor) has no mean to take."""
+    empty = np.zeros((1, 0, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = similarity(empty, empty, TOL)
+    assert s.label == EQUAL and s.passed and s.sqnr == math.inf
 
 
 def test_max_abs_error():

@@ -77,6 +77,8 @@ def _euclidean(a: np.ndarray, b: np.ndarray, diff: np.ndarray) -> float:
 
 
 def _sqnr_db(ref: np.ndarray, diff: np.ndarray) -> float:
+    if not ref.size:  # an empty tensor (a zero-length slice) has neither
+        return math.inf
     # the noise test - ref here, ref - test in the definition: negating is exact and leaves its power as it is
     signal = ref - ref.mean()
     noise = diff - diff.mean()
