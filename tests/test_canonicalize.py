@@ -564,6 +564,19 @@ def test_single_input_concat_removed(tmp_path):
     assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
 
 
+def test_empty_concat_input_dropped(tmp_path):
+    """x[:, 3:] of a 3-channel x, joined back (as RivaGAN's encoder does): the Concat is x alone."""
+    nodes = [
+        node("Sigmoid", ["x"], "s"),
+        node("Slice", ["s", "three", "end", "axes"], "rest"),
+        node("Concat", ["s", "rest"], "c", axis=1),
+        node("Tanh", ["c"], "out"),
+    ]
+    inits = {"three": _shape(3), "end": _shape(2**62), "axes": _shape(1)}
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 3, 4)}, initializers=inits)
+    assert kinds(canonical) == [("top.Sigmoid", "s"), ("top.Tanh", "out")]
+
+
 def _yolov8_head(cut: str):
     """Two levels of a YOLOv8 head: per level Concat(box, cls) on channels, Reshape to [1, C, H*W], the levels
     concatenated on anchors, then box and cls taken apart again (``cut``: a Split, two Slices, or a Split one

@@ -6,7 +6,8 @@ hold the weight store. The pipeline is a plain list, run in order:
 
 1. fold constants (ops whose operands are all weights become weights),
 2. drop dead ops (a dead user would otherwise block the "single user" rules),
-3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat),
+3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat,
+   a Concat's empty inputs),
    merge Reshape/Permute chains, and take a Split or Slice of what a Concat
    joined from the Concat's inputs (a YOLOv8 head's box and class parts),
 4. drop the ops that left dead,
@@ -75,6 +76,7 @@ class RemoveNoOpsPass(ModulePass):
                 layout.MergePermutes(),
                 layout.PermuteAsReshape(),
                 layout.RemoveSingleConcat(),
+                layout.DropEmptyConcatInputs(),
                 layout.SplitConcatParts(),
                 layout.SliceConcatPart(),
             ],

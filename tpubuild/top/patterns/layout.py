@@ -1,9 +1,10 @@
-"""Data-movement simplification: Reshape/Permute chains merged or cancelled, one-input Concat removed, a Split
-or Slice of what a Concat joined taken from the Concat's inputs."""
+"""Data-movement simplification: Reshape/Permute chains merged or cancelled, one-input Concat removed, empty
+Concat inputs dropped, a Split or Slice of what a Concat joined taken from the Concat's inputs."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -14,7 +15,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewri
 from tpubuild.ir import top
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.types import shape_of
-from tpubuild.top.patterns.common import erase_if_unused, forward, is_graph_output, producer
+from tpubuild.top.patterns.common import erase_if_unused, forward, is_graph_output, producer, rebuilt
 
 
 class RemoveNoOpReshape(RewritePattern):
@@ -80,6 +81,17 @@ class RemoveSingleConcat(RewritePattern):
     def match_and_rewrite(self, op: top.ConcatOp, rewriter: PatternRewriter) -> None:
         if len(op.operands) == 1:
             forward(op, op.operands[0], rewriter)
+
+
+class DropEmptyConcatInputs(RewritePattern):
+    """A Concat input with no values adds nothing (RivaGAN's encoder joins ``x[:, 32:]`` of 32 channels); the
+    chip has no zero-size tensors."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.ConcatOp, rewriter: PatternRewriter) -> None:
+        kept = [x for x in op.operands if math.prod(shape_of(x.type))]
+        if kept and len(kept) < len(op.operands):
+            rewriter.replace(op, rebuilt(op, operands=kept))
 
 
 @dataclass(frozen=True)
