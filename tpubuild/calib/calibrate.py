@@ -140,22 +140,9 @@ SATURATES = {
     TanhOp: _tanh_bound,
 }
 
-# Ops whose result's values are some of their data operand's (operand 0; a Concat's, all operands'), moved: a
-# value read only through them saturates where their results' readers do.
-MOVES = (
-    top.ReshapeOp,
-    top.PermuteOp,
-    top.SliceOp,
-    top.SplitOp,
-    top.TileOp,
-    top.ExpandOp,
-    top.Depth2SpaceOp,
-    top.GatherOp,
-    top.GatherElementsOp,
-    top.IdentityOp,
-    top.PadOp,
-    ConcatOp,
-)
+# A value read only through these (a Concat's every operand, the others' operand 0) saturates where their
+# results' readers do.
+MOVES = (*top.MOVE_OPS, top.PadOp, ConcatOp)
 
 
 def activation_values(module: ModuleOp) -> dict[str, SSAValue]:

@@ -1332,6 +1332,22 @@ class LRNOp(TopOp):
     PARAMS = LRNParams
 
 
+# Ops whose result's values are some of their data operand's (operand 0), moved or repeated: what passes
+# through them keeps its quantization in INT8 (lower/int8.py), and its range matters only where their
+# results are read (calib/calibrate.py).
+MOVE_OPS = (
+    ReshapeOp,
+    PermuteOp,
+    SliceOp,
+    SplitOp,
+    TileOp,
+    ExpandOp,
+    Depth2SpaceOp,
+    GatherOp,
+    GatherElementsOp,
+    IdentityOp,
+)
+
 TOP_OPS: list[type[TopOp]] = [
     v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, TopOp) and "name" in v.__dict__
 ]

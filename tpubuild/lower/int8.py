@@ -258,20 +258,6 @@ def _(lw: Lowering, op: TensorOp):
 
 # ---- data movement: the input's quantization passes through -------------------------------
 
-SAME_TYPE = (
-    top.ReshapeOp,
-    top.PermuteOp,
-    top.SliceOp,
-    top.SplitOp,
-    top.TileOp,
-    top.ExpandOp,
-    top.Depth2SpaceOp,
-    top.GatherOp,
-    top.GatherElementsOp,
-    top.IdentityOp,
-)
-
-
 def same_type(lw: Lowering, op: TensorOp, stored_params=None):
     """The op on stored values, its result in the data operand's quantization; ``stored_params(p, qx)``
     rewrites parameters given in real units."""
@@ -285,7 +271,7 @@ def same_type(lw: Lowering, op: TensorOp, stored_params=None):
     return _emit(lw, op, [xin, *[lw.raw_value(v) for v in rest]], params, qx.element())
 
 
-@int8_rule(*SAME_TYPE)
+@int8_rule(*top.MOVE_OPS)
 def _(lw: Lowering, op: TensorOp):
     return same_type(lw, op)
 
@@ -414,7 +400,7 @@ def lut_chains(lw: Lowering) -> dict[Operation, list[TensorOp]]:
 
 # The ops that pass a Concat's values on element by element, or move them: after a Concat of unlike ranges
 # they stay float with it (float_region).
-PASS_ON = (*SAME_TYPE, *UNARY, *SCALAR_BINARY, top.ConcatOp, top.PadOp, top.InterpOp, top.MaxPoolOp)
+PASS_ON = (*top.MOVE_OPS, *UNARY, *SCALAR_BINARY, top.ConcatOp, top.PadOp, top.InterpOp, top.MaxPoolOp)
 
 
 def _range(lw: Lowering, v: SSAValue) -> float:
