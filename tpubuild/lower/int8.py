@@ -258,6 +258,7 @@ def _(lw: Lowering, op: TensorOp):
 
 # ---- data movement: the input's quantization passes through -------------------------------
 
+
 def same_type(lw: Lowering, op: TensorOp, stored_params=None):
     """The op on stored values, its result in the data operand's quantization; ``stored_params(p, qx)``
     rewrites parameters given in real units."""
