@@ -579,8 +579,8 @@ def test_empty_concat_input_dropped(tmp_path):
 
 def _yolov8_head(cut: str):
     """Two levels of a YOLOv8 head: per level Concat(box, cls) on channels, Reshape to [1, C, H*W], the levels
-    concatenated on anchors, then box and cls taken apart again (``cut``: a Split, two Slices, or a Split one
-    channel off the seam), the class part through a Sigmoid."""
+    concatenated on anchors, then box and cls taken apart again (``cut``: a Split or two Slices), the class part
+    through a Sigmoid."""
     nodes, inits = [], {}
     for level, hw in enumerate((4, 2)):
         nodes += [
@@ -596,9 +596,8 @@ def _yolov8_head(cut: str):
         nodes.append(node("Slice", ["joint", "four", "seven", "axes"], "scores"))
         inits |= {"zero": _shape(0), "four": _shape(4), "seven": _shape(7), "axes": _shape(1)}
     else:
-        sizes = (4, 3) if cut == "split" else (5, 2)
         nodes.append(helper.make_node("Split", ["joint", "sizes"], ["boxes", "scores"], name="split", axis=1))
-        inits["sizes"] = _shape(*sizes)
+        inits["sizes"] = _shape(4, 3)
     nodes += [node("Exp", ["boxes"], "box_out"), node("Sigmoid", ["scores"], "score_out")]
     inputs = {"x0": randn(1, 4, 4, 4), "y0": randn(1, 3, 4, 4), "x1": randn(1, 4, 2, 2), "y1": randn(1, 3, 2, 2)}
     return nodes, inputs, ["box_out", "score_out"], inits
@@ -617,8 +616,12 @@ def test_split_of_a_yolov8_head_takes_its_parts_from_the_concat_inputs(tmp_path,
     assert [mlir.value_name(x.owner.operands[0]) for x in joined.operands] == ["cls0", "cls1"]
 
 
-def test_split_across_the_concat_inputs_stays(tmp_path):
-    nodes, inputs, outputs, inits = _yolov8_head("misaligned")
+@pytest.mark.parametrize("sizes", [(5, 2), (4, 0, 3)])
+def test_split_across_the_concat_inputs_or_with_an_empty_piece_stays(tmp_path, sizes):
+    nodes, inputs, outputs, inits = _yolov8_head("split")
+    inits["sizes"] = _shape(*sizes)
+    split = next(n for n in nodes if n.op_type == "Split")
+    split.output[:] = ["boxes", "empty", "scores"] if 0 in sizes else ["boxes", "scores"]
     canonical, _, _ = canon_onnx(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
     assert isinstance(only(canonical, top.SplitOp).operands[0].owner, top.ConcatOp)
 

@@ -7,9 +7,9 @@ hold the weight store. The pipeline is a plain list, run in order:
 1. fold constants (ops whose operands are all weights become weights),
 2. drop dead ops (a dead user would otherwise block the "single user" rules),
 3. remove no-ops (Identity/Dropout, identity Reshape/Permute, one-input Concat,
-   a Concat's empty inputs),
-   merge Reshape/Permute chains, and take a Split or Slice of what a Concat
-   joined from the Concat's inputs (a YOLOv8 head's box and class parts),
+   a Concat's empty inputs), merge Reshape/Permute chains, and take a Split or
+   Slice of what a Concat joined from the Concat's inputs (a YOLOv8 head's box
+   and class parts),
 4. drop the ops that left dead,
 5. recognise decomposed SiLU/Swish, GELU, HardSwish, Mish and LayerNorm (with its scale
    and bias) as single ops, dropping x*1 and x+0 on the way,

@@ -166,8 +166,8 @@ def _cut_values(cut: _Cut, names: Sequence[str], rewriter: PatternRewriter) -> l
 
 
 def _apply_cut(op: TensorOp, axis: int, pieces: tuple[tuple[int, int], ...], rewriter: PatternRewriter) -> None:
-    if any(is_graph_output(r) for r in op.results):
-        return  # a piece may be an input of the Concat, under that input's name
+    if any(is_graph_output(r) for r in op.results) or any(start >= end for start, end in pieces):
+        return  # a piece may be an input of the Concat, under that input's name; an empty one is no input
     rank = len(shape_of(op.operands[0].type))
     cut = _plan_cut(op.operands[0], axis % rank, pieces, first=True)
     if cut is not None:
