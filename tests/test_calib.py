@@ -490,7 +490,7 @@ def test_saturating_readers_bound_the_threshold(make_model, convert):
 
 def test_saturating_readers_bound_the_threshold_through_moves(make_model, convert):
     """YOLOv8's class logits reach their Sigmoid through Reshape and Concat, and run 40 below zero where the
-    sigmoid's result stopped changing at -8: the bound reaches back through ops that only move values. A value
+    sigmoid's result stopped changing at -12: the bound reaches back through ops that only move values. A value
     that a move passes on to a reader that does not saturate (here a Relu) keeps the method's threshold."""
     from onnx import helper
 

@@ -180,7 +180,7 @@ class SplitConcatParts(RewritePattern):
     axes: a YOLOv8 head concatenates box distributions and class logits per level, reshapes, concatenates the
     levels and splits box from class again. Taken apart, the class logits keep a quantization of their own
     instead of sharing one INT8 scale with the box distributions (a scale set by logits 40 below zero, where
-    the sigmoid after them only needs -8 to 8)."""
+    the sigmoid after them only needs -12 to 12)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: top.SplitOp, rewriter: PatternRewriter) -> None:
