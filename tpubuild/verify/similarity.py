@@ -112,7 +112,7 @@ def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     return _max_abs(_f64(a) - _f64(b))
 
 
-def _all_close(a: np.ndarray, b: np.ndarray, diff: np.ndarray, mae: float, atol: float = CLOSE_ATOL) -> bool:
+def _all_close(a: np.ndarray, b: np.ndarray, diff: np.ndarray, mae: float, atol: float) -> bool:
     """np.allclose(a, b, CLOSE_RTOL, atol, equal_nan=True) from the difference made already: with every
     element finite (a finite largest |a - b|) that is numpy's own test |a - b| <= atol + rtol * |b|, in fewer
     passes than isclose's handling of infinities and NaNs (verify_top compares hundreds of tensors)."""
