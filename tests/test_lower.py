@@ -191,6 +191,58 @@ def test_half_mode_rounds_every_op_result(cnn):
         np.testing.assert_array_equal(as_f32.astype(ml_dtypes.bfloat16).astype(np.float32), as_f32)
 
 
+def test_half_modes_hold_constants_in_their_range(make_model, tmp_path):
+    """An exporter's "very negative" (float32's lowest, in a BERT-style padding mask) would round to -inf in
+    bfloat16 and float16, and 0 * -inf is NaN at every unmasked place: it saturates at the type's largest."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        node("MatMul", ["x", "w"], "scores"),
+        node("Sub", ["one", "mask"], "masked"),
+        node("Mul", ["masked", "lowest"], "bias"),
+        node("Add", ["scores", "bias"], "biased"),
+        node("Softmax", ["biased"], "attn", axis=-1),
+    ]
+    x, mask = randn(rng, 1, 4, 8), np.ones((1, 1, 8), np.float32)
+    inits = {"w": randn(rng, 8, 8), "one": np.float32(1), "lowest": np.float32(np.finfo(np.float32).min)}
+    onnx.save(make_model(nodes, {"x": x, "mask": mask}, initializers=inits), tmp_path / "m.onnx")
+    module, weights = convert_onnx(tmp_path / "m.onnx", {"x": x.shape, "mask": mask.shape}, "m", "w.npz")
+    module, weights = canonicalize(module, weights, "c.npz")
+    mask[..., 5:] = 0
+    ref = run(module, weights, {"x": x, "mask": mask})["attn"]
+    assert ref[..., 5:].max() == 0 and np.isfinite(ref).all()
+    for mode in ("BF16", "F16"):
+        tm, tw = lower_module(module, weights, chip=BM1684X, mode=mode)
+        got = dequantized(tm, run(tm, tw, {"x": x, "mask": mask}))["attn"]
+        assert np.isfinite(got).all() and got[..., 5:].max() == 0, mode
+        assert cosine(got, ref) > 0.999, mode
+
+
+def test_f16_computes_a_guarded_log_in_f32(make_model, tmp_path):
+    """log(x^2 + 1e-10), min-max normalised (an audio model's log spectrum): float16 has no 1e-10 and squares
+    small x to 0, so the log would read 0 (-inf, then NaN after the normalisation) or, with eps held at
+    float16's smallest, a floor 7 below the model's that moves every quiet value. The guard and the log
+    compute in F32; bfloat16 has float32's exponent range and keeps them."""
+    nodes = [
+        node("Mul", ["x", "x"], "power"),
+        node("Add", ["power", "eps"], "guarded"),
+        node("Log", ["guarded"], "logp"),
+        node("ReduceMin", ["logp"], "floor", keepdims=1),
+        node("Sub", ["logp", "floor"], "above"),
+        node("ReduceMax", ["above"], "top", keepdims=1),
+        node("Div", ["above", "top"], "norm"),
+    ]
+    x = np.array([[0, 1e-7, 1e-6, 1e-5, 3e-3, 1e-2, 0.3, 2.0]], np.float32)
+    model = make_model(nodes, {"x": x}, initializers={"eps": np.float32(1e-10)})
+    built = Built(model, {"x": x.shape}, tmp_path)
+    ref = run(built.module, built.weights, {"x": x})["norm"]
+    tm, tw = built.lower("F16")
+    assert [op_named(tm, n).result_types[0].element_type for n in ("power", "guarded", "logp")] == [f16, f32, f32]
+    got = dequantized(tm, run(tm, tw, {"x": x}))["norm"]
+    assert np.isfinite(got).all() and np.abs(got - ref)[0, 4:].max() < 2e-3, (got, ref)
+    tm, _ = built.lower("BF16")
+    assert op_named(tm, "logp").result_types[0].element_type == bf16
+
+
 # ---- INT8 ----------------------------------------------------------------------------
 
 

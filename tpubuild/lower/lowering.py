@@ -132,6 +132,8 @@ class Lowering:
         self.tail: set[Operation] = set()
         self.tail_mode = "F32" if "F32" in chip.modes else self.fallback
         self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
+        # float16 ops that compute in F32 where the chip has it (guarded_poles)
+        self.wide = guarded_poles(self.ops, weights, MODE_DTYPE[self.fallback]) if "F32" in chip.modes else set()
         self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
 
     # ---- the pass -------------------------------------------------------------------
@@ -192,6 +194,8 @@ class Lowering:
             if results is not None:
                 return results
             mode = self.tail_mode if op in self.tail else self.fallback
+        if op in self.wide and PRECISION[mode] < PRECISION["F32"]:
+            mode = "F32"
         if type(op) not in FLOAT_RULES and type(op) not in tpu.MIRROR:
             raise TpuBuildError(f"{op.name} has no TPU lowering", hint="this op cannot be compiled for a TPU yet")
         return FLOAT_RULES.get(type(op), mirror)(self, op, mode)
@@ -333,9 +337,26 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return hit[1]
     if len(_AS_DTYPE) >= 1024:
         _AS_DTYPE.clear()
-    converted = array.astype(dtype)
+    narrower = array.dtype.kind == "f" and array.dtype != dtype
+    converted = (_in_range(array, dtype) if narrower else array).astype(dtype)
     _AS_DTYPE[key] = (array, converted)
     return converted
+
+
+def _in_range(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float constant held within ``dtype``'s finite range, nonzero values kept nonzero, as
+    onnxconverter-common's float16 conversion clamps. Exporters write "very negative" as float32's
+    lowest (an attention mask's ``(1 - mask) * -3.4e38``) and "tiny" as 1e-10 (``log(x + 1e-10)``): rounded,
+    the one becomes -inf in float16 and bfloat16 (0 * -inf is NaN at every unmasked place) and the other
+    0 in float16 (log(0)). Infinities and NaNs the model wrote stay as they are."""
+    info = ml_dtypes.finfo(dtype)
+    big, tiny = float(info.max), float(info.smallest_subnormal)
+    if array.size == 0 or (np.abs(array[np.isfinite(array)], dtype=np.float64) <= big).all():
+        held = array
+    else:
+        held = np.where(np.isfinite(array), np.clip(array, -big, big), array)
+    small = (held != 0) & (np.abs(held) < tiny)
+    return np.where(small, np.copysign(tiny, held), held).astype(array.dtype) if small.any() else held
 
 
 def _elem_of_dtype(dtype: np.dtype) -> Attribute:
@@ -353,6 +374,51 @@ def _cast_params(have: Attribute, mode: str) -> tpu.CastParams:
     if isinstance(have, UniformType):
         raise TpuBuildError(f"cannot convert {have} to {mode}")
     return tpu.CastParams(to=to)
+
+
+def _pole_operand(op: Operation) -> int | None:
+    """The operand at which ``op`` is infinite when it is 0."""
+    if isinstance(op, top.LogOp | top.ReciprocalOp) or (isinstance(op, top.PowOp) and op.params.exponent < 0):
+        return 0
+    return 1 if isinstance(op, top.DivOp) else None
+
+
+def _guard_constant(op: Operation, weights: WeightStore) -> np.ndarray | None:
+    """The constant by which ``op`` keeps a value off 0: Add(x, eps), Max(x, eps), Clip(x, min=eps)."""
+    if isinstance(op, top.ClipOp):
+        return np.array([op.params.min])
+    if isinstance(op, top.AddOp | top.MaxOp):
+        for v in op.operands:
+            if isinstance(v.owner, top.WeightOp):
+                return weights[v.owner.loc_name]
+    return None
+
+
+def guarded_poles(ops: Sequence[Operation], weights: WeightStore, dtype: np.dtype) -> set[Operation]:
+    """Log(x + eps), 1 / max(x, eps), y / sqrt(x + eps) and the like, where eps is below ``dtype``'s smallest
+    normal number: the guard, the op it guards and a Sqrt between them. In float16 eps is at best held at
+    6e-8 (1e-10 would round to 0) and x loses its small values (a power spectrum's quiet bins square to 0),
+    so the log reads a floor far above the one the model set, or 0; in F32 it reads eps, as the model does.
+    (basic-pitch's log-CQT, min-max normalised over the clip: with 1e-10 rounded to 0 every value was NaN,
+    held at 6e-8 every quiet bin moved, output cosine 0.9915; these ops in F32: 0.9996.)"""
+    if np.dtype(dtype).itemsize >= 4:
+        return set()
+    smallest = float(ml_dtypes.finfo(dtype).tiny)
+    wide: set[Operation] = set()
+    for op in ops:
+        i = _pole_operand(op)
+        if i is None:
+            continue
+        chain = [op]
+        guard = op.operands[i].owner
+        if isinstance(guard, top.SqrtOp):
+            chain.append(guard)
+            guard = guard.operands[0].owner
+        eps = _guard_constant(guard, weights) if isinstance(guard, Operation) else None
+        if isinstance(guard, Operation) and eps is not None and ((eps > 0) & (eps < smallest)).any():
+            wide.update(chain)
+            wide.add(guard)
+    return wide
 
 
 def float_operand(lw: Lowering, v: SSAValue, mode: str) -> SSAValue:
