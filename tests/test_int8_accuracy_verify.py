@@ -149,3 +149,12 @@ def test_verify_tpu_reports_max_abs_and_top1_per_output(int8_target):
 def test_verify_tpu_fails_an_output_beyond_its_bounds(int8_target, bound, needle):
     with pytest.raises(TpuBuildError, match=needle):
         verify(int8_target, {"cos": 0.9, "euc": 0.8, **bound})
+
+
+def test_an_output_with_nan_names_them():
+    ref = np.ones((2, 4), np.float32)
+    test = ref.copy()
+    test[0, :3] = np.nan
+    (problem,) = stages._output_checks("y_f32", "y", test, ref, {})["problems"]
+    assert problem.startswith("3 of 8 values NaN or infinite")
+    assert stages._output_checks("y_f32", "y", ref, ref, {})["passed"]

@@ -691,6 +691,9 @@ def _output_checks(name: str, ref_name: str, test, ref, tolerance: Mapping[str, 
         "top1_agreement": _top1(test, ref),
     }
     problems = []
+    bad = int(np.size(test) - np.count_nonzero(np.isfinite(test)))
+    if bad > np.size(ref) - np.count_nonzero(np.isfinite(ref)):
+        problems.append(f"{bad} of {np.size(test)} values NaN or infinite (float overflowed or divided by 0)")
     if "max_abs" in tolerance and not out["max_abs"] <= float(tolerance["max_abs"]):
         problems.append(f"max abs error {out['max_abs']:.4g} > {tolerance['max_abs']}")
     if "top1" in tolerance and out["top1_agreement"] is not None and out["top1_agreement"] < float(tolerance["top1"]):
