@@ -243,6 +243,29 @@ def test_batchnorm_folded_into_grouped_conv_then_relu(tmp_path):
     assert only(canonical, top.ConvOp).params.do_relu
 
 
+def test_batchnorm_folded_into_deconv_then_relu(tmp_path):
+    """DBNet's upsampling head: ConvTranspose, BatchNorm, ReLU -> one Deconv (filter [IC, OC, k, k])."""
+    inits = {"w": randn(4, 6, 2, 2), **bn_inits(6)}
+    nodes = [
+        node("ConvTranspose", ["x", "w"], "up", strides=[2, 2]),
+        bn_node("up", "bn"),
+        node("Relu", ["bn"], "relu"),
+    ]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 4, 5, 5)}, initializers=inits)
+    assert kinds(canonical) == [("top.Deconv", "relu")]
+
+
+@pytest.mark.parametrize("then, folds", [("Add", True), ("BatchNormalization", False)])
+def test_grouped_deconv_takes_a_shift_but_not_a_scale(tmp_path, then, folds):
+    """A grouped Deconv's filter axis 1 holds one group's output channels: a per-channel bias folds, a
+    per-channel scale (the BatchNorm) stays an op of its own."""
+    inits = {"w": randn(4, 3, 2, 2), "t": randn(1, 6, 1, 1), **bn_inits(6)}
+    after = node("Add", ["up", "t"], "out") if then == "Add" else bn_node("up", "out")
+    nodes = [node("ConvTranspose", ["x", "w"], "up", strides=[2, 2], group=2), after]
+    canonical, _, _ = canon_onnx(tmp_path, nodes, {"x": randn(1, 4, 5, 5)}, initializers=inits)
+    assert kinds(canonical) == ([("top.Deconv", "out")] if folds else [("top.Deconv", "up"), ("top.Conv", "out")])
+
+
 def test_shared_filter_folded_separately(tmp_path):
     """Two convs share a filter; each BN makes its own copy, the shared original goes."""
     inits = {"w": randn(4, 3, 3, 3), **bn_inits(4, "bn1"), **bn_inits(4, "bn2")}

@@ -34,10 +34,12 @@ class Channels:
     bias_operand: int = 2
 
 
-# Conv: NC... result, filter [OC, IC/g, *k]; MatMul: channels last, right operand [..., K, N]
+# Conv: NC... result, filter [OC, IC/g, *k]; MatMul: channels last, right operand [..., K, N]; Deconv: NC...
+# result, filter [IC, OC/g, *k] (its output channels are axis 1 of the filter only for one group)
 CHANNELS: dict[type, Channels] = {
     top.ConvOp: Channels(out_axis=1, weight_axis=0),
     top.MatMulOp: Channels(out_axis=-1, weight_axis=-1),
+    top.DeconvOp: Channels(out_axis=1, weight_axis=1),
 }
 
 
@@ -95,7 +97,7 @@ def fold_affine(
     new_bias = np.zeros(shape_of(out_type)[known_channel_axis(source)]) if bias is None else bias.astype(np.float64)
     if scale is not None:
         w = weight_array(w_value, weights)
-        if w is None or w.ndim < 2:
+        if w is None or w.ndim < 2 or getattr(source.params, "group", 1) != 1 and isinstance(source, top.DeconvOp):
             return None
         w_scaled = w.astype(np.float64) * _along(scale, info.weight_axis % w.ndim, w.ndim)
         new_bias = new_bias * scale
