@@ -75,9 +75,17 @@ def test_zeros_are_counted_apart():
     assert stats.zeros == 11 and stats.hist.sum() == 1 and stats.count == 12
 
 
-def test_non_finite_values_are_refused():
-    with pytest.raises(ValueError, match="NaN or infinite"):
+def test_nan_is_refused():
+    with pytest.raises(ValueError, match="NaN"):
         streamed([np.array([1.0, np.nan], np.float32)])
+
+
+def test_infinities_are_counted_apart():
+    """A causal mask's -inf (scores + mask before a softmax) lies beyond any threshold: the statistics and so
+    every method's threshold are those of the finite values."""
+    stats = streamed([np.array([-np.inf, 1.0, -2.0], np.float32), np.full(3, -np.inf, np.float32)])
+    assert stats.infinite == 4 and stats.count == 2 and (stats.min, stats.max) == (-2.0, 1.0)
+    assert all(math.isfinite(threshold(stats, m)) for m in METHODS)
 
 
 def test_memory_does_not_depend_on_sample_count(rng):

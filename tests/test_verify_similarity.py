@@ -93,6 +93,20 @@ def test_nan_is_never_similar():
     assert not result.passed
 
 
+def test_infinities_in_the_same_places_agree():
+    """A causal mask's -inf in both tensors agrees, and the metrics are those of the rest; an infinity in one
+    alone fails."""
+    rng = np.random.default_rng(1)
+    ref = np.triu(np.full((8, 8), -np.inf), 1) + rng.standard_normal((8, 8))
+    test = ref + 1e-3 * rng.standard_normal((8, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = similarity(test, ref, TOL)
+    assert s.label == SIMILAR and s.cos > 0.999 and math.isfinite(s.sqnr) and s.max_abs < 0.01
+    test[0, 0] = -np.inf
+    assert not similarity(test, ref, TOL).passed
+
+
 def test_integer_tensors_compare():
     a = np.arange(10, dtype=np.int8)
     assert similarity(a, a.copy(), TOL).label == EQUAL

@@ -36,6 +36,7 @@ class TensorStats:
     samples: int = 0
     count: int = 0  # values seen
     zeros: int = 0  # exact zeros (not in hist)
+    infinite: int = 0  # +-inf values (in none of the others: a mask's -inf is beyond any threshold)
     min: float = math.inf
     max: float = -math.inf
     range: float = 0.0  # hist covers [0, range); 0 until a nonzero value is seen
@@ -56,7 +57,8 @@ class TensorStats:
         return self.range / self.bins
 
     def update(self, x: np.ndarray) -> None:
-        """Add one sample of the tensor. Raises ValueError on NaN or infinity."""
+        """Add one sample of the tensor. Raises ValueError on NaN. Infinities are counted apart: a model writes
+        -inf where a value must vanish (an attention mask before a softmax), and no scale holds them."""
         x = np.asarray(x)
         if x.dtype != np.float32:
             x = x.astype(np.float32)  # f16/bf16 tensors: exact in f32
@@ -66,7 +68,14 @@ class TensorStats:
         flat = x.reshape(-1)  # a copy only if x is not contiguous: every pass below then streams
         lo, hi = float(flat.min()), float(flat.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError("the tensor holds NaN or infinite values")
+            if math.isnan(lo) or math.isnan(hi):
+                raise ValueError("the tensor holds NaN values")
+            finite = np.isfinite(flat)
+            self.infinite += int(flat.size - np.count_nonzero(finite))
+            flat = flat[finite]
+            if flat.size == 0:
+                return
+            lo, hi = float(flat.min()), float(flat.max())
         self.count += flat.size
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         peak = max(-lo, hi)
@@ -102,6 +111,7 @@ class TensorStats:
         self.samples += other.samples
         self.count += other.count
         self.zeros += other.zeros
+        self.infinite += other.infinite
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
         if other.range > self.range:
             self._widen(other.range)

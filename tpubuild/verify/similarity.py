@@ -126,6 +126,13 @@ def _all_close(a: np.ndarray, b: np.ndarray, diff: np.ndarray, mae: float, atol:
     return bool(np.all(np.abs(diff) <= bound))
 
 
+def _agreeing_non_finite_zeroed(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` and ``b`` with 0 where both hold the same infinity (a causal mask's -inf) or NaN: those agree, and
+    have no magnitude for a metric to weigh. Where only one is not finite, the metrics stay NaN or infinite."""
+    same = ~np.isfinite(a) & ((a == b) | (np.isnan(a) & np.isnan(b)))
+    return np.where(same, 0.0, a), np.where(same, 0.0, b)
+
+
 @dataclass(frozen=True)
 class Similarity:
     label: str
@@ -146,9 +153,14 @@ def similarity(test: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Similarity:
         nan = math.nan
         return Similarity(NOT_MATCH, False, nan, nan, nan, nan)
     a, b = _f64(test), _f64(ref)
-    diff = a - b
-    cos, euc = _cosine(a, b), _euclidean(a, b, diff)
-    sqnr, mae = _sqnr_db(b, diff), _max_abs(diff)
+    with np.errstate(invalid="ignore"):
+        diff = a - b
+    mae = _max_abs(diff)
+    if math.isnan(mae):
+        a, b = _agreeing_non_finite_zeroed(a, b)
+        diff = a - b
+        mae = _max_abs(diff)
+    cos, euc, sqnr = _cosine(a, b), _euclidean(a, b, diff), _sqnr_db(b, diff)
     same_shape = test.shape == ref.shape
     if same_shape and np.array_equal(test, ref, equal_nan=test.dtype.kind == "f" and ref.dtype.kind == "f"):
         label = EQUAL
