@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import ml_dtypes
@@ -344,19 +345,21 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _in_range(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A float constant held within ``dtype``'s finite range, nonzero values kept nonzero, as
+    """A float constant held within ``dtype``'s finite range, and a nonzero scalar kept nonzero, as
     onnxconverter-common's float16 conversion clamps. Exporters write "very negative" as float32's
     lowest (an attention mask's ``(1 - mask) * -3.4e38``) and "tiny" as 1e-10 (``log(x + 1e-10)``): rounded,
     the one becomes -inf in float16 and bfloat16 (0 * -inf is NaN at every unmasked place) and the other
-    0 in float16 (log(0)). Infinities and NaNs the model wrote stay as they are."""
+    0 in float16 (log(0)). A filter's tiny values round to 0 as they would (their error is smallest there).
+    Infinities and NaNs the model wrote stay as they are."""
     info = ml_dtypes.finfo(dtype)
     big, tiny = float(info.max), float(info.smallest_subnormal)
     if array.size == 0 or (np.abs(array[np.isfinite(array)], dtype=np.float64) <= big).all():
         held = array
     else:
         held = np.where(np.isfinite(array), np.clip(array, -big, big), array)
-    small = (held != 0) & (np.abs(held) < tiny)
-    return np.where(small, np.copysign(tiny, held), held).astype(array.dtype) if small.any() else held
+    if held.size == 1 and 0 < abs(float(held.reshape(-1)[0])) < tiny:
+        return np.full_like(held, math.copysign(tiny, float(held.reshape(-1)[0])))
+    return held
 
 
 def _elem_of_dtype(dtype: np.dtype) -> Attribute:
