@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.errors import TpuBuildError
-from tpubuild.verify.compare import compare_tensors, jsonable, pair_tensors
+from tpubuild.frontend import convert_onnx
+from tpubuild.verify.compare import BOUNDED_ATOL, bounded_outputs, compare_tensors, jsonable, pair_tensors
 from tpubuild.verify.reference import onnx_tensors, output_names
 from tpubuild.verify.similarity import Tolerance
 
@@ -38,6 +39,32 @@ def test_report_counts_and_verdict():
 def test_nothing_compared_fails():
     report = compare_tensors({"a": np.ones(3)}, {"b": np.ones(3)}, TOL)
     assert report["compared"] == 0 and not report["passed"]
+
+
+def test_an_output_of_probabilities_is_close_within_a_16_bit_step(tmp_path):
+    """A seal detector's map of a page without seals, all below 4e-7: BF16 off by up to 40% of each value is at
+    a cosine of noise, and within 4 steps of a 16-bit probability; an error of 1e-3 is not."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p"]), helper.make_node("Relu", ["x"], ["r"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64]) for n in ("p", "r")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    module, _ = convert_onnx(tmp_path / "m.onnx", {"x": (64,)}, "m", "w.npz")
+    atols = bounded_outputs(module)
+    assert atols == {"p": BOUNDED_ATOL}
+    rng = np.random.default_rng(2)
+    ref = rng.uniform(1e-8, 4e-7, 64)
+    noisy = ref * rng.uniform(0.6, 1.4, 64)
+    outs = {"p": noisy, "r": noisy}
+    report = compare_tensors(
+        outs, {"p": ref, "r": ref}, TOL, test_outputs=["p", "r"], ref_outputs=["p", "r"], decide="outputs", atols=atols
+    )
+    assert [(row["name"], row["label"]) for row in report["tensors"]] == [("p", "CLOSE"), ("r", "NOT SIMILAR")]
+    far = compare_tensors({"p": ref + 1e-3}, {"p": ref}, TOL, atols=atols)
+    assert not far["passed"]
 
 
 def _two_node_model(path):
