@@ -97,7 +97,7 @@ def fold_affine(
     new_bias = np.zeros(shape_of(out_type)[known_channel_axis(source)]) if bias is None else bias.astype(np.float64)
     if scale is not None:
         w = weight_array(w_value, weights)
-        if w is None or w.ndim < 2 or getattr(source.params, "group", 1) != 1 and isinstance(source, top.DeconvOp):
+        if w is None or w.ndim < 2 or (isinstance(source, top.DeconvOp) and source.params.group != 1):
             return None
         w_scaled = w.astype(np.float64) * _along(scale, info.weight_axis % w.ndim, w.ndim)
         new_bias = new_bias * scale
