@@ -126,7 +126,7 @@ def compare_tensors(
 # CLOSE's absolute bound for the result of an op whose values lie in [-1, 1] (a probability): 4 steps of a 16-bit
 # result over that range (calibrate.RESULT_LEVELS), as the tiny-part rule gives INT8 4 of its steps. Smaller
 # differences change no use of a probability; where every value is that small (a seal detector's map of a page
-# without seals, all below 4e-7), its cosine is rounding noise: BF16 passed it at euc 0.90 one build and failed
+# without seals, all below 4e-7), its cosine is rounding noise: BF16 passed it above euc 0.90 one build and failed
 # at 0.82 the next, with every value within 1.3e-7 of float.
 BOUNDED_ATOL = 4.0 / (2**16 - 1)
 
