@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.errors import TpuBuildError
 from tpubuild.frontend import convert_onnx
-from tpubuild.verify.compare import BOUNDED_ATOL, bounded_outputs, compare_tensors, jsonable, pair_tensors
+from tpubuild.calib.calibrate import RESULT_LEVELS
+from tpubuild.verify.compare import bounded_outputs, compare_tensors, jsonable, pair_tensors
 from tpubuild.verify.reference import onnx_tensors, output_names
 from tpubuild.verify.similarity import Tolerance
 
@@ -54,7 +55,7 @@ def test_an_output_of_probabilities_is_close_within_a_16_bit_step(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
     module, _ = convert_onnx(tmp_path / "m.onnx", {"x": (64,)}, "m", "w.npz")
     atols = bounded_outputs(module)
-    assert atols == {"p": BOUNDED_ATOL}
+    assert atols == {"p": 4 / RESULT_LEVELS}
     rng = np.random.default_rng(2)
     ref = rng.uniform(1e-8, 4e-7, 64)
     noisy = ref * rng.uniform(0.6, 1.4, 64)

@@ -380,7 +380,8 @@ def verify_tpu(
     (publishing nothing) otherwise; an INT8 failure's hint is int8_failure_hint's.
     Keeps the stored bits too (tpu_raw.npz): what the chip simulation must reproduce.
     ``quantize_table``: the table lowering read (for the hint only). ``mode``: the target's (an F16
-    tensor is CLOSE within FLOAT16_ATOL; an output a Sigmoid, Softmax... makes within BOUNDED_ATOL).
+    tensor is CLOSE within FLOAT16_ATOL; an output a Sigmoid, Softmax... makes within
+    BOUNDED_STEPS steps of a 16-bit result).
     """
     import numpy as np
 

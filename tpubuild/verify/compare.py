@@ -123,20 +123,22 @@ def compare_tensors(
     }
 
 
-# CLOSE's absolute bound for the result of an op whose values lie in [-1, 1] (a probability): 4 steps of a 16-bit
+# CLOSE's absolute bound for the result of an op whose values lie in [-1, 1] (a probability), in steps of a 16-bit
 # result over that range (calibrate.RESULT_LEVELS), as the tiny-part rule gives INT8 4 of its steps. Smaller
 # differences change no use of a probability; where every value is that small (a seal detector's map of a page
 # without seals, all below 4e-7), its cosine is rounding noise: BF16 passed it above euc 0.90 one build and failed
 # at 0.82 the next, with every value within 1.3e-7 of float.
-BOUNDED_ATOL = 4.0 / (2**16 - 1)
+BOUNDED_STEPS = 4.0
 
 
 def bounded_outputs(module) -> dict[str, float]:
-    """BOUNDED_ATOL by graph output name, for the outputs a Sigmoid, Softmax, HardSigmoid or Tanh makes."""
-    from tpubuild.calib.calibrate import BOUNDED
+    """CLOSE's bound (BOUNDED_STEPS) by graph output name, for the outputs a Sigmoid, Softmax, HardSigmoid or
+    Tanh makes."""
+    from tpubuild.calib.calibrate import BOUNDED, RESULT_LEVELS
     from tpubuild.ir.mlir import return_op, value_name
 
-    return {value_name(v): BOUNDED_ATOL for v in return_op(module).operands if isinstance(v.owner, BOUNDED)}
+    atol = BOUNDED_STEPS / RESULT_LEVELS
+    return {value_name(v): atol for v in return_op(module).operands if isinstance(v.owner, BOUNDED)}
 
 
 def _close_only(row: Mapping, tol: Tolerance) -> bool:
