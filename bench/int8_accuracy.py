@@ -197,6 +197,7 @@ class Model:
     """One manifest's calibration and evaluation data, float reference and canonical TOP module."""
 
     def __init__(self, manifest: Path, build_dir: Path, cap: int | None, reserve: int, max_eval: int | None):
+        from tpubuild.build.inputs import of_source
         from tpubuild.build.manifest import load_manifest
         from tpubuild.build.paths import ModelPaths
         from tpubuild.build.tasks import source_file
@@ -209,12 +210,13 @@ class Model:
 
         self.m = m = load_manifest(manifest)
         self.paths = p = ModelPaths.of(build_dir, m.name)
-        self.onnx = at_manifest_shapes(source_file(m, p), {s.name: s.shape for s in m.inputs}, p.root)
         self.module = load_module(p.canonical_mlir)
         self.weights = weights_for(self.module, p.canonical_mlir)
-        inputs = [{**s.config(), "preprocess": s.preprocess} for s in m.inputs]
+        # the manifest's inputs as the stages complete them
+        self.specs = of_source(m, source_file(m, p))
+        self.onnx = at_manifest_shapes(source_file(m, p), {s["name"]: s["shape"] for s in self.specs}, p.root)
         files = find_files(m.calibration["data"], m.file.parent)
-        every = list(Samples.of(files, inputs))
+        every = list(Samples.of(files, self.specs))
         one_per_file = len(every) == len(files) and all(f.suffix.lower() in IMAGE_SUFFIXES for f in files)
         names = [f.name if one_per_file else f"sample {i}" for i, f in enumerate(files if one_per_file else every)]
         count = m.calibration.get("count")
@@ -465,7 +467,7 @@ def tpumlir_outputs(model: Model, venv: Path, workdir: Path) -> tuple[list[list[
     tm = vt.TpuMlir(venv, work, model.m.name, log)
     start = time.perf_counter()
     steps = [
-        ("model_transform", lambda: tm.transform([list(spec.shape) for spec in model.m.inputs])),
+        ("model_transform", lambda: tm.transform([spec["shape"] for spec in model.specs])),
         ("run_calibration", lambda: tm.calibrate(len(model.cal))),
     ]
     for step, call in steps:

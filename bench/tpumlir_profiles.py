@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from vs_tpumlir import TpuMlir, model_suffix, prepare_tpumlir  # noqa: E402  (after sys.path: bench/ is not a package)
+from vs_tpumlir import TpuMlir, input_specs, model_suffix, prepare_tpumlir  # noqa: E402  (after sys.path: bench/ is not a package)
 
 CHIPS = ("bm1684x", "bm1688")  # the chips model_deploy --debug writes a cycle profile for
 DEFAULT_OUT = REPO / "bench" / "tpumlir_profiles.json"
@@ -96,9 +96,10 @@ def profile_model(m, build_dir: Path, venv: Path, work: Path) -> dict[str, dict]
     targets = [t for t in m.targets if t.chip in CHIPS]
     if not targets:
         return {}
-    samples = prepare_tpumlir(m, ModelPaths.of(build_dir, m.name), work)
+    paths = ModelPaths.of(build_dir, m.name)
+    samples = prepare_tpumlir(m, paths, work)
     tm = TpuMlir(venv, work, m.name, work / "tpumlir.log")
-    _, ok = tm.transform([list(spec.shape) for spec in m.inputs])
+    _, ok = tm.transform([spec["shape"] for spec in input_specs(m, paths)])
     if ok and any(t.mode == "INT8" for t in targets):
         _, ok = tm.calibrate(samples)
     if not ok:

@@ -261,6 +261,14 @@ def model_suffix(chip: str) -> str:
     return "cvimodel" if chip.startswith("cv18") else "bmodel"
 
 
+def input_specs(m, paths) -> list[dict]:
+    """The manifest's inputs as the build's stages complete them from the source model."""
+    from tpubuild.build.inputs import of_source
+    from tpubuild.build.tasks import source_file
+
+    return of_source(m, source_file(m, paths))
+
+
 def prepare_tpumlir(m, paths, work: Path) -> int:
     """The ONNX copy (IR version <= 9), the test input and one .npz per calibration sample; the sample count
     (0 for a manifest without calibration data)."""
@@ -286,9 +294,10 @@ def prepare_tpumlir(m, paths, work: Path) -> int:
     cali.mkdir()
     if cal is None:  # a float-only manifest: nothing to calibrate
         return 0
-    inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     count = 0
-    for i, sample in enumerate(Samples.of(find_names(cal["data"], m.file.parent), inputs, cal.get("count"))):
+    for i, sample in enumerate(
+        Samples.of(find_names(cal["data"], m.file.parent), input_specs(m, paths), cal.get("count"))
+    ):
         np.savez(cali / f"{i:04d}.npz", **sample)
         count += 1
     return count
@@ -385,7 +394,7 @@ def bench_model(
     tm_dir.mkdir()
     samples = prepare_tpumlir(m, paths, tm_dir)
     tm = TpuMlir(venv, tm_dir, m.name, work / "tpumlir.log")
-    steps = [("transform", lambda: tm.transform([list(spec.shape) for spec in m.inputs]))]
+    steps = [("transform", lambda: tm.transform([spec["shape"] for spec in input_specs(m, paths)]))]
     if any(t.mode == "INT8" for t in m.targets):
         steps.append(("calibration", lambda: tm.calibrate(samples)))
     steps.append(("deploy", lambda: tm.deploy(CHIP, MODE, False)))

@@ -75,7 +75,7 @@ def test_test_input_file(tmp_path):
     got = make_inputs("m", SPECS, str(tmp_path / "in.npz"))
     np.testing.assert_array_equal(got["x"], data)
     np.savez(tmp_path / "bad.npz", x=np.zeros((3, 4), np.float32))
-    with pytest.raises(TpuBuildError, match=r"shape \[3, 4\], the manifest says \[2, 4\]"):
+    with pytest.raises(TpuBuildError, match=r"shape \[3, 4\]; the model is compiled for \[2, 4\]"):
         make_inputs("m", SPECS, str(tmp_path / "bad.npz"))
 
 

@@ -47,7 +47,7 @@ def test_repo_manifests_are_valid(path):
 def test_defaults_applied(tmp_path):
     m = load_manifest(write(tmp_path, GOOD))
     assert m.name == "m1" and m.inputs[0].shape == (1, 3, 8, 8)
-    assert m.inputs[0].dtype == "float32" and m.inputs[0].range is None
+    assert m.inputs[0].dtype is None and m.inputs[0].range is None  # the model's dtype (build/inputs.py)
     assert m.tolerance == DEFAULT_TOLERANCE
     assert m.targets == () and m.test_input is None
     assert m.resolve(m.source) == (tmp_path / "model.onnx").resolve()
@@ -135,8 +135,22 @@ def test_schema_errors_name_file_path_and_form(tmp_path, edit, path, expected):
 
 
 def test_missing_required_field(tmp_path):
-    message = error_of(write(tmp_path, "name: m1\nsource: model.onnx\n"))
-    assert "'inputs' is a required property" in message
+    message = error_of(write(tmp_path, "name: m1\ninputs: [{name: x}]\n"))
+    assert "'source' is a required property" in message
+
+
+def test_inputs_may_be_left_to_the_model(tmp_path):
+    m = load_manifest(write(tmp_path, "name: m1\nsource: model.onnx\n"))
+    assert m.inputs == ()
+    m = load_manifest(write(tmp_path, "name: m1\nsource: model.onnx\ninputs: [{preprocess: {mean: [127.5]}}]\n"))
+    assert m.inputs[0].name is None and m.inputs[0].shape is None and m.inputs[0].preprocess == {"mean": [127.5]}
+    # an empty entry says nothing: a slip, not a choice
+    assert "inputs[0]" in error_of(write(tmp_path, "name: m1\nsource: model.onnx\ninputs: [{}]\n", "empty.yaml"))
+    # a PyTorch source has no model file to read them from
+    torch = "name: m1\nsource: {torch: 'm:f', example_shape: [1, 3]}\n"
+    assert "`torch` source needs" in error_of(write(tmp_path, torch, "torch.yaml"))
+    message = error_of(write(tmp_path, torch + "inputs: [{name: x}]\n", "torch_shape.yaml"))
+    assert "inputs[0]: a `torch` source needs shape" in message
 
 
 def test_semantic_errors(tmp_path):

@@ -110,21 +110,24 @@ def _publish(
                 file=origin,
                 hint="check the source: `prepare` steps work on .onnx models",
             ) from None
-        data = prepare_model(model, prepare, _read_samples(samples)).SerializeToString()
+        data = prepare_model(model, prepare, _read_samples(samples, model, origin)).SerializeToString()
     write_bytes(out, data)
 
 
-def _read_samples(samples: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _read_samples(samples: Mapping[str, Any] | None, model, origin: str) -> list[dict[str, Any]]:
+    """The samples a prepare step runs on, the manifest's inputs completed from ``model``'s."""
     if not samples:
         return []
     import itertools
 
+    from tpubuild.build.inputs import complete, onnx_inputs
     from tpubuild.calib.data import Samples, split_test_sample
 
+    specs = complete(samples["inputs"], onnx_inputs(model), file=origin)
     if "hold_back_test" in samples:  # the test input is the calibration samples' last one: never read it here either
-        every = split_test_sample(Samples.of(samples["data_files"], samples["inputs"], samples["hold_back_test"]))[0]
+        every = split_test_sample(Samples.of(samples["data_files"], specs, samples["hold_back_test"]))[0]
         return list(itertools.islice(iter(every), samples["count"]))
-    return list(Samples.of(samples["data_files"], samples["inputs"], samples["count"]))
+    return list(Samples.of(samples["data_files"], specs, samples["count"]))
 
 
 def prepare_file(path: str, prepare: Sequence[str], out: str, samples: Mapping[str, Any] | None = None) -> None:

@@ -52,9 +52,12 @@ _MAX_ERRORS = 5  # more than this is noise: the user fixes the first ones and re
 
 @dataclass(frozen=True)
 class InputSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
+    """One entry of `inputs`. What it leaves out (None) the stages take from the model (build/inputs.py):
+    no name, the graph input at its position; no shape, the model's fixed dims; no dtype, the model's."""
+
+    name: str | None
+    shape: tuple[int, ...] | None
+    dtype: str | None = None
     range: tuple[float, float] | None = None
     preprocess: dict[str, Any] | None = None
 
@@ -62,7 +65,7 @@ class InputSpec:
         """The JSON form, as stage options for config_changed (preprocess makes an image test_input)."""
         return {
             "name": self.name,
-            "shape": list(self.shape),
+            "shape": list(self.shape) if self.shape else None,
             "dtype": self.dtype,
             "range": list(self.range) if self.range else None,
             "preprocess": self.preprocess,
@@ -88,7 +91,7 @@ class Manifest:
     name: str
     file: Path
     source: str | dict[str, Any]
-    inputs: tuple[InputSpec, ...]
+    inputs: tuple[InputSpec, ...] = ()
     calibration: dict[str, Any] | None = None
     quantize_table: Path | None = None
     mixed_precision: dict[str, Any] | None = None  # {search, target_cos, ...}: INT8 targets' quantize table search
@@ -201,10 +204,11 @@ def _semantic_errors(data: dict[str, Any]) -> list[str]:
     """Rules JSON Schema cannot say simply."""
     errors = []
     seen: set[str] = set()
-    for i, spec in enumerate(data["inputs"]):
-        if spec["name"] in seen:
+    for i, spec in enumerate(data.get("inputs", ())):
+        if spec.get("name") in seen:
             errors.append(f"inputs[{i}].name: {spec['name']!r} is listed twice; expected unique input names")
-        seen.add(spec["name"])
+        if "name" in spec:
+            seen.add(spec["name"])
         rng = spec.get("range")
         if rng and not rng[0] < rng[1]:
             errors.append(f"inputs[{i}].range: {rng} is empty; expected [lo, hi] with lo < hi")
@@ -220,10 +224,26 @@ def _semantic_errors(data: dict[str, Any]) -> list[str]:
             start, stop = p["range"]
             if not start < stop:
                 errors.append(f"outputs.{output}.parts.{part}.range: {[start, stop]} is empty; expected start < stop")
+    errors += _torch_input_errors(data)
     ids = [Target(t["chip"], t["mode"], t.get("asymmetric", False)).id for t in data.get("targets", [])]
     for i, tid in enumerate(ids):
         if tid in ids[:i]:
             errors.append(f"targets[{i}]: {tid} is listed twice; expected each target once")
+    return errors
+
+
+def _torch_input_errors(data: dict[str, Any]) -> list[str]:
+    """A PyTorch source has no model file to complete `inputs` from: its export's example inputs are them."""
+    source = data["source"]
+    if not (isinstance(source, dict) and "torch" in source):
+        return []
+    if not data.get("inputs"):
+        return ["inputs: a `torch` source needs them; expected one {name, shape} per forward() argument"]
+    errors = []
+    for i, spec in enumerate(data["inputs"]):
+        missing = [k for k in ("name", "shape") if k not in spec]
+        if missing:
+            errors.append(f"inputs[{i}]: a `torch` source needs {' and '.join(missing)} of each input")
     return errors
 
 
@@ -271,13 +291,13 @@ def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
         )
     inputs = tuple(
         InputSpec(
-            name=s["name"],
-            shape=tuple(int(d) for d in s["shape"]),
-            dtype=s.get("dtype", "float32"),
+            name=s.get("name"),
+            shape=tuple(int(d) for d in s["shape"]) if "shape" in s else None,
+            dtype=s.get("dtype"),
             range=(float(s["range"][0]), float(s["range"][1])) if "range" in s else None,
             preprocess=s.get("preprocess"),
         )
-        for s in data["inputs"]
+        for s in data.get("inputs", ())
     )
     base = file.parent
     return Manifest(

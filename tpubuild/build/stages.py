@@ -32,21 +32,22 @@ def transform(
     Without ``test_input``, ``test_sample`` ({data_files, inputs, count}: the calibration samples, as
     calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
+    from tpubuild.build import inputs as model_inputs
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.testinput import describe_source, make_inputs
-    from tpubuild.frontend import convert_onnx
+    from tpubuild.frontend import convert_onnx, load_onnx
 
-    shapes = {spec["name"]: list(spec["shape"]) for spec in inputs}
+    onnx_model = load_onnx(onnx_path)
+    specs = model_inputs.complete(inputs, model_inputs.onnx_inputs(onnx_model), file=onnx_path)
     held = None
     if not test_input and test_sample:
         from tpubuild.calib.data import Samples, split_test_sample
 
-        held = split_test_sample(
-            Samples.of(test_sample["data_files"], test_sample["inputs"], test_sample.get("count"))
-        )[1]
-    test = make_inputs(model, inputs, test_input, held)
+        held = split_test_sample(Samples.of(test_sample["data_files"], specs, test_sample.get("count")))[1]
+    test = make_inputs(model, specs, test_input, held)
     source = json.dumps({"source": describe_source(test_input, held)}, indent=1) + "\n"
-    module, weights = convert_onnx(onnx_path, shapes, model, Path(out_weights).name)
+    shapes = {spec["name"]: spec["shape"] for spec in specs}
+    module, weights = convert_onnx(onnx_model, shapes, model, Path(out_weights).name, file=onnx_path)
     outs = [out_mlir, out_weights, out_input] + ([out_source] if out_source else [])
     with all_or_nothing(*outs) as tmp:
         _save_module(module, tmp[0])
@@ -104,7 +105,7 @@ def calibrate(
     module = load_module(in_mlir)
     check_state(module, in_mlir)
     user = read_table(user_table)[1] if user_table else None
-    samples = _calibration_samples(data_files, inputs, count, hold_back_test)
+    samples = _calibration_samples(module, in_mlir, data_files, inputs, count, hold_back_test)
     outputs: list | None = [] if searched else None
     entries, header = run_calibration(
         module, weights_for(module, in_mlir), samples, method, user, outputs, processes=processes()
@@ -117,11 +118,15 @@ def calibrate(
         keep_outputs(file_key(out_mlir), outputs)  # for the search, in this process (top.inference)
 
 
-def _calibration_samples(data_files: Sequence[str], inputs, count: int | None, hold_back_test: bool):
-    """The calibration samples a stage reads: without the held-back test sample when ``hold_back_test``."""
+def _calibration_samples(
+    module, in_mlir: str, data_files: Sequence[str], inputs, count: int | None, hold_back_test: bool
+):
+    """The calibration samples a stage reads: without the held-back test sample when ``hold_back_test``;
+    ``inputs`` (the manifest's) completed from the module's."""
+    from tpubuild.build.inputs import complete, module_inputs
     from tpubuild.calib.data import Samples, split_test_sample
 
-    samples = Samples.of(data_files, inputs, count)
+    samples = Samples.of(data_files, complete(inputs, module_inputs(module), file=in_mlir), count)
     return split_test_sample(samples)[0] if hold_back_test else samples
 
 
@@ -272,7 +277,7 @@ def search_qtable(
     config = SearchConfig.of(options)
     module = load_module(in_mlir)
     # the samples calibration reads: without the held-back test sample when there is one (it is their last)
-    every = _calibration_samples(data_files, inputs, count, hold_back_test)
+    every = _calibration_samples(module, in_mlir, data_files, inputs, count, hold_back_test)
     samples, pool = search_pool(every, config)
     if not samples:
         raise TpuBuildError(

@@ -64,7 +64,9 @@ def _from_file(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.n
         arr = arrays[name]
         if arr.shape != shape:
             raise TpuBuildError(
-                f"test input {name!r} has shape {list(arr.shape)}, the manifest says {list(shape)}", file=str(path)
+                f"test input {name!r} has shape {list(arr.shape)}; the model is compiled for {list(shape)}",
+                file=str(path),
+                hint="give an array of that shape, or set the input's `shape` in the manifest",
             )
         out[name] = arr.astype(spec.get("dtype", "float32"), copy=False)
     return out

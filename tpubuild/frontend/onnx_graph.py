@@ -437,8 +437,16 @@ def _shape_op(node: Node, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def convert_onnx(
-    onnx_path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]], model_name: str, weight_file: str
+    onnx_path: str | os.PathLike | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]],
+    model_name: str,
+    weight_file: str,
+    *,
+    file: str | None = None,
 ) -> tuple[ModuleOp, WeightStore]:
-    """ONNX file -> (origin TOP module, its weights)."""
-    model = load_onnx(onnx_path)
-    return OnnxConverter(model, input_shapes, file=os.fspath(onnx_path)).convert(model_name, weight_file)
+    """ONNX file (or a model loaded from ``file``) -> (origin TOP module, its weights)."""
+    if isinstance(onnx_path, onnx.ModelProto):
+        model, file = onnx_path, file or "<model>"
+    else:
+        model, file = load_onnx(onnx_path), os.fspath(onnx_path)
+    return OnnxConverter(model, input_shapes, file=file).convert(model_name, weight_file)

@@ -1,0 +1,118 @@
+"""The model's inputs as every stage reads them: the manifest's ``inputs`` entries completed from the model.
+
+A manifest may leave out what the model says itself, as TPU-MLIR's ``--input_shapes`` is optional: an
+entry's ``shape`` (where the model fixes every dim but perhaps the batch, which is then 1), its ``dtype``
+and its ``name`` (the entry then stands for the graph input at its position), or ``inputs`` as a whole.
+The stages that read the source model (transform, a prepare step on data) complete them from the ONNX
+graph, and those that read a TOP module (calibrate, search) from its ``top.Input`` ops: one graph, so the
+same specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from tpubuild.errors import TpuBuildError
+
+
+class Declared(NamedTuple):
+    """A graph input as the model declares it: dims are ints, or a name / None where not fixed (None: no
+    declared rank)."""
+
+    name: str
+    dims: tuple[int | str | None, ...] | None
+    dtype: str
+
+
+def onnx_inputs(model) -> list[Declared]:
+    """The graph inputs of an ONNX model (initializers listed as inputs are weights, not inputs)."""
+    from onnx import helper
+
+    weights = {t.name for t in model.graph.initializer}
+    out = []
+    for inp in model.graph.input:
+        if inp.name in weights:
+            continue
+        tensor = inp.type.tensor_type
+        dims = (
+            tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+                for d in tensor.shape.dim
+            )
+            if tensor.HasField("shape")
+            else None
+        )
+        out.append(Declared(inp.name, dims, helper.tensor_dtype_to_np_dtype(tensor.elem_type).name))
+    return out
+
+
+def module_inputs(module) -> list[Declared]:
+    """The graph inputs of a TOP module, in argument order."""
+    from tpubuild.ir.mlir import input_ops
+    from tpubuild.ir.types import dtype_of, shape_of
+
+    return [
+        Declared(op.loc_name, shape_of(op.results[0].type), dtype_of(op.results[0].type).name)
+        for op in input_ops(module)
+    ]
+
+
+def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *, file: str) -> list[dict[str, Any]]:
+    """One spec per graph input, in the model's order: {name, shape, dtype, range, preprocess}, each from the
+    manifest's entry where it gives one, else from the model. Raises naming the inputs the model lacks, an
+    entry's dtype the model contradicts and a dynamic dim no entry fixes."""
+    names = [d.name for d in declared]
+    by_name: dict[str, Mapping[str, Any]] = {}
+    for i, entry in enumerate(given):
+        name = entry.get("name") or (names[i] if i < len(names) else None)
+        if name not in names:
+            what = repr(name) if name else f"inputs[{i}] (no name, and the model has {len(names)} inputs)"
+            raise TpuBuildError(
+                f"the manifest names an input the model does not have: {what} (model inputs: {names})",
+                file=file,
+                hint="use the model's input names under `inputs:` in the manifest",
+            )
+        by_name[name] = entry
+    specs, problems = [], []
+    for d in declared:
+        entry = by_name.get(d.name, {})
+        shape = entry.get("shape")
+        if shape is None:
+            if d.dims is None:
+                problems.append(f"input {d.name!r} has no shape in the model")
+                continue
+            if not all(isinstance(n, int) for n in d.dims[1:]):
+                problems.append(f"input {d.name!r} has dynamic shape {[n or '?' for n in d.dims]}")
+                continue
+            shape = (1, *d.dims[1:]) if d.dims else ()  # a dynamic batch alone: one at a time, as deployed
+        dtype = entry.get("dtype") or d.dtype
+        if dtype != d.dtype:
+            problems.append(f"input {d.name!r} is {d.dtype} in the model, the manifest says {dtype}")
+            continue
+        specs.append(
+            {
+                "name": d.name,
+                "shape": [int(n) for n in shape],  # type: ignore[arg-type]  # (ints: checked above)
+                "dtype": dtype,
+                "range": entry.get("range"),
+                "preprocess": entry.get("preprocess"),
+            }
+        )
+    if problems:
+        raise TpuBuildError(
+            "the manifest's inputs do not fit the model: " + "; ".join(problems),
+            file=file,
+            hint="give each dynamic input its full static shape in the manifest, e.g. "
+            "`inputs: [{name: x, shape: [1, 3, 224, 224]}]`; leave out `dtype` to take the model's",
+        )
+    return specs
+
+
+def of_source(manifest, onnx_file) -> list[dict[str, Any]]:
+    """The specs the stages complete for ``manifest`` (a build.manifest.Manifest) from its source model file
+    ``onnx_file`` (build.tasks.source_file): for readers outside the task graph (bench/)."""
+    import onnx
+
+    given = [spec.config() for spec in manifest.inputs]
+    return complete(given, onnx_inputs(onnx.load(str(onnx_file), load_external_data=False)), file=str(onnx_file))
