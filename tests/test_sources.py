@@ -100,7 +100,9 @@ def test_prepared_light_model_is_deterministic_and_has_real_weights(tmp_path):
     # on photographs the step did not see, every conv output channel has about unit scale
     from tpubuild.calib.data import Samples
 
-    held = list(Samples.of(PHOTOS[-8:], samples["inputs"]))
+    from tpubuild.build.inputs import complete, onnx_inputs
+
+    held = list(Samples.of(PHOTOS[-8:], complete(samples["inputs"], onnx_inputs(prepared), file=str(first))))
     assert not set(PHOTOS[-8:]) & set(PHOTOS[: fetch.PREPARE_SAMPLES])
     convs = [n.output[0] for n in prepared.graph.node if n.op_type == "Conv"]
     prepared.graph.output.extend(onnx.ValueInfoProto(name=c) for c in convs)

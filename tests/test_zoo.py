@@ -72,10 +72,11 @@ def test_generated_model_architecture(name, ops):
 
 
 def _photo_input(manifest: Path) -> dict[str, np.ndarray]:
+    from tpubuild.build.inputs import of_source
     from tpubuild.build.testinput import make_inputs
 
     m = load_manifest(manifest)
-    return make_inputs(m.name, [s.config() for s in m.inputs], str(m.test_input))
+    return make_inputs(m.name, of_source(m, m.source_file), str(m.test_input))
 
 
 def _onnxruntime(model: Path, inputs: dict[str, np.ndarray], outputs: list[str] | None = None):
