@@ -96,7 +96,7 @@ def test_test_input_image(tmp_path):
     assert got.shape == (2, 3, 4, 6) and got.dtype == np.float32
     expected = np.array([(50 - 10) * 0.5, (100 - 20) * 0.5, (200 - 30) * 0.5], np.float32)  # B, G, R planes
     np.testing.assert_array_equal(got, np.broadcast_to(expected[None, :, None, None], (2, 3, 4, 6)))
-    with pytest.raises(TpuBuildError, match="one NCHW input"):
+    with pytest.raises(TpuBuildError, match="one NCHW or NHWC input"):
         make_inputs("m", SPECS, str(tmp_path / "in.png"))
 
 

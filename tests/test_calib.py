@@ -337,12 +337,40 @@ def test_image_gray_resize_and_crop(tmp_path):
     np.testing.assert_array_equal(got[0]["x"], np.full((2, 1, 8, 8), 90.0, np.float32))
 
 
-def test_images_need_an_image_input(tmp_path):
+def test_image_preprocess_channels_last(tmp_path):
+    """A TensorFlow export's [N, H, W, 3] input gets the pixels NCHW would, channels last; a shape both layouts
+    fit ([1, 3, 3, 3]) is NCHW unless channel_format says NHWC."""
+    from PIL import Image
+
+    pixels = (np.arange(27, dtype=np.uint8).reshape(3, 3, 3) * 9)[:, :, ::-1]
+    Image.fromarray(np.ascontiguousarray(pixels), "RGB").save(tmp_path / "img.png")
+    pre = {"mean": [1, 2, 3], "scale": [0.5, 0.25, 2.0], "pixel_format": "bgr"}
+    chw = preprocess_image(tmp_path / "img.png", InputSpec.of({"name": "x", "shape": [1, 3, 3, 3], "preprocess": pre}))
+    nhwc = {"name": "x", "shape": [2, 3, 3, 3], "preprocess": {**pre, "channel_format": "nhwc"}}
+    (sample,) = Samples.of([tmp_path / "img.png"] * 2, [nhwc])
+    assert sample["x"].shape == (2, 3, 3, 3)
+    np.testing.assert_array_equal(sample["x"][1], chw.transpose(1, 2, 0))
+    assert not np.array_equal(chw, chw.transpose(1, 2, 0))  # (the layouts differ on this image)
+    Image.new("RGB", (4, 5), (10, 20, 30)).save(tmp_path / "tall.png")
+    (sample,) = Samples.of([tmp_path / "tall.png"], [{"name": "x", "shape": [1, 5, 4, 3]}])
+    np.testing.assert_array_equal(sample["x"][0, 4, 3], [10, 20, 30])  # NHWC from the shape alone
+
+
+@pytest.mark.parametrize(
+    ("shape", "channel_format", "message"),
+    [
+        ([1, 16], None, "an NCHW or NHWC input with 1 or 3 channels"),
+        ([1, 4, 8, 8], None, "an NCHW or NHWC input with 1 or 3 channels"),
+        ([1, 8, 8, 3], "nchw", "an NCHW input with 1 or 3 channels"),
+    ],
+)
+def test_images_need_an_image_input(tmp_path, shape, channel_format, message):
     from PIL import Image
 
     Image.new("RGB", (4, 4)).save(tmp_path / "img.png")
-    with pytest.raises(TpuBuildError, match="NCHW input"):
-        list(Samples.of([tmp_path / "img.png"], [{"name": "x", "shape": [1, 16]}]))
+    pre = {"channel_format": channel_format} if channel_format else None
+    with pytest.raises(TpuBuildError, match=message):
+        list(Samples.of([tmp_path / "img.png"], [{"name": "x", "shape": shape, "preprocess": pre}]))
 
 
 def test_unreadable_image_names_the_file(tmp_path):

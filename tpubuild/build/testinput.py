@@ -78,12 +78,12 @@ def _from_image(path: Path, specs: Sequence[Mapping[str, Any]]) -> dict[str, np.
 
     if len(specs) != 1 or len(specs[0]["shape"]) != 4:
         raise TpuBuildError(
-            "an image test_input needs a model with one NCHW input",
+            "an image test_input needs a model with one NCHW or NHWC input",
             file=str(path),
             hint="give an .npz with one array per input instead",
         )
     spec = specs[0]
-    chw = preprocess_image(path, InputSpec.of(spec))
+    chw = preprocess_image(path, InputSpec.of(spec))  # (or hwc)
     # every image of the batch is the same one
     return {spec["name"]: np.broadcast_to(chw, tuple(spec["shape"])).astype(spec.get("dtype", "float32"))}
 

@@ -4,7 +4,7 @@
   may use any key). An array of shape ``(S, *input_shape)`` holds S samples.
 - ``.npy``: one-input models only; the input's shape, or ``(S, *shape)`` for S
   samples (memory-mapped, so a large file is not read at once).
-- images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``): one-input NCHW models; each
+- images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``): one-input NCHW (or NHWC) models; each
   sample takes N images (the batch) and applies the input's ``preprocess``
   as TPU-MLIR does: resize to ``preprocess.resize`` (default: the input's H, W;
   bilinear) and center-crop to H, W if that is larger, convert to
@@ -171,11 +171,7 @@ class Samples:
                 hint="use .npz files with one array per input name",
             )
         spec = self.inputs[0]
-        if len(spec.shape) != 4 or spec.shape[1] not in (1, 3):
-            raise TpuBuildError(
-                f"input {spec.name!r} has shape {list(spec.shape)}: images need an NCHW input with 1 or 3 channels",
-                hint="give .npz or .npy calibration data instead",
-            )
+        image_layout(spec)  # (its checks)
         return spec
 
     def _image_sample(self, paths: list[Path]) -> dict[str, np.ndarray]:
@@ -286,11 +282,28 @@ def _per_channel(values, channels: int, what: str, spec: InputSpec) -> np.ndarra
     return np.broadcast_to(arr, (channels,)).reshape(channels, 1, 1)
 
 
+def image_layout(spec: InputSpec) -> tuple[int, int, int, bool]:
+    """(channels, height, width, channels last) of an image input: NCHW, or NHWC as models exported from
+    TensorFlow take them; ``preprocess.channel_format`` says which where the shape leaves it open."""
+    shape, pre = spec.shape, spec.preprocess or {}
+    fits = {"nchw": len(shape) == 4 and shape[1] in (1, 3), "nhwc": len(shape) == 4 and shape[3] in (1, 3)}
+    layout = pre.get("channel_format") or ("nchw" if fits["nchw"] else "nhwc")
+    if not fits[layout]:
+        wanted = f"an {layout.upper()} input" if "channel_format" in pre else "an NCHW or NHWC input"
+        raise TpuBuildError(
+            f"input {spec.name!r} has shape {list(shape)}: images need {wanted} with 1 or 3 channels",
+            hint="give .npz or .npy data instead",
+        )
+    if layout == "nhwc":
+        return shape[3], shape[1], shape[2], True
+    return shape[1], shape[2], shape[3], False
+
+
 def preprocess_image(path: str | Path, spec: InputSpec) -> np.ndarray:
-    """One image -> a (C, H, W) float32 array, per the input's preprocess."""
+    """One image -> a float32 array (C, H, W), or (H, W, C) for an NHWC input, per the input's preprocess."""
     from PIL import Image, UnidentifiedImageError
 
-    _, channels, height, width = spec.shape
+    channels, height, width, channels_last = image_layout(spec)
     pre = dict(spec.preprocess or {})
     fmt = pre.get("pixel_format", "gray" if channels == 1 else "rgb")
     if (fmt == "gray") != (channels == 1):
@@ -316,4 +329,5 @@ def preprocess_image(path: str | Path, spec: InputSpec) -> np.ndarray:
         chw = chw[::-1]
     mean = _per_channel(pre.get("mean", [0.0]), channels, "mean", spec)
     scale = _per_channel(pre.get("scale", [1.0]), channels, "scale", spec)
-    return ((chw - mean) * scale).astype(np.float32)
+    out = ((chw - mean) * scale).astype(np.float32)
+    return np.ascontiguousarray(out.transpose(1, 2, 0)) if channels_last else out
