@@ -706,6 +706,29 @@ def test_extra_activation(check_onnx, op, attrs, opset):
     check_onnx(node(op, ["x"], **attrs), {"x": wide(2, 3, 5)}, opset=opset)
 
 
+def unit(*shape):
+    """Inside (-1, 1), the domain of Asin, Acos and Atanh."""
+    return np.tanh(randn(*shape)) * 0.999
+
+
+TRIGONOMETRIC = {
+    "Tan": lambda *s: np.clip(randn(*s), -1.4, 1.4),  # (below pi/2)
+    "Asin": unit,
+    "Acos": unit,
+    "Atan": wide,
+    "Sinh": lambda *s: randn(*s) * 3,
+    "Cosh": lambda *s: randn(*s) * 3,
+    "Asinh": wide,
+    "Acosh": lambda *s: positive(*s) + 1,
+    "Atanh": unit,
+}
+
+
+@pytest.mark.parametrize("op", TRIGONOMETRIC)
+def test_trigonometric_and_hyperbolic(check_onnx, op):
+    check_onnx(node(op, ["x"]), {"x": TRIGONOMETRIC[op](3, 5)}, opset=9)
+
+
 @pytest.mark.parametrize("op", ["Round", "Sign", "Sin", "Cos"])
 def test_extra_unary(check_onnx, op):
     x = wide(3, 5)

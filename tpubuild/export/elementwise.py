@@ -191,6 +191,18 @@ def _math(name: str):
 
 rule(top.SqrtOp)(_math("math.sqrt"))
 rule(top.RoundOp)(_math("math.roundeven"))
+for _cls, _name in {
+    top.TanOp: "math.tan",
+    top.AsinOp: "math.asin",
+    top.AcosOp: "math.acos",
+    top.AtanOp: "math.atan",
+    top.SinhOp: "math.sinh",
+    top.CoshOp: "math.cosh",
+    top.AsinhOp: "math.asinh",
+    top.AcoshOp: "math.acosh",
+    top.AtanhOp: "math.atanh",
+}.items():
+    rule(_cls)(_math(_name))
 
 
 def _activation(formula, wide: bool = False):

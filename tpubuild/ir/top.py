@@ -974,6 +974,51 @@ class CosOp(UnaryOp):
 
 
 @op_definition
+class TanOp(UnaryOp):
+    name = "top.Tan"
+
+
+@op_definition
+class AsinOp(UnaryOp):
+    name = "top.Asin"
+
+
+@op_definition
+class AcosOp(UnaryOp):
+    name = "top.Acos"
+
+
+@op_definition
+class AtanOp(UnaryOp):
+    name = "top.Atan"
+
+
+@op_definition
+class SinhOp(UnaryOp):
+    name = "top.Sinh"
+
+
+@op_definition
+class CoshOp(UnaryOp):
+    name = "top.Cosh"
+
+
+@op_definition
+class AsinhOp(UnaryOp):
+    name = "top.Asinh"
+
+
+@op_definition
+class AcoshOp(UnaryOp):
+    name = "top.Acosh"
+
+
+@op_definition
+class AtanhOp(UnaryOp):
+    name = "top.Atanh"
+
+
+@op_definition
 class SignOp(UnaryOp):
     name = "top.Sign"
 

@@ -1,5 +1,5 @@
-"""Math: Exp, Log, Sqrt, Reciprocal, Abs, Neg, Floor, Ceil, Round, Sign, Sin, Cos, IsNaN, IsInf, Pow, Mod,
-Max, Min, Sum, Mean, Where, Cast, CastLike."""
+"""Math: Exp, Log, Sqrt, Reciprocal, Abs, Neg, Floor, Ceil, Round, Sign, the trigonometric and hyperbolic
+functions and their inverses, IsNaN, IsInf, Pow, Mod, Max, Min, Sum, Mean, Where, Cast, CastLike."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ _PLAIN = {
     "Sign": top.SignOp,
     "Sin": top.SinOp,
     "Cos": top.CosOp,
+    "Tan": top.TanOp,
+    "Asin": top.AsinOp,
+    "Acos": top.AcosOp,
+    "Atan": top.AtanOp,
+    "Sinh": top.SinhOp,
+    "Cosh": top.CoshOp,
+    "Asinh": top.AsinhOp,
+    "Acosh": top.AcoshOp,
+    "Atanh": top.AtanhOp,
     "IsNaN": top.IsNaNOp,
 }
 
