@@ -412,6 +412,32 @@ def test_resize_axes_keep_aspect(check_onnx, policy):
     )
 
 
+# ---- GridSample ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("align_corners", [0, 1])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample(check_onnx, mode, padding_mode, align_corners):
+    """Against onnxruntime, with grid points out to 2.5x the borders (several reflections) and some exactly on
+    pixel centres and halfway between them (nearest's ties go to even)."""
+    grid = R.uniform(-2.5, 2.5, (2, 5, 6, 2)).astype(np.float32)
+    grid[0, 0, :5] = [[-1, -1], [1, 1], [0, 0], [-0.75, 0.25], [0.125, -0.5]]
+    check_onnx(
+        node("GridSample", ["x", "grid"], mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+        {"x": randn(2, 3, 4, 5), "grid": grid},
+        opset=16,
+    )
+
+
+def test_grid_sample_volumetric(check_onnx):
+    check_onnx(
+        node("GridSample", ["x", "grid"], mode="linear", padding_mode="border"),
+        {"x": randn(1, 2, 3, 4, 5), "grid": R.uniform(-1.2, 1.2, (1, 2, 3, 4, 3)).astype(np.float32)},
+        opset=20,
+    )
+
+
 def test_resize_half_pixel_symmetric(check_onnx):
     check_onnx(
         node("Resize", ["x", "", "scales"], mode="linear", coordinate_transformation_mode="half_pixel_symmetric"),

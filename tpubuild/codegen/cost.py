@@ -294,6 +294,13 @@ def _interp(s: OpShape) -> Work:
     return Work(vector=s.per_lane(s.outs[0]) * 4)
 
 
+@work("GridSample")
+def _grid_sample(s: OpShape) -> Work:
+    # each output element gathers its taps from anywhere in the input: the scatter-gather path, tap by tap
+    per_axis = {"nearest": 1, "linear": 2, "cubic": 4}[getattr(s.params, "mode", "linear")]
+    return Work(serial=s.per_lane(s.outs[0]) * per_axis ** (len(s.outs[0]) - 2))
+
+
 def _elementwise(name: str, s: OpShape) -> Work:
     passes = max(len(s.ins) - 1, 1) * VECTOR_FACTOR.get(name, 1)
     return Work(vector=s.per_lane(s.outs[0]) * passes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -480,3 +481,134 @@ def strided_slice(e: Emitter, x: Val, starts, counts, steps) -> Val:
         if step > 1:
             x = _step(e, x, axis, step, count)
     return x
+
+
+@rule(top.GridSampleOp)
+def _(e: Emitter, op, p: top.GridSampleParams, args):
+    """A linalg.generic over the output: each point reads its grid coordinates, then its taps (2, 4 or 1 per
+    axis) out of the input, as the kernel does, in float32."""
+    x, grid = args
+    if not (x.is_float and grid.is_float):
+        raise NotImplementedError(f"GridSample of {x.dtype} by a {grid.dtype} grid")
+    x, grid = e.use(x), e.use(grid)
+    out_shape = op.results[0].type.get_shape()
+
+    def body(bd, _):
+        s = _F32(bd)
+        n_ix, c_ix = s.index(0), s.index(1)
+        out_ix = [s.index(d) for d in range(2, len(out_shape))]
+        per_axis = []
+        for axis, length in enumerate(x.shape[2:]):
+            component = s.index_const(x.rank - 3 - axis)  # x first: the grid's last axis is reversed
+            g = s.extract(grid, [n_ix, *out_ix, component])
+            per_axis.append(_grid_axis_taps(s, g, length, p))
+        acc = s.c(0.0)
+        for combo in itertools.product(*per_axis):
+            w = combo[0][1]
+            for _, wk in combo[1:]:
+                w = s.f("arith.mulf", w, wk)
+            v = s.extract(x, [n_ix, c_ix, *(i for i, _ in combo)])
+            acc = s.f("arith.addf", acc, s.f("arith.mulf", w, v))
+        el = element(x.dtype)
+        return acc if el == "f32" else bd.typed("arith.truncf", [(acc, "f32")], el)
+
+    return e.generic([], out_shape, x.dtype, body)
+
+
+class _F32:
+    """float32 scalar arithmetic in a linalg.generic body."""
+
+    def __init__(self, bd):
+        self.bd = bd
+
+    def c(self, value: float) -> str:
+        return self.bd.const(value, np.float32)
+
+    def f(self, name: str, *args: str) -> str:
+        return self.bd.f(name, *args, el="f32")
+
+    def index(self, d: int) -> str:
+        return self.bd.typed("linalg.index", [], "index", f"dim = {d} : i64")
+
+    def index_const(self, value: int) -> str:
+        return self.bd.typed("arith.constant", [], "index", f"value = {value} : index")
+
+    def extract(self, v: Val, at: list[str]) -> str:
+        el = element(v.dtype)
+        got = self.bd.typed("tensor.extract", [(v.name, v.type)] + [(i, "index") for i in at], el)
+        return got if el == "f32" else self.bd.typed("arith.extf", [(got, el)], "f32")
+
+    def clamp(self, v: str, lo: float, hi: float) -> str:
+        return self.f("arith.minimumf", self.f("arith.maximumf", v, self.c(lo)), self.c(hi))
+
+    def reflect(self, v: str, lo: float, hi: float) -> str:
+        """kernels.resize._reflect."""
+        if hi <= lo:
+            return self.c(lo)
+        bd, f, c = self.bd, self.f, self.c
+        below, above = bd.cmpf("olt", v, c(lo)), bd.cmpf("ogt", v, c(hi))
+        dx = bd.select(below, f("arith.subf", c(lo), v), f("arith.subf", v, c(hi)), "f32")
+        n = f("math.trunc", f("arith.divf", dx, c(hi - lo)))
+        r = f("arith.subf", dx, f("arith.mulf", n, c(hi - lo)))
+        even = bd.cmpf("oeq", f("arith.remf", n, c(2.0)), c(0.0))
+        from_lo = bd.select(even, f("arith.addf", c(lo), r), f("arith.subf", c(hi), r), "f32")
+        from_hi = bd.select(even, f("arith.subf", c(hi), r), f("arith.addf", c(lo), r), "f32")
+        return bd.select(below, from_lo, bd.select(above, from_hi, v, "f32"), "f32")
+
+    def cubic_weights(self, t: str) -> list[str]:
+        """kernels.resize._cubic_weights: Keys' a = -0.75 for the taps at -1, 0, 1, 2."""
+        f, c, a = self.f, self.c, -0.75
+
+        def near(d):
+            return f(
+                "arith.addf",
+                f("arith.mulf", f("arith.mulf", f("arith.subf", f("arith.mulf", c(a + 2), d), c(a + 3)), d), d),
+                c(1.0),
+            )
+
+        def far(d):
+            inner = f("arith.addf", f("arith.mulf", f("arith.subf", f("arith.mulf", c(a), d), c(5 * a)), d), c(8 * a))
+            return f("arith.subf", f("arith.mulf", inner, d), c(4 * a))
+
+        return [
+            far(f("arith.addf", t, c(1.0))),
+            near(t),
+            near(f("arith.subf", c(1.0), t)),
+            far(f("arith.subf", c(2.0), t)),
+        ]
+
+
+def _grid_axis_taps(s: _F32, g: str, length: int, p: top.GridSampleParams) -> list[tuple[str, str]]:
+    """(index, weight) of each tap along one axis from its normalised coordinate ``g`` (kernels.resize)."""
+    f, c, bd = s.f, s.c, s.bd
+    lo, hi = (0.0, length - 1.0) if p.align_corners else (-0.5, length - 0.5)
+    plus1 = f("arith.addf", g, c(1.0))
+    if p.align_corners:
+        pos = f("arith.mulf", f("arith.mulf", plus1, c(0.5)), c(length - 1.0))
+    else:
+        pos = f("arith.mulf", f("arith.subf", f("arith.mulf", plus1, c(float(length))), c(1.0)), c(0.5))
+    if p.mode == "nearest":
+        pos = f("math.roundeven", pos)
+    if p.padding_mode == "border" and p.mode != "cubic":
+        outside = bd.op("arith.ori", bd.cmpf("olt", pos, c(lo)), bd.cmpf("ogt", pos, c(hi)), type="i1")
+        pos = bd.select(outside, s.clamp(pos, 0.0, length - 1.0), pos, "f32")
+    elif p.padding_mode == "reflection":
+        pos = s.reflect(pos, lo, hi)
+    if p.mode == "nearest":
+        firsts, weights = [pos], [c(1.0)]
+    else:
+        first = f("math.floor", pos)
+        t = f("arith.subf", pos, first)
+        linear = p.mode == "linear"
+        firsts = [f("arith.addf", first, c(float(k))) for k in ((0, 1) if linear else (-1, 0, 1, 2))]
+        weights = [f("arith.subf", c(1.0), t), t] if linear else s.cubic_weights(t)
+    taps = []
+    for at, w in zip(firsts, weights, strict=True):
+        if p.padding_mode == "zeros":
+            inside = bd.op("arith.andi", bd.cmpf("oge", at, c(0.0)), bd.cmpf("olt", at, c(float(length))), type="i1")
+            w = bd.select(inside, w, c(0.0), "f32")
+        elif p.padding_mode == "reflection":
+            at = f("math.trunc", s.reflect(at, lo, hi))
+        as_int = bd.typed("arith.fptosi", [(s.clamp(at, 0.0, length - 1.0), "f32")], "i64")
+        taps.append((bd.typed("arith.index_cast", [(as_int, "i64")], "index"), w))
+    return taps

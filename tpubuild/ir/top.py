@@ -705,6 +705,36 @@ class InterpOp(TopOp):
 
 
 @dataclass(frozen=True)
+class GridSampleParams:
+    mode: str = "linear"  # nearest, linear or cubic (opset 16's bilinear, bicubic)
+    padding_mode: str = "zeros"  # zeros, border or reflection
+    align_corners: bool = False
+
+
+@op_definition
+class GridSampleOp(TopOp):
+    """ONNX GridSample: each output point samples the input [N, C, *D] at its grid point ([N, *out, len(D)] of
+    coordinates normalised to [-1, 1], x first: the last axis)."""
+
+    name = "top.GridSample"
+    PARAMS = GridSampleParams
+    OPERANDS = ("input", "grid")
+
+    @classmethod
+    def infer(cls, p: GridSampleParams, in_types):
+        x, grid = shape_of(in_types[0]), shape_of(in_types[1])
+        if len(x) < 3 or len(grid) != len(x) or grid[0] != x[0] or grid[-1] != len(x) - 2:
+            raise VerifyException(
+                f"grid {list(grid)} does not sample input {list(x)}: expected [N, *out, {len(x) - 2}]"
+            )
+        if p.mode not in ("nearest", "linear", "cubic"):
+            raise VerifyException(f"unknown GridSample mode {p.mode!r}")
+        if p.padding_mode not in ("zeros", "border", "reflection"):
+            raise VerifyException(f"unknown GridSample padding mode {p.padding_mode!r}")
+        return [with_shape(in_types[0], [x[0], x[1], *grid[1:-1]])]
+
+
+@dataclass(frozen=True)
 class Depth2SpaceParams:
     block_h: int
     block_w: int

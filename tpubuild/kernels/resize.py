@@ -1,4 +1,5 @@
-"""Interp (ONNX Resize/Upsample): separable nearest, linear and cubic resampling, one axis at a time.
+"""Interp (ONNX Resize/Upsample): separable nearest, linear and cubic resampling, one axis at a time;
+GridSample: the same interpolations at the coordinates a grid gives.
 
 Source coordinates follow ONNX Resize: each output index maps to a real input
 coordinate by the coordinate transformation mode, the interpolation weights
@@ -9,6 +10,7 @@ Arithmetic is float64, as onnx's reference, then cast back.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -142,3 +144,82 @@ def _(p: top.InterpParams, x):
     if x.dtype.kind in "iu":
         y = np.rint(y)
     return y.astype(x.dtype)
+
+
+def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Coordinates outside [lo, hi] reflected by the near border until inside (onnx's _gs_reflect)."""
+    span = hi - lo
+    if span <= 0:
+        return np.full_like(x, lo)
+    below, above = x < lo, x > hi
+    dx = np.where(below, lo - x, x - hi)
+    n = np.trunc(dx / span)
+    r = dx - n * span
+    even = n % 2 == 0
+    inside_from_lo, inside_from_hi = np.where(even, lo + r, hi - r), np.where(even, hi - r, lo + r)
+    return np.where(below, inside_from_lo, np.where(above, inside_from_hi, x))
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """Keys' cubic convolution (a = -0.75) for the taps at -1, 0, 1, 2 from a fraction ``t`` in [0, 1)."""
+    a = -0.75
+
+    def near(d):  # |d| <= 1
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):  # 1 < |d| < 2
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@kernel(top.GridSampleOp)
+def _(p: top.GridSampleParams, x, grid):
+    """As onnxruntime (and PyTorch's grid_sample): the grid's coordinates (x first: the last axis) denormalised
+    to pixel positions, one outside the borders clamped (border) or reflected (reflection) first, then every
+    tap outside the input is 0 (zeros), the edge pixel (border) or its reflection. Cubic with border padding
+    clamps its taps only, not the position (onnx's reference clamps both, onnxruntime and PyTorch do not).
+    Arithmetic in float64, then cast back."""
+    n, c, *size = x.shape
+    g = grid.astype(np.float64)
+    taps_per_axis = []
+    for axis, length in enumerate(size):
+        norm = g[..., len(size) - 1 - axis]
+        lo, hi = (0.0, length - 1.0) if p.align_corners else (-0.5, length - 0.5)
+        pos = (norm + 1) / 2 * (length - 1) if p.align_corners else ((norm + 1) * length - 1) / 2
+        if p.mode == "nearest":
+            pos = np.rint(pos)
+        if p.padding_mode == "border" and p.mode != "cubic":
+            pos = np.where((pos < lo) | (pos > hi), np.clip(pos, 0, length - 1), pos)
+        elif p.padding_mode == "reflection":
+            pos = _reflect(pos, lo, hi)
+        taps_per_axis.append(_grid_taps(p, pos, length, lo, hi))
+    batch = np.arange(n).reshape((n,) + (1,) * (grid.ndim - 2))
+    data = x.astype(np.float64)
+    out = np.zeros((n, *grid.shape[1:-1], c))
+    for combo in itertools.product(*taps_per_axis):
+        weight = math.prod(wk for _, wk in combo)
+        out += data[(batch, slice(None), *(index for index, _ in combo))] * weight[..., None]  # [N, *out, C]
+    y = np.moveaxis(out, -1, 1)
+    if x.dtype.kind in "iu":
+        y = np.rint(y)
+    return y.astype(x.dtype)
+
+
+def _grid_taps(p: top.GridSampleParams, pos: np.ndarray, length: int, lo: float, hi: float):
+    """(index, weight) per tap along one axis: the weight is 0 where a zeros-padded tap falls outside."""
+    if p.mode == "nearest":
+        firsts, weights = [pos], [np.ones_like(pos)]
+    else:
+        first = np.floor(pos)
+        t = pos - first
+        firsts = [first, first + 1] if p.mode == "linear" else [first + k for k in (-1, 0, 1, 2)]
+        weights = [1 - t, t] if p.mode == "linear" else _cubic_weights(t)
+    out = []
+    for index, weight in zip(firsts, weights, strict=True):
+        if p.padding_mode == "zeros":
+            weight = np.where((index >= 0) & (index < length), weight, 0.0)
+        elif p.padding_mode == "reflection":
+            index = np.trunc(_reflect(index, lo, hi))
+        out.append((np.clip(index, 0, length - 1).astype(np.int64), weight))
+    return out

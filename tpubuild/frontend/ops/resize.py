@@ -1,4 +1,5 @@
-"""Resize (opsets 10-19) and Upsample -> top.Interp with the output shape and scales resolved."""
+"""Resize (opsets 10-19) and Upsample -> top.Interp with the output shape and scales resolved; GridSample ->
+top.GridSample."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
-_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "cubic": "cubic"}
+_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "cubic": "cubic", "bicubic": "cubic"}
 
 
 def _mode(node: Node) -> str:
@@ -114,3 +115,14 @@ def _(node: Node, ctx: Ctx):
         extrapolation_value=float(a.get("extrapolation_value", 0.0)),
     )
     return [ctx.emit(top.InterpOp, [x], p, name=node.outputs[0])]
+
+
+@converter("GridSample", since=16)
+def _(node: Node, ctx: Ctx):
+    """Opset 16's 2-D form (mode bilinear, bicubic or nearest); opset 20 renamed the modes and allowed N-D."""
+    x, grid = node.input(0), node.input(1)
+    mode = node.attrs["mode"]  # (the schema's default: bilinear, or linear from opset 20)
+    if mode not in _MODES:
+        raise NotImplementedError(f"GridSample mode {mode!r} is not supported")
+    p = top.GridSampleParams(_MODES[mode], node.attrs["padding_mode"], bool(node.attrs["align_corners"]))
+    return [ctx.emit(top.GridSampleOp, [x, grid], p, name=node.outputs[0])]
