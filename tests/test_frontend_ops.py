@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.frontend import registry
 from tpubuild.ir import mlir, top
@@ -580,7 +580,42 @@ def test_control_flow_refused_naming_the_node(make_model, convert):
     ]
     model = make_model(nodes, {"x": randn(2)}, initializers={"zero": np.array(0, np.float32)}, opset=13)
     message = _convert_error(convert, model, {"x": [2]})
-    assert "control flow" in message and "If 'branch_on_sign'" in message
+    assert "If 'branch_on_sign'" in message and "(tensor 'cond') must be known at compile time" in message
+    loop = helper.make_node("Loop", ["", "cond"], [], name="again", body=then)
+    model = make_model([*nodes[:2], loop], {"x": randn(2)}, ["s"], initializers={"zero": np.array(0, np.float32)})
+    assert "control flow is not supported: Loop 'again'" in _convert_error(convert, model, {"x": [2]})
+
+
+@pytest.mark.parametrize("width", [3, 5])
+def test_if_on_a_shape_takes_its_branch(make_model, check_against_ort, convert, width):
+    """An export's shape test (here: is the input wider than 4?) decided once the shapes are fixed: the branch
+    it takes is converted inline, reading the outer x, its result named as the If's output."""
+    then = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array(2, np.float32), "two")],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["w"], axis=0),
+        helper.make_node("Greater", ["w", "four"], ["wide"]),
+        helper.make_node("If", ["wide"], ["branch"], then_branch=then, else_branch=other),
+        helper.make_node("Relu", ["branch"], ["y"]),
+    ]
+    inits = {"one": np.array(1, np.int64), "four": np.array(4, np.int64)}
+    model = make_model(nodes, {"x": randn(2, width)}, ["y", "branch"], initializers=inits, opset=13)
+    check_against_ort(model, {"x": randn(2, width)})
+    module, _ = convert(model, {"x": [2, width]})
+    names = {n for op in mlir.body_ops(module) if isinstance(op, top.TopOp) for n in op.names}
+    assert "branch" in names and ("t" in names) == (width > 4) and ("e" in names) == (width <= 4)
 
 
 def test_dynamic_input_not_fixed(make_model, convert):

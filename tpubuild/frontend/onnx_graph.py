@@ -31,6 +31,7 @@ from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
 
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
+IF_HINT = "an If is taken where its condition is known at compile time (a shape test, a constant), never at run time"
 # evaluated from a value's static shape, so they fold even when their input does not
 SHAPE_OF = {"Shape", "Size"}
 
@@ -96,9 +97,16 @@ def node_attrs(node: onnx.NodeProto, opset: int) -> dict[str, Any]:
 class Ctx:
     """What a converter may do: turn values into operands, read constants, emit TOP ops."""
 
-    def __init__(self, builder: GraphBuilder, weights: WeightStore):
+    def __init__(self, builder: GraphBuilder, weights: WeightStore, subgraph=None):
         self.builder = builder
         self.weights = weights
+        self._subgraph = subgraph  # OnnxConverter's: a subgraph's nodes converted in the enclosing graph
+
+    def inline(self, graph: onnx.GraphProto) -> list[Value]:
+        """A subgraph (an If's branch) converted where it stands, its nodes seeing the enclosing graph's names as
+        ONNX scoping says: the values of its outputs."""
+        assert self._subgraph is not None, "this Ctx converts no enclosing graph"
+        return self._subgraph(graph)
 
     def operand(self, value: Value) -> SSAValue:
         if value is None:
@@ -276,8 +284,21 @@ class OnnxConverter:
         known = set(self.initializers)
         unsupported: dict[str, list[str]] = {}
         control: list[str] = []
+        runtime_if: list[str] = []
         for node in self.graph.node:
             name = node.name or node.output[0]
+            if node.op_type == "If" and node.input[0] in known:
+                # which branch runs is known now: convert() takes it inline, and checks its nodes then
+                branches = [a.g for a in node.attribute if a.name in ("then_branch", "else_branch")]
+                if all({o.name for o in b.output} <= _known_after(b, known) for b in branches):
+                    known.update(o for o in node.output if o)
+                continue
+            if node.op_type == "If":
+                runtime_if.append(
+                    f"If {name!r}: its condition (tensor {node.input[0]!r}) must be known at compile time, but it is "
+                    "computed from the graph inputs"
+                )
+                continue
             if node.op_type in CONTROL_FLOW:
                 control.append(f"{node.op_type} {name!r}")
                 continue
@@ -289,6 +310,7 @@ class OnnxConverter:
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
                 unsupported.setdefault(key, []).append(name)
         problems = []
+        problems += runtime_if
         if control:
             problems.append("control flow is not supported: " + ", ".join(control))
         if unsupported:
@@ -301,9 +323,7 @@ class OnnxConverter:
             raise TpuBuildError(
                 ". ".join(problems),
                 file=self.file,
-                hint="`tpubuild ops` lists the supported ops; control flow that depends only on "
-                "shapes disappears once the manifest fixes the input shapes and the model "
-                "is re-exported with constant folding",
+                hint="`tpubuild ops` lists the supported ops; " + IF_HINT + "; Loop and Scan are not supported",
             )
         return known
 
@@ -316,26 +336,11 @@ class OnnxConverter:
             input_types.append(tensor_type(self.input_shapes[inp.name], dtype))
         builder = GraphBuilder(input_types)
         weights = WeightStore()
-        ctx = Ctx(builder, weights)
         env: dict[str, Value] = {"": None}
-        for name, init in self.initializers.items():
-            env[name] = Const(numpy_helper.to_array(init), name)
+        ctx = Ctx(builder, weights, lambda graph: self._convert_graph(graph, env, ctx))
         for inp, arg in zip(self.inputs, builder.args, strict=True):
             env[inp.name] = builder.add(InputOp.make([arg], name=inp.name)).results[0]
-        for proto in self.graph.node:
-            try:
-                inputs = [env[i] for i in proto.input]
-            except KeyError as e:
-                raise TpuBuildError(
-                    f"node input {e.args[0]!r} is not produced before it is used",
-                    file=self.file,
-                    loc=proto.output[0],
-                    hint="the graph is not topologically sorted; re-export it",
-                ) from None
-            node = Node(proto, inputs, node_attrs(proto, self.opset), self.opset)
-            for out_name, value in zip(proto.output, self._convert_node(node, ctx), strict=False):
-                if out_name:
-                    env[out_name] = value
+        self._convert_graph(self.graph, env, ctx)
         outputs = []
         for out in self.graph.output:
             value = env.get(out.name)
@@ -351,13 +356,34 @@ class OnnxConverter:
 
         return module, weights.keep_only(weight_names(module))
 
+    def _convert_graph(self, graph: onnx.GraphProto, env: dict[str, Value], ctx: Ctx) -> list[Value]:
+        """The graph's initializers and each node's results into ``env`` by name (a subgraph's too: Ctx.inline);
+        the values of its outputs."""
+        for init in graph.initializer:
+            env[init.name] = Const(numpy_helper.to_array(init), init.name)
+        for proto in graph.node:
+            try:
+                inputs = [env[i] for i in proto.input]
+            except KeyError as e:
+                raise TpuBuildError(
+                    f"node input {e.args[0]!r} is not produced before it is used",
+                    file=self.file,
+                    loc=proto.output[0],
+                    hint="the graph is not topologically sorted; re-export it",
+                ) from None
+            node = Node(proto, inputs, node_attrs(proto, self.opset), self.opset)
+            for out_name, value in zip(proto.output, self._convert_node(node, ctx), strict=False):
+                if out_name:
+                    env[out_name] = value
+        return [env.get(out.name) for out in graph.output]
+
     def _convert_node(self, node: Node, ctx: Ctx) -> list[Value]:
         where = dict(file=self.file, loc=node.outputs[0])
         try:
             if node.op_type in SHAPE_OF:
                 shape = shape_of(node.inputs[0])
                 return [Const(_shape_op(node, shape), node.outputs[0])]
-            if all(isinstance(v, Const) or v is None for v in node.inputs):
+            if all(isinstance(v, Const) or v is None for v in node.inputs) and node.op_type not in CONTROL_FLOW:
                 return self._fold(node)
             fn = registry.find(node.op_type, self.opset, node.proto.domain)
             if fn is None:
@@ -427,6 +453,15 @@ def _fold_overrides() -> list[type]:
             return (np.take_along_axis(data, indices, axis=axis),)
 
     return [GatherElements]
+
+
+def _known_after(graph: onnx.GraphProto, known: set[str]) -> set[str]:
+    """``known`` and the names of ``graph`` computable from it at compile time (as _plan)."""
+    known = known | {t.name for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type not in CONTROL_FLOW and (node.op_type in SHAPE_OF or all(i in known for i in node.input if i)):
+            known.update(o for o in node.output if o)
+    return known
 
 
 def _shape_op(node: Node, shape: tuple[int, ...]) -> np.ndarray:
