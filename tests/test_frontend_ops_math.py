@@ -686,6 +686,16 @@ def test_reduce_empty_set(check_onnx, op):
     )
 
 
+@pytest.mark.parametrize(
+    "op, attrs", [("LpNormalization", {"axis": 1}), ("LpNormalization", {"p": 1}), ("MeanVarianceNormalization", {})]
+)
+def test_lp_and_mean_variance_normalization(check_onnx, op, attrs):
+    x = randn(2, 3, 4, 5)
+    x[0, :, 0, 0] = 0.0  # a zero norm along axis 1: onnxruntime gives 0 there, not 0 / 0
+    x[1, :, :, -1] = 0.0  # and along the last axis
+    check_onnx(node(op, ["x"], **attrs), {"x": x}, opset=13)
+
+
 # ---- further activations and math ---------------------------------------------------
 
 EXTRA_ACTIVATIONS = [

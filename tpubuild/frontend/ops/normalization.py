@@ -1,4 +1,5 @@
-"""InstanceNormalization, GroupNormalization, RMSNormalization, LRN."""
+"""InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization,
+MeanVarianceNormalization."""
 
 from __future__ import annotations
 
@@ -59,3 +60,31 @@ def _(node: Node, ctx: Ctx):
     axis = norm_axis(int(node.attrs.get("axis", -1)), len(shape_of(node.input(0))))
     p = top.RMSNormParams(axis, float(node.attrs.get("epsilon", 1e-5)))
     return [ctx.emit(top.RMSNormOp, [node.input(0), node.input(1)], p, name=node.outputs[0])]
+
+
+@converter("LpNormalization", since=1)
+def _(node: Node, ctx: Ctx):
+    """x / its L1 or L2 norm along the axis; a zero norm gives 0, as onnxruntime does (not 0 / 0)."""
+    x, out = node.input(0), node.outputs[0]
+    p = int(node.attrs.get("p", 2))
+    if p not in (1, 2):
+        raise NotImplementedError(f"LpNormalization with p = {p} (only 1 and 2)")
+    axis = norm_axis(int(node.attrs.get("axis", -1)), len(shape_of(x)))
+    norm = ctx.emit(top.ReduceOp, [x], top.ReduceParams((axis,), f"ReduceL{p}"), name=f"{out}_norm")
+    tiny = Const(np.array(np.finfo(np.float32).tiny, np.float32), f"{out}_tiny")
+    return [ctx.emit(top.DivOp, [x, ctx.emit(top.MaxOp, [norm, tiny], name=f"{out}_nonzero")], name=out)]
+
+
+@converter("MeanVarianceNormalization", since=9)
+def _(node: Node, ctx: Ctx):
+    """(x - mean) / (std + 1e-9) over the axes (default N, H, W), as the ONNX function body defines it."""
+    x, out = node.input(0), node.outputs[0]
+    rank = len(shape_of(x))
+    axes = tuple(sorted({norm_axis(int(a), rank) for a in node.attrs.get("axes", [0, 2, 3])}))
+    mean = ctx.emit(top.ReduceOp, [x], top.ReduceParams(axes, "ReduceMean"), name=f"{out}_mean")
+    centered = ctx.emit(top.SubOp, [x, mean], name=f"{out}_centered")
+    square = ctx.emit(top.MulOp, [centered, centered], name=f"{out}_square")
+    var = ctx.emit(top.ReduceOp, [square], top.ReduceParams(axes, "ReduceMean"), name=f"{out}_var")
+    std = ctx.emit(top.SqrtOp, [var], name=f"{out}_std")
+    eps = Const(np.array(1e-9, np.float32), f"{out}_eps")
+    return [ctx.emit(top.DivOp, [centered, ctx.emit(top.AddOp, [std, eps], name=f"{out}_std_eps")], name=out)]
