@@ -32,13 +32,13 @@ def transform(
     Without ``test_input``, ``test_sample`` ({data_files, inputs, count}: the calibration samples, as
     calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
-    from tpubuild.build import inputs as model_inputs
     from tpubuild.build.files import all_or_nothing, write_npz
+    from tpubuild.build.inputs import complete, onnx_inputs
     from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx, load_onnx
 
     onnx_model = load_onnx(onnx_path)
-    specs = model_inputs.complete(inputs, model_inputs.onnx_inputs(onnx_model), file=onnx_path)
+    specs = complete(inputs, onnx_inputs(onnx_model), file=onnx_path)
     held = None
     if not test_input and test_sample:
         from tpubuild.calib.data import Samples, split_test_sample

@@ -309,8 +309,7 @@ class OnnxConverter:
             if registry.find(node.op_type, self.opset, node.domain) is None:
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
                 unsupported.setdefault(key, []).append(name)
-        problems = []
-        problems += runtime_if
+        problems = list(runtime_if)
         if control:
             problems.append("control flow is not supported: " + ", ".join(control))
         if unsupported:
