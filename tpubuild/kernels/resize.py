@@ -217,6 +217,7 @@ def _grid_taps(p: top.GridSampleParams, pos: np.ndarray, length: int, lo: float,
         weights = [1 - t, t] if p.mode == "linear" else _cubic_weights(t)
     out = []
     for index, weight in zip(firsts, weights, strict=True):
+        index = np.nan_to_num(index, nan=-1.0)  # a NaN grid point reads outside (no integer index is NaN)
         if p.padding_mode == "zeros":
             weight = np.where((index >= 0) & (index < length), weight, 0.0)
         elif p.padding_mode == "reflection":
