@@ -430,6 +430,22 @@ def test_grid_sample(check_onnx, mode, padding_mode, align_corners):
     )
 
 
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_affine_grid_then_grid_sample(check_onnx, align_corners):
+    """A spatial transformer: the grid of theta over the output size, then sampled from."""
+    theta = (np.eye(2, 3) + R.uniform(-0.3, 0.3, (2, 2, 3))).astype(np.float32)
+    check_onnx(
+        [
+            node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align_corners),
+            node("GridSample", ["x", "grid"], ["y"], align_corners=align_corners),
+        ],
+        {"x": randn(2, 3, 5, 7), "theta": theta},
+        ["y", "grid"],
+        initializers={"size": i64(2, 3, 4, 6)},
+        opset=20,
+    )
+
+
 def test_grid_sample_volumetric(check_onnx):
     check_onnx(
         node("GridSample", ["x", "grid"], mode="linear", padding_mode="border"),

@@ -31,6 +31,8 @@ from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
 
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
+# ops whose result's shape is their input's value: only ever folded, with their inputs known at compile time
+VALUE_SHAPED = {"ConstantOfShape", "Range"}
 IF_HINT = "an If is taken where its condition is known at compile time (a shape test, a constant), never at run time"
 # evaluated from a value's static shape, so they fold even when their input does not
 SHAPE_OF = {"Shape", "Size"}
@@ -284,7 +286,7 @@ class OnnxConverter:
         known = set(self.initializers)
         unsupported: dict[str, list[str]] = {}
         control: list[str] = []
-        runtime_if: list[str] = []
+        runtime: list[str] = []  # nodes whose inputs must be constants, computed from the graph inputs
         for node in self.graph.node:
             name = node.name or node.output[0]
             if node.op_type == "If" and node.input[0] in known:
@@ -293,23 +295,24 @@ class OnnxConverter:
                 if all({o.name for o in b.output} <= _known_after(b, known) for b in branches):
                     known.update(o for o in node.output if o)
                 continue
-            if node.op_type == "If":
-                runtime_if.append(
-                    f"If {name!r}: its condition (tensor {node.input[0]!r}) must be known at compile time, but it is "
-                    "computed from the graph inputs"
-                )
-                continue
-            if node.op_type in CONTROL_FLOW:
+            if node.op_type in CONTROL_FLOW - {"If"}:
                 control.append(f"{node.op_type} {name!r}")
                 continue
             real_inputs = [i for i in node.input if i]
-            if node.op_type in SHAPE_OF or all(i in known for i in real_inputs):
+            if node.op_type != "If" and (node.op_type in SHAPE_OF or all(i in known for i in real_inputs)):
                 known.update(o for o in node.output if o)
+                continue
+            if node.op_type == "If" or (node.op_type in VALUE_SHAPED and node.domain in ("", "ai.onnx")):
+                runtime_tensor = next(i for i in real_inputs if i not in known)
+                runtime.append(
+                    f"{node.op_type} {name!r}: its input (tensor {runtime_tensor!r}) must be known at compile time, "
+                    "but it is computed from the graph inputs"
+                )
                 continue
             if registry.find(node.op_type, self.opset, node.domain) is None:
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
                 unsupported.setdefault(key, []).append(name)
-        problems = list(runtime_if)
+        problems = list(runtime)
         if control:
             problems.append("control flow is not supported: " + ", ".join(control))
         if unsupported:

@@ -1,5 +1,5 @@
 """Resize (opsets 10-19) and Upsample -> top.Interp with the output shape and scales resolved; GridSample ->
-top.GridSample."""
+top.GridSample, and AffineGrid (the grid of a spatial transformer) as a MatMul."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
 from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
@@ -126,3 +126,28 @@ def _(node: Node, ctx: Ctx):
         raise NotImplementedError(f"GridSample mode {mode!r} is not supported")
     p = top.GridSampleParams(_MODES[mode], node.attrs["padding_mode"], bool(node.attrs["align_corners"]))
     return [ctx.emit(top.GridSampleOp, [x, grid], p, name=node.outputs[0])]
+
+
+@converter("AffineGrid", since=20)
+def _(node: Node, ctx: Ctx):
+    """The sampling grid of affine transforms theta [N, k, k + 1] over an output of ``size`` (known at compile
+    time): each output point's normalised coordinates (x first, then 1) times theta, as one MatMul."""
+    theta, out = node.input(0), node.outputs[0]
+    size = [int(d) for d in np.asarray(ctx.const(node, 1, "size")).reshape(-1)]
+    n, spatial = size[0], size[2:]
+    k = len(spatial)
+    if shape_of(theta) != (n, k, k + 1):
+        raise ValueError(f"theta {list(shape_of(theta))} does not fit size {size}: expected [{n}, {k}, {k + 1}]")
+    align = bool(node.attrs.get("align_corners", 0))
+
+    def steps(length: int) -> np.ndarray:
+        if align:
+            return np.linspace(-1.0, 1.0, length) if length > 1 else np.zeros(1)
+        return (2 * np.arange(length) + 1) / length - 1
+
+    axes = np.meshgrid(*[steps(d) for d in spatial], indexing="ij")  # D, H, W order
+    base = np.stack([*axes[::-1], np.ones_like(axes[0])], axis=-1).reshape(1, -1, k + 1)  # x, y(, z), 1
+    theta_t = ctx.emit(top.PermuteOp, [theta], top.PermuteParams((0, 2, 1)), name=f"{out}_theta_T")
+    points = Const(base.astype(np.float32), f"{out}_base")
+    flat = ctx.emit(top.MatMulOp, [points, theta_t, None], name=f"{out}_flat")
+    return [ctx.emit(top.ReshapeOp, [flat], top.ShapeParams((n, *spatial, k)), name=out)]
