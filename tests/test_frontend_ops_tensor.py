@@ -412,6 +412,31 @@ def test_resize_axes_keep_aspect(check_onnx, policy):
     )
 
 
+# ---- OneHot, Hardmax ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float32])
+def test_one_hot(check_onnx, axis, dtype):
+    """Negative indices count from the end; out of range ones give no hit; float indices truncate."""
+    indices = np.array([[0, 3, -1], [-5, 5, 2]]).astype(dtype)
+    if dtype == np.float32:
+        indices = indices + np.float32(0.6)
+    check_onnx(
+        node("OneHot", ["indices", "depth", "values"], axis=axis),
+        {"indices": indices},
+        # (the type combinations onnxruntime implements: depth as the indices)
+        initializers={"depth": np.array(5, dtype), "values": np.array([-1.5, 2.0], np.float32)},
+        opset=11,
+    )
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_hardmax_takes_the_first_maximum(check_onnx, axis):
+    x = R.integers(0, 3, (2, 4, 5)).astype(np.float32)  # ties
+    check_onnx(node("Hardmax", ["x"], axis=axis), {"x": x}, opset=13)
+
+
 # ---- GridSample ---------------------------------------------------------------------------
 
 

@@ -154,6 +154,13 @@ def shape_of(value: Value) -> tuple[int, ...]:
     return tensor_shape(value)
 
 
+def dtype_of_value(value: Value) -> np.dtype:
+    """The element type of a constant or of a converted tensor."""
+    from tpubuild.ir.types import dtype_of
+
+    return value.array.dtype if isinstance(value, Const) else dtype_of(value.type)
+
+
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         model = onnx.load(os.fspath(path))

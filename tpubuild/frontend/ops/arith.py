@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from tpubuild.frontend.onnx_graph import Const, Ctx, Node, shape_of
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, dtype_of_value, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
-from tpubuild.ir.types import dtype_of, element_type
+from tpubuild.ir.types import element_type
 from tpubuild.kernels import get_kernel
 
 _PLAIN = {
@@ -45,15 +45,11 @@ for _op in _PLAIN:
     converter(_op, since=1)(_plain)
 
 
-def _dtype(value) -> np.dtype:
-    return value.array.dtype if isinstance(value, Const) else dtype_of(value.type)
-
-
 @converter("Neg", since=1)
 def _(node: Node, ctx: Ctx):
     """x * -1, as TPU-MLIR lowers Neg."""
     x = node.input(0)
-    minus = Const(np.asarray(-1, _dtype(x)), f"{node.outputs[0]}_minus_one")
+    minus = Const(np.asarray(-1, dtype_of_value(x)), f"{node.outputs[0]}_minus_one")
     return [ctx.emit(top.MulOp, [x, minus], name=node.outputs[0])]
 
 
@@ -98,7 +94,7 @@ def _(node: Node, ctx: Ctx):
     if len(node.inputs) == 1:
         return [ctx.emit(top.IdentityOp, [node.input(0)], name=out)]
     total = _sum(node, ctx, f"{out}_sum")
-    count = Const(np.asarray(len(node.inputs), _dtype(node.input(0))), f"{out}_count")
+    count = Const(np.asarray(len(node.inputs), dtype_of_value(node.input(0))), f"{out}_count")
     return [ctx.emit(top.DivOp, [total, count], name=out)]
 
 
@@ -118,7 +114,7 @@ def _cast(node: Node, ctx: Ctx, to: np.dtype, what: str):
     )
     if isinstance(x, Const):  # CastLike of a constant to a run-time tensor's type is still a constant
         return [Const(np.asarray(get_kernel(top.CastOp)(p, x.array)), node.outputs[0])]
-    if _dtype(x) == to:
+    if dtype_of_value(x) == to:
         return [ctx.emit(top.IdentityOp, [x], name=node.outputs[0])]
     return [ctx.emit(top.CastOp, [x], p, name=node.outputs[0])]
 
@@ -132,7 +128,7 @@ def _(node: Node, ctx: Ctx):
 @converter("CastLike", since=15)
 def _(node: Node, ctx: Ctx):
     """Cast to the element type of the second input (only its type is read)."""
-    to = _dtype(node.input(1))
+    to = dtype_of_value(node.input(1))
     return _cast(node, ctx, to, str(to))
 
 

@@ -1,10 +1,10 @@
-"""Reductions (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp) and ArgMax/ArgMin."""
+"""Reductions (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), ArgMax/ArgMin and Hardmax."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, dtype_of_value, shape_of
 from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
@@ -66,3 +66,19 @@ def _arg(node: Node, ctx: Ctx):
 
 for _op in ("ArgMax", "ArgMin"):
     converter(_op, since=1)(_arg)
+
+
+@converter("Hardmax", since=13)
+def _(node: Node, ctx: Ctx):
+    """1 at the first maximum along the axis, 0 elsewhere: ArgMax compared with the positions on the axis."""
+    x, out = node.input(0), node.outputs[0]
+    shape = shape_of(x)
+    axis = norm_axis(int(node.attrs.get("axis", -1)), len(shape))
+    first = ctx.emit(top.ArgOp, [x], top.ArgParams(axis, "ArgMax", keepdims=True), name=f"{out}_argmax")
+    positions = Const(
+        np.arange(shape[axis], dtype=np.int64).reshape([-1 if d == axis else 1 for d in range(len(shape))]),
+        f"{out}_positions",
+    )
+    hit = ctx.emit(top.CompareOp, [first, positions], top.CompareParams("Equal"), name=f"{out}_hit")
+    one, zero = (Const(np.array(v, dtype_of_value(x)), f"{out}_{n}") for v, n in ((1, "one"), (0, "zero")))
+    return [ctx.emit(top.WhereOp, [hit, one, zero], name=out)]

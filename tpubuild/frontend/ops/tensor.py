@@ -1,5 +1,5 @@
 """Indexing and layout: Expand, Tile, Gather, GatherElements, GatherND, Scatter(Elements/ND), Trilu,
-CumSum, Split, Slice, Pad, DepthToSpace, SpaceToDepth, TopK.
+CumSum, Split, Slice, Pad, DepthToSpace, SpaceToDepth, TopK, OneHot.
 
 Shape-like operands (shape, repeats, split, starts/ends, pads, K) must be known at
 compile time; they become op parameters.
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from tpubuild.frontend.onnx_graph import Ctx, Node, shape_of
+from tpubuild.frontend.onnx_graph import Const, Ctx, Node, dtype_of_value, shape_of
 from tpubuild.frontend.ops.common import norm_axis, result_names
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
@@ -248,3 +248,31 @@ def _(node: Node, ctx: Ctx):
 @converter("TopK", since=10)
 def _(node: Node, ctx: Ctx):
     return _topk(node, ctx, _ints(ctx.const(node, 1, "K"))[0])
+
+
+@converter("OneHot", since=9)
+def _(node: Node, ctx: Ctx):
+    """values[1] where an index (negatives counted from the end, float ones truncated) equals the position on the
+    new axis, values[0] elsewhere: compares against the classes, then a Where."""
+    indices, out = node.input(0), node.outputs[0]
+    depth = int(np.asarray(ctx.const(node, 1, "depth")).reshape(-1)[0])
+    off_on = np.asarray(ctx.const(node, 2, "values")).reshape(-1)
+    shape = shape_of(indices)
+    axis = norm_axis(int(node.attrs.get("axis", -1)), len(shape) + 1)
+    if dtype_of_value(indices).kind == "f":
+        indices = ctx.emit(top.CastOp, [indices], top.CastParams("int64"), name=f"{out}_int")
+    dtype = dtype_of_value(indices)
+    column = ctx.emit(top.ReshapeOp, [indices], top.ShapeParams((*shape[:axis], 1, *shape[axis:])), name=f"{out}_col")
+    classes = np.arange(depth).reshape((1,) * axis + (depth,) + (1,) * (len(shape) - axis))
+    hits = [
+        ctx.emit(
+            top.CompareOp,
+            [column, Const(k.astype(dtype), f"{out}_{what}")],
+            top.CompareParams("Equal"),
+            name=f"{out}_is_{what}",
+        )
+        for k, what in ((classes, "class"), (classes - depth, "class_from_end"))
+    ]
+    hit = ctx.emit(top.CompareOp, hits, top.CompareParams("Or"), name=f"{out}_hit")
+    on, off = Const(off_on[1:2].reshape(()), f"{out}_on"), Const(off_on[0:1].reshape(()), f"{out}_off")
+    return [ctx.emit(top.WhereOp, [hit, on, off], name=out)]
