@@ -332,7 +332,8 @@ class OnnxConverter:
             raise TpuBuildError(
                 ". ".join(problems),
                 file=self.file,
-                hint="`tpubuild ops` lists the supported ops; " + IF_HINT + "; Loop and Scan are not supported",
+                hint="`tpubuild ops` lists the supported ops"
+                + (f"; {IF_HINT}; Loop and Scan are not supported" if runtime or control else ""),
             )
         return known
 
@@ -392,9 +393,14 @@ class OnnxConverter:
             if node.op_type in SHAPE_OF:
                 shape = shape_of(node.inputs[0])
                 return [Const(_shape_op(node, shape), node.outputs[0])]
-            if all(isinstance(v, Const) or v is None for v in node.inputs) and node.op_type not in CONTROL_FLOW:
-                return self._fold(node)
             fn = registry.find(node.op_type, self.opset, node.proto.domain)
+            if all(isinstance(v, Const) or v is None for v in node.inputs) and node.op_type not in CONTROL_FLOW:
+                try:
+                    return self._fold(node)
+                except (RuntimeError, NotImplementedError) as e:  # onnx's reference lacks this op's version
+                    if fn is None:
+                        raise NotImplementedError(f"cannot evaluate it at compile time: {e}") from None
+                    # our converter's ops on the constants: canonicalize folds them with our kernels
             if fn is None:
                 raise NotImplementedError(f"no converter for {node.op_type} at opset {self.opset}")
             outs = list(fn(node, ctx))
