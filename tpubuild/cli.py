@@ -139,9 +139,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from tpubuild.frontend.registry import supported
 
     table = supported()
-    for (domain, op_type), since in table.items():
-        name = f"{domain}.{op_type}" if domain else op_type
-        print(f"{name:<28} from opset {', '.join(str(v) for v in since)}")
+    names = {key: f"{key[0]}.{key[1]}" if key[0] else key[1] for key in table}
+    width = max(map(len, names.values()), default=0) + 1
+    for key, since in table.items():
+        print(f"{names[key]:<{width}} from opset {', '.join(str(v) for v in since)}")
     print(f"{len(table)} ONNX ops supported")
     return 0
 
