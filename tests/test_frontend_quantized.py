@@ -23,11 +23,12 @@ def _float_model() -> onnx.ModelProto:
         helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["c2", "r1"], ["res"]),
         helper.make_node("Sigmoid", ["res"], ["s"]),
-        helper.make_node("GlobalAveragePool", ["s"], ["g"]),
+        helper.make_node("Concat", ["s", "r1"], ["cat"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["g"]),
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("MatMul", ["f", "fc"], ["y"]),
     ]
-    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("fc", 8, 5)]
+    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("fc", 16, 5)]
     graph = helper.make_graph(
         nodes,
         "f",
@@ -70,7 +71,8 @@ def test_static_quantized_models_match_onnxruntime(tmp_path, fmt, check_against_
     )
     model = onnx.load(str(tmp_path / "q.onnx"))
     ops = {n.op_type for n in model.graph.node}
-    assert ({"QuantizeLinear", "DequantizeLinear"} <= ops) if fmt == "QDQ" else ({"QLinearConv", "QLinearAdd"} <= ops)
+    qlinear = {"QLinearConv", "QLinearAdd", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearMatMul"}
+    assert ({"QuantizeLinear", "DequantizeLinear"} <= ops) if fmt == "QDQ" else (qlinear <= ops), ops
     check_against_ort(_with_every_output(model), {"x": _samples(1)[0]})
 
 

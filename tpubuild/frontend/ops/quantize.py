@@ -223,14 +223,16 @@ def _(node: Node, ctx: Ctx):
 
 
 # ---- onnxruntime's QLinear contrib ops (QOperator models): the float op between a dequantize and a quantize ----
-# (data inputs as (tensor, scale, zero point) triples at these positions, then the output's scale, zero point)
+# (data inputs as (tensor, scale, zero point) triples at these positions, then the output's scale, zero point);
+# QLinearConcat takes the output's first, then a triple per input
 _QLINEAR = {
-    "QLinearAdd": ("Add", (0, 3), 6),
-    "QLinearMul": ("Mul", (0, 3), 6),
-    "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,), 3),
-    "QLinearAveragePool": ("AveragePool", (0,), 3),
-    "QLinearSigmoid": ("Sigmoid", (0,), 3),
-    "QLinearLeakyRelu": ("LeakyRelu", (0,), 3),
+    "QLinearAdd": ("Add", lambda n: (0, 3), 6),
+    "QLinearMul": ("Mul", lambda n: (0, 3), 6),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", lambda n: (0,), 3),
+    "QLinearAveragePool": ("AveragePool", lambda n: (0,), 3),
+    "QLinearSigmoid": ("Sigmoid", lambda n: (0,), 3),
+    "QLinearLeakyRelu": ("LeakyRelu", lambda n: (0,), 3),
+    "QLinearConcat": ("Concat", lambda n: tuple(range(2, n, 3)), 0),
 }
 
 
@@ -257,7 +259,8 @@ def _qlinear(node: Node, ctx: Ctx):
     from tpubuild.frontend import registry
     from tpubuild.frontend.onnx_graph import node_attrs
 
-    float_op, data, out_at = _QLINEAR[node.op_type]
+    float_op, positions, out_at = _QLINEAR[node.op_type]
+    data = positions(len(node.inputs))
     if node.attrs.get("channels_last"):
         raise NotImplementedError(f"{node.op_type} with channels_last")
     out = node.outputs[0]
