@@ -1,4 +1,6 @@
-"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (QDQ models) as float arithmetic and casts.
+"""Quantized models as float arithmetic and casts: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear (QDQ
+and dynamic quantization), MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv and onnxruntime's QLinear
+contrib ops (QOperator).
 
 A weight's DequantizeLinear has constant operands and folds to float weights; on activations the pair
 computes what onnxruntime does: ``saturate(round_half_even(x / scale) + zero_point)`` in the integer type
@@ -66,6 +68,25 @@ def _nonzero(value: Value | None) -> bool:
     return value is not None and not (isinstance(value, Const) and not np.any(np.asarray(value.array, np.float32)))
 
 
+def _output_type(zero: Value | None) -> np.dtype:
+    """The quantized type: the zero point's (uint8 without one)."""
+    return dtype_of_value(zero) if zero is not None else np.dtype(np.uint8)
+
+
+def _stored(ctx: Ctx, y: Value, zero: Value | None, to: np.dtype, name: str, saturate: bool = True) -> Value:
+    """Real values in steps -> the quantized type: rounded half to even (as onnxruntime), plus the zero point,
+    saturated, cast (float8 and float4: the cast's own rounding and saturation)."""
+    integer = _is_integer(to)
+    if integer:
+        y = ctx.emit(top.RoundOp, [y], name=f"{name}_rounded")
+    if _nonzero(zero):
+        y = ctx.emit(top.AddOp, [y, zero], name=f"{name}_shifted")
+    if integer:
+        info = ml_dtypes.iinfo(to)
+        y = ctx.emit(top.ClipOp, [y], top.ClipParams(float(info.min), float(info.max)), name=f"{name}_saturated")
+    return ctx.emit(top.CastOp, [y], top.CastParams(to.name, saturate=saturate), name=name)
+
+
 @converter("DequantizeLinear", since=10)
 def _(node: Node, ctx: Ctx):
     x, scale, zero, out = node.input(0), node.input(1), node.input(2), node.outputs[0]
@@ -86,25 +107,13 @@ def _(node: Node, ctx: Ctx):
 def _(node: Node, ctx: Ctx):
     x, zero, out = node.input(0), node.input(2), node.outputs[0]
     shape = shape_of(x)
-    if zero is not None:
-        to = dtype_of_value(zero)
-    elif node.attrs.get("output_dtype"):
+    to = _output_type(zero)
+    if zero is None and node.attrs.get("output_dtype"):
         to = np.dtype(helper.tensor_dtype_to_np_dtype(node.attrs["output_dtype"]))
-    else:
-        to = np.dtype(np.uint8)
     s = _broadcast(node, ctx, 1, shape, f"{out}_scale")
     y = ctx.emit(top.DivOp, [_float32(ctx, x, f"{out}_float"), s], name=f"{out}_scaled")
-    integer = _is_integer(to)
-    if integer:
-        y = ctx.emit(top.RoundOp, [y], name=f"{out}_rounded")  # half to even, as onnxruntime
-    if _nonzero(zero):
-        zp = _broadcast(node, ctx, 2, shape, f"{out}_zero_point")
-        y = ctx.emit(top.AddOp, [y, zp], name=f"{out}_shifted")
-    if integer:
-        info = ml_dtypes.iinfo(to)
-        y = ctx.emit(top.ClipOp, [y], top.ClipParams(float(info.min), float(info.max)), name=f"{out}_saturated")
-    saturate = bool(node.attrs.get("saturate", 1))
-    return [ctx.emit(top.CastOp, [y], top.CastParams(to.name, saturate=saturate), name=out)]
+    zp = _broadcast(node, ctx, 2, shape, f"{out}_zero_point") if _nonzero(zero) else None
+    return [_stored(ctx, y, zp, to, out, saturate=bool(node.attrs.get("saturate", 1)))]
 
 
 @converter("DynamicQuantizeLinear", since=11)
@@ -173,14 +182,7 @@ def _requantized(ctx: Ctx, node: Node, acc: Value, scales: tuple[int, int, int],
         axis = 1 if node.op_type == "QLinearConv" else rank - 1
         multiplier = multiplier.reshape([-1 if i == axis else 1 for i in range(rank)])
     y = ctx.emit(top.MulOp, [acc, Const(multiplier, f"{out}_multiplier")], name=f"{out}_real")
-    y = ctx.emit(top.RoundOp, [y], name=f"{out}_rounded")
-    zero = node.input(zp_index)
-    to = dtype_of_value(zero) if zero is not None else np.dtype(np.uint8)
-    if _nonzero(zero):
-        y = ctx.emit(top.AddOp, [y, _float32(ctx, zero, f"{out}_zp")], name=f"{out}_shifted")
-    info = np.iinfo(to)
-    y = ctx.emit(top.ClipOp, [y], top.ClipParams(float(info.min), float(info.max)), name=f"{out}_saturated")
-    return ctx.emit(top.CastOp, [y], top.CastParams(to.name), name=out)
+    return _stored_per_tensor(ctx, y, node.input(zp_index), out)
 
 
 @converter("MatMulInteger", since=10)
@@ -244,18 +246,16 @@ def _dequantized(ctx: Ctx, data: Value, scale: Value, zero: Value | None, name: 
 
 def _quantized(ctx: Ctx, y: Value, scale: Value, zero: Value | None, name: str) -> Value:
     y = ctx.emit(top.DivOp, [y, _float32(ctx, scale, f"{name}_scale")], name=f"{name}_scaled")
-    y = ctx.emit(top.RoundOp, [y], name=f"{name}_rounded")
-    if _nonzero(zero):
-        y = ctx.emit(top.AddOp, [y, _float32(ctx, zero, f"{name}_zp")], name=f"{name}_shifted")
-    to = dtype_of_value(zero) if zero is not None else np.dtype(np.uint8)
-    info = np.iinfo(to)
-    y = ctx.emit(top.ClipOp, [y], top.ClipParams(float(info.min), float(info.max)), name=f"{name}_saturated")
-    return ctx.emit(top.CastOp, [y], top.CastParams(to.name), name=name)
+    return _stored_per_tensor(ctx, y, zero, name)
+
+
+def _stored_per_tensor(ctx: Ctx, y: Value, zero: Value | None, name: str) -> Value:
+    """_stored with one zero point (a QLinear op's output)."""
+    zp = _float32(ctx, zero, f"{name}_zp") if _nonzero(zero) else None
+    return _stored(ctx, y, zp, _output_type(zero), name)
 
 
 def _qlinear(node: Node, ctx: Ctx):
-    from onnx import helper as onnx_helper
-
     from tpubuild.frontend import registry
     from tpubuild.frontend.onnx_graph import node_attrs
 
@@ -269,7 +269,7 @@ def _qlinear(node: Node, ctx: Ctx):
         for k, i in enumerate(data)
     ]
     attrs = {k: v for k, v in node.attrs.items() if k != "channels_last"}
-    proto = onnx_helper.make_node(float_op, [f"{out}_in{k}_dq" for k in range(len(data))], [f"{out}_float"], **attrs)
+    proto = helper.make_node(float_op, [f"{out}_in{k}_dq" for k in range(len(data))], [f"{out}_float"], **attrs)
     fn = registry.find(float_op, node.opset)
     assert fn is not None, float_op
     (y,) = fn(type(node)(proto, inputs, node_attrs(proto, node.opset), node.opset), ctx)
