@@ -158,6 +158,8 @@ def dtype_of_value(value: Value) -> np.dtype:
     """The element type of a constant or of a converted tensor."""
     from tpubuild.ir.types import dtype_of
 
+    if value is None:
+        raise ValueError("an absent operand has no element type")
     return value.array.dtype if isinstance(value, Const) else dtype_of(value.type)
 
 

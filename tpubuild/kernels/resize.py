@@ -198,7 +198,7 @@ def _(p: top.GridSampleParams, x, grid):
     data = x.astype(np.float64)
     out = np.zeros((n, *grid.shape[1:-1], c))
     for combo in itertools.product(*taps_per_axis):
-        weight = math.prod(wk for _, wk in combo)
+        weight = np.prod([wk for _, wk in combo], axis=0)
         out += data[(batch, slice(None), *(index for index, _ in combo))] * weight[..., None]  # [N, *out, C]
     y = np.moveaxis(out, -1, 1)
     if x.dtype.kind in "iu":

@@ -35,7 +35,9 @@ def _broadcast(node: Node, ctx: Ctx, i: int, data_shape, name: str) -> Value:
     rank = len(data_shape)
     value = node.input(i)
     if node.attrs.get("block_size"):
-        value = Const(ctx.const(node, i, "blocked scale or zero point"), name)
+        array = ctx.const(node, i, "blocked scale or zero point")
+        assert array is not None, "called for inputs the node has"
+        value = Const(array, name)
     if isinstance(value, Const):
         array = np.asarray(value.array).astype(np.float32)
         if array.size == 1:
