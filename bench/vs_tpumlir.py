@@ -294,10 +294,11 @@ def prepare_tpumlir(m, paths, work: Path) -> int:
     cali.mkdir()
     if cal is None:  # a float-only manifest: nothing to calibrate
         return 0
+    from tpubuild.build.inputs import of_source
+
+    specs = of_source(m, source_file(m, paths), model)
     count = 0
-    for i, sample in enumerate(
-        Samples.of(find_names(cal["data"], m.file.parent), input_specs(m, paths), cal.get("count"))
-    ):
+    for i, sample in enumerate(Samples.of(find_names(cal["data"], m.file.parent), specs, cal.get("count"))):
         np.savez(cali / f"{i:04d}.npz", **sample)
         count += 1
     return count

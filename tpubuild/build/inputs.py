@@ -109,10 +109,13 @@ def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *
     return specs
 
 
-def of_source(manifest, onnx_file) -> list[dict[str, Any]]:
+def of_source(manifest, onnx_file, model=None) -> list[dict[str, Any]]:
     """The specs the stages complete for ``manifest`` (a build.manifest.Manifest) from its source model file
-    ``onnx_file`` (build.tasks.source_file): for readers outside the task graph (bench/)."""
+    ``onnx_file`` (build.tasks.source_file; ``model``: that file loaded already): for readers outside the task
+    graph (bench/)."""
     import onnx
 
+    if model is None:
+        model = onnx.load(str(onnx_file), load_external_data=False)
     given = [spec.config() for spec in manifest.inputs]
-    return complete(given, onnx_inputs(onnx.load(str(onnx_file), load_external_data=False)), file=str(onnx_file))
+    return complete(given, onnx_inputs(model), file=str(onnx_file))

@@ -29,8 +29,8 @@ def transform(
 ) -> None:
     """ONNX -> origin.mlir + its weights, and the test input every later check feeds.
 
-    Without ``test_input``, ``test_sample`` ({data_files, inputs, count}: the calibration samples, as
-    calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
+    Without ``test_input``, ``test_sample`` ({data_files, count}: the calibration samples, read with
+    ``inputs`` as calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.inputs import complete, onnx_inputs

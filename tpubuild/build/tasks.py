@@ -223,9 +223,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     # which one it is depends on every file of the glob (their order and sample counts) and on count
     sample_files = _calibration_files(m, globs) if m.holds_back_test_sample else []
     test_sample = (
-        {"data_files": sample_files, "inputs": inputs, "count": m.calibration_spec.get("count")}
-        if m.holds_back_test_sample
-        else None
+        {"data_files": sample_files, "count": m.calibration_spec.get("count")} if m.holds_back_test_sample else None
     )
     yield _task(
         "transform",

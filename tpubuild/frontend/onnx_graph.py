@@ -307,12 +307,11 @@ class OnnxConverter:
             if node.op_type in CONTROL_FLOW - {"If"}:
                 control.append(f"{node.op_type} {name!r}")
                 continue
-            real_inputs = [i for i in node.input if i]
-            if node.op_type != "If" and (node.op_type in SHAPE_OF or all(i in known for i in real_inputs)):
+            if _folds(node, known):
                 known.update(o for o in node.output if o)
                 continue
             if node.op_type == "If" or (node.op_type in VALUE_SHAPED and node.domain in ("", "ai.onnx")):
-                runtime_tensor = next(i for i in real_inputs if i not in known)
+                runtime_tensor = next(i for i in node.input if i and i not in known)
                 runtime.append(
                     f"{node.op_type} {name!r}: its input (tensor {runtime_tensor!r}) must be known at compile time, "
                     "but it is computed from the graph inputs"
@@ -472,11 +471,19 @@ def _fold_overrides() -> list[type]:
     return [GatherElements]
 
 
+def _folds(node: onnx.NodeProto, known: set[str]) -> bool:
+    """Is the node computed at compile time, its inputs ``known`` (or only their shapes read)? Control flow is
+    not: an If is taken (its branch converted), never evaluated."""
+    if node.op_type in CONTROL_FLOW:
+        return False
+    return node.op_type in SHAPE_OF or all(i in known for i in node.input if i)
+
+
 def _known_after(graph: onnx.GraphProto, known: set[str]) -> set[str]:
     """``known`` and the names of ``graph`` computable from it at compile time (as _plan)."""
     known = known | {t.name for t in graph.initializer}
     for node in graph.node:
-        if node.op_type not in CONTROL_FLOW and (node.op_type in SHAPE_OF or all(i in known for i in node.input if i)):
+        if _folds(node, known):
             known.update(o for o in node.output if o)
     return known
 
