@@ -745,15 +745,15 @@ def _conv_join_model(depthwise: bool):
 @needs_iree
 @pytest.mark.parametrize("depthwise", [False, True])
 def test_pointwise_convs_and_softmax_take_the_forms_iree_compiles_best(tmp_path, depthwise):
-    """Against onnxruntime: a 1x1 conv is a tosa.matmul in NCHW (its channel Concat a contiguous join), unless the
-    model has depthwise convs, which are channels-last only (then tosa.conv2d beside them); a float32 Softmax is
-    one linalg.softmax."""
+    """Against onnxruntime: a 1x1 conv is a tosa.matmul, never a tosa.conv2d; in NCHW (its channel Concat a
+    contiguous join), unless the model has depthwise convs, which are channels-last only (then a matmul of the
+    pixels); a float32 Softmax is one linalg.softmax."""
     model, x = _conv_join_model(depthwise)
     text, got, want = _iree_and_onnxruntime(tmp_path, model, {"x": x}, ["cat", "probs"])
-    if depthwise:
-        assert text.count('"tosa.conv2d"') == 2 and '"tosa.matmul"' not in text
-    else:
-        assert text.count('"tosa.matmul"') == 2 and '"tosa.conv2d"' not in text and '"tosa.transpose"' not in text
+    assert text.count('"tosa.matmul"') == 2 and '"tosa.conv2d"' not in text
+    assert ('"tosa.depthwise_conv2d"' in text) == depthwise
+    if not depthwise:
+        assert '"tosa.transpose"' not in text
     assert text.count('"linalg.softmax"') == 1
     for name in ("cat", "probs"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
