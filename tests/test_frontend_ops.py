@@ -260,6 +260,22 @@ def test_clip_inputs(check_onnx, bounds, opset):
     check_onnx(node("Clip", ins), {"x": randn(3, 5)}, initializers=inits, opset=opset)
 
 
+@pytest.mark.parametrize("bounds", ["min", "max", "both"])
+def test_clip_bounds_computed_from_the_data(check_onnx, bounds):
+    """librosa's power_to_db floor, as openWakeWord's melspectrogram exports it: Clip(db, max(db) - 80); here
+    the computed bound is max(x) - 1 (a min), min(x) + 1 (a max), or both with the max below the min (numpy.clip:
+    the max wins)."""
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
+        helper.make_node("ReduceMin", ["x"], ["bottom"], keepdims=0),
+        helper.make_node("Sub", ["top", "one"], ["lo"]),
+        helper.make_node("Add", ["bottom", "one"], ["hi"]),
+    ]
+    ins = {"min": ["x", "lo"], "max": ["x", "", "hi"], "both": ["x", "lo", "hi"]}[bounds]
+    nodes.append(node("Clip", ins))
+    check_onnx(nodes, {"x": randn(3, 5)}, initializers={"one": np.array(1, np.float32)}, opset=13)
+
+
 def test_clip_int32(check_onnx):
     x = R.integers(-10, 10, (4, 5)).astype(np.int32)
     check_onnx(
@@ -560,12 +576,14 @@ def test_unsupported_ops_listed_in_one_error(make_model, convert):
     assert "relu" not in message.split("hint")[0]
 
 
-def test_control_flow_refused_naming_the_node(make_model, convert):
+def _sign_if(then_shape=(2,)):
+    """y = x if sum(x) > 0 else -x (an If the data decides), the then-branch's output of ``then_shape``."""
     then = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["t"])],
+        [helper.make_node("Reshape", ["x", "then_shape"], ["t"])],
         "then",
         [],
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, list(then_shape))],
+        initializer=[numpy_helper.from_array(np.array(then_shape, np.int64), "then_shape")],
     )
     other = helper.make_graph(
         [helper.make_node("Neg", ["x"], ["e"])],
@@ -573,16 +591,39 @@ def test_control_flow_refused_naming_the_node(make_model, convert):
         [],
         [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
     )
-    nodes = [
+    return [
         helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
         helper.make_node("Greater", ["s", "zero"], ["cond"], name="positive"),
         helper.make_node("If", ["cond"], ["y"], name="branch_on_sign", then_branch=then, else_branch=other),
     ]
-    model = make_model(nodes, {"x": randn(2)}, initializers={"zero": np.array(0, np.float32)}, opset=13)
+
+
+def test_if_decided_by_the_data_runs_both_branches(make_model, check_against_ort, convert):
+    """openWakeWord's verifier pattern: an If on a computed value. Both branches are converted and a Where picks
+    per output, so each sign of the data gives onnxruntime's result."""
+    zero = {"zero": np.array(0, np.float32)}
+    model = make_model(_sign_if(), {"x": randn(2)}, initializers=zero, opset=13)
+    for x in (np.array([1.5, -0.5], np.float32), np.array([-1.5, 0.5], np.float32)):
+        check_against_ort(model, {"x": x})
+    module, _ = convert(model, {"x": [2]})
+    names = {n for op in mlir.body_ops(module) if isinstance(op, top.TopOp) for n in op.names}
+    assert {"t", "e", "y"} <= names
+    # branches whose outputs differ in shape cannot be picked between
+    model = make_model(_sign_if(then_shape=(1, 2)), {"x": randn(2)}, initializers=zero, opset=13)
     message = _convert_error(convert, model, {"x": [2]})
-    assert "If 'branch_on_sign'" in message and "(tensor 'cond') must be known at compile time" in message
-    loop = helper.make_node("Loop", ["", "cond"], [], name="again", body=then)
-    model = make_model([*nodes[:2], loop], {"x": randn(2)}, ["s"], initializers={"zero": np.array(0, np.float32)})
+    assert "If node 'branch_on_sign'" in message and "output 'y' different types" in message
+
+
+def test_loop_refused_naming_the_node(make_model, convert):
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t"])],
+        "body",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
+    nodes = _sign_if()[:2]
+    loop = helper.make_node("Loop", ["", "cond"], [], name="again", body=body)
+    model = make_model([*nodes, loop], {"x": randn(2)}, ["s"], initializers={"zero": np.array(0, np.float32)})
     assert "control flow is not supported: Loop 'again'" in _convert_error(convert, model, {"x": [2]})
 
 

@@ -243,6 +243,40 @@ def test_f16_computes_a_guarded_log_in_f32(make_model, tmp_path):
     assert op_named(tm, "logp").result_types[0].element_type == bf16
 
 
+def test_f16_computes_values_beyond_its_range_in_f32(make_model, tmp_path):
+    """openWakeWord's melspectrogram: int16-scaled audio, a DFT as a MatMul, its power, a mel filterbank with
+    zeros, a log. The DFT gives 1e4-1e5 and the power 1e9: inf in float16, then inf * 0 = NaN in the
+    filterbank. The ops that read or write such values compute in F32 (their size from TOP's outputs on the
+    test input); the scaling after the log, back in float16's range, is float16 again."""
+    rng = np.random.default_rng(3)
+    mel = np.where(rng.random((64, 8)) < 0.5, 0, rng.random((64, 8))).astype(np.float32)
+    inits = {"dft": randn(rng, 512, 64, scale=0.1), "mel": mel, "eps": np.float32(1e-3), "ten": np.float32(10)}
+    nodes = [
+        node("MatMul", ["x", "dft"], "spectrum"),
+        node("Mul", ["spectrum", "spectrum"], "power"),
+        node("MatMul", ["power", "mel"], "melpower"),
+        node("Add", ["melpower", "eps"], "guarded"),
+        node("Log", ["guarded"], "logmel"),
+        node("Mul", ["logmel", "ten"], "db"),
+    ]
+    x = rng.uniform(-20000, 20000, (1, 512)).astype(np.float32)
+    model = make_model(nodes, {"x": x}, ["db"], initializers=inits)
+    built = Built(model, {"x": x.shape}, tmp_path)
+    ref = run(built.module, built.weights, {"x": x})
+    absmax = {name: float(np.abs(a).max()) for name, a in ref.items()}
+
+    def lowered_f16(absmax):
+        tm, tw = lower_module(built.module, built.weights, chip=BM1684X, mode="F16", absmax=absmax)
+        return tm, dequantized(tm, run(tm, tw, {"x": x}))["db"]
+
+    tm, got = lowered_f16(absmax)
+    types = [op_named(tm, n).result_types[0].element_type for n in ("spectrum", "power", "guarded", "logmel", "db")]
+    assert types == [f32, f32, f32, f32, f16]
+    assert np.isfinite(got).all() and cosine(got, ref["db"]) > 0.9999
+    _, unguarded = lowered_f16({})  # nothing measured: float16 throughout
+    assert not np.isfinite(unguarded).all()
+
+
 # ---- INT8 ----------------------------------------------------------------------------
 
 

@@ -217,8 +217,10 @@ def lower(
     asymmetric: bool,
     out_mlir: str,
     out_weights: str,
+    top_outs: str | None = None,
 ) -> None:
-    """canonical.mlir (float targets) or cali.mlir + cali_table (INT8) -> tpu.mlir + tpu_weights.npz."""
+    """canonical.mlir (float targets) or cali.mlir + cali_table (INT8) -> tpu.mlir + tpu_weights.npz; an F16
+    target reads top_outs.npz too, for the values float16 cannot hold (lowering.overflowing)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import all_or_nothing
     from tpubuild.calib.table import read_table
@@ -241,10 +243,25 @@ def lower(
         cali=cali,
         qtable=qtable,
         weight_file=Path(out_weights).name,
+        absmax=_absmax(top_outs) if top_outs else None,
     )
     with all_or_nothing(out_mlir, out_weights) as (tmp_mlir, tmp_weights):
         _save_module(tpu_module, tmp_mlir)
         weights.save(tmp_weights)
+
+
+def _absmax(npz: str) -> dict[str, float]:
+    """Each float tensor's largest finite magnitude in an npz of TOP's outputs."""
+    import numpy as np
+
+    with np.load(npz) as z:
+        out = {}
+        for name in z.files:
+            a = z[name]
+            if a.dtype.kind == "f" and a.size:
+                finite = np.abs(a[np.isfinite(a)])
+                out[name] = float(finite.max()) if finite.size else 0.0
+        return out
 
 
 def search_qtable(

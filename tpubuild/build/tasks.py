@@ -340,7 +340,8 @@ def _target_tasks(
 ) -> Iterator[dict[str, Any]]:
     """search:<model>/<target> (INT8, when the manifest asks), lower:<model>/<target> and verify_tpu:<model>/<target>.
 
-    Float targets read canonical.mlir and never wait for calibration; INT8 targets
+    Float targets read canonical.mlir and never wait for calibration (F16 reads TOP's outputs on the test input
+    too: the values float16 cannot hold stay F32); INT8 targets
     read cali.mlir and the cali_table, and with `mixed_precision.search` the quantize
     table the search writes (the user's table merged in) instead of the user's; the table
     lowering reads is a file_dep of lowering and of an INT8 target's verify_tpu (its failure
@@ -361,6 +362,8 @@ def _target_tasks(
     elif searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
+    # F16 keeps the values float16 cannot hold in F32, where the chip has it: their size measured by TOP inference
+    f16 = target.mode == "F16" and "F32" in load_chip(target.chip).modes
     yield _task(
         "lower",
         name,
@@ -375,11 +378,13 @@ def _target_tasks(
             "asymmetric": target.asymmetric,
             "out_mlir": str(tp.tpu_mlir),
             "out_weights": str(tp.tpu_weights),
+            "top_outs": str(p.top_outs) if f16 else None,
         },
         # the table it reads (the search's, or the user's) is an input: doit orders, checks and ships it as one
         file_dep=[in_mlir, p.canonical_weights]
         + ([p.cali_table] if int8 else [])
-        + ([lower_table] if lower_table else []),
+        + ([lower_table] if lower_table else [])
+        + ([p.top_outs] if f16 else []),
         targets=[tp.tpu_mlir, tp.tpu_weights],
         config={
             "target": {"chip": target.chip, "mode": target.mode, "asymmetric": target.asymmetric},

@@ -33,7 +33,6 @@ from tpubuild.ir.weights import WeightStore
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 # ops whose result's shape is their input's value: only ever folded, with their inputs known at compile time
 VALUE_SHAPED = {"ConstantOfShape", "Range"}
-IF_HINT = "an If is taken where its condition is known at compile time (a shape test, a constant), never at run time"
 # evaluated from a value's static shape, so they fold even when their input does not
 SHAPE_OF = {"Shape", "Size"}
 
@@ -304,13 +303,15 @@ class OnnxConverter:
                 if all({o.name for o in b.output} <= _known_after(b, known) for b in branches):
                     known.update(o for o in node.output if o)
                 continue
+            if node.op_type == "If":  # decided at run time: convert() runs both branches, a Where picks
+                continue
             if node.op_type in CONTROL_FLOW - {"If"}:
                 control.append(f"{node.op_type} {name!r}")
                 continue
             if _folds(node, known):
                 known.update(o for o in node.output if o)
                 continue
-            if node.op_type == "If" or (node.op_type in VALUE_SHAPED and node.domain in ("", "ai.onnx")):
+            if node.op_type in VALUE_SHAPED and node.domain in ("", "ai.onnx"):
                 runtime_tensor = next(i for i in node.input if i and i not in known)
                 runtime.append(
                     f"{node.op_type} {name!r}: its input (tensor {runtime_tensor!r}) must be known at compile time, "
@@ -334,7 +335,7 @@ class OnnxConverter:
                 ". ".join(problems),
                 file=self.file,
                 hint="`tpubuild ops` lists the supported ops"
-                + (f"; {IF_HINT}; Loop and Scan are not supported" if runtime or control else ""),
+                + ("; Loop and Scan are not supported" if control else ""),
             )
         return known
 

@@ -103,6 +103,7 @@ class Lowering:
         asymmetric: bool = False,
         cali: Mapping[str, Entry] | None = None,
         qtable: Mapping[str, str] | None = None,
+        absmax: Mapping[str, float] | None = None,
     ):
         if mode not in MODES:
             raise TpuBuildError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -133,8 +134,14 @@ class Lowering:
         self.tail: set[Operation] = set()
         self.tail_mode = "F32" if "F32" in chip.modes else self.fallback
         self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
-        # float16 ops that compute in F32 where the chip has it (guarded_poles)
-        self.wide = guarded_poles(self.ops, weights, MODE_DTYPE[self.fallback]) if "F32" in chip.modes else set()
+        # float16 ops that compute in F32 where the chip has it (guarded_poles, overflowing): their largest values
+        # measured on the test input (float targets' ``absmax``) or over calibration (INT8's table)
+        self.wide: set[Operation] = set()
+        if "F32" in chip.modes:
+            if absmax is None:
+                absmax = {name: max(abs(e.min), abs(e.max)) for name, e in self.cali.items()}
+            dtype = MODE_DTYPE[self.fallback]
+            self.wide = guarded_poles(self.ops, weights, dtype) | overflowing(self.ops, absmax, dtype)
         self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
 
     # ---- the pass -------------------------------------------------------------------
@@ -424,6 +431,31 @@ def guarded_poles(ops: Sequence[Operation], weights: WeightStore, dtype: np.dtyp
     return wide
 
 
+# a value within this factor of float16's largest on the inputs measured overflows on a louder or brighter one
+F16_HEADROOM = 4.0
+
+
+def overflowing(ops: Sequence[Operation], absmax: Mapping[str, float], dtype: np.dtype) -> set[Operation]:
+    """The ops that read or write a value float16 cannot hold (``absmax``: the largest magnitude measured per
+    tensor, beyond 65504 / F16_HEADROOM). A model fed raw samples overflows there: openWakeWord's melspectrogram
+    takes int16-scaled audio, its STFT conv gives 5e5 and the power spectrum 4e11, and in float16 those are inf,
+    then NaN after the mel filterbank's zeros. In F32 they are exact, and the Log after them is float16 again."""
+    if np.dtype(dtype) != np.float16:
+        return set()
+    limit = float(ml_dtypes.finfo(np.float16).max) / F16_HEADROOM
+    big = {name for name, m in absmax.items() if m > limit}
+    if not big:
+        return set()
+    wide: set[Operation] = set()
+    for op in ops:
+        if not isinstance(op, TensorOp) or isinstance(op, top.InputOp | top.WeightOp):
+            continue
+        read = [mlir.value_name(v) for v in op.operands if isinstance(v.owner, TensorOp)]
+        if big.intersection(op.names) or big.intersection(read):
+            wide.add(op)
+    return wide
+
+
 def float_operand(lw: Lowering, v: SSAValue, mode: str) -> SSAValue:
     return lw.float_value(v, mode) if not isinstance(v.type, NoneType) else lw.none()
 
@@ -468,10 +500,13 @@ def lower_module(
     cali: Mapping[str, Entry] | None = None,
     qtable: Mapping[str, str] | None = None,
     weight_file: str = "tpu_weights.npz",
+    absmax: Mapping[str, float] | None = None,
 ) -> tuple[ModuleOp, WeightStore]:
-    """TOP (canonical or calibrated) module -> TPU module and its weights."""
+    """TOP (canonical or calibrated) module -> TPU module and its weights; ``absmax``: each tensor's largest
+    magnitude on the test input, for a float target (an INT8 one reads its calibration table's)."""
     from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
-    return Lowering(module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali, qtable=qtable).run(
-        weight_file
+    lowering = Lowering(
+        module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali, qtable=qtable, absmax=absmax
     )
+    return lowering.run(weight_file)

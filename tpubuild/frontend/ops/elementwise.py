@@ -50,6 +50,22 @@ def _(node: Node, ctx: Ctx):
 
 @converter("Clip", since=11)
 def _(node: Node, ctx: Ctx):
-    lo, hi = ctx.const(node, 1, "min"), ctx.const(node, 2, "max")
+    bounds = [node.input(1), node.input(2)]
+    if any(b is not None and not isinstance(b, Const) for b in bounds):
+        # a bound computed from the data (librosa's top_db floor: max(dB) - 80) is numpy.clip's max then min
+        y, out = node.input(0), node.outputs[0]
+        for i, (cls, what) in enumerate(((top.MaxOp, "min"), (top.MinOp, "max"))):
+            if bounds[i] is not None:
+                last = bounds[1] is None or i == 1
+                y = ctx.emit(cls, [y, _scalar(ctx, bounds[i], f"{out}_{what}")], name=out if last else f"{out}_lo")
+        return [y]
+    lo, hi = (None if b is None else b.array for b in bounds)
     p = top.ClipParams(-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     return [ctx.emit(top.ClipOp, [node.input(0)], p, name=node.outputs[0])]
+
+
+def _scalar(ctx: Ctx, value, name: str):
+    """A one-element bound as a scalar, which broadcasts without changing the clipped tensor's rank."""
+    if isinstance(value, Const):
+        return Const(value.array.reshape(()), value.name)
+    return value if shape_of(value) == () else ctx.emit(top.ReshapeOp, [value], top.ShapeParams(()), name=name)
