@@ -94,3 +94,72 @@ def test_transform_without_inputs_feeds_the_models_types(tmp_path):
     assert test["image"].dtype == np.float32 and test["image"].shape == (1, 3, 8, 8)
     from_module = complete([], module_inputs(load_module(tmp_path / "o.mlir")), file="o.mlir")
     assert from_module == complete([], onnx_inputs(onnx.load(str(tmp_path / "m.onnx"))), file="m.onnx")
+
+
+def rate_model(path: Path) -> onnx.ModelProto:
+    """silero VAD's pattern: an If on a sample-rate input picks the network for that rate; the other branch is
+    not valid at this input size (here: a different output shape), so both cannot run and be picked between."""
+    then = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["t"])],
+        "at16k",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(np.array(2, np.float32), "two")],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "square"], ["e"])],
+        "at8k",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 2])],
+        initializer=[numpy_helper.from_array(np.array([2, 2], np.int64), "square")],
+    )
+    nodes = [
+        helper.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "vad",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array(16000, np.int64), "rate16k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    return model
+
+
+@pytest.mark.parametrize(("rate", "expected_shape"), [(16000, (1, 4)), (8000, (2, 2))])
+def test_a_fixed_input_value_becomes_a_constant(tmp_path, rate, expected_shape):
+    """`inputs: [{name: sr, value: 16000}]`: the compiled model has no `sr` input and its If is taken at compile
+    time; onnxruntime, the reference, is fed the value, and TOP matches it."""
+    from tpubuild.top.inference import run, weights_for
+
+    rate_model(tmp_path / "m.onnx")
+    given = [{"name": "sr", "value": rate}]
+    specs = complete(given, onnx_inputs(onnx.load(str(tmp_path / "m.onnx"))), file="m.onnx")
+    assert specs[1] == {"name": "sr", "shape": [], "dtype": "int64", "range": None, "preprocess": None, "value": rate}
+    out = {
+        "out_mlir": str(tmp_path / "o.mlir"),
+        "out_weights": str(tmp_path / "w.npz"),
+        "out_input": str(tmp_path / "i.npz"),
+    }
+    stages.transform(str(tmp_path / "m.onnx"), given, "m", None, **out)
+    module = load_module(tmp_path / "o.mlir")
+    assert [d.name for d in module_inputs(module)] == ["x"] and set(read_npz(tmp_path / "i.npz")) == {"x"}
+    stages.reference(str(tmp_path / "m.onnx"), str(tmp_path / "i.npz"), str(tmp_path / "ref.npz"), given)
+    want = read_npz(tmp_path / "ref.npz")["y"]
+    got = run(module, weights_for(module, tmp_path / "o.mlir"), read_npz(tmp_path / "i.npz"))["y"]
+    assert want.shape == expected_shape and np.array_equal(got, want)
+    # the TOP module's inputs complete the same entries (calibrate and search read them there)
+    assert complete(given, module_inputs(module), file="o.mlir") == specs[:1]
+
+
+@pytest.mark.parametrize(("value", "expected"), [(16000.5, "does not fit int64"), ([1, 2], "does not fit the shape")])
+def test_a_fixed_value_must_fit_the_input(tmp_path, value, expected):
+    declared = onnx_inputs(rate_model(tmp_path / "m.onnx"))
+    with pytest.raises(TpuBuildError, match=expected):
+        complete([{"name": "sr", "value": value}], declared, file="m.onnx")

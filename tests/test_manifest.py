@@ -162,6 +162,19 @@ def test_semantic_errors(tmp_path):
     assert "targets[1]" in error_of(write(tmp_path, targets, "targets.yaml"))
 
 
+def test_a_fixed_input_value(tmp_path):
+    head = "name: m1\nsource: model.onnx\ninputs:\n"
+    m = load_manifest(write(tmp_path, head + "  - {name: x}\n  - {name: sr, value: 16000}\n"))
+    assert m.inputs[1].value == 16000 and m.inputs[1].config()["value"] == 16000
+    assert "value" not in m.inputs[0].config()  # an entry without one keeps its stage options as before
+    # a fixed value is no test input; positions would count differently once the input has left the model
+    both = head + "  - {name: sr, value: 16000, range: [0, 1]}\n"
+    assert "inputs[0]: a fixed value is no test input" in error_of(write(tmp_path, both, "both.yaml"))
+    nameless = head + "  - {shape: [1, 4]}\n  - {name: sr, value: 16000}\n"
+    assert "inputs[0]: no name, beside an input with a fixed value" in error_of(write(tmp_path, nameless, "n.yaml"))
+    assert "inputs[0].value" in error_of(write(tmp_path, head + "  - {name: sr, value: fast}\n", "s.yaml"))
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     message = error_of(write(tmp_path, "name: m1\ninputs: [\n  - oops: {\n"))
     assert "line " in message and "YAML" in message

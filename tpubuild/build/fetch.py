@@ -120,14 +120,16 @@ def _read_samples(samples: Mapping[str, Any] | None, model, origin: str) -> list
         return []
     import itertools
 
-    from tpubuild.build.inputs import complete, onnx_inputs
+    from tpubuild.build.inputs import complete, onnx_inputs, split_fixed
     from tpubuild.calib.data import Samples, split_test_sample
 
-    specs = complete(samples["inputs"], onnx_inputs(model), file=origin)
+    specs, fixed = split_fixed(complete(samples["inputs"], onnx_inputs(model), file=origin))
     if "hold_back_test" in samples:  # the test input is the calibration samples' last one: never read it here either
         every = split_test_sample(Samples.of(samples["data_files"], specs, samples["hold_back_test"]))[0]
-        return list(itertools.islice(iter(every), samples["count"]))
-    return list(Samples.of(samples["data_files"], specs, samples["count"]))
+        read = list(itertools.islice(iter(every), samples["count"]))
+    else:
+        read = list(Samples.of(samples["data_files"], specs, samples["count"]))
+    return [{**sample, **fixed} for sample in read]  # the model run here still has its fixed inputs
 
 
 def prepare_file(path: str, prepare: Sequence[str], out: str, samples: Mapping[str, Any] | None = None) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from tpubuild.errors import TpuBuildError
 
 
@@ -59,12 +61,14 @@ def module_inputs(module) -> list[Declared]:
 
 
 def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *, file: str) -> list[dict[str, Any]]:
-    """One spec per graph input, in the model's order: {name, shape, dtype, range, preprocess}, each from the
-    manifest's entry where it gives one, else from the model. Raises naming the inputs the model lacks, an
-    entry's dtype the model contradicts and a dynamic dim no entry fixes."""
+    """One spec per graph input, in the model's order: {name, shape, dtype, range, preprocess} (and a fixed
+    input's value), each from the manifest's entry where it gives one, else from the model. Raises naming the
+    inputs the model lacks, an entry's dtype the model contradicts and a dynamic dim no entry fixes."""
     names = [d.name for d in declared]
     by_name: dict[str, Mapping[str, Any]] = {}
     for i, entry in enumerate(given):
+        if entry.get("value") is not None and entry.get("name") not in names:
+            continue  # a fixed input, which the TOP module no longer has (freeze)
         name = entry.get("name") or (names[i] if i < len(names) else None)
         if name not in names:
             what = repr(name) if name else f"inputs[{i}] (no name, and the model has {len(names)} inputs)"
@@ -76,29 +80,8 @@ def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *
         by_name[name] = entry
     specs, problems = [], []
     for d in declared:
-        entry = by_name.get(d.name, {})
-        shape = entry.get("shape")
-        if shape is None:
-            if d.dims is None:
-                problems.append(f"input {d.name!r} has no shape in the model")
-                continue
-            if not all(isinstance(n, int) for n in d.dims[1:]):
-                problems.append(f"input {d.name!r} has dynamic shape {[n or '?' for n in d.dims]}")
-                continue
-            shape = (1, *d.dims[1:]) if d.dims else ()  # a dynamic batch alone: one at a time, as deployed
-        dtype = entry.get("dtype") or d.dtype
-        if dtype != d.dtype:
-            problems.append(f"input {d.name!r} is {d.dtype} in the model, the manifest says {dtype}")
-            continue
-        specs.append(
-            {
-                "name": d.name,
-                "shape": [int(n) for n in shape],  # type: ignore[arg-type]  # (ints: checked above)
-                "dtype": dtype,
-                "range": entry.get("range"),
-                "preprocess": entry.get("preprocess"),
-            }
-        )
+        spec = _spec(d, by_name.get(d.name, {}))
+        (specs if isinstance(spec, dict) else problems).append(spec)
     if problems:
         raise TpuBuildError(
             "the manifest's inputs do not fit the model: " + "; ".join(problems),
@@ -107,6 +90,71 @@ def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *
             "`inputs: [{name: x, shape: [1, 3, 224, 224]}]`; leave out `dtype` to take the model's",
         )
     return specs
+
+
+def _spec(d: Declared, entry: Mapping[str, Any]) -> dict[str, Any] | str:
+    """The input's spec from its manifest entry and the model's declaration, or what does not fit."""
+    shape = entry.get("shape")
+    value = entry.get("value")
+    if shape is None and value is not None and (d.dims is None or not all(isinstance(n, int) for n in d.dims)):
+        shape = np.shape(value)  # a fixed value's own shape, where the model fixes none
+    if shape is None:
+        if d.dims is None:
+            return f"input {d.name!r} has no shape in the model"
+        if not all(isinstance(n, int) for n in d.dims[1:]):
+            return f"input {d.name!r} has dynamic shape {[n or '?' for n in d.dims]}"
+        shape = (1, *d.dims[1:]) if d.dims else ()  # a dynamic batch alone: one at a time, as deployed
+    dtype = entry.get("dtype") or d.dtype
+    if dtype != d.dtype:
+        return f"input {d.name!r} is {d.dtype} in the model, the manifest says {dtype}"
+    spec = {
+        "name": d.name,
+        "shape": [int(n) for n in shape],  # type: ignore[arg-type]  # (ints: checked above)
+        "dtype": dtype,
+        "range": entry.get("range"),
+        "preprocess": entry.get("preprocess"),
+    }
+    if value is not None:
+        try:
+            spec["value"] = _fixed(value, spec["shape"], dtype)
+        except ValueError as e:
+            return f"input {d.name!r}: value {value!r} {e}"
+    return spec
+
+
+def _fixed(value: Any, shape: Sequence[int], dtype: str) -> Any:
+    """A fixed value as the input's dtype, broadcast to its shape (nested lists, JSON as the manifest's)."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise ValueError("is not numbers")
+    cast = array.astype(dtype)
+    if cast.dtype.kind in "iu" and not np.array_equal(cast, array):
+        raise ValueError(f"does not fit {dtype}")
+    try:
+        return np.broadcast_to(cast, tuple(shape)).tolist()
+    except ValueError:
+        raise ValueError(f"does not fit the shape {list(shape)}") from None
+
+
+def split_fixed(specs: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], dict[str, np.ndarray]]:
+    """(the specs of the inputs the compiled model takes, {name: array} of those with a fixed value)."""
+    free = [s for s in specs if "value" not in s]
+    fixed = {s["name"]: np.asarray(s["value"], dtype=s["dtype"]) for s in specs if "value" in s}
+    return free, fixed
+
+
+def freeze(model, fixed: Mapping[str, np.ndarray]) -> None:
+    """Each fixed input of the ONNX ``model`` made an initializer of its value (in place): the frontend then
+    folds what reads it, and takes an If on it at compile time."""
+    from onnx import numpy_helper
+
+    if not fixed:
+        return
+    if model.ir_version >= 4:  # before IR 4, an initializer is listed as an input too (a weight, to onnx_inputs)
+        keep = [i for i in model.graph.input if i.name not in fixed]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+    model.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in fixed.items())
 
 
 def of_source(manifest, onnx_file, model=None) -> list[dict[str, Any]]:

@@ -60,16 +60,18 @@ class InputSpec:
     dtype: str | None = None
     range: tuple[float, float] | None = None
     preprocess: dict[str, Any] | None = None
+    value: Any = None  # a fixed value (JSON: a number or nested lists): the input becomes a constant
 
     def config(self) -> dict[str, Any]:
         """The JSON form, as stage options for config_changed (preprocess makes an image test_input)."""
-        return {
+        config = {
             "name": self.name,
             "shape": list(self.shape) if self.shape else None,
             "dtype": self.dtype,
             "range": list(self.range) if self.range else None,
             "preprocess": self.preprocess,
         }
+        return config if self.value is None else {**config, "value": self.value}
 
 
 @dataclass(frozen=True)
@@ -224,11 +226,26 @@ def _semantic_errors(data: dict[str, Any]) -> list[str]:
             start, stop = p["range"]
             if not start < stop:
                 errors.append(f"outputs.{output}.parts.{part}.range: {[start, stop]} is empty; expected start < stop")
-    errors += _torch_input_errors(data)
+    errors += _fixed_value_errors(data) + _torch_input_errors(data)
     ids = [Target(t["chip"], t["mode"], t.get("asymmetric", False)).id for t in data.get("targets", [])]
     for i, tid in enumerate(ids):
         if tid in ids[:i]:
             errors.append(f"targets[{i}]: {tid} is listed twice; expected each target once")
+    return errors
+
+
+def _fixed_value_errors(data: dict[str, Any]) -> list[str]:
+    """An input with a fixed `value` is no test input, and leaves the compiled model: positions would count
+    differently before and after it, so every entry beside it needs its name."""
+    inputs = data.get("inputs", ())
+    if not any("value" in spec for spec in inputs):
+        return []
+    errors = []
+    for i, spec in enumerate(inputs):
+        if "value" in spec and ({"range", "preprocess"} & set(spec)):
+            errors.append(f"inputs[{i}]: a fixed value is no test input; expected value without range and preprocess")
+        if "name" not in spec:
+            errors.append(f"inputs[{i}]: no name, beside an input with a fixed value; expected every input named")
     return errors
 
 
@@ -296,6 +313,7 @@ def from_dict(data: Any, file: Path, *, validate: bool = True) -> Manifest:
             dtype=s.get("dtype"),
             range=(float(s["range"][0]), float(s["range"][1])) if "range" in s else None,
             preprocess=s.get("preprocess"),
+            value=s.get("value"),
         )
         for s in data.get("inputs", ())
     )

@@ -33,12 +33,13 @@ def transform(
     ``inputs`` as calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
     from tpubuild.build.files import all_or_nothing, write_npz
-    from tpubuild.build.inputs import complete, onnx_inputs
+    from tpubuild.build.inputs import complete, freeze, onnx_inputs, split_fixed
     from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx, load_onnx
 
     onnx_model = load_onnx(onnx_path)
-    specs = complete(inputs, onnx_inputs(onnx_model), file=onnx_path)
+    specs, fixed = split_fixed(complete(inputs, onnx_inputs(onnx_model), file=onnx_path))
+    freeze(onnx_model, fixed)
     held = None
     if not test_input and test_sample:
         from tpubuild.calib.data import Samples, split_test_sample
@@ -57,12 +58,20 @@ def transform(
             tmp[3].write_text(source, encoding="utf-8")
 
 
-def reference(onnx_path: str, input_npz: str, out: str) -> None:
-    """onnxruntime on the source model: every tensor, by name."""
+def reference(onnx_path: str, input_npz: str, out: str, inputs: Sequence[Mapping[str, Any]] = ()) -> None:
+    """onnxruntime on the source model: every tensor, by name; the inputs with a fixed value (``inputs``: the
+    manifest's entries) fed it."""
+    import onnx
+
     from tpubuild.build.files import read_npz, write_npz
+    from tpubuild.build.inputs import complete, onnx_inputs, split_fixed
     from tpubuild.verify.reference import onnx_tensors
 
-    tensors = onnx_tensors(onnx_path, read_npz(input_npz))
+    fixed = {}
+    if any("value" in entry for entry in inputs):
+        declared = onnx_inputs(onnx.load(onnx_path, load_external_data=False))
+        fixed = split_fixed(complete(inputs, declared, file=onnx_path))[1]
+    tensors = onnx_tensors(onnx_path, {**read_npz(input_npz), **fixed})
     write_npz(out, tensors)
 
 

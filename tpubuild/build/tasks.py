@@ -251,14 +251,16 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             else None,
         },
     )
+    # onnxruntime is fed the inputs with a fixed value, which the test input (the compiled model's) lacks
+    fixed = inputs if any("value" in entry for entry in inputs) else []
     yield _task(
         "reference",
         m.name,
         stages.reference,
-        {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs)},
+        {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs), "inputs": fixed},
         file_dep=[src, p.input_npz],
         targets=[p.onnx_outs],
-        config={},
+        config={"inputs": fixed} if fixed else {},
     )
     yield _task(
         "canonicalize",

@@ -59,7 +59,7 @@ def _(node: Node, ctx: Ctx):
                 last = bounds[1] is None or i == 1
                 y = ctx.emit(cls, [y, _scalar(ctx, bounds[i], f"{out}_{what}")], name=out if last else f"{out}_lo")
         return [y]
-    lo, hi = (None if b is None else b.array for b in bounds)
+    lo, hi = ctx.const(node, 1, "min"), ctx.const(node, 2, "max")
     p = top.ClipParams(-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     return [ctx.emit(top.ClipOp, [node.input(0)], p, name=node.outputs[0])]
 
