@@ -287,6 +287,19 @@ def test_a_tiny_part_is_scored_by_its_error_in_steps_not_its_noise():
     assert part_cosines(test, ref, parts, thresholds)[1] == pytest.approx(-1.0)
 
 
+def test_a_one_value_output_is_scored_by_its_relative_error():
+    """A wake-word detector's one probability: its cosine is 1 whenever the sign holds, so the search saw
+    nothing to fix in 0.13 for float's 0.11. Scored as a cosine would at its relative error e (1 - e^2/2), it
+    falls below the 0.995 target; below one INT8 step of its scale it is a tiny part, judged in steps."""
+    ref, thresholds = np.array([[0.11]]), {"prob": 1.0}
+    assert part_cosines(np.array([[0.13]]), ref, [], thresholds, "prob")[0] == pytest.approx(1 - (0.02 / 0.11) ** 2 / 2)
+    assert part_cosines(np.array([[0.111]]), ref, [], thresholds, "prob")[0] > 0.9999
+    # no wake word: float says 1e-5 and INT8 gives 0.002, a relative error of 200 but a quarter of a step
+    assert part_cosines(np.array([[2e-3]]), np.array([[1e-5]]), [], thresholds, "prob")[0] > 0.995
+    # more values than one keep their cosine
+    assert part_cosines(np.array([[0.13, 0.87]]), np.array([[0.11, 0.89]]), [], thresholds, "prob")[0] > 0.999
+
+
 def test_a_manifest_without_tuning_fields_gets_the_default_path(tmp_path):
     base = {"name": "m", "source": "m.onnx", "inputs": [{"name": "x", "shape": [1, 3]}]}
     with_data = from_dict({**base, "calibration": {"data": "*.npz"}}, tmp_path / "m.yaml")

@@ -80,7 +80,7 @@ from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
 from tpubuild.top.inference import Memo, Plan
-from tpubuild.verify.parts import Part, concat_parts, is_tiny, part_step, tiny_bound
+from tpubuild.verify.parts import INT8_STEPS, Part, concat_parts, is_tiny, part_step, tiny_bound
 from tpubuild.verify.similarity import cosine, max_abs_error
 
 
@@ -161,25 +161,35 @@ def _is_quantized(value: SSAValue) -> bool:
     return QType.of(_elem(value)) is not None
 
 
-def part_cosines(test: np.ndarray, ref: np.ndarray, parts: Sequence[Part], thresholds: Mapping[str, float]) -> list:
-    """The cosine of ``test`` against ``ref`` whole, or of each of its ``parts``. A tiny part (its float values
-    too small for its INT8 step for a cosine to mean anything: tpubuild/verify/parts.py), which verification
-    judges by its largest error in steps, scores what a cosine would at the same share of its bound: 1 -
-    (1 - FLOOR_COS) * (error / bound)^2, the floor at the bound (a cosine's shortfall grows as the square
-    of the error), below it beyond."""
+def part_cosines(
+    test: np.ndarray, ref: np.ndarray, parts: Sequence[Part], thresholds: Mapping[str, float], name: str = ""
+) -> list:
+    """The cosine of ``test`` against ``ref`` (the output ``name``) whole, or of each of its ``parts``. A tiny
+    part (its float values too small for its INT8 step for a cosine to mean anything: tpubuild/verify/parts.py),
+    which verification judges by its largest error in steps, scores what a cosine would at the same share of its
+    bound: 1 - (1 - FLOOR_COS) * (error / bound)^2, the floor at the bound (a cosine's shortfall grows as the
+    square of the error), below it beyond. A one-element output has no direction: its cosine is 1 whenever
+    the sign holds (a wake-word detector's probability 0.13 for float's 0.11 scored 1.000000, and the search
+    kept nothing in float). It scores what a cosine would at its relative error e, 1 - e^2 / 2, or as a tiny
+    part where its value is below its INT8 step."""
     if not parts:
-        return [cosine(test, ref)]
+        known = thresholds.get(name)
+        return [_scored(test, ref, known / INT8_STEPS if known and test.size == 1 else None)]
     found = []
     for part in parts:
         r = part.slice(ref)
-        if not r.size:
-            continue
-        t, step = part.slice(test), part_step(part, thresholds)
-        if step is None or not is_tiny(r, step):
-            found.append(cosine(t, r))
-        else:
-            found.append(1.0 - (1.0 - FLOOR_COS) * (max_abs_error(t, r) / tiny_bound(step)) ** 2)
+        if r.size:
+            found.append(_scored(part.slice(test), r, part_step(part, thresholds)))
     return found
+
+
+def _scored(t: np.ndarray, r: np.ndarray, step: float | None) -> float:
+    if step is not None and is_tiny(r, step):
+        return 1.0 - (1.0 - FLOOR_COS) * (max_abs_error(t, r) / tiny_bound(step)) ** 2
+    if r.size == 1:
+        rel = abs(float(t.reshape(-1)[0]) - float(r.reshape(-1)[0])) / max(abs(float(r.reshape(-1)[0])), 1e-30)
+        return 1.0 - rel**2 / 2
+    return cosine(t, r)
 
 
 class Evaluator:
@@ -243,7 +253,7 @@ class Evaluator:
             (
                 c
                 for n, t, r, parts in zip(names, types, self.ref(i), self.parts, strict=True)
-                for c in part_cosines(dequantize(out[n], t), r, parts, self.thresholds)
+                for c in part_cosines(dequantize(out[n], t), r, parts, self.thresholds, n)
             ),
             default=1.0,  # every output a set of empty parts
         )
