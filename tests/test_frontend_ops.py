@@ -614,6 +614,33 @@ def test_if_decided_by_the_data_runs_both_branches(make_model, check_against_ort
     assert "If node 'branch_on_sign'" in message and "output 'y' different types" in message
 
 
+def test_an_if_whose_branch_fails_points_at_the_input_behind_it(make_model, convert):
+    """silero VAD's If on its sample rate, decided at run time: the other rate's branch cannot run at this input
+    size. The error names the If and the input its condition comes from, and the fix: that input's value."""
+    other = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "square"], ["e"], name="to_square")],
+        "at8k",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array([3, 3], np.int64), "square")],
+    )
+    then = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["t"])],
+        "at16k",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["y"], name="by_rate", then_branch=then, else_branch=other),
+    ]
+    inputs = {"x": randn(2, 2), "sr": np.array(16000, np.int64)}
+    model = make_model(nodes, inputs, initializers={"rate": np.array(16000, np.int64)}, opset=13)
+    message = _convert_error(convert, model, {"x": [2, 2], "sr": []})
+    assert "If node 'by_rate' is decided at run time (its condition is computed from ['sr'])" in message
+    assert "to_square" in message and "{name: sr, value: 16000}" in message
+
+
 def test_loop_refused_naming_the_node(make_model, convert):
     body = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["t"])],

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdsl.ir import Operation, SSAValue
+
+from tpubuild.errors import TpuBuildError
 from tpubuild.frontend.onnx_graph import Const, Ctx, Node, dtype_of_value, shape_of
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
+
+_FIX_THE_INPUT = (
+    "where the input is a setting (a sample rate, a mode), give it its value in the manifest, e.g. "
+    "`inputs: [{name: sr, value: 16000}]`: the If is then taken at compile time"
+)
 
 
 @converter("If", since=1)
@@ -20,7 +28,16 @@ def _(node: Node, ctx: Ctx):
             value if isinstance(value, Const) else ctx.emit(top.IdentityOp, [value], name=name)
             for value, name in zip(taken, node.outputs, strict=True)
         ]
-    then, other = ctx.inline(node.attrs["then_branch"]), ctx.inline(node.attrs["else_branch"])
+    try:
+        then, other = ctx.inline(node.attrs["then_branch"]), ctx.inline(node.attrs["else_branch"])
+    except TpuBuildError as e:
+        e.problem = (
+            f"If node {node.label!r} is decided at run time (its condition is computed from "
+            f"{_inputs_behind(cond) or 'the graph inputs'}), so both branches are converted, and one fails: "
+            + e.problem
+        )
+        e.hint = _FIX_THE_INPUT if _inputs_behind(cond) else e.hint
+        raise
     if shape_of(cond) != ():  # a one-element tensor: as a scalar it broadcasts to any output's shape
         cond = ctx.emit(top.ReshapeOp, [cond], top.ShapeParams(()), name=f"{node.outputs[0]}_cond")
     outs = []
@@ -33,3 +50,18 @@ def _(node: Node, ctx: Ctx):
             )
         outs.append(ctx.emit(top.WhereOp, [cond, a, b], name=name))
     return outs
+
+
+def _inputs_behind(value) -> list[str]:
+    """The graph inputs a TOP value is computed from, by name."""
+    found, seen, todo = [], set(), [value]
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, SSAValue) or v in seen:
+            continue
+        seen.add(v)
+        if isinstance(v.owner, top.InputOp):
+            found.append(v.owner.loc_name)
+        elif isinstance(v.owner, Operation):
+            todo.extend(v.owner.operands)
+    return sorted(found)
