@@ -39,7 +39,7 @@ def rss_now_bytes() -> int:
 def child(manifest: str, build_dir: str, samples: int, method: str) -> None:
     """One measurement, printed as JSON on the last line."""
     sys.path.insert(0, str(REPO))
-    from tpubuild.build.inputs import complete, module_inputs
+    from tpubuild.build.inputs import of_module
     from tpubuild.build.manifest import load_manifest
     from tpubuild.build.paths import ModelPaths
     from tpubuild.calib.calibrate import calibrate
@@ -55,7 +55,7 @@ def child(manifest: str, build_dir: str, samples: int, method: str) -> None:
         raise SystemExit(f"{manifest}: calibration.data matches no file")
     repeated = files * (-(-samples // len(files)))
     module = load_module(p.canonical_mlir)
-    inputs = complete([s.config() for s in m.inputs], module_inputs(module), file=str(manifest))
+    inputs = of_module([s.config() for s in m.inputs], module, file=str(manifest))
     weights = weights_for(module, p.canonical_mlir)
     loaded = rss_now_bytes()
     start = time.perf_counter()

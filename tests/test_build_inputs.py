@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tpubuild.build import stages
 from tpubuild.build.files import read_npz
-from tpubuild.build.inputs import complete, module_inputs, onnx_inputs
+from tpubuild.build.inputs import complete, module_inputs, of_module, onnx_inputs
 from tpubuild.errors import TpuBuildError
 from tpubuild.ir.mlir import load_module
 
@@ -155,11 +155,18 @@ def test_a_fixed_input_value_becomes_a_constant(tmp_path, rate, expected_shape):
     got = run(module, weights_for(module, tmp_path / "o.mlir"), read_npz(tmp_path / "i.npz"))["y"]
     assert want.shape == expected_shape and np.array_equal(got, want)
     # the TOP module's inputs complete the same entries (calibrate and search read them there)
-    assert complete(given, module_inputs(module), file="o.mlir") == specs[:1]
+    assert of_module(given, module, file="o.mlir") == specs[:1]
 
 
-@pytest.mark.parametrize(("value", "expected"), [(16000.5, "does not fit int64"), ([1, 2], "does not fit the shape")])
-def test_a_fixed_value_must_fit_the_input(tmp_path, value, expected):
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("sr", 16000.5, "does not fit int64"),
+        ("sr", [1, 2], "does not fit the shape"),
+        ("rate", 16000, "names an input the model does not have: 'rate'"),
+    ],
+)
+def test_a_fixed_value_must_fit_the_input(tmp_path, name, value, expected):
     declared = onnx_inputs(rate_model(tmp_path / "m.onnx"))
     with pytest.raises(TpuBuildError, match=expected):
-        complete([{"name": "sr", "value": value}], declared, file="m.onnx")
+        complete([{"name": name, "value": value}], declared, file="m.onnx")

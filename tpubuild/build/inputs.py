@@ -67,8 +67,6 @@ def complete(given: Sequence[Mapping[str, Any]], declared: Sequence[Declared], *
     names = [d.name for d in declared]
     by_name: dict[str, Mapping[str, Any]] = {}
     for i, entry in enumerate(given):
-        if entry.get("value") is not None and entry.get("name") not in names:
-            continue  # a fixed input, which the TOP module no longer has (freeze)
         name = entry.get("name") or (names[i] if i < len(names) else None)
         if name not in names:
             what = repr(name) if name else f"inputs[{i}] (no name, and the model has {len(names)} inputs)"
@@ -155,6 +153,12 @@ def freeze(model, fixed: Mapping[str, np.ndarray]) -> None:
         del model.graph.input[:]
         model.graph.input.extend(keep)
     model.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in fixed.items())
+
+
+def of_module(given: Sequence[Mapping[str, Any]], module, *, file: str) -> list[dict[str, Any]]:
+    """The specs of a TOP module's inputs: the manifest's entries without the fixed ones, which the module no
+    longer has (freeze; every entry is named beside them, so none moves), completed from its top.Input ops."""
+    return complete([e for e in given if e.get("value") is None], module_inputs(module), file=file)
 
 
 def of_source(manifest, onnx_file, model=None) -> list[dict[str, Any]]:

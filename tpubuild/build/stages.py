@@ -132,10 +132,10 @@ def _calibration_samples(
 ):
     """The calibration samples a stage reads: without the held-back test sample when ``hold_back_test``;
     ``inputs`` (the manifest's) completed from the module's."""
-    from tpubuild.build.inputs import complete, module_inputs
+    from tpubuild.build.inputs import of_module
     from tpubuild.calib.data import Samples, split_test_sample
 
-    samples = Samples.of(data_files, complete(inputs, module_inputs(module), file=in_mlir), count)
+    samples = Samples.of(data_files, of_module(inputs, module, file=in_mlir), count)
     return split_test_sample(samples)[0] if hold_back_test else samples
 
 
