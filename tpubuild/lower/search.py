@@ -186,8 +186,8 @@ def part_cosines(
 def _scored(t: np.ndarray, r: np.ndarray, step: float | None) -> float:
     if step is not None and is_tiny(r, step):
         return 1.0 - (1.0 - FLOOR_COS) * (max_abs_error(t, r) / tiny_bound(step)) ** 2
-    if r.size == 1:
-        rel = abs(float(t.reshape(-1)[0]) - float(r.reshape(-1)[0])) / max(abs(float(r.reshape(-1)[0])), 1e-30)
+    if r.size == 1 and r.item() != 0:
+        rel = abs(t.item() - r.item()) / abs(r.item())
         return 1.0 - rel**2 / 2
     return cosine(t, r)
 

@@ -31,12 +31,12 @@ def _(node: Node, ctx: Ctx):
     try:
         then, other = ctx.inline(node.attrs["then_branch"]), ctx.inline(node.attrs["else_branch"])
     except TpuBuildError as e:
+        behind = _inputs_behind(cond)
         e.problem = (
             f"If node {node.label!r} is decided at run time (its condition is computed from "
-            f"{_inputs_behind(cond) or 'the graph inputs'}), so both branches are converted, and one fails: "
-            + e.problem
+            f"{behind or 'the graph inputs'}), so both branches are converted, and one fails: " + e.problem
         )
-        e.hint = _FIX_THE_INPUT if _inputs_behind(cond) else e.hint
+        e.hint = _FIX_THE_INPUT if behind else e.hint
         raise
     if shape_of(cond) != ():  # a one-element tensor: as a scalar it broadcasts to any output's shape
         cond = ctx.emit(top.ReshapeOp, [cond], top.ShapeParams(()), name=f"{node.outputs[0]}_cond")
