@@ -417,3 +417,25 @@ def test_processes_get_tasks_by_what_they_made_and_ran():
     history.ran(0, task("report:m/F"))
     # process 1 made the report's input; process 0 has drawn a page
     assert given(["report:m/I", hold], [1, 0]) == {0: "report:m/I", 1: hold}
+
+
+def test_a_full_disk_fails_the_stage_in_words(tmp_path):
+    """ENOSPC while a stage writes (a zoo build on a small disk): the task fails naming the model, the stage and
+    the file, and what to do, without a traceback; any other OSError is a bug and keeps its traceback."""
+    import errno
+
+    from tpubuild.build.tasks import run_stage
+
+    def full(out_mlir):
+        raise OSError(errno.ENOSPC, "No space left on device", out_mlir)
+
+    failed = run_stage("lower:m/bm1684x-F16", full, {"out_mlir": str(tmp_path / "tpu.mlir")})
+    message = failed.get_msg()
+    assert "model m/bm1684x-F16, stage lower" in message and "tpu.mlir" in message and "disk is full" in message
+    assert "free space" in message and "Traceback" not in message
+
+    def broken(out_mlir):
+        raise OSError(errno.EACCES, "Permission denied", out_mlir)
+
+    with pytest.raises(PermissionError):
+        run_stage("lower:m/bm1684x-F16", broken, {"out_mlir": str(tmp_path / "tpu.mlir")})

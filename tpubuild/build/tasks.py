@@ -9,6 +9,7 @@ the compiler version, so an edit re-runs only the stages it affects.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import glob
@@ -69,11 +70,28 @@ def run_stage(task_id: str, func, kwargs: dict[str, Any], cache: dict[str, Any] 
     from tpubuild.build.cache import run_cached
 
     _debug_delay(task_id)
+    stage, _, model = task_id.partition(":")
     try:
         outcome = run_cached(task_id, func, kwargs, cache)
     except TpuBuildError as err:
-        stage, _, model = task_id.partition(":")
         return TaskFailed(str(err.with_context(model=model, stage=stage)))
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # the machine's problem, not the model's: said plainly, as a user error is (stages write atomically)
+        where = err.filename or next((v for k, v in kwargs.items() if k.startswith("out")), None)
+        return TaskFailed(
+            str(
+                TpuBuildError(
+                    f"the disk is full: {err.strerror}",
+                    model=model,
+                    stage=stage,
+                    file=str(where) if where else None,
+                    hint="free space on the build folder's disk (`--build-dir`), then run the build again: "
+                    "finished stages are kept",
+                )
+            )
+        )
     return {"cache": outcome}
 
 
