@@ -26,7 +26,7 @@ from tpubuild.errors import TpuBuildError
 from tpubuild.frontend import registry
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.mlir import GraphBuilder
-from tpubuild.ir.top import InputOp
+from tpubuild.ir.top import InputOp, ReshapeOp, ShapeParams
 from tpubuild.ir.types import tensor_type
 from tpubuild.ir.weights import WeightStore
 
@@ -141,6 +141,14 @@ class Ctx:
         op = cls.make([self.operand(v) for v in operands], params, name=list(names))
         self.builder.add(op)
         return list(op.results)
+
+    def reshape(self, value: Value, shape: Sequence[int], name: str) -> Value:
+        """``value`` in ``shape``: itself if it has it, a constant reshaped, else a top.Reshape."""
+        if tuple(shape) == shape_of(value):
+            return value
+        if isinstance(value, Const):
+            return Const(value.array.reshape(shape), name)
+        return self.emit(ReshapeOp, [value], ShapeParams(tuple(int(d) for d in shape)), name=name)
 
 
 def shape_of(value: Value) -> tuple[int, ...]:

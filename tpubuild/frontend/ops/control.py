@@ -38,8 +38,8 @@ def _(node: Node, ctx: Ctx):
         )
         e.hint = _FIX_THE_INPUT if behind else e.hint
         raise
-    if shape_of(cond) != ():  # a one-element tensor: as a scalar it broadcasts to any output's shape
-        cond = ctx.emit(top.ReshapeOp, [cond], top.ShapeParams(()), name=f"{node.outputs[0]}_cond")
+    # a one-element tensor: as a scalar it broadcasts to any output's shape
+    cond = ctx.reshape(cond, (), f"{node.outputs[0]}_cond")
     outs = []
     for a, b, name in zip(then, other, node.outputs, strict=True):
         if (shape_of(a), dtype_of_value(a)) != (shape_of(b), dtype_of_value(b)):

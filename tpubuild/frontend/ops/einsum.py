@@ -39,14 +39,6 @@ def _permute(value: Value, ctx: Ctx, order: Sequence[int], name: str) -> Value:
     return ctx.emit(top.PermuteOp, [value], top.PermuteParams(tuple(order)), name=name)
 
 
-def _reshape(value: Value, ctx: Ctx, shape: Sequence[int], name: str) -> Value:
-    if tuple(shape) == shape_of(value):
-        return value
-    if isinstance(value, Const):
-        return Const(value.array.reshape(shape), name)
-    return ctx.emit(top.ReshapeOp, [value], top.ShapeParams(tuple(int(d) for d in shape)), name=name)
-
-
 def _lowerable(terms: list[str], out: str) -> bool:
     a, b = terms
     if "..." in a + b + out or any(len(set(t)) != len(t) for t in (a, b, out)):
@@ -76,16 +68,16 @@ def _lower(node: Node, ctx: Ctx, terms: list[str], out: str) -> Value:
     # 2-D right operand over ('bid,jd->bij' needs no reshape)
     rows = [dims[c] for c in left] if left and not batch else [size(left)]
     xa = _permute(x, ctx, [a.index(c) for c in batch + left + contract], f"{name}_lhs_perm")
-    xa = _reshape(xa, ctx, [shape_of(xa)[i] for i in range(len(batch))] + rows + [size(contract)], f"{name}_lhs")
+    xa = ctx.reshape(xa, [shape_of(xa)[i] for i in range(len(batch))] + rows + [size(contract)], f"{name}_lhs")
     yb = _permute(y, ctx, [b.index(c) for c in batch + contract + right], f"{name}_rhs_perm")
-    yb = _reshape(yb, ctx, [shape_of(yb)[i] for i in range(len(batch))] + [size(contract), size(right)], f"{name}_rhs")
+    yb = ctx.reshape(yb, [shape_of(yb)[i] for i in range(len(batch))] + [size(contract), size(right)], f"{name}_rhs")
     product = batch + left + right
     unflat = [dims[c] for c in product]
     need_reshape = [dims[c] for c in batch] + rows + [size(right)] != unflat
     need_permute = product != list(out)
     z = ctx.emit(top.MatMulOp, [xa, yb, None], name=f"{name}_matmul" if need_reshape or need_permute else name)
     if need_reshape:
-        z = _reshape(z, ctx, unflat, f"{name}_unflat" if need_permute else name)
+        z = ctx.reshape(z, unflat, f"{name}_unflat" if need_permute else name)
     return _permute(z, ctx, [product.index(c) for c in out], name)
 
 

@@ -57,15 +57,10 @@ def _(node: Node, ctx: Ctx):
         for i, (cls, what) in enumerate(((top.MaxOp, "min"), (top.MinOp, "max"))):
             if bounds[i] is not None:
                 last = bounds[1] is None or i == 1
-                y = ctx.emit(cls, [y, _scalar(ctx, bounds[i], f"{out}_{what}")], name=out if last else f"{out}_lo")
+                # as a scalar, a one-element bound broadcasts without changing the clipped tensor's rank
+                bound = ctx.reshape(bounds[i], (), f"{out}_{what}")
+                y = ctx.emit(cls, [y, bound], name=out if last else f"{out}_lo")
         return [y]
     lo, hi = ctx.const(node, 1, "min"), ctx.const(node, 2, "max")
     p = top.ClipParams(-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     return [ctx.emit(top.ClipOp, [node.input(0)], p, name=node.outputs[0])]
-
-
-def _scalar(ctx: Ctx, value, name: str):
-    """A one-element bound as a scalar, which broadcasts without changing the clipped tensor's rank."""
-    if isinstance(value, Const):
-        return Const(value.array.reshape(()), value.name)
-    return value if shape_of(value) == () else ctx.emit(top.ReshapeOp, [value], top.ShapeParams(()), name=name)
