@@ -80,7 +80,7 @@ from tpubuild.lower.inference import dequantize
 from tpubuild.lower.lowering import Lowering
 from tpubuild.lower.quant import QType
 from tpubuild.top.inference import Memo, Plan
-from tpubuild.verify.parts import INT8_STEPS, Part, concat_parts, is_tiny, part_step, tiny_bound
+from tpubuild.verify.parts import Part, concat_parts, int8_step, is_tiny, part_step, tiny_bound
 from tpubuild.verify.similarity import cosine, max_abs_error
 
 
@@ -173,8 +173,7 @@ def part_cosines(
     kept nothing in float). It scores what a cosine would at its relative error e, 1 - e^2 / 2, or as a tiny
     part where its value is below its INT8 step."""
     if not parts:
-        known = thresholds.get(name)
-        return [_scored(test, ref, known / INT8_STEPS if known and test.size == 1 else None)]
+        return [_scored(test, ref, int8_step([name], thresholds) if test.size == 1 else None)]
     found = []
     for part in parts:
         r = part.slice(ref)

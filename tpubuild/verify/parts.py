@@ -254,7 +254,12 @@ class PartJudgement:
 
 def part_step(part: Part, thresholds: Mapping[str, float] | None) -> float | None:
     """One INT8 step of the part's calibrated scale: the largest threshold of its sources over 127."""
-    known = [float(thresholds[s]) for s in part.sources if thresholds and s in thresholds]
+    return int8_step(part.sources, thresholds)
+
+
+def int8_step(tensors: Sequence[str], thresholds: Mapping[str, float] | None) -> float | None:
+    """One INT8 step of the largest usable calibrated threshold of ``tensors`` (None: none has one)."""
+    known = [float(thresholds[s]) for s in tensors if thresholds and s in thresholds]
     known = [t for t in known if math.isfinite(t) and t > 0]
     return max(known) / INT8_STEPS if known else None
 
