@@ -120,10 +120,10 @@ def _read_samples(samples: Mapping[str, Any] | None, model, origin: str) -> list
         return []
     import itertools
 
-    from tpubuild.build.inputs import complete, onnx_inputs, split_fixed
+    from tpubuild.build.inputs import of_onnx
     from tpubuild.calib.data import Samples, split_test_sample
 
-    specs, fixed = split_fixed(complete(samples["inputs"], onnx_inputs(model), file=origin))
+    specs, fixed = of_onnx(samples["inputs"], model, file=origin)
     if "hold_back_test" in samples:  # the test input is the calibration samples' last one: never read it here either
         every = split_test_sample(Samples.of(samples["data_files"], specs, samples["hold_back_test"]))[0]
         read = list(itertools.islice(iter(every), samples["count"]))

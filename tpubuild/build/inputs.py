@@ -141,6 +141,12 @@ def split_fixed(specs: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, A
     return free, fixed
 
 
+def of_onnx(given: Sequence[Mapping[str, Any]], model, *, file: str):
+    """split_fixed of the manifest's entries completed from the ONNX ``model``: (the specs of the inputs the
+    compiled model takes, {name: array} of the fixed ones)."""
+    return split_fixed(complete(given, onnx_inputs(model), file=file))
+
+
 def freeze(model, fixed: Mapping[str, np.ndarray]) -> None:
     """Each fixed input of the ONNX ``model`` made an initializer of its value (in place): the frontend then
     folds what reads it, and takes an If on it at compile time."""

@@ -33,12 +33,12 @@ def transform(
     ``inputs`` as calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
     from tpubuild.build.files import all_or_nothing, write_npz
-    from tpubuild.build.inputs import complete, freeze, onnx_inputs, split_fixed
+    from tpubuild.build.inputs import freeze, of_onnx
     from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx, load_onnx
 
     onnx_model = load_onnx(onnx_path)
-    specs, fixed = split_fixed(complete(inputs, onnx_inputs(onnx_model), file=onnx_path))
+    specs, fixed = of_onnx(inputs, onnx_model, file=onnx_path)
     freeze(onnx_model, fixed)
     held = None
     if not test_input and test_sample:
@@ -64,13 +64,12 @@ def reference(onnx_path: str, input_npz: str, out: str, inputs: Sequence[Mapping
     import onnx
 
     from tpubuild.build.files import read_npz, write_npz
-    from tpubuild.build.inputs import complete, onnx_inputs, split_fixed
+    from tpubuild.build.inputs import of_onnx
     from tpubuild.verify.reference import onnx_tensors
 
     fixed = {}
     if any("value" in entry for entry in inputs):
-        declared = onnx_inputs(onnx.load(onnx_path, load_external_data=False))
-        fixed = split_fixed(complete(inputs, declared, file=onnx_path))[1]
+        fixed = of_onnx(inputs, onnx.load(onnx_path, load_external_data=False), file=onnx_path)[1]
     tensors = onnx_tensors(onnx_path, {**read_npz(input_npz), **fixed})
     write_npz(out, tensors)
 
