@@ -279,6 +279,46 @@ def test_normalize_activations_on_batchnorm_and_gemm():
     np.testing.assert_allclose(n.std(axis=(0, 2, 3)), inits["scale"], rtol=0.25)
 
 
+def test_normalize_activations_rescales_convs_that_share_a_zero_bias():
+    """The TorchScript exporter gives convs whose batch norms it folded one zero bias, read through Identity
+    nodes (and the same tensor directly): those convs are rescaled all the same, and the bias stays zeros."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "w1": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 50,
+        "w2": rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.01,
+        "w3": rng.standard_normal((4, 4, 1, 1)).astype(np.float32) * 30,
+        "zero": np.zeros(4, np.float32),
+    }
+    nodes = [
+        helper.make_node("Identity", ["zero"], ["zero_1"]),
+        helper.make_node("Identity", ["zero"], ["zero_2"]),
+        helper.make_node("Conv", ["x", "w1", "zero_1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c1", "w2", "zero_2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c2", "w3", "zero"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 16, 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model.graph.output.extend([onnx.ValueInfoProto(name="c1"), onnx.ValueInfoProto(name="c2")])
+    out = prepare_model(model, ["normalize_activations"])
+    got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(got["zero"], 0)
+
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(zlib.crc32(b"normalize_activations\0x")).uniform(-1, 1, (2, 3, 16, 16))
+    for value in sess.run(["c1", "c2", "y"], {"x": x.astype(np.float32)}):
+        np.testing.assert_allclose(value.std(axis=(0, 2, 3)), 1, rtol=0.01)
+
+
 def test_fill_weights_sees_through_unsqueeze():
     """A Scale layer's gamma reaches its Mul through Unsqueeze (Caffe2 exports): it gets a Mul scale's
     range (0.5, 1.5), not the fallback around 0; its beta, an Add's, stays small."""

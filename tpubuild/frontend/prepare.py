@@ -300,7 +300,8 @@ def normalize_activations(model: onnx.ModelProto, samples: Sequence[Mapping[str,
     up; one factor per tensor for ConvTranspose and where too few values are seen), and
     each BatchNormalization gets its input's per-channel mean and variance as running
     statistics (a variance at least 1% of the channels' median). Factors and statistics
-    are rounded to 3 significant digits. Parameters shared by several nodes are left alone.
+    are rounded to 3 significant digits. Parameters shared by several nodes are left alone
+    (a bias of zeros, shared or not, stays zeros while its node is rescaled).
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -351,11 +352,24 @@ def _use_counts(graph: onnx.GraphProto) -> dict[str, int]:
 def _owned_params(
     graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], uses: Mapping[str, int]
 ) -> dict[int, list[str]]:
-    """Node index -> the parameters normalize_activations may change: initializers only that node reads."""
+    """Node index -> the parameters normalize_activations may change: initializers only that node reads.
+
+    A Conv's or Gemm's bias of zeros is not among them, wherever it comes from: scaled, it stays zeros. The
+    TorchScript exporter gives the convs of a batch norm folded with fresh statistics one shared zero bias,
+    read through Identity nodes; requiring the bias to be owned skipped every such conv (a random-weight
+    EfficientNet's activations then fell to 1e-11 and back)."""
+    aliases = {node.output[0]: node.input[0] for node in graph.node if node.op_type == "Identity" and node.input}
+
+    def zeros(name: str) -> bool:
+        while name in aliases and name not in inits:
+            name = aliases[name]
+        return name in inits and not np.any(numpy_helper.to_array(inits[name]))
 
     def params(node: onnx.NodeProto) -> list[str]:
         slots = _SCALED.get(node.op_type) or _STATS.get(node.op_type) or ()
         names = [node.input[i] for i in slots if i < len(node.input) and node.input[i]]
+        if node.op_type in _SCALED and len(names) == 2 and zeros(names[1]):
+            names = names[:1]
         return names if all(n in inits and uses[n] == 1 for n in names) else []
 
     return {i: names for i, node in enumerate(graph.node) for names in [params(node)] if names}
