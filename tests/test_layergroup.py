@@ -354,6 +354,37 @@ def test_group_slices_reproduce_whole_tensor_inference(lmem, lanes):
     assert any(g.kind == LOCAL and len(g.ops) > 1 for g in groups), "ops must be grouped"
 
 
+def test_weights_that_vary_along_n_or_h_keep_their_op_whole_along_that_axis():
+    """A weight operand is loaded whole: an Add of a [1, c, h, w] bias (a Swin window attention's relative
+    position bias) is not sliced along H, a Mul by an [n, 1, 1, 1] weight not along N; the groups still slice
+    what they can, and the tiles give the whole tensors' values."""
+    rng = np.random.default_rng(2)
+    n, c, h = 4, 4, 16
+    b = mlir.GraphBuilder([tensor_type((n, c, h, h))])
+    x = b.add(InputOp.make([b.args[0]], name="x")).results[0]
+    weights = WeightStore()
+    for name, shape in {"bias": (1, c, h, h), "gain": (n, 1, 1, 1), "per_channel": (1, c, 1, 1)}.items():
+        weights.add(name, rng.standard_normal(shape).astype(np.float32))
+    y = b.add(tpu.ReluOp.make([x], name="relu")).results[0]
+    y = b.add(tpu.AddOp.make([y, b.weight("bias", tensor_type((1, c, h, h)))], name="add")).results[0]
+    y = b.add(tpu.ReluOp.make([y], name="relu2")).results[0]
+    y = b.add(tpu.MulOp.make([y, b.weight("gain", tensor_type((n, 1, 1, 1)))], name="mul")).results[0]
+    y = b.add(tpu.AddOp.make([y, b.weight("per_channel", tensor_type((1, c, 1, 1)))], name="shift")).results[0]
+    module = b.finish([y], name="biases", weight_file="w.npz", state="TPU_LOWERED")
+    graph = build_graph(module)
+    rules = {node.name: local_rule(graph, node) for node in graph.ops}
+    assert (rules["add"].n_split, rules["add"].h_split) == (True, False)
+    assert (rules["mul"].n_split, rules["mul"].h_split) == (False, True)
+    assert (rules["shift"].n_split, rules["shift"].h_split) == (True, True)
+    inputs = {"x": rng.standard_normal((n, c, h, h)).astype(np.float32)}
+    chip = small_chip(8 * 1024, 4)
+    lg, groups = layer_group(module, chip, exact_f32=False)
+    got = execute(mlir.parse_module(mlir.print_module(lg)), weights, inputs, chip)
+    np.testing.assert_array_equal(got["shift"], run(module, weights, inputs)["shift"])
+    local = [g for g in groups if g.kind == LOCAL]
+    assert any(g.n_secs > 1 for g in local) and any(g.h_secs > 1 for g in local), "both axes must be sliced"
+
+
 def test_slices_cover_outputs_and_halos_grow_backwards():
     module, _, _ = conv_chain(h=32)
     _, groups = layer_group(module, small_chip(3 * 1024, 8), exact_f32=False)

@@ -168,7 +168,23 @@ _TABLES: dict[type, frozenset[int]] = {tpu.LutOp: frozenset({1})}
 
 @rule_for(*_mirrors(*_ELEMENTWISE_TOP), tpu.CastOp, tpu.LutOp)
 def _elementwise(graph: Graph, node: Node) -> Rule:
-    return Rule(layout_free=_layout_free(graph, node))
+    n_split, h_split = _weight_splits(graph, node)
+    return Rule(n_split=n_split, h_split=h_split, layout_free=_layout_free(graph, node))
+
+
+def _weight_splits(graph: Graph, node: Node) -> tuple[bool, bool]:
+    """May the op be sliced along N, along H? A weight operand is loaded whole, once for the group, so
+    one that varies along N or H keeps the op whole along that axis (a Swin window attention adds a
+    [1, heads, 64, 64] relative position bias to its scores: sliced along H, the scores' tile met the
+    whole bias)."""
+    rank = len(graph.tensors[node.name].shape)
+    tables = _TABLES.get(type(node.op), frozenset())
+    weights = [
+        nchw(graph.tensors[t].shape, rank)
+        for k, t in enumerate(node.inputs)
+        if t is not None and k not in tables and graph.tensors[t].weight
+    ]
+    return all(w[0] == 1 for w in weights), all(w[2] == 1 for w in weights)
 
 
 def _layout_free(graph: Graph, node: Node) -> bool:
