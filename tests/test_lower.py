@@ -243,6 +243,34 @@ def test_f16_computes_a_guarded_log_in_f32(make_model, tmp_path):
     assert op_named(tm, "logp").result_types[0].element_type == bf16
 
 
+def test_f16_keeps_a_normalize_guard_through_an_expand(make_model, tmp_path):
+    """torch's F.normalize as exported: x / Expand(Clip(ReduceL2(x), min=1e-12)). A zero row (Swin V2's padded
+    window tokens) is 0 / 1e-12 = 0 in float; in float16 the guard is 0 and the row 0 / 0 = NaN. The Div, the
+    Expand between and the guard compute in F32."""
+    nodes = [
+        node("ReduceL2", ["x"], "norm", axes=[-1], keepdims=1),
+        node("Clip", ["norm", "eps"], "guard"),
+        node("Expand", ["guard", "shape"], "wide"),
+        node("Div", ["x", "wide"], "unit"),
+    ]
+    x = np.random.default_rng(3).standard_normal((1, 4, 8)).astype(np.float32)
+    x[0, 1] = 0
+    inits = {"eps": np.float32(1e-12), "shape": np.array(x.shape, np.int64)}
+    built = Built(make_model(nodes, {"x": x}, initializers=inits), {"x": x.shape}, tmp_path)
+    ref = run(built.module, built.weights, {"x": x})["unit"]
+    assert np.isfinite(ref).all() and not ref[0, 1].any()
+    tm, tw = built.lower("F16")
+    assert [op_named(tm, n).result_types[0].element_type for n in ("norm", "guard", "wide", "unit")] == [
+        f16,
+        f32,
+        f32,
+        f32,
+    ]
+    got = dequantized(tm, run(tm, tw, {"x": x}))["unit"]
+    assert np.isfinite(got).all() and not got[0, 1].any()
+    assert cosine(got, ref) > 0.999
+
+
 def test_f16_computes_values_beyond_its_range_in_f32(make_model, tmp_path):
     """openWakeWord's melspectrogram: int16-scaled audio, a DFT as a MatMul, its power, a mel filterbank with
     zeros, a log. The DFT gives 1e4-1e5 and the power 1e9: inf in float16, then inf * 0 = NaN in the

@@ -406,7 +406,8 @@ def _guard_constant(op: Operation, weights: WeightStore) -> np.ndarray | None:
 
 def guarded_poles(ops: Sequence[Operation], weights: WeightStore, dtype: np.dtype) -> set[Operation]:
     """Log(x + eps), 1 / max(x, eps), y / sqrt(x + eps) and the like, where eps is below ``dtype``'s smallest
-    normal number: the guard, the op it guards and a Sqrt between them. In float16 eps is at best held at
+    normal number: the guard, the op it guards and a Sqrt or ops that move values between them (F.normalize's
+    x / Expand(Clip(norm, 1e-12)), which gives 0 / 0 where float gives 0 / 1e-12). In float16 eps is at best held at
     6e-8 (1e-10 would round to 0) and x loses its small values (a power spectrum's quiet bins square to 0),
     so the log reads a floor far above the one the model set, or 0; in F32 it reads eps, as the model does.
     (basic-pitch's log-CQT, min-max normalised over the clip: with 1e-10 rounded to 0 every value was NaN,
@@ -421,7 +422,7 @@ def guarded_poles(ops: Sequence[Operation], weights: WeightStore, dtype: np.dtyp
             continue
         chain = [op]
         guard = op.operands[i].owner
-        if isinstance(guard, top.SqrtOp):
+        while isinstance(guard, (top.SqrtOp, *top.MOVE_OPS)):
             chain.append(guard)
             guard = guard.operands[0].owner
         eps = _guard_constant(guard, weights) if isinstance(guard, Operation) else None
