@@ -35,6 +35,22 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def float_model(
+    nodes: list, x_shape: list[int], y_shape: list[int], initializers: dict[str, np.ndarray]
+) -> onnx.ModelProto:
+    """An opset-17 model of ``nodes`` from the float input x to the float output y."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def run_ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
@@ -141,7 +157,7 @@ def test_fetch_gives_normalize_activations_the_first_calibration_samples(tmp_pat
 def test_fill_weights_filters_of_unbiased_convs_ignore_flat_regions():
     """A conv without bias (a batch norm after it) gets filters that sum to 0 over each kernel; one with a bias
     keeps random sums."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     def fill(name: str, shape: list[int]) -> list[onnx.NodeProto]:
         return [
@@ -159,14 +175,12 @@ def test_fill_weights_filters_of_unbiased_convs_ignore_flat_regions():
         helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["c2", "w3"], ["y"]),
     ]
-    graph = helper.make_graph(
+    model = float_model(
         nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [numpy_helper.from_array(np.array(v, np.int64), f"{k}_shape") for k, v in shapes.items()],
+        [1, 3, 8, 8],
+        [1, 4, 8, 8],
+        {f"{k}_shape": np.array(v, np.int64) for k, v in shapes.items()},
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     got = {t.name: numpy_helper.to_array(t) for t in prepare_model(model, ["fill_weights"]).graph.initializer}
     np.testing.assert_allclose(got["w1"].sum(axis=(2, 3)), 0, atol=1e-6)
     assert np.abs(got["w2"].sum(axis=(2, 3))).min() > 1e-4  # biased: a flat input still moves it
@@ -177,7 +191,7 @@ def test_normalize_activations_makes_concat_parts_comparable_and_bn_gains_modera
     """DenseNet's pattern: convs of very different scales joined by a Concat, then a batch norm. Per-tensor
     INT8 of the Concat would wipe out the small part and the BN gain amplify the loss; on the samples
     given, every channel leaves the step at unit std and the BN's gains stay near its scale."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     rng = np.random.default_rng(1)
     inits = {
@@ -196,14 +210,7 @@ def test_normalize_activations_makes_concat_parts_comparable_and_bn_gains_modera
         helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
         helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 16, 16])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = float_model(nodes, [1, 3, 16, 16], [1, 12, 16, 16], inits)
     smooth = [
         {"x": np.cumsum(np.random.default_rng(i).standard_normal((1, 3, 16, 16)), axis=3).astype(np.float32)}
         for i in range(4)
@@ -225,7 +232,7 @@ def test_normalize_activations_makes_concat_parts_comparable_and_bn_gains_modera
 
 def test_normalize_activations_on_batchnorm_and_gemm():
     """Trained-looking BN statistics that do not fit random filters: the step refits them from data."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     rng = np.random.default_rng(0)
     inits = {
@@ -246,14 +253,7 @@ def test_normalize_activations_on_batchnorm_and_gemm():
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "fc", "fc_b"], ["y"], transB=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = float_model(nodes, [2, 3, 16, 16], [2, 10], inits)
     model.graph.output.extend([onnx.ValueInfoProto(name="c"), onnx.ValueInfoProto(name="n")])
     out = prepare_model(model, ["normalize_activations"])
     got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
@@ -282,7 +282,7 @@ def test_normalize_activations_on_batchnorm_and_gemm():
 def test_normalize_activations_rescales_convs_that_share_a_zero_bias():
     """The TorchScript exporter gives convs whose batch norms it folded one zero bias, read through Identity
     nodes (and the same tensor directly): those convs are rescaled all the same, and the bias stays zeros."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     rng = np.random.default_rng(0)
     inits = {
@@ -298,14 +298,7 @@ def test_normalize_activations_rescales_convs_that_share_a_zero_bias():
         helper.make_node("Conv", ["c1", "w2", "zero_2"], ["c2"], pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["c2", "w3", "zero"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 16, 16])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = float_model(nodes, [2, 3, 16, 16], [2, 4, 16, 16], inits)
     model.graph.output.extend([onnx.ValueInfoProto(name="c1"), onnx.ValueInfoProto(name="c2")])
     out = prepare_model(model, ["normalize_activations"])
     got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
@@ -322,10 +315,8 @@ def test_normalize_activations_rescales_convs_that_share_a_zero_bias():
 def test_fill_weights_sees_through_unsqueeze():
     """A Scale layer's gamma reaches its Mul through Unsqueeze (Caffe2 exports): it gets a Mul scale's
     range (0.5, 1.5), not the fallback around 0; its beta, an Add's, stays small."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
-    axes = numpy_helper.from_array(np.array([1, 2], np.int64), "axes")
     nodes = [
         helper.make_node(
             "ConstantOfShape", ["shape"], ["gamma"], value=numpy_helper.from_array(np.array([0.02], np.float32))
@@ -338,14 +329,9 @@ def test_fill_weights_sees_through_unsqueeze():
         helper.make_node("Mul", ["x", "g3"], ["m"]),
         helper.make_node("Add", ["m", "b3"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 4])],
-        [shape, axes],
+    model = float_model(
+        nodes, [1, 6, 4, 4], [1, 6, 4, 4], {"shape": np.array([6], np.int64), "axes": np.array([1, 2], np.int64)}
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     got = {t.name: numpy_helper.to_array(t) for t in prepare_model(model, ["fill_weights"]).graph.initializer}
     assert got["gamma"].min() >= 0.5 and got["gamma"].max() <= 1.5
     assert np.abs(got["beta"]).max() <= 0.1
