@@ -1,0 +1,142 @@
+"""torchvision's architectures through every target, as a user exports a PyTorch model.
+
+    python bench/torchvision_sweep.py [MODEL ...] [--build-dir DIR] [-j N] [--list]
+
+Each model is a `torch` source (`fetch` exports it with the TorchScript exporter, opset 17, as
+`torch.onnx.export` users do) from this file's factories: torchvision's own initialisation under
+seed 0, then `prepare: [normalize_activations]`, which makes random weights behave like trained ones
+(trained weights would be a download). The manifest is what a user writes: the input's shape and
+ImageNet `preprocess`, `calibration: {data: <the zoo's photos>}` and nothing else (the test input is
+the sample calibration holds back); targets bm1684x F32/F16/BF16/INT8, cv183x INT8 and cpu F32
+(IREE). r3d_18 (video) has no calibration data, so no INT8 targets.
+
+Prints `tpubuild compile`'s summary (every target's verdict and cosines); exit status 1 if any target
+fails. Needs torch and torchvision (`pip install -e '.[torch]' torchvision==0.28.0`); a full sweep is
+about an hour on 2 cores and takes some 40 GB of build folder (default: a temp folder, removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHOTOS = REPO / "models" / "calib" / "photos" / "*.jpg"
+# model -> input size (square images; r3d_18 takes 16 frames of 112 x 112)
+MODELS = {
+    "mobilenet_v3_small": 224,
+    "mobilenet_v3_large": 224,
+    "efficientnet_b0": 224,
+    "efficientnet_v2_s": 224,
+    "mnasnet0_5": 224,
+    "regnet_x_400mf": 224,
+    "regnet_y_400mf": 224,
+    "shufflenet_v2_x0_5": 224,
+    "squeezenet1_1": 224,
+    "googlenet": 224,
+    "inception_v3": 299,
+    "resnext50_32x4d": 224,
+    "convnext_tiny": 224,
+    "swin_t": 224,
+    "swin_v2_t": 224,
+    "maxvit_t": 224,
+    "vit_b_32": 224,
+    "deeplabv3_mobilenet_v3_large": 256,
+    "lraspp_mobilenet_v3_large": 256,
+    "r3d_18": 112,
+}
+VIDEO = {"r3d_18"}
+IMAGENET = "{mean: [123.675, 116.28, 103.53], scale: [0.017125, 0.017507, 0.017429], pixel_format: rgb"
+
+
+def _torchvision():
+    """torchvision, imported beside a CPU build of torch: PyPI's torchvision wheel is built against CUDA
+    torch, its C ops (nms, roi_align) do not load, and registering their fake kernels would fail the
+    import. The classification and segmentation models need none of them."""
+    import torch
+
+    register = torch.library.register_fake
+
+    def tolerant(*args, **kwargs):
+        def apply(fn):
+            try:
+                return register(*args, **kwargs)(fn)
+            except RuntimeError:
+                return fn
+
+        return apply
+
+    torch.library.register_fake = tolerant
+    try:
+        import torchvision
+    finally:
+        torch.library.register_fake = register
+    return torchvision
+
+
+def __getattr__(name: str):
+    """The factory of each model: ``bench/torchvision_sweep.py:<model>`` in a manifest's `torch` source."""
+    if name not in MODELS:
+        raise AttributeError(name)
+
+    def make():
+        kwargs: dict = {"weights": None}
+        if "lab" in name or "lraspp" in name:
+            kwargs["weights_backbone"] = None  # its default downloads ImageNet weights
+        if name in ("googlenet", "inception_v3"):
+            kwargs.update(aux_logits=False, init_weights=True)
+        return _torchvision().models.get_model(name, **kwargs)
+
+    return make
+
+
+def manifest(name: str) -> str:
+    size = MODELS[name]
+    shape = [1, 3, 16, size, size] if name in VIDEO else [1, 3, size, size]
+    source = f"{{torch: '{Path(__file__).resolve()}:{name}', example_shape: {shape}, prepare: [normalize_activations]}}"
+    if name in VIDEO:
+        inputs = f"inputs:\n  - {{name: input, shape: {shape}, range: [-2.0, 2.0]}}\n"
+        int8 = ""
+    else:
+        inputs = (
+            f"inputs:\n  - name: input\n    shape: {shape}\n"
+            f"    preprocess: {IMAGENET}, resize: [{size}, {size}]}}\n"
+            f"calibration:\n  data: {PHOTOS}\n"
+        )
+        int8 = "  - {chip: bm1684x, mode: INT8}\n  - {chip: cv183x, mode: INT8}\n"
+    return (
+        f"name: tv_{name}\nsource: {source}\n{inputs}targets:\n"
+        "  - {chip: bm1684x, mode: F32}\n  - {chip: bm1684x, mode: F16}\n  - {chip: bm1684x, mode: BF16}\n"
+        f"{int8}  - {{chip: cpu, mode: F32}}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help=f"default: all ({', '.join(MODELS)})")
+    ap.add_argument("--build-dir", help="keep the build here (default: a temp folder, removed)")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--list", action="store_true", help="print the manifests and stop")
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {list(MODELS)}")
+    names = args.models or list(MODELS)
+    if args.list:
+        for name in names:
+            print(f"# tv_{name}.yaml\n{manifest(name)}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="tpubuild-tv-") as tmp:
+        folder = Path(tmp)
+        for name in names:
+            (folder / f"{name}.yaml").write_text(manifest(name))
+        build = Path(args.build_dir) if args.build_dir else folder / "build"
+        cmd = [sys.executable, "-m", "tpubuild.cli", "compile", *map(str, sorted(folder.glob("*.yaml")))]
+        return subprocess.run([*cmd, "--build-dir", str(build), "-j", str(args.jobs)], cwd=REPO).returncode and 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
