@@ -49,6 +49,8 @@ MODELS = {
     "r3d_18": 112,
 }
 VIDEO = {"r3d_18"}
+# their default backbone weights are a download
+SEGMENTERS = {"deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"}
 IMAGENET = "{mean: [123.675, 116.28, 103.53], scale: [0.017125, 0.017507, 0.017429], pixel_format: rgb"
 
 
@@ -84,8 +86,8 @@ def __getattr__(name: str):
 
     def make():
         kwargs: dict = {"weights": None}
-        if "lab" in name or "lraspp" in name:
-            kwargs["weights_backbone"] = None  # its default downloads ImageNet weights
+        if name in SEGMENTERS:
+            kwargs["weights_backbone"] = None
         if name in ("googlenet", "inception_v3"):
             kwargs.update(aux_logits=False, init_weights=True)
         return _torchvision().models.get_model(name, **kwargs)
