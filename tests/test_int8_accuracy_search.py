@@ -123,6 +123,10 @@ def test_a_wrecked_tensor_is_found_and_kept_in_float(net):
     assert [u.tensor for u in result.chosen] == ["r1"]
     # r1's producer (the conv, with its ReLU fused) and both readers: the second conv and the add
     assert set(result.table) == {"r1", "r2", "res"} and set(result.table.values()) == {"F16"}
+    # what it costs: the two 3x3 convs (27 and 72 MACs per output value, 8 x 16 x 16 of each) against those,
+    # the 1x1 conv's (8 per value, 6 x 16 x 16) and the gemm's (6 per logit, 5); the Add does none
+    assert result.float_macs == pytest.approx(99 * 2048 / (99 * 2048 + 8 * 1536 + 30))
+    assert f"# in float: 3 ops, {result.float_macs:.1%} of the model's multiply-accumulates" in format_result(result)
     table = parse_quantize_table(format_result(result))
     assert table == result.table
     assert net.score(cali, table, held_out) >= 0.99  # it holds on inputs the search never saw
@@ -566,6 +570,7 @@ def test_a_target_beyond_the_float_mode_keeps_the_fewest_tensors_that_hold_the_f
     units = [search_module.Unit(f"t{i}", (f"t{i}",)) for i in range(12)]
     monkeypatch.setattr(search_module, "Evaluator", _Reaching)
     monkeypatch.setattr(search_module, "units_of", lambda lw, user: units)
+    monkeypatch.setattr(search_module, "macs_share", lambda module, names: 0.0)  # no module here
     result = search(
         None, None, chip=BM1684X, cali={}, asymmetric=False, samples=[{}, {}], config=SearchConfig(max_lowerings=60)
     )

@@ -332,7 +332,8 @@ def search_qtable(
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
     print(
         f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
-        f"{result.mode}, cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
+        f"{result.mode} (the table's ops: {result.float_macs:.1%} of the multiply-accumulates), "
+        f"cos {result.int8_score:.6f} -> {result.score:.6f}, target {result.target} {verdict}; "
         f"{result.lowerings} lowerings"
     )
 

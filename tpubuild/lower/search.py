@@ -147,6 +147,7 @@ class SearchResult:
     pool: int = 0  # the calibration samples they were chosen from
     scored: tuple[int, ...] = ()  # which of the pool (indices)
     pool_score: float | None = None  # the table's score on the whole pool, when it was scored there
+    float_macs: float = 0.0  # the share of the model's multiply-accumulates the table's ops do
 
     @property
     def reached(self) -> bool:
@@ -476,8 +477,9 @@ def search(
     picked = [units[i] for i in sorted(chosen)]
     for i in sorted(chosen):
         units[i].score = first.alone.get(i, math.nan)
+    table = table_of(user, picked, mode)
     return SearchResult(
-        table_of(user, picked, mode),
+        table,
         user,
         picked,
         mode,
@@ -489,7 +491,19 @@ def search(
         pool,
         tuple(ev.active),
         pool_score,
+        macs_share(module, table),
     )
+
+
+def macs_share(module: ModuleOp, names: Iterable[str]) -> float:
+    """The share of the module's multiply-accumulates that the ops named do: what a table costs in speed, as
+    a float conv or matmul takes several times an INT8 one's time while the rest costs next to nothing."""
+    from tpubuild.lower.int8 import macs
+
+    names = set(names)
+    ops = [op for op in module.walk() if isinstance(op, TensorOp)]
+    total = sum(macs(op) for op in ops)
+    return sum(macs(op) for op in ops if op.names[0] in names) / total if total else 0.0
 
 
 def default_lowerings(module: ModuleOp) -> int:
@@ -788,6 +802,11 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
     ]
     if result.pool_score is not None and result.pool > result.samples:
         lines.append(f"# on every sample of the pool: {result.pool_score:.6f}")
+    if result.table:
+        lines.append(
+            f"# in float: {len(result.table)} ops, {result.float_macs:.1%} of the model's multiply-accumulates "
+            "(convolutions and matmuls)"
+        )
     if not result.reached:
         held = result.score >= FLOOR_COS
         kept = f"the fewest tensors found that hold {FLOOR_COS}" if held else "the best table found"
