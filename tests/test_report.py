@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tpubuild.ir.types import shape_of
 from tpubuild.verify import charts, report
 from tpubuild.testing import run_doit
 
@@ -181,8 +183,18 @@ def test_an_int8_page_lists_the_ops_that_compute_in_float_as_the_parsed_module_h
     precision = report.read_precision((t / "lg.mlir").read_text())
     assert precision.ops == len(compute) and [f[0] for f in precision.floats] == [op.loc_name for op in floats]
     assert floats, "the cnn's softmax at least computes in float"
+
+    def work(op) -> int:  # a conv's result values times its filter's per output; a matmul's times its K
+        out = math.prod(shape_of(op.results[0].type))
+        if op.name == "tpu.Conv":
+            return out * math.prod(shape_of(op.operands[1].type)[1:])
+        return out * shape_of(op.operands[0].type)[-1] if op.name == "tpu.MatMul" else 0
+
+    assert precision.macs == sum(map(work, compute)) > 0
+    assert precision.float_macs == sum(map(work, floats))
     page = _html(t / "report.html")
-    assert f"{len(floats)} of {len(compute)} ops compute in float" in page
+    share = f"{precision.float_macs / precision.macs:.1%} of the multiply-accumulates"
+    assert f"{len(floats)} of {len(compute)} ops compute in float, {share}" in page
     assert 'id="precision"' not in _html(zoo.target("cnn", "bm1684x-F32") / "report.html")
 
 

@@ -161,23 +161,38 @@ class Precision:
 
     ops: int
     floats: tuple[tuple[str, str, str], ...]  # (tensor, op, element type)
+    macs: int = 0  # the convolutions' and matmuls' multiply-accumulates
+    float_macs: int = 0  # those of the float ones
 
 
 _RESULT = re.compile(r"->\s*(?:\()?tensor<(?:[^<>]|<[^<>]*>)*?x?(!quant\.uniform|bf16|f16|f32)")
 _NOT_COMPUTED = ("tpu.Cast", "top.Input", "tpu.Reshape")
+_DIMS = re.compile(r"tensor<((?:\d+x)*)")
+
+
+def _line_macs(op: str, line: str) -> int:
+    """A tpu.Conv's or tpu.MatMul's multiply-accumulates from the types its line ends with (operands, result)."""
+    if op not in ("tpu.Conv", "tpu.MatMul"):
+        return 0
+    shapes = [[int(d) for d in dims.split("x") if d] for dims in _DIMS.findall(line[line.rfind(" : (") :])]
+    per_value = math.prod(shapes[1][1:]) if op == "tpu.Conv" else shapes[0][-1]
+    return math.prod(shapes[-1]) * per_value
 
 
 def read_precision(text: str) -> Precision:
     """Each compute op's result element type from a tpu.mlir or lg.mlir text (one op per line, as written)."""
-    ops, floats = 0, []
+    ops, floats, macs, float_macs = 0, [], 0, 0
     for line in text.split("\n"):
         op, loc, result = _OP_LINE.search(line), _LOC.search(line), _RESULT.search(line)
         if not op or not loc or not result or not op.group(1).startswith("tpu.") or op.group(1) in _NOT_COMPUTED:
             continue
         ops += 1
+        work = _line_macs(op.group(1), line)
+        macs += work
         if result.group(1) != "!quant.uniform":
             floats.append((_QUOTED.findall(loc.group(1))[0], op.group(1), result.group(1)))
-    return Precision(ops, tuple(floats))
+            float_macs += work
+    return Precision(ops, tuple(floats), macs, float_macs)
 
 
 _GROUPS_ATTR = "lg.groups = "
@@ -675,10 +690,12 @@ def precision_section(d: PageData) -> str:
     floats = d.precision.floats
     names = [f"{e(name)} <small>({e(op.removeprefix('tpu.'))}, {e(elem)})</small>" for name, op, elem in floats]
     listed = f"<details><summary>the {len(floats)} float ops</summary>{', '.join(names)}</details>" if names else ""
+    p = d.precision
+    share = f", {p.float_macs / p.macs:.1%} of the multiply-accumulates (convolutions and matmuls)" if p.macs else ""
     return (
         f'<h2 id="precision">Precision</h2><p class="precision">{len(floats)} of {d.precision.ops} ops compute '
-        "in float: those the mixed-precision search kept (its table is qtable.txt beside this page), per-sample "
-        "vectors and Concats of unlike ranges (docs/lowering.md), and ops INT8 has no rule for (Softmax, "
+        f"in float{share}: those the mixed-precision search kept (its table is qtable.txt beside this page), "
+        "per-sample vectors and Concats of unlike ranges (docs/lowering.md), and ops INT8 has no rule for (Softmax, "
         f"LayerNorm, ...); the rest compute in INT8.</p>{listed}"
     )
 
