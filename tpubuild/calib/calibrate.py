@@ -41,6 +41,7 @@ from xdsl.rewriter import Rewriter
 
 from tpubuild import forked
 from tpubuild.calib import thresholds as th
+from tpubuild.calib.qdq import qdq_entries
 from tpubuild.calib.stats import BINS, TensorStats
 from tpubuild.calib.table import Entry
 from tpubuild.errors import TpuBuildError
@@ -239,10 +240,14 @@ def compute_entries(
     stats: Mapping[str, TensorStats],
     method: str,
     tune_samples: Iterable[Mapping[str, np.ndarray]] = (),
+    grid: Mapping[str, Entry] | None = None,
 ) -> dict[str, Entry]:
-    """A table entry per tensor: the method's threshold and the observed min and max."""
+    """A table entry per tensor: the method's threshold and the observed min and max; ``grid``'s entries (a
+    QDQ model's own quantization, qdq.py) replace those of the tensors it names."""
     values = activation_values(module)
+    grid = grid or {}
     fixed = {name: _fixed_threshold(values.get(name), s) for name, s in stats.items()}
+    fixed.update((name, grid[name].threshold) for name in stats if name in grid)
     if method == "auto":
         from tpubuild.calib.tune import tune
 
@@ -261,6 +266,7 @@ def compute_entries(
         bound = bounds.get(name, math.inf)
         if bound < entry.threshold:
             entries[name] = Entry(bound, entry.min, entry.max)
+    entries.update((name, grid[name]) for name in entries if name in grid)
     return entries
 
 
@@ -350,8 +356,11 @@ def calibrate(
             raise TpuBuildError("no calibration sample was read", hint="check calibration.data and calibration.count")
         tuned = tune_count(sum(s.count for s in stats.values()) / count)
         tune_samples = itertools.islice(statistics_samples(samples), tuned) if method == "auto" else ()
-        computed = compute_entries(module, weights, stats, method, tune_samples)
+        grid = qdq_entries(module, weights)
+        computed = compute_entries(module, weights, stats, method, tune_samples, grid)
         header += [f"sample number: {count}"]
+        if grid:
+            header += [f"from the model's QuantizeLinear scales: {len(grid)} tensors"]
         header += [
             f"held back for validation: every {VALIDATION_EVERY}th of the first {VALIDATION_EVERY * VALIDATION_SAMPLES}"
         ]

@@ -4,10 +4,9 @@ contrib ops (QOperator).
 
 A weight's DequantizeLinear has constant operands and folds to float weights; on activations the pair
 computes what onnxruntime does: ``saturate(round_half_even(x / scale) + zero_point)`` in the integer type
-(float8 and float4: the cast's own rounding and saturation), then ``(q - zero_point) * scale``. The model's
-own scales are not carried into INT8 targets: calibration picks thresholds as for any float model (the
-rounding the pairs do is part of the float graph it observes).
-"""
+(float8 and float4: the cast's own rounding and saturation), then ``(q - zero_point) * scale``. Calibration
+finds the pairs in this form and gives their tensors the model's own grid where INT8 has it
+(tpubuild/calib/qdq.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,151 @@
+"""A QDQ model's own quantization (tpubuild/calib/qdq.py): its INT8 target stores the integers the model's
+QuantizeLinear nodes compute, instead of quantizing them again on thresholds of its own.
+
+The models are onnxruntime's: a small float CNN quantized by ``quantize_static`` (QDQ, per-channel int8
+weights, int8 activations), and what is compared is TOP inference of that model (which computes what
+onnxruntime does) against TPU inference of its INT8 lowering with no quantize table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpubuild.build.chips import load_chip
+from tpubuild.calib import calibrate as calibrate_module
+from tpubuild.calib.calibrate import apply_table, calibrate
+from tpubuild.calib.qdq import qdq_entries
+from tpubuild.frontend import convert_onnx
+from tpubuild.lower.lowering import lower_module
+from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.verify.similarity import cosine
+
+SHAPE = (1, 3, 16, 16)
+
+
+def _samples(n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.uniform(-1, 1, SHAPE).astype(np.float32)} for _ in range(n)]
+
+
+def _qdq_model(tmp_path, symmetric: bool) -> str:
+    """conv-relu-conv-relu-maxpool-conv-relu-GAP-gemm, quantized by onnxruntime (QDQ, int8 activations; with
+    ``symmetric``, every activation zero point 0)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(3)
+
+    def w(name, *shape):
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), name
+        )
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fb"], ["y"]),
+    ]
+    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3), w("b2", 16)]
+    inits += [w("w3", 16, 16, 3, 3), w("b3", 16), w("fc", 16, 10), w("fb", 10)]
+    graph = helper.make_graph(
+        nodes,
+        "f",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter(_samples(16, 0))
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    quantize_static(
+        str(tmp_path / "f.onnx"),
+        str(tmp_path / "q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": symmetric},
+    )
+    return str(tmp_path / "q.onnx")
+
+
+def _canonical(path: str):
+    module, weights = convert_onnx(path, {"x": SHAPE}, "qdq", "origin_weights.npz")
+    return canonicalize(module, weights, "canonical_weights.npz")
+
+
+def _int8_vs_top(path: str) -> tuple[dict, dict, dict]:
+    """The calibration table (statistics of the ORT calibration samples' kind), TOP's and TPU INT8's tensors on
+    a held-out sample."""
+    module, weights = _canonical(path)
+    cali, _ = calibrate(module, weights, _samples(16, 1), "auto")
+    tm, tw = lower_module(
+        apply_table(module, cali), weights, chip=load_chip("bm1684x"), mode="INT8", cali=cali, qtable=None
+    )
+    sample = _samples(1, 2)[0]
+    return cali, run(module, weights, sample), run(tm, tw, sample)
+
+
+def _agreement(top: dict, tpu: dict) -> float:
+    """The share of the model's quantized activation integers (its QuantizeLinear results) INT8 stores alike."""
+    names = [n for n, a in top.items() if n.endswith("_QuantizeLinear_Output") and a.dtype == np.int8 and n in tpu]
+    assert len(names) >= 4, names
+    same = sum(int(np.sum(top[n] == tpu[n])) for n in names)
+    return same / sum(top[n].size for n in names)
+
+
+def test_a_symmetric_qdq_model_is_stored_on_its_own_grid(tmp_path, monkeypatch):
+    path = _qdq_model(tmp_path, symmetric=True)
+    model = onnx.load(path)
+    scales = {
+        node.input[0]: float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == node.input[1])))
+        for node in model.graph.node
+        if node.op_type == "QuantizeLinear" and not any(i.name == node.input[0] for i in model.graph.initializer)
+    }
+    cali, top, tpu = _int8_vs_top(path)
+    # the tensor each QuantizeLinear reads is stored on the model's grid: 127 steps of its scale
+    for name, scale in scales.items():
+        assert cali[name].threshold == pytest.approx(127 * scale, rel=1e-6), name
+    with_grid = _agreement(top, tpu)
+    (out,) = [n for n in top if n == "y"]
+    cos_with = cosine(tpu[out], top[out])
+    assert with_grid >= 0.999 and cos_with >= 0.999999  # (every integer alike here, the output to 1e-16)
+
+    # statistics alone re-quantize the model's integers on grids of their own
+    monkeypatch.setattr(calibrate_module, "qdq_entries", lambda module, weights: {})
+    cali_stats, top, tpu = _int8_vs_top(path)
+    assert any(cali_stats[n].threshold != pytest.approx(127 * s, rel=1e-6) for n, s in scales.items())
+    assert _agreement(top, tpu) < with_grid - 0.05
+    assert cosine(tpu[out], top[out]) < cos_with
+
+
+def test_a_grid_int8_does_not_have_is_left_to_statistics(tmp_path):
+    """onnxruntime's default activations have zero points of their own: where no INT8 grid of ours is theirs, a
+    symmetric one over the whole range would be coarser than what statistics pick, so none is taken."""
+    module, weights = _canonical(_qdq_model(tmp_path, symmetric=False))
+    shifted = [
+        op for op in module.walk() if op.name == "top.Add" and op.loc_name.endswith("_QuantizeLinear_Output_shifted")
+    ]
+    assert shifted, "the activations have zero points"
+    grid = qdq_entries(module, weights)
+    zero_points = {op.loc_name: float(weights[op.operands[1].owner.loc_name]) for op in shifted}
+    # int8 with zero point -128 stores [0, 255] steps: uint8's grid, which INT8 has (a ReLU's result)
+    assert {name for name in zero_points if name in grid} == {n for n, zp in zero_points.items() if zp == -128}
+    assert any(zp not in (0, -128) for zp in zero_points.values())
