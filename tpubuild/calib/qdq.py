@@ -1,4 +1,4 @@
-"""The quantization a QDQ model carries: calibration entries from its QuantizeLinear scales.
+"""The quantization a QDQ model carries: the grids of its QuantizeLinear nodes, for calibration and lowering.
 
 The frontend writes an activation's QuantizeLinear as float arithmetic (tpubuild/frontend/ops/quantize.py):
 ``Div`` by the scale, ``Round``, ``Add`` of the zero point, ``Clip`` to the integer type's range and a ``Cast``;
@@ -6,14 +6,18 @@ its DequantizeLinear as a ``Cast`` back, ``Sub`` of the zero point and ``Mul`` b
 may fold into the conv that reads it). The pair fixes a grid: the stored integers q in [qmin, qmax] stand for
 scale * (q - zero_point).
 
-Each float tensor of the pattern gets the entry of that grid: the tensor quantized and the dequantized one the
-real values' (step: the scale), the values in between the integers' (step 1). Where the grid is one that INT8
-has (int8 with zero point 0, uint8 with zero point 0, or 128: a signed grid), an INT8 target then stores
-exactly the integers onnxruntime's QDQ model computes, and the pattern's ops become tables that map each
-stored byte to itself. Thresholds of statistics instead quantize the model's already quantized values a second
-time, on a grid of their own: MTCNN's O-Net quantized by onnxruntime (QDQ, int8, per-channel weights) was at
-cosine 0.988 against its own float reference on bm1684x INT8 that way. A grid with another zero point has no
-such match; it gets the symmetric threshold that holds its whole range.
+Each float tensor of the pattern is on a grid of its own: the tensor quantized and the dequantized one on the
+real values' (step: the scale), the values in between on the integers' (step 1); so is a tensor whose values
+reach a QuantizeLinear unchanged (through a MaxPool or ops that move values) and that nothing else reads. Where
+the grid is one that symmetric INT8 has (int8 with zero point 0, uint8 with zero point 0; int8 with -128 and
+uint8 with 128 are those two shifted), calibration takes it as the tensor's entry (``qdq_entries``); the others
+only an int8 grid with a zero point holds, which no entry can say, and lowering stores those tensors on them
+(``Lowering.grids``). Either way an INT8 target stores the integers onnxruntime's QDQ model computes (casts onto
+a grid round half to even, as QuantizeLinear does), and the pattern's ops become tables that map each stored
+byte to itself. Thresholds of statistics instead quantize the model's already quantized values a second time,
+on grids of their own, and the mixed-precision search then keeps in float what it must to make up for it:
+facenet-pytorch's MTCNN O-Net quantized by onnxruntime, its bm1684x INT8 target kept 97.7% of the
+multiply-accumulates in float that way.
 
 Activations quantized per channel (a scale per channel) are left to statistics, as is every tensor the
 pattern does not name.
@@ -22,6 +26,7 @@ pattern does not name.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -58,19 +63,27 @@ def _only_user(value: SSAValue, cls: type[T]) -> T | None:
     return users[0] if len(users) == 1 and isinstance(users[0], cls) else None
 
 
-def _entry(lo: float, hi: float, step: float) -> Entry | None:
-    """The entry of values on a grid of ``step`` between ``lo`` and ``hi`` (multiples of ``step``): INT8's own
-    grid of that step where it holds the range (uint8: 255 steps from 0, int8: -128 to 127 steps), else None."""
-    a, b = round(lo / step), round(hi / step)
-    if a >= 0 and b <= 255:
-        return Entry(255 * step, lo, hi)
-    if a >= -128 and b <= 127:
-        return Entry(127 * step, lo, hi)
-    return None
+@dataclass(frozen=True)
+class Grid:
+    """Values ``step * k`` for the integers k from ``lo`` to ``hi``."""
+
+    step: float
+    lo: int
+    hi: int
+
+    def entry(self) -> Entry | None:
+        """Its calibration entry, where a symmetric INT8 grid of the same step holds it (uint8: 0 to 255 steps,
+        int8: -128 to 127), else None."""
+        lo, hi = self.lo * self.step, self.hi * self.step
+        if self.lo >= 0 and self.hi <= 255:
+            return Entry(255 * self.step, lo, hi)
+        if self.lo >= -128 and self.hi <= 127:
+            return Entry(127 * self.step, lo, hi)
+        return None
 
 
-def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[SSAValue | str, Entry]]:
-    """The entries of one QuantizeLinear (``cast``: its last op) and of the DequantizeLinear that reads it: the
+def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[SSAValue | str, Grid]]:
+    """The grids of one QuantizeLinear (``cast``: its last op) and of the DequantizeLinear that reads it: the
     tensor quantized first, as a value, then the others by name."""
     qmin, qmax = INTEGER_TYPES[cast.params.to]
     clip = _producer(cast.operands[0], top.ClipOp)
@@ -81,13 +94,10 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     rounded = _producer(shifted.operands[0] if shifted is not None else clip.operands[0], top.RoundOp)
     scaled = _producer(rounded.operands[0], top.DivOp) if rounded is not None else None
     scale = _scalar(weights, scaled.operands[1]) if scaled is not None else None
-    if zero is None or scale is None or not scale > 0 or rounded is None or scaled is None:
+    if zero is None or zero != round(zero) or scale is None or not scale > 0 or rounded is None or scaled is None:
         return
-    real = _entry(scale * (qmin - zero), scale * (qmax - zero), scale)
-    centered = _entry(qmin - zero, qmax - zero, 1.0)
-    stored = _entry(qmin, qmax, 1.0)
-    if real is None or centered is None or stored is None:
-        return  # no INT8 grid holds it: statistics do better than a coarser grid over its whole range
+    zp = round(zero)
+    real, centered, stored = Grid(scale, qmin - zp, qmax - zp), Grid(1.0, qmin - zp, qmax - zp), Grid(1.0, qmin, qmax)
     yield scaled.operands[0], real
     yield scaled.names[0], centered
     yield rounded.names[0], centered
@@ -122,21 +132,27 @@ def _passed_back(value: SSAValue) -> Iterator[SSAValue]:
         value = source
 
 
-def qdq_entries(module: ModuleOp, weights: WeightStore) -> dict[str, Entry]:
-    """Per float tensor of a QuantizeLinear/DequantizeLinear pattern, the entry of the model's grid; and that of
-    a quantized tensor for those whose values reach it unchanged (the model computes them in float, as
-    onnxruntime's quantizer leaves a PRelu before a MaxPool and its QuantizeLinear: on the grid already, they
-    reach it without a second rounding)."""
-    found: dict[str, Entry] = {}
-    quantized: list[tuple[SSAValue, Entry]] = []
+def model_grids(module: ModuleOp, weights: WeightStore) -> dict[str, Grid]:
+    """Per float tensor of a QuantizeLinear/DequantizeLinear pattern, the model's grid; and a quantized tensor's
+    for the tensors whose values reach it unchanged (the model computes them in float, as onnxruntime's quantizer
+    leaves a PRelu before a MaxPool and its QuantizeLinear: on the grid already, they reach it without a second
+    rounding)."""
+    found: dict[str, Grid] = {}
+    quantized: list[tuple[SSAValue, Grid]] = []
     for op in mlir.body_ops(module):
         if isinstance(op, top.CastOp) and op.params.to in INTEGER_TYPES:
-            for key, entry in _quantize_linear(op, weights):
+            for key, grid in _quantize_linear(op, weights):
                 if isinstance(key, SSAValue):
-                    quantized.append((key, entry))
+                    quantized.append((key, grid))
                     key = mlir.value_name(key)
-                found[key] = entry
-    for value, entry in quantized:
+                found[key] = grid
+    for value, grid in quantized:
         for source in _passed_back(value):
-            found.setdefault(mlir.value_name(source), entry)
+            found.setdefault(mlir.value_name(source), grid)
     return found
+
+
+def qdq_entries(module: ModuleOp, weights: WeightStore) -> dict[str, Entry]:
+    """The calibration entries of the model's grids that a symmetric INT8 grid holds (lowering stores the others
+    on their grids, with a zero point)."""
+    return {name: entry for name, grid in model_grids(module, weights).items() if (entry := grid.entry()) is not None}

@@ -116,7 +116,8 @@ class CastParams:
     """What a cast does; ``to`` names the result storage (a numpy dtype name).
 
     Quantize (float -> int8/uint8): ``clamp(round(f32(x) * f32(1/scale)) + zero_point)``
-    in float32, rounding by ``round_mode`` (HalfAwayFromZero or TowardsZero),
+    in float32, rounding by ``round_mode`` (HalfAwayFromZero, HalfToEven: a QDQ model's own grid, or
+    TowardsZero),
     saturating. Dequantize (an int8/uint8 input, float result):
     ``f32(x - zero_point) * f32(scale)``. Anything else converts as ONNX Cast
     does (float -> float rounds to nearest even; float -> wider int truncates;

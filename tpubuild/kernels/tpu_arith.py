@@ -48,7 +48,11 @@ def round_towards_zero(x) -> np.ndarray:
     return np.trunc(np.asarray(x, np.float64)).astype(np.int64)
 
 
-ROUNDERS = {"HalfAwayFromZero": round_half_away, "TowardsZero": round_towards_zero}
+def round_half_even(x) -> np.ndarray:
+    return np.rint(np.asarray(x, np.float64)).astype(np.int64)
+
+
+ROUNDERS = {"HalfAwayFromZero": round_half_away, "HalfToEven": round_half_even, "TowardsZero": round_towards_zero}
 
 
 def rshift_round(v, shift) -> np.ndarray:

@@ -35,7 +35,7 @@ from tpubuild.ir.quant import CalibratedType, UniformType
 from tpubuild.ir.types import elem_of, shape_of
 from tpubuild.ir.weights import WeightStore
 from tpubuild.calib.table import Entry
-from tpubuild.lower.quant import QType, activation_qtype
+from tpubuild.lower.quant import QType, activation_qtype, grid_qtype
 from tpubuild.registry import Registry
 
 MODES = ("F32", "BF16", "F16", "INT8")
@@ -143,6 +143,18 @@ class Lowering:
             dtype = MODE_DTYPE[self.fallback]
             self.wide = guarded_poles(self.ops, weights, dtype) | overflowing(self.ops, absmax, dtype)
         self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
+        # INT8: a QDQ model's tensors on grids with a zero point (calib/qdq.py), which a calibration entry cannot
+        # express: each is stored on its grid, a zero point of its own in a target that has none elsewhere
+        # and every tensor on a grid of the model's rounds onto it half to even, as its QuantizeLinear does (an
+        # image normalised as (p - 127.5) / 128 is all ties on a grid of 1/128)
+        self.grids: dict[str, QType] = {}
+        self.on_grid: set[str] = set()
+        if mode == "INT8":
+            from tpubuild.calib.qdq import model_grids
+
+            found = model_grids(module, weights)
+            self.grids = {name: grid_qtype(grid) for name, grid in found.items() if grid.entry() is None}
+            self.on_grid = set(found)
 
     # ---- the pass -------------------------------------------------------------------
 
@@ -300,8 +312,10 @@ class Lowering:
         have = QType.of(elem_of(lv.type))
         if have is not None:
             return lv, have
-        qt = self.out_qtype(mlir.value_name(v))
-        params = tpu.CastParams(to=qt.dtype.name, scale=qt.scale, zero_point=qt.zero_point)
+        name = mlir.value_name(v)
+        qt = self.out_qtype(name)
+        rounding = "HalfToEven" if name in self.on_grid else "HalfAwayFromZero"
+        params = tpu.CastParams(to=qt.dtype.name, scale=qt.scale, zero_point=qt.zero_point, round_mode=rounding)
         return self.convert(v, qt.storage, qt.element(), params), qt
 
     def convert(self, v: SSAValue, form: str, elem: Attribute, params: tpu.CastParams) -> SSAValue:
@@ -320,7 +334,9 @@ class Lowering:
         return self.float_value(v, "F32")
 
     def out_qtype(self, name: str) -> QType:
-        """The quantization of an activation, from its calibration."""
+        """The quantization of an activation, from its calibration (or its QDQ model's grid)."""
+        if name in self.grids:
+            return self.grids[name]
         stats = self.cali.get(name)
         if stats is None:
             raise TpuBuildError(

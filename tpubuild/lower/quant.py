@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 from xdsl.dialects.builtin import f32
 
+from tpubuild.calib.qdq import Grid
 from tpubuild.calib.table import Entry
 from tpubuild.ir.quant import STORAGE, UniformType
 from tpubuild.kernels.tpu_arith import round_half_away
@@ -131,6 +132,11 @@ def activation_qtype(stats: Entry, asymmetric: bool) -> QType:
     if stats.min >= 0:
         return QType("u8", th / 255)
     return QType("i8", th / 127)
+
+
+def grid_qtype(grid: Grid) -> QType:
+    """int8 storage of a model's grid of 256 values or fewer: its step, the zero point that puts its lowest at -128."""
+    return QType("i8", grid.step, -128 - grid.lo)
 
 
 def channel_scales(w: np.ndarray, axis: int) -> np.ndarray:
