@@ -17,10 +17,7 @@ about an hour on 2 cores and takes some 40 GB of build folder (default: a temp f
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,27 +114,9 @@ def manifest(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("models", nargs="*", help=f"default: all ({', '.join(MODELS)})")
-    ap.add_argument("--build-dir", help="keep the build here (default: a temp folder, removed)")
-    ap.add_argument("-j", "--jobs", type=int, default=2)
-    ap.add_argument("--list", action="store_true", help="print the manifests and stop")
-    args = ap.parse_args(argv)
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        ap.error(f"unknown model(s) {unknown}; known: {list(MODELS)}")
-    names = args.models or list(MODELS)
-    if args.list:
-        for name in names:
-            print(f"# tv_{name}.yaml\n{manifest(name)}")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="tpubuild-tv-") as tmp:
-        folder = Path(tmp)
-        for name in names:
-            (folder / f"{name}.yaml").write_text(manifest(name))
-        build = Path(args.build_dir) if args.build_dir else folder / "build"
-        cmd = [sys.executable, "-m", "tpubuild.cli", "compile", *map(str, sorted(folder.glob("*.yaml")))]
-        return subprocess.run([*cmd, "--build-dir", str(build), "-j", str(args.jobs)], cwd=REPO).returncode and 1
+    from sweep import main as sweep  # bench/, the folder this script runs from
+
+    return sweep(argv, __doc__, list(MODELS), manifest)
 
 
 if __name__ == "__main__":

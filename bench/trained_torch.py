@@ -27,12 +27,9 @@ Prints `tpubuild compile`'s summary; exit status 1 if any target fails. Needs to
 
 from __future__ import annotations
 
-import argparse
 import functools
 import io
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -236,11 +233,15 @@ def _crops(folder: Path, size: int) -> None:
         for _ in range(3):
             side = int(rng.choice([60, 100, 140, 200]))
             x, y = (int(v) for v in rng.integers(0, image.width - side, 2))
-            image.crop((x, y, x + side, y + side)).resize((size, size), Image.BILINEAR).save(folder / f"c_{n:02d}.png")
+            image.crop((x, y, x + side, y + side)).resize((size, size), Image.Resampling.BILINEAR).save(
+                folder / f"c_{n:02d}.png"
+            )
             n += 1
     test = Image.open(FACES / "test.jpg").convert("RGB")
     for k, (x, y, side) in enumerate([(20, 20, 120), (170, 10, 140), (40, 170, 120), (180, 180, 120)]):
-        test.crop((x, y, x + side, y + side)).resize((size, size), Image.BILINEAR).save(folder / f"test_{k}.png")
+        test.crop((x, y, x + side, y + side)).resize((size, size), Image.Resampling.BILINEAR).save(
+            folder / f"test_{k}.png"
+        )
 
 
 def _voiced(rng, f0, n: int) -> np.ndarray:
@@ -285,6 +286,14 @@ def _audio(folder: Path) -> None:
     np.savez(folder / "voice_test.npz", mels=mels())
 
 
+def _data(folder: Path) -> None:
+    """What the manifests read, made in their folder."""
+    (folder / "faces").symlink_to(FACES)
+    for name, size in CROP.items():
+        _crops(folder / name, size)
+    _audio(folder / "audio")
+
+
 TARGETS = (
     "targets:\n  - {chip: bm1684x, mode: F32}\n  - {chip: bm1684x, mode: F16}\n  - {chip: bm1684x, mode: BF16}\n"
     "  - {chip: bm1684x, mode: INT8}\n  - {chip: bm1688, mode: INT8}\n  - {chip: cv183x, mode: INT8}\n"
@@ -317,31 +326,9 @@ def manifest(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("models", nargs="*", help=f"default: all ({', '.join(MODELS)})")
-    ap.add_argument("--build-dir", help="keep the build here (default: a temp folder, removed)")
-    ap.add_argument("-j", "--jobs", type=int, default=2)
-    ap.add_argument("--list", action="store_true", help="print the manifests and stop")
-    args = ap.parse_args(argv)
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        ap.error(f"unknown model(s) {unknown}; known: {MODELS}")
-    names = args.models or MODELS
-    if args.list:
-        for name in names:
-            print(f"# {name}.yaml\n{manifest(name)}")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="tpubuild-trained-") as tmp:
-        folder = Path(tmp)
-        (folder / "faces").symlink_to(FACES)
-        for name, size in CROP.items():
-            _crops(folder / name, size)
-        _audio(folder / "audio")
-        for name in names:
-            (folder / f"{name}.yaml").write_text(manifest(name))
-        build = Path(args.build_dir) if args.build_dir else folder / "build"
-        cmd = [sys.executable, "-m", "tpubuild.cli", "compile", *(str(folder / f"{n}.yaml") for n in names)]
-        return subprocess.run([*cmd, "--build-dir", str(build), "-j", str(args.jobs)], cwd=REPO).returncode and 1
+    from sweep import main as sweep  # bench/, the folder this script runs from
+
+    return sweep(argv, __doc__, MODELS, manifest, _data)
 
 
 if __name__ == "__main__":
