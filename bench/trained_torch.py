@@ -213,8 +213,10 @@ def __getattr__(name: str):
     def make():
         net = {**_mtcnn(), **_audio_nets()}[name]()
         state = _state(name)
-        # Resemblyzer's checkpoint holds its state dict beside the optimizer's
-        net.load_state_dict(state.get("model_state", state))
+        # Resemblyzer's checkpoint holds its state dict under "model_state", with the similarity head's two
+        # training parameters, which the encoder does not have (Resemblyzer loads it with strict=False)
+        state = state.get("model_state", state)
+        net.load_state_dict({key: value for key, value in state.items() if not key.startswith("similarity_")})
         return net
 
     return make

@@ -120,6 +120,10 @@ def test_factory_errors(tmp_path):
         export(tmp_path, f"{tmp_path / 'f.py'}:make")
     with pytest.raises(TpuBuildError, match="cannot import the model factory"):
         export(tmp_path, f"{tmp_path / 'f.py'}:missing")
+    # a factory that fails (a checkpoint with keys the module lacks, say) is the user's error, not a traceback
+    (tmp_path / "h.py").write_text("def make():\n    raise KeyError('similarity_weight')\n")
+    with pytest.raises(TpuBuildError, match=r"factory '.*h.py:make' raised KeyError: 'similarity_weight'"):
+        export(tmp_path, f"{tmp_path / 'h.py'}:make")
     (tmp_path / "g.py").write_text(NET.format(n=7))  # Linear's size is wrong for the example input
     with pytest.raises(TpuBuildError, match="torch.onnx.export failed"):
         export(tmp_path, f"{tmp_path / 'g.py'}:make")

@@ -331,7 +331,15 @@ def export_torch(
     make = _load_factory(factory, search_dir)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = make()
+        try:
+            model = make()
+        except TpuBuildError:
+            raise  # a wheel_member it read, say: already says what and where
+        except Exception as err:  # the user's code: whatever it raises is the message
+            raise TpuBuildError(
+                f"the model factory {factory!r} raised {type(err).__name__}: {err}",
+                hint="call it yourself to see where (the stage runs it with the manifest's folder first on the path)",
+            ) from None
         names, example = _example_inputs(torch, example_shape, input_name, inputs)
     if not isinstance(model, torch.nn.Module):
         raise TpuBuildError(f"the factory {factory!r} returned a {type(model).__name__}, not a torch.nn.Module")
