@@ -143,10 +143,10 @@ class Lowering:
             dtype = MODE_DTYPE[self.fallback]
             self.wide = guarded_poles(self.ops, weights, dtype) | overflowing(self.ops, absmax, dtype)
         self.chains: dict[Operation, list[TensorOp]] = {}  # op -> the ops it absorbs, first first
-        # INT8: a QDQ model's tensors on grids with a zero point (calib/qdq.py), which a calibration entry cannot
-        # express: each is stored on its grid, a zero point of its own in a target that has none elsewhere
-        # and every tensor on a grid of the model's rounds onto it half to even, as its QuantizeLinear does (an
-        # image normalised as (p - 127.5) / 128 is all ties on a grid of 1/128)
+        # INT8: a QDQ model's tensors on grids with a zero point (calib/qdq.py), which no calibration entry can
+        # say, are stored on their grids, with a zero point even in a symmetric target. A cast onto any grid of
+        # the model's rounds half to even, as its QuantizeLinear does (an image normalised as (p - 127.5) / 128
+        # is all ties on a grid of 1/128).
         self.grids: dict[str, QType] = {}
         self.on_grid: set[str] = set()
         if mode == "INT8":
