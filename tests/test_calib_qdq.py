@@ -33,9 +33,9 @@ def _samples(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.uniform(-1, 1, SHAPE).astype(np.float32)} for _ in range(n)]
 
 
-def _qdq_model(tmp_path, symmetric: bool) -> str:
-    """conv-relu-conv-relu-maxpool-conv with a residual add-GAP-gemm, quantized by onnxruntime (QDQ, int8
-    activations; with ``symmetric``, every activation zero point 0)."""
+def _qdq_model(tmp_path, symmetric: bool, activations: str = "QInt8") -> str:
+    """conv-relu-conv-relu-maxpool-conv with a residual add-GAP-gemm, quantized by onnxruntime (QDQ; int8 or
+    uint8 activations, ``activations``; with ``symmetric``, every activation zero point 0)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(3)
@@ -81,7 +81,7 @@ def _qdq_model(tmp_path, symmetric: bool) -> str:
         Reader(),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
-        activation_type=QuantType.QInt8,
+        activation_type=QuantType[activations],
         weight_type=QuantType.QInt8,
         extra_options={"ActivationSymmetric": symmetric},
     )
@@ -107,7 +107,7 @@ def _int8_vs_top(path: str) -> tuple[dict, dict, dict]:
 
 def _agreement(top: dict, tpu: dict) -> float:
     """The share of the model's quantized activation integers (its QuantizeLinear results) INT8 stores alike."""
-    names = [n for n, a in top.items() if n.endswith("_QuantizeLinear_Output") and a.dtype == np.int8 and n in tpu]
+    names = [n for n, a in top.items() if n.endswith("_QuantizeLinear_Output") and a.dtype.itemsize == 1 and n in tpu]
     assert len(names) >= 4, names
     same = sum(int(np.sum(top[n] == tpu[n])) for n in names)
     return same / sum(top[n].size for n in names)
@@ -138,14 +138,19 @@ def test_a_symmetric_qdq_model_is_stored_on_its_own_grid(tmp_path, monkeypatch):
     assert cosine(tpu[out], top[out]) < cos_with
 
 
-def test_grids_with_zero_points_are_stored_with_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("activations", ["QInt8", "QUInt8"])
+def test_grids_with_zero_points_are_stored_with_them(tmp_path, monkeypatch, activations):
     """onnxruntime's default activations have zero points of their own: no calibration entry (a symmetric
     threshold) can say such a grid, so lowering stores those tensors on it, with its zero point, and rounds onto
-    it half to even as QuantizeLinear does; entries are taken only where a symmetric grid is the model's."""
-    path = _qdq_model(tmp_path, symmetric=False)
+    it half to even as QuantizeLinear does; entries are taken only where a symmetric grid is the model's. (For
+    uint8, canonicalize fuses the zero point's Add with the [0, 255] Clip: the pattern is found either way.)"""
+    path = _qdq_model(tmp_path, symmetric=False, activations=activations)
     module, weights = _canonical(path)
     shifted = [
-        op for op in module.walk() if op.name == "top.Add" and op.loc_name.endswith("QuantizeLinear_Output_shifted")
+        op
+        for op in module.walk()
+        if op.name == "top.Add"
+        and op.loc_name.endswith(("QuantizeLinear_Output_shifted", "QuantizeLinear_Output_saturated"))
     ]
     # each pattern's zero point, by the tensor it quantizes (the Add's operand is Round(Div(x, scale)))
     zero_points = {
@@ -154,10 +159,13 @@ def test_grids_with_zero_points_are_stored_with_them(tmp_path, monkeypatch):
         )
         for op in shifted
     }
-    assert any(zp not in (0, -128) for zp in zero_points.values()), zero_points
-    # int8 with zero point -128 holds 0 to 255 steps: uint8's grid, a symmetric one (a ReLU's result)
+    assert any(zp not in (0, -128, 128) for zp in zero_points.values()), zero_points
+    # int8 with zero point -128 holds 0 to 255 steps, uint8 with 128 -128 to 127: grids symmetric INT8 has
+    symmetric_shift = -128 if activations == "QInt8" else 128
     entries = qdq_entries(module, weights)
-    assert {name for name in zero_points if name in entries} == {n for n, zp in zero_points.items() if zp == -128}
+    assert {name for name in zero_points if name in entries} == {
+        n for n, zp in zero_points.items() if zp == symmetric_shift
+    }
 
     _, top, tpu = _int8_vs_top(path)
     with_grid, cos_with = _agreement(top, tpu), cosine(tpu["y"], top["y"])

@@ -87,11 +87,17 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     tensor quantized first, as a value, then the others by name."""
     qmin, qmax = INTEGER_TYPES[cast.params.to]
     clip = _producer(cast.operands[0], top.ClipOp)
-    if clip is None or (clip.params.min, clip.params.max) != (qmin, qmax):
-        return
-    shifted = _producer(clip.operands[0], top.AddOp)
+    if clip is not None and (clip.params.min, clip.params.max) == (qmin, qmax):
+        shifted = _producer(clip.operands[0], top.AddOp)
+        unshifted = clip.operands[0] if shifted is None else shifted.operands[0]
+    else:
+        # uint8: canonicalize fuses the zero point's Add and the [0, 255] Clip into an Add with a ReLU-255
+        shifted, clip = _producer(cast.operands[0], top.AddOp), None
+        if shifted is None or qmin != 0 or (shifted.params.do_relu, shifted.params.relu_limit) != (True, qmax):
+            return
+        unshifted = shifted.operands[0]
     zero = _scalar(weights, shifted.operands[1]) if shifted is not None else 0.0
-    rounded = _producer(shifted.operands[0] if shifted is not None else clip.operands[0], top.RoundOp)
+    rounded = _producer(unshifted, top.RoundOp)
     scaled = _producer(rounded.operands[0], top.DivOp) if rounded is not None else None
     scale = _scalar(weights, scaled.operands[1]) if scaled is not None else None
     if zero is None or zero != round(zero) or scale is None or not scale > 0 or rounded is None or scaled is None:
@@ -103,7 +109,8 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     yield rounded.names[0], centered
     if shifted is not None:
         yield shifted.names[0], stored
-    yield clip.names[0], stored
+    if clip is not None:
+        yield clip.names[0], stored
     # the DequantizeLinear: a cast back, then (each where the model has it) the zero point off and the scale on
     back = _only_user(cast.results[0], top.CastOp)
     if back is None or back.params.to != "float32":
