@@ -63,6 +63,11 @@ def _only_user(value: SSAValue, cls: type[T]) -> T | None:
     return users[0] if len(users) == 1 and isinstance(users[0], cls) else None
 
 
+def _users(value: SSAValue, cls: type[T]) -> list[T]:
+    """The ``cls`` ops that read ``value`` as their first operand."""
+    return [use.operation for use in value.uses if isinstance(use.operation, cls) and use.index == 0]
+
+
 @dataclass(frozen=True)
 class Grid:
     """Values ``step * k`` for the integers k from ``lo`` to ``hi``."""
@@ -116,16 +121,17 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     if back is None or back.params.to != "float32":
         return
     yield back.names[0], stored
-    value = back.results[0]
-    sub = _only_user(value, top.SubOp)
-    if sub is not None and sub.operands[0] is value and _scalar(weights, sub.operands[1]) == zero:
-        yield sub.names[0], centered
-        value = sub.results[0]
-    elif zero != 0:
-        return
-    mul = _only_user(value, top.MulOp)
-    if mul is not None and mul.operands[0] is value and _scalar(weights, mul.operands[1]) == scale:
-        yield mul.names[0], real
+    # (a conv that reads the centered values may have the scale folded into its weights: the Mul that
+    # remains, for the other readers, is one of several users)
+    centered_values = [back.results[0]] if zero == 0 else []
+    for sub in _users(back.results[0], top.SubOp):
+        if _scalar(weights, sub.operands[1]) == zero:
+            yield sub.names[0], centered
+            centered_values.append(sub.results[0])
+    for value in centered_values:
+        for mul in _users(value, top.MulOp):
+            if _scalar(weights, mul.operands[1]) == scale:
+                yield mul.names[0], real
 
 
 def _passed_back(value: SSAValue) -> Iterator[SSAValue]:

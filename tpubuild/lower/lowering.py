@@ -210,10 +210,15 @@ class Lowering:
         mode = self.mode_of(op)
         if mode == "INT8":
             rule = INT8_RULES.get(type(op))
-            results = rule(self, op) if rule and op not in self.float_forced else None
+            forced = op in self.float_forced
+            results = rule(self, op) if rule and not forced else None
             if results is not None:
                 return results
-            mode = self.tail_mode if op in self.tail else self.fallback
+            # float where INT8 has no rule; F32 (where the chip has it) for the output tail, and for an op INT8
+            # cannot do whose result lies on a QDQ model's grid, which the model computes in float32 (a PReLU
+            # between a DequantizeLinear and a QuantizeLinear: F16's rounding moves a share of its integers)
+            on_grid = not forced and any(name in self.on_grid for name in op.names)
+            mode = self.tail_mode if op in self.tail or on_grid else self.fallback
         if op in self.wide and PRECISION[mode] < PRECISION["F32"]:
             mode = "F32"
         if type(op) not in FLOAT_RULES and type(op) not in tpu.MIRROR:
