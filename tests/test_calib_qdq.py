@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from tpubuild.build.chips import load_chip
 from tpubuild.calib import calibrate as calibrate_module
@@ -21,6 +21,7 @@ from tpubuild.calib.qdq import qdq_entries
 from tpubuild.frontend import convert_onnx
 from tpubuild.ir import mlir
 from tpubuild.lower.lowering import lower_module
+from tpubuild.testing import save_onnx
 from tpubuild.top.canonicalize import canonicalize
 from tpubuild.top.inference import run
 from tpubuild.verify.similarity import cosine
@@ -41,10 +42,8 @@ def _qdq_model(tmp_path, symmetric: bool, activations: str = "QInt8") -> str:
 
     rng = np.random.default_rng(3)
 
-    def w(name, *shape):
-        return numpy_helper.from_array(
-            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), name
-        )
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -58,17 +57,10 @@ def _qdq_model(tmp_path, symmetric: bool, activations: str = "QInt8") -> str:
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "fc", "fb"], ["y"]),
     ]
-    slope = numpy_helper.from_array(rng.uniform(0.05, 0.3, (16, 1, 1)).astype(np.float32), "slope")
-    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3), w("b2", 16), slope]
-    inits += [w("w3", 16, 16, 3, 3), w("b3", 16), w("fc", 16, 10), w("fb", 10)]
-    graph = helper.make_graph(
-        nodes,
-        "f",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    weights = {"slope": rng.uniform(0.05, 0.3, (16, 1, 1)).astype(np.float32)}
+    weights |= {"w1": w(16, 3, 3, 3), "b1": w(16), "w2": w(16, 16, 3, 3), "b2": w(16)}
+    weights |= {"w3": w(16, 16, 3, 3), "b3": w(16), "fc": w(16, 10), "fb": w(10)}
+    save_onnx(tmp_path / "f.onnx", nodes, {"x": list(SHAPE)}, {"y": [1, 10]}, weights)
 
     class Reader(CalibrationDataReader):
         def __init__(self):

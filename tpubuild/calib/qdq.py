@@ -37,6 +37,7 @@ from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir, top
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.weights import WeightStore
+from tpubuild.top.patterns.common import producer, single_user, weight_array
 
 T = TypeVar("T", bound=TensorOp)
 
@@ -47,23 +48,11 @@ KEEP_VALUES = (*top.MOVE_OPS, top.MaxPoolOp)
 
 def _scalar(weights: WeightStore, value: SSAValue) -> float | None:
     """A scalar constant operand's value (one element), else None."""
-    if not isinstance(value.owner, top.WeightOp):
-        return None
-    array = np.asarray(weights[value.owner.loc_name])
-    return float(array.reshape(-1)[0]) if array.size == 1 else None
+    array = weight_array(value, weights)
+    return float(np.asarray(array).reshape(-1)[0]) if array is not None and array.size == 1 else None
 
 
-def _producer(value: SSAValue, cls: type[T]) -> T | None:
-    owner = value.owner
-    return owner if isinstance(owner, cls) else None
-
-
-def _only_user(value: SSAValue, cls: type[T]) -> T | None:
-    users = [use.operation for use in value.uses]
-    return users[0] if len(users) == 1 and isinstance(users[0], cls) else None
-
-
-def _users(value: SSAValue, cls: type[T]) -> list[T]:
+def _readers(value: SSAValue, cls: type[T]) -> list[T]:
     """The ``cls`` ops that read ``value`` as their first operand."""
     return [use.operation for use in value.uses if isinstance(use.operation, cls) and use.index == 0]
 
@@ -91,19 +80,19 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     """The grids of one QuantizeLinear (``cast``: its last op) and of the DequantizeLinear that reads it: the
     tensor quantized first, as a value, then the others by name."""
     qmin, qmax = INTEGER_TYPES[cast.params.to]
-    clip = _producer(cast.operands[0], top.ClipOp)
+    clip = producer(cast.operands[0], top.ClipOp)
     if clip is not None and (clip.params.min, clip.params.max) == (qmin, qmax):
-        shifted = _producer(clip.operands[0], top.AddOp)
+        shifted = producer(clip.operands[0], top.AddOp)
         unshifted = clip.operands[0] if shifted is None else shifted.operands[0]
     else:
         # uint8: canonicalize fuses the zero point's Add and the [0, 255] Clip into an Add with a ReLU-255
-        shifted, clip = _producer(cast.operands[0], top.AddOp), None
+        shifted, clip = producer(cast.operands[0], top.AddOp), None
         if shifted is None or qmin != 0 or (shifted.params.do_relu, shifted.params.relu_limit) != (True, qmax):
             return
         unshifted = shifted.operands[0]
     zero = _scalar(weights, shifted.operands[1]) if shifted is not None else 0.0
-    rounded = _producer(unshifted, top.RoundOp)
-    scaled = _producer(rounded.operands[0], top.DivOp) if rounded is not None else None
+    rounded = producer(unshifted, top.RoundOp)
+    scaled = producer(rounded.operands[0], top.DivOp) if rounded is not None else None
     scale = _scalar(weights, scaled.operands[1]) if scaled is not None else None
     if zero is None or zero != round(zero) or scale is None or not scale > 0 or rounded is None or scaled is None:
         return
@@ -117,19 +106,19 @@ def _quantize_linear(cast: top.CastOp, weights: WeightStore) -> Iterator[tuple[S
     if clip is not None:
         yield clip.names[0], stored
     # the DequantizeLinear: a cast back, then (each where the model has it) the zero point off and the scale on
-    back = _only_user(cast.results[0], top.CastOp)
-    if back is None or back.params.to != "float32":
+    back = single_user(cast.results[0])
+    if not isinstance(back, top.CastOp) or back.params.to != "float32":
         return
     yield back.names[0], stored
     # (a conv that reads the centered values may have the scale folded into its weights: the Mul that
     # remains, for the other readers, is one of several users)
     centered_values = [back.results[0]] if zero == 0 else []
-    for sub in _users(back.results[0], top.SubOp):
+    for sub in _readers(back.results[0], top.SubOp):
         if _scalar(weights, sub.operands[1]) == zero:
             yield sub.names[0], centered
             centered_values.append(sub.results[0])
     for value in centered_values:
-        for mul in _users(value, top.MulOp):
+        for mul in _readers(value, top.MulOp):
             if _scalar(weights, mul.operands[1]) == scale:
                 yield mul.names[0], real
 
@@ -139,7 +128,7 @@ def _passed_back(value: SSAValue) -> Iterator[SSAValue]:
     each read by nothing else."""
     while isinstance(value.owner, KEEP_VALUES) and len(value.owner.results) == 1:
         source = value.owner.operands[0]
-        if len(list(source.uses)) != 1 or isinstance(source.owner, top.WeightOp):
+        if single_user(source) is None or isinstance(source.owner, top.WeightOp):
             return
         yield source
         value = source

@@ -34,6 +34,7 @@ from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType, UniformType
 from tpubuild.ir.types import elem_of, shape_of
 from tpubuild.ir.weights import WeightStore
+from tpubuild.calib.qdq import model_grids
 from tpubuild.calib.table import Entry
 from tpubuild.lower.quant import QType, activation_qtype, grid_qtype
 from tpubuild.registry import Registry
@@ -150,8 +151,6 @@ class Lowering:
         self.grids: dict[str, QType] = {}
         self.on_grid: set[str] = set()
         if mode == "INT8":
-            from tpubuild.calib.qdq import model_grids
-
             found = model_grids(module, weights)
             self.grids = {name: grid_qtype(grid) for name, grid in found.items() if grid.entry() is None}
             self.on_grid = set(found)
