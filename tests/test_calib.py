@@ -171,6 +171,20 @@ def test_two_processes_give_the_same_statistics_and_outputs(demo):
         assert all(np.array_equal(a, b) for a, b in zip(o1, o2, strict=True))
 
 
+def test_two_processes_give_the_same_auto_table(demo):
+    """auto's candidates and tuning with a forked process taking every other tensor and sample: the same
+    thresholds as one process's, bit for bit."""
+    module = mlir.load_module(demo)
+    weights = weights_for(module, demo)
+    samples = Samples.of(PHOTOS, INPUTS, 8)
+    one, _ = calibrate(module, weights, samples, "auto", processes=1)
+    two, _ = calibrate(module, weights, samples, "auto", processes=2)
+    assert one == two
+    # the tuned tensors took other thresholds than their first candidate somewhere: the tuning decided
+    stats, _ = collect_stats(module, weights, samples, hold_back=True)
+    assert any(two[name].threshold != threshold(s, AUTO_CANDIDATES[0]) for name, s in stats.items())
+
+
 def test_an_error_in_the_second_process_names_the_tensor(demo):
     """A sample the forked process calibrates (the second) holds NaN: the error says so here, with the tensor."""
     module = mlir.load_module(demo)

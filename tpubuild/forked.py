@@ -51,6 +51,14 @@ def alongside(here_work: Callable[[], T], there_work: Callable[[], U], what: str
     return mine, theirs
 
 
+def every_other(part: Callable[[int, int], T], processes: int, what: str) -> list[T]:
+    """``[part(0, 1)]`` with one process; with two, ``[part(0, 2), part(1, 2)]``, the second run by a forked
+    process (``alongside``). ``part(first, step)`` does the items first, first + step, ..."""
+    if processes < 2:
+        return [part(0, 1)]
+    return list(alongside(lambda: part(0, 2), lambda: part(1, 2), what))
+
+
 def start(target: Callable, *args, what: str):
     """A forked process running ``target(*args, conn)``, and this end of ``conn``, their pipe."""
     ctx = multiprocessing.get_context("fork")  # the child takes the stage's module, weights and samples as they are

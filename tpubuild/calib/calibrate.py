@@ -179,12 +179,8 @@ def collect_stats(
     def part(first: int, step: int) -> tuple[dict[str, TensorStats], int, list]:
         return _stats_part(plan, tensors, names, samples, first, step, hold_back, outputs is not None)
 
-    if processes < 2:
-        stats, n, kept = part(0, 1)
-    else:
-        (stats, n, kept), (theirs, m, their_kept) = forked.alongside(
-            lambda: part(0, 2), lambda: part(1, 2), "calibration"
-        )
+    (stats, n, kept), *others = forked.every_other(part, processes, "calibration")
+    for theirs, m, their_kept in others:
         for name, s in stats.items():
             s.merge(theirs[name])
         n, kept = n + m, sorted(kept + their_kept, key=lambda entry: entry[0])
@@ -241,9 +237,11 @@ def compute_entries(
     method: str,
     tune_samples: Iterable[Mapping[str, np.ndarray]] = (),
     grid: Mapping[str, Entry] | None = None,
+    processes: int = 1,
 ) -> dict[str, Entry]:
     """A table entry per tensor: the method's threshold and the observed min and max; ``grid``'s entries (a
-    QDQ model's own quantization, qdq.py) replace those of the tensors it names."""
+    QDQ model's own quantization, qdq.py) replace those of the tensors it names. With ``processes`` 2, auto's
+    candidates and tuning share the work with a forked process (the same table)."""
     values = activation_values(module)
     grid = grid or {}
     fixed = {name: _fixed_threshold(values.get(name), s) for name, s in stats.items()}
@@ -252,9 +250,10 @@ def compute_entries(
         from tpubuild.calib.tune import tune
 
         # a tensor whose threshold a rule fixes is not tuned: its candidates would be thrown away
-        candidates = {name: _candidates(s) if fixed[name] is None else [0.0] for name, s in stats.items()}
+        candidates = _all_candidates({name: s for name, s in stats.items() if fixed[name] is None}, processes)
+        candidates = {name: candidates.get(name, [0.0]) for name in stats}
         levels = {name: th.levels_for(s) for name, s in stats.items()}
-        chosen = tune(module, weights, tune_samples, candidates, levels)
+        chosen = tune(module, weights, tune_samples, candidates, levels, processes)
     elif method in th.METHODS:
         chosen = {name: th.threshold(s, method) for name, s in stats.items()}
     else:
@@ -302,6 +301,17 @@ def _saturation_bounds(values: Mapping[str, SSAValue], entries: Mapping[str, Ent
         return bounds[value]
 
     return {name: bound(value) for name, value in values.items()}
+
+
+def _all_candidates(stats: Mapping[str, TensorStats], processes: int) -> dict[str, list[float]]:
+    """``_candidates`` of each tensor; with ``processes`` 2, a forked process takes every other tensor."""
+    names = list(stats)
+
+    def part(first: int, step: int) -> dict[str, list[float]]:
+        return {name: _candidates(stats[name]) for name in names[first::step]}
+
+    halves = forked.every_other(part, processes, "calibration's thresholds")
+    return {name: found for half in halves for name, found in half.items()}
 
 
 def _candidates(s: TensorStats) -> list[float]:
@@ -357,7 +367,7 @@ def calibrate(
         tuned = tune_count(sum(s.count for s in stats.values()) / count)
         tune_samples = itertools.islice(statistics_samples(samples), tuned) if method == "auto" else ()
         grid = qdq_entries(module, weights)
-        computed = compute_entries(module, weights, stats, method, tune_samples, grid)
+        computed = compute_entries(module, weights, stats, method, tune_samples, grid, processes)
         header += [f"sample number: {count}"]
         if grid:
             header += [f"from the model's QuantizeLinear scales: {len(grid)} tensors"]

@@ -15,12 +15,14 @@ holds one sample's live tensors plus a few numbers per (tensor, consumer).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from tpubuild import forked
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.mlir import body_ops, return_op
 from tpubuild.ir.weights import WeightStore
@@ -57,8 +59,11 @@ def tune(
     samples: Iterable[Mapping[str, np.ndarray]],
     candidates: Mapping[str, Sequence[float]],
     levels: Mapping[str, int],
+    processes: int = 1,
 ) -> dict[str, float]:
-    """The chosen threshold per tensor of ``candidates`` (tensors with one candidate keep it)."""
+    """The chosen threshold per tensor of ``candidates`` (tensors with one candidate keep it). With ``processes``
+    2, a forked process runs the odd samples; each sample's errors are summed apart and added in sample order,
+    so the choice is the same for any count."""
     names = {
         value: name
         for op in body_ops(module)
@@ -67,7 +72,7 @@ def tune(
         if name in candidates
     }
     outputs = {v for v in return_op(module).operands if v in names}
-    # err[name][consumer]: squared error per candidate; energy[consumer]: squared float results
+    # one sample's: err[name][consumer], squared error per candidate; energy[consumer], squared float results
     err: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
     energy: dict[str, float] = defaultdict(float)
 
@@ -104,12 +109,36 @@ def tune(
                 )
 
     plan = Plan(module, weights)
-    for sample in samples:
-        plan.run(sample, all_tensors=False, observer=observe)
+
+    def part(first: int, step: int) -> list[tuple[int, dict, dict]]:
+        found = []
+        for i, sample in enumerate(samples):
+            if i % step == first:
+                err.clear()
+                energy.clear()
+                plan.run(sample, all_tensors=False, observer=observe)
+                found.append((i, {name: dict(by) for name, by in err.items()}, dict(energy)))
+        return found
+
+    parts = forked.every_other(part, processes, "calibration's tuning")
+    return _choose(sorted(itertools.chain(*parts), key=lambda found: found[0]), candidates)
+
+
+def _choose(per_sample: list[tuple[int, dict, dict]], candidates: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Each tensor's candidate of the lowest error summed over its consumers, each relative to the consumer's
+    energy; the samples' errors and energies added in sample order."""
+    total: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
+    total_energy: dict[str, float] = defaultdict(float)
+    for _, sample_err, sample_energy in per_sample:
+        for name, by in sample_err.items():
+            for key, errs in by.items():
+                total[name][key] = total[name].get(key, 0.0) + errs
+        for key, value in sample_energy.items():
+            total_energy[key] += value
     chosen = {}
     for name, cands in candidates.items():
         score = np.zeros(len(cands))
-        for key, errs in err.get(name, {}).items():
-            score += errs / max(energy[key], 1e-30)
+        for key, errs in total.get(name, {}).items():
+            score += errs / max(total_energy[key], 1e-30)
         chosen[name] = float(cands[int(np.argmin(score))])
     return chosen
