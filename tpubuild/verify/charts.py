@@ -1,4 +1,5 @@
-"""The report's charts: matplotlib figures rendered to inline SVG, byte-identical for the same data.
+"""The report's charts, inline SVG, byte-identical for the same data: the similarity chart written directly
+(``similarity_chart``), the others matplotlib figures rendered to SVG.
 
 Determinism: matplotlib's own defaults (not the user's matplotlibrc), the Agg
 backend, text kept as SVG text (no font files read for glyph paths), no date or
@@ -16,6 +17,7 @@ from __future__ import annotations
 import io
 import math
 import re
+from html import escape
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -159,84 +161,148 @@ class Point:
 def similarity_chart(
     points: Sequence[Point], cos_tol: float, euc_tol: float, highlight: int | None, highlight_failed: bool, salt: str
 ) -> str:
-    """Cosine, euclidean and SQNR per tensor (x: graph order), tolerances dashed, one tensor marked."""
+    """Cosine, euclidean and SQNR per tensor (x: graph order), tolerances dashed, one tensor marked.
+
+    Written as SVG directly, not drawn by matplotlib: every target's page has four of these, and matplotlib
+    took most of a page's time (0.2 s a chart, a tick per tensor name); this is the same chart in a
+    few milliseconds."""
     n = len(points)
-    width = min(14.0, max(6.5, 0.16 * n + 2.5))
-    with matplotlib.rc_context(_rc(salt)):
-        fig = _figure(width, 4.6 if n <= MAX_LABELS else 4.0)
-        axes = fig.subplots(3, 1, sharex=True)
-        # the tensor names label the bottom axes only: ticks on the two above would cost as much again (a tick is
-        # a dozen artists) for marks without labels
-        for ax in axes[:-1]:
-            ax.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
-        x = list(range(n))
-        metrics = [
-            ("cosine", [p.cos for p in points], cos_tol),
-            ("euclidean", [p.euc for p in points], euc_tol),
-            ("SQNR (dB)", [p.sqnr for p in points], None),
-        ]
-        for ax, (title, values, tol) in zip(axes, metrics, strict=True):
-            _metric_axis(ax, x, values, points, tol, title)
+    step = max(1, math.ceil(n / MAX_LABELS))
+    named = list(range(0, n, step))
+    names = [_short(points[i].name) for i in named]
+    width = 72 * min(14.0, max(6.5, 0.16 * n + 2.5))
+    panel = 72 * (4.6 if n <= MAX_LABELS else 4.0) / 4
+    metrics = [
+        ("cosine", [p.cos for p in points], cos_tol),
+        ("euclidean", [p.euc for p in points], euc_tol),
+        ("SQNR (dB)", [p.sqnr for p in points], None),
+    ]
+    ranges = [_metric_range(title, values, tol) for title, values, tol in metrics]
+    ticks = [_ticks(lo, hi) for lo, hi in ranges]
+    left = 14 + 5.0 * max(len(label) for t in ticks for _, label in t) + 10
+    right = 12
+    top = 30 + (16 if highlight is not None else 0)
+    bottom = 6 + 4.3 * max((len(name) for name in names), default=1) + 20
+    gap = 10
+    height = top + 3 * panel + 2 * gap + bottom
+    x0, x1 = left, width - right
+
+    def x_of(i: float) -> float:
+        return x0 + (i + 0.6) / max(n, 1) * (x1 - x0)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        f'width="{width:.1f}pt" height="{height:.1f}pt" viewBox="0 0 {width:.1f} {height:.1f}" '
+        'font-family="DejaVu Sans, sans-serif" font-size="9">',
+        "",  # the markers drawn: their shapes, once each (ids only for what the chart uses)
+        f'<rect width="{width:.1f}" height="{height:.1f}" fill="#ffffff"/>',
+    ]
+    used: set[str] = set()
+    for k, ((title, values, tol), (lo, hi), marks) in enumerate(zip(metrics, ranges, ticks, strict=True)):
+        y0 = top + k * (panel + gap)
+        y1 = y0 + panel
+
+        def y_of(v: float, lo=lo, hi=hi, y0=y0, y1=y1) -> float:
+            return y1 - (v - lo) / (hi - lo) * (y1 - y0)
+
+        for value, label in marks:  # grid and tick labels
+            y = y_of(value)
+            out.append(f'<path d="M{x0:.1f} {y:.1f}H{x1:.1f}" stroke="#eeeeee" stroke-width="0.6"/>')
+            out.append(f'<path d="M{x0 - 3.5:.1f} {y:.1f}H{x0:.1f}" stroke="#000000" stroke-width="0.8"/>')
+            out.append(f'<text x="{x0 - 5:.1f}" y="{y + 3:.1f}" text-anchor="end" font-size="8">{label}</text>')
+        out.append(
+            f'<text transform="translate({x0 - left + 10:.1f} {(y0 + y1) / 2:.1f}) rotate(-90)" '
+            f'text-anchor="middle">{escape(title)}</text>'
+        )
+        if tol is not None:
+            y = y_of(tol)
+            out.append(
+                f'<path d="M{x0:.1f} {y:.1f}H{x1:.1f}" stroke="{FAIL_COLOR}" stroke-width="0.9" '
+                'stroke-dasharray="3.3 1.4"/>'
+            )
+            out.append(
+                f'<text x="{x1 - 2:.1f}" y="{y - 2:.1f}" text-anchor="end" font-size="7" '
+                f'fill="{FAIL_COLOR}">tolerance {tol:g}</text>'
+            )
         if highlight is not None:
             color = FAIL_COLOR if highlight_failed else WORST_COLOR
-            for ax in axes:
-                ax.axvline(highlight, color=color, lw=1.2, alpha=0.6, zorder=1)
-            what = "first below tolerance" if highlight_failed else "lowest cosine"
-            axes[0].set_title(f"{what}: {points[highlight].name}", loc="left", color=color, fontsize=9)
-        step = max(1, math.ceil(n / MAX_LABELS))
-        axes[-1].set_xticks(x[::step], [points[i].name for i in x[::step]], rotation=90, fontsize=7)
-        axes[-1].set_xlim(-0.6, n - 0.4)
-        axes[-1].set_xlabel(f"tensor in graph order ({n})" + (f", 1 in {step} named" if step > 1 else ""))
-        handles = [
-            Patch(color=EXACT_COLOR, label="EQUAL / CLOSE"),
-            Patch(color=PASS_COLOR, label="within tolerance"),
-            Patch(color=FAIL_COLOR, label="below tolerance"),
-        ]
-        legend = fig.legend(handles=handles, loc="upper right", fontsize=7, ncols=3, frameon=False, borderaxespad=0)
-        _fit(fig, axes, legend)
-        return to_svg(fig)
+            x = x_of(highlight)
+            out.append(
+                f'<path d="M{x:.1f} {y0:.1f}V{y1:.1f}" stroke="{color}" stroke-width="1.2" stroke-opacity="0.6"/>'
+            )
+        plotted = [min(max(v, lo), hi) if not math.isnan(v) else lo for v in values]
+        if n:
+            line = " ".join(f"{x_of(i):.1f} {y_of(v):.1f}" for i, v in enumerate(plotted))
+            out.append(f'<path d="M{line}" fill="none" stroke="#bbbbbb" stroke-width="0.8"/>')
+        for i, (v, y, p) in enumerate(zip(values, plotted, points, strict=True)):
+            color = EXACT_COLOR if p.exact else PASS_COLOR if p.passed else FAIL_COLOR
+            # inf SQNR (no noise) at the top, NaN (nothing comparable) at the bottom, as triangles
+            mark = "dot" if math.isfinite(v) and lo <= v <= hi else "tri"
+            used.add(mark)
+            out.append(f'<use xlink:href="#{salt}-{mark}" x="{x_of(i):.1f}" y="{y_of(y):.1f}" fill="{color}"/>')
+        out.append(f'<path d="M{x0:.1f} {y0:.1f}V{y1:.1f}H{x1:.1f}" fill="none" stroke="#000000" stroke-width="0.8"/>')
+    y1 = top + 3 * panel + 2 * gap
+    for i, name in zip(named, names, strict=True):
+        x = x_of(i)
+        out.append(f'<path d="M{x:.1f} {y1:.1f}V{y1 + 3.5:.1f}" stroke="#000000" stroke-width="0.8"/>')
+        out.append(
+            f'<text transform="translate({x + 2.5:.1f} {y1 + 6:.1f}) rotate(-90)" text-anchor="end" '
+            f'font-size="7">{escape(name)}</text>'
+        )
+    axis = f"tensor in graph order ({n})" + (f", 1 in {step} named" if step > 1 else "")
+    out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{height - 6:.1f}" text-anchor="middle">{escape(axis)}</text>')
+    if highlight is not None and 0 <= highlight < n:
+        color = FAIL_COLOR if highlight_failed else WORST_COLOR
+        what = "first below tolerance" if highlight_failed else "lowest cosine"
+        out.append(
+            f'<text x="{x0:.1f}" y="{top - 6:.1f}" fill="{color}">{escape(f"{what}: {points[highlight].name}")}</text>'
+        )
+    x = width - 6
+    for color, label in reversed(LEGEND):  # right-aligned, as matplotlib's figure legend was
+        x -= 4.1 * len(label)
+        out.append(f'<text x="{x:.1f}" y="14" font-size="7">{label}</text>')
+        x -= 14
+        out.append(f'<rect x="{x:.1f}" y="7" width="10" height="7" fill="{color}"/>')
+        x -= 14
+    out[1] = "<defs>" + "".join(f'<path id="{salt}-{m}" d="{MARKERS[m]}"/>' for m in sorted(used)) + "</defs>"
+    out.append("</svg>")
+    return "".join(out)
+
+
+MARKERS = {"dot": "M0 -2.1A2.1 2.1 0 1 0 0 2.1A2.1 2.1 0 1 0 0 -2.1Z", "tri": "M0 -3.2L2.8 1.6L-2.8 1.6Z"}
+LEGEND = ((EXACT_COLOR, "EQUAL / CLOSE"), (PASS_COLOR, "within tolerance"), (FAIL_COLOR, "below tolerance"))
+MAX_NAME = 48  # longer tensor names are cut in the middle: the labels would take the chart's height
+
+
+def _short(name: str) -> str:
+    if len(name) <= MAX_NAME:
+        return name
+    half = (MAX_NAME - 1) // 2
+    return name[:half] + "\u2026" + name[-half:]
 
 
 def _finite(values: Sequence[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
-def _metric_axis(ax, x, values, points: Sequence[Point], tol: float | None, title: str) -> None:
+def _metric_range(title: str, values: Sequence[float], tol: float | None) -> tuple[float, float]:
+    """The y range of a metric's axes: SQNR from below its lowest to above its highest; cosine and euclidean
+    up to just above 1, down to below the lowest value or tolerance."""
     finite = _finite(values)
     if title.startswith("SQNR"):
-        top = (max(finite) if finite else 100.0) + 10.0
-        bottom = min(finite + [0.0]) - 5.0
-    else:
-        lo = min(finite + ([tol] if tol is not None else []) + [1.0])
-        top = 1.0 + max(0.02 * (1.0 - lo), 1e-4)
-        bottom = lo - max(0.08 * (1.0 - lo), 1e-3)
-    ax.set_ylim(bottom, top)
-    plotted = [min(max(v, bottom), top) if not math.isnan(v) else bottom for v in values]
-    ax.plot(x, plotted, color="#bbbbbb", lw=0.8, zorder=2)
-    colors = [EXACT_COLOR if p.exact else PASS_COLOR if p.passed else FAIL_COLOR for p in points]
-    clipped = [not math.isfinite(v) or v > top or v < bottom for v in values]
-    markers = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped, strict=True) if not k]
-    if markers:
-        ax.scatter([m[0] for m in markers], [m[1] for m in markers], c=[m[2] for m in markers], s=14, zorder=3)
-    off = [(i, y, c) for i, y, c, k in zip(x, plotted, colors, clipped, strict=True) if k]
-    if off:  # inf SQNR (no noise) at the top, NaN (nothing comparable) at the bottom
-        ax.scatter([m[0] for m in off], [m[1] for m in off], c=[m[2] for m in off], s=22, marker="^", zorder=3)
-    if tol is not None:
-        ax.axhline(tol, color=FAIL_COLOR, ls="--", lw=0.9, zorder=1)
-        ax.annotate(
-            f"tolerance {tol:g}",
-            xy=(1.0, tol),
-            xycoords=("axes fraction", "data"),
-            xytext=(-2, 2),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            color=FAIL_COLOR,
-            fontsize=7,
-        )
-    ax.set_ylabel(title)
-    ax.grid(axis="y", color="#eeeeee", lw=0.6)
-    ax.ticklabel_format(axis="y", useOffset=False)
+        return min(finite + [0.0]) - 5.0, (max(finite) if finite else 100.0) + 10.0
+    lo = min(finite + ([tol] if tol is not None else []) + [1.0])
+    return lo - max(0.08 * (1.0 - lo), 1e-3), 1.0 + max(0.02 * (1.0 - lo), 1e-4)
+
+
+def _ticks(lo: float, hi: float) -> list[tuple[float, str]]:
+    """Round values in [lo, hi], three to six of them, with their labels (as many decimals as the step has)."""
+    raw = (hi - lo) / 4
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if (hi - lo) / (m * mag) <= 5.5)
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if round(step / mag, 6) == 2.5 else 0))
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [(k * step, f"{k * step:.{decimals}f}") for k in range(first, last + 1)]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ date, so the same inputs give the same bytes.
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import math
@@ -618,13 +617,13 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
     highlight = lv.first_failed if lv.first_failed is not None else lv.worst
     parts = [f'<h3 id="level-{index}">{e(lv.title)}: {e(c["test"])} vs {e(c["ref"])} {badge(bool(c["passed"]))}</h3>']
     if points:
-        svg = _similarity_svg(
-            tuple(points),
+        svg = charts.similarity_chart(
+            points,
             float(c["tolerance"]["cos"]),
             float(c["tolerance"]["euc"]),
             highlight,
             lv.first_failed is not None,
-            f"level{index}",
+            salt=f"level{index}",
         )
         chart = f'<div class="chart similarity">{svg}</div>'
         parts.append(f"<details><summary>chart</summary>{chart}</details>" if fold else chart)
@@ -640,17 +639,6 @@ def level_section(lv: Level, index: int, fold: bool = False) -> str:
         f"({len(lv.rows)})</summary>{tensor_table(lv)}</details>"
     )
     return "\n".join(parts)
-
-
-@functools.lru_cache(maxsize=8)
-def _similarity_svg(
-    points: tuple, cos_tol: float, euc_tol: float, highlight: int | None, failed: bool, salt: str
-) -> str:
-    """charts.similarity_chart, remembered: every target of a model shows the same ONNX-vs-Top levels, and one
-    doit process draws all its pages (a chart costs a fifth of a second; the function is pure)."""
-    from tpubuild.verify import charts
-
-    return charts.similarity_chart(list(points), cos_tol, euc_tol, highlight, failed, salt=salt)
 
 
 def groups_section(d: PageData) -> str:
