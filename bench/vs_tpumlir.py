@@ -22,7 +22,7 @@ model, on the same ONNX file, test input and calibration samples:
   mixed-precision search where the manifest asks for one (ppocrv4_rec), lowering,
   TPU verification (every tensor), layer group, memory assign, codegen, the chip
   simulator and its cycle model, the chip-vs-TPU check (bit-exact for INT8), and
-  report.html with its matplotlib charts.
+  report.html with its charts.
 
 So each side verifies its own flow at every level it has; ours compares every
 tensor at each level and draws a report, theirs compares the graph outputs of

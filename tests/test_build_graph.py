@@ -378,7 +378,7 @@ def test_a_task_runs_in_the_process_that_made_its_inputs(tmp_path):
 
 def test_processes_get_tasks_by_what_they_made_and_ran():
     """dispatch.assign with History.rank: a task to a process that made its inputs, else one that ran its stage;
-    a "warm" stage to one that ran it before all else; jobs in doit's order, ties to the first free process."""
+    jobs in doit's order, ties to the first free process."""
     from types import SimpleNamespace
 
     from doit.runner import JobHold
@@ -395,7 +395,7 @@ def test_processes_get_tasks_by_what_they_made_and_ran():
             task("lg:m/I", ["lower:m/I.out"]),
             task("verify:m/I", ["lower:m/I.out"]),
             task("lg:m/F"),
-            task("report:m/I", ["verify:m/I.out"], {"warm": True}),
+            task("report:m/I", ["verify:m/I.out"]),
         )
     }
     history = History(3)
@@ -415,8 +415,8 @@ def test_processes_get_tasks_by_what_they_made_and_ran():
     assert given(["lg:m/F", None, None], [1, 2, 0]) == {2: "lg:m/F", 1: None, 0: None}
     history.ran(1, tasks["verify:m/I"])
     history.ran(0, task("report:m/F"))
-    # process 1 made the report's input; process 0 has drawn a page
-    assert given(["report:m/I", hold], [1, 0]) == {0: "report:m/I", 1: hold}
+    # process 1 made the report's input; process 0 has drawn a page: what a task reads decides first
+    assert given(["report:m/I", hold], [0, 1]) == {1: "report:m/I", 0: hold}
 
 
 def test_a_full_disk_fails_the_stage_in_words(tmp_path):

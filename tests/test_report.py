@@ -341,6 +341,21 @@ def test_chart_marks_the_first_failure_and_is_deterministic():
     assert set(ids) == set(re.findall(r'(?:href="|url\()#([^")]+)', a))
 
 
+def test_timeline_of_many_commands_stays_small():
+    """Commands closer than a tenth of a point merge into one bar: 40,000 commands, a few hundred kilobytes."""
+    spans = [charts.Span("bdc", 10 * i, 10 * i + 7, ["conv", "add"][i % 2]) for i in range(20_000)]
+    spans += [charts.Span("gdma", 10 * i, 10 * i + 9, "load") for i in range(20_000)]
+    svg = charts.timeline_chart(spans, 200_000, 1e9, [(0, 0, 100_000), (1, 100_000, 200_000)])
+    assert svg == charts.timeline_chart(spans, 200_000, 1e9, [(0, 0, 100_000), (1, 100_000, 200_000)])
+    assert len(svg) < 300_000, len(svg)
+    for kind in ("conv", "add", "load"):  # each kind's bars and its legend entry
+        assert f">{kind}</text>" in svg
+    assert svg.count("<path d=\"M") > 10 and "cycles (total 200,000" in svg
+    # few commands: one bar each, edged apart
+    few = charts.timeline_chart(spans[:3], 30, 1e9)
+    assert few.count("Z") >= 3 and 'stroke="#ffffff"' in few
+
+
 def _comp(level: str, passed: bool, rows: list[tuple[str, float]]) -> dict:
     tensors = [
         {

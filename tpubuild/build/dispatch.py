@@ -12,9 +12,7 @@ process reads. Two things that cost a build:
   (lower -> layer group -> assign -> codegen -> chip run) went from process to process, each then importing
   and parsing: rec's INT8 chain after the search took 5.4 s with two processes, 3.0 s in one. Here each
   process has its own queue, and a task goes to a free process that made any of its inputs (``assign``,
-  ``History.rank``); a report page, whose cost in a new process is mostly matplotlib's first use (1.9 s
-  against 0.55 s for rec's INT8 page), to one that has drawn a page. The order in which tasks run is doit's
-  (with the priority).
+  ``History.rank``). The order in which tasks run is doit's (with the priority).
 """
 
 from __future__ import annotations
@@ -57,13 +55,11 @@ class History:
         self.made[process].update(task.targets)
         self.stages[process].add(task.name.split(":")[0])
 
-    def rank(self, task, process: int) -> tuple[bool, bool, bool]:
-        """How well ``process`` suits ``task`` (lower is better): one that ran the task's stage before when the
-        stage asks for it (meta "warm": a report page's cost is mostly matplotlib's first use in a process), one
-        that made any of its inputs, one that ran its stage."""
+    def rank(self, task, process: int) -> tuple[bool, bool]:
+        """How well ``process`` suits ``task`` (lower is better): one that made any of its inputs, one that ran
+        its stage."""
         stage = task.name.split(":")[0]
-        warm = stage in self.stages[process]
-        return (bool((task.meta or {}).get("warm")) and not warm, not (self.made[process] & task.file_dep), not warm)
+        return (not (self.made[process] & task.file_dep), stage not in self.stages[process])
 
 
 def assign(jobs: Sequence, free: Sequence[int], rank) -> dict[int, object]:

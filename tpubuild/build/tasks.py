@@ -148,13 +148,12 @@ def _task(
 # highest; 0 unless listed): the stages that head a model's longest chain of work, canonicalization (every target
 # waits for it; onnxruntime's reference, ready at the same time, only for TOP verification), the mixed-precision
 # search and the calibration before it (every INT8 target waits for them), before the rest; the report pages,
-# which no stage waits for, after them. "warm": to a process that has run the stage before, rather than one that
-# made its inputs (a report page's cost in a new process is mostly matplotlib's first use).
+# which no stage waits for, after them.
 DISPATCH = {
     "canonicalize": {"priority": 1},
     "calibrate": {"priority": 1},
     "search": {"priority": 1},
-    "report": {"priority": -1, "warm": True},
+    "report": {"priority": -1},
 }
 
 

@@ -28,10 +28,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # matplotlib is imported only when a page is drawn: the task graph imports this module
-    from tpubuild.verify import charts
+from tpubuild.verify import charts
 
 LEVEL_TITLES = {"top": "ONNX vs Top", "tpu": "Top vs Tpu", "chip": "Tpu vs Chip", "iree": "Top vs IREE (cpu)"}
 EXACT = ("EQUAL", "CLOSE")
@@ -284,7 +282,6 @@ def command_spans(model) -> list[charts.Span]:
     """Every command's start and end as the cycle model replays them (the simulator's order and estimate)."""
     from tpubuild.sim.chip import decoded_params
     from tpubuild.sim.cycles import replay
-    from tpubuild.verify import charts
 
     s = replay(model, decoded_params(model))
     spans = [
@@ -607,8 +604,6 @@ def tensor_table(lv: Level) -> str:
 
 def level_section(lv: Level, index: int, fold: bool = False) -> str:
     """A level's heading, chart and tensor table; ``fold``: the chart collapsed (a page about another level)."""
-    from tpubuild.verify import charts
-
     c = lv.comp
     points = [
         charts.Point(r["name"], _f(r["cos"]), _f(r["euc"]), _f(r["sqnr"]), bool(r["passed"]), r["label"] in EXACT)
@@ -689,13 +684,11 @@ def precision_section(d: PageData) -> str:
 
 
 def timeline_section(d: PageData) -> str:
-    from tpubuild.verify import charts
-
     if d.spans is None or d.profile is None:
         return ""
     p = d.profile
     lanes = group_spans(d.groups, d.spans) if d.groups is not None else None
-    timeline = charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], "timeline", lanes)
+    timeline = charts.timeline_chart(d.spans, p["total_cycles"], p["clock_hz"], lanes)
     parts = [
         '<h2 id="timeline">GDMA / BDC timeline</h2>',
         f"<p>Every command as the cycle model replays the .model: {p['gdma']['commands']:,} GDMA "
@@ -706,7 +699,7 @@ def timeline_section(d: PageData) -> str:
         f'<div class="chart timeline">{timeline}</div>',
     ]
     if p.get("ops"):
-        parts += ["<h3>BDC cycles by op type</h3>", f'<div class="chart ops">{charts.ops_chart(p["ops"], "ops")}</div>']
+        parts += ["<h3>BDC cycles by op type</h3>", f'<div class="chart ops">{charts.ops_chart(p["ops"])}</div>']
     return "\n".join(parts)
 
 
