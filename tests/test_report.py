@@ -350,7 +350,7 @@ def test_timeline_of_many_commands_stays_small():
     assert len(svg) < 300_000, len(svg)
     for kind in ("conv", "add", "load"):  # each kind's bars and its legend entry
         assert f">{kind}</text>" in svg
-    assert svg.count("<path d=\"M") > 10 and "cycles (total 200,000" in svg
+    assert svg.count('<path d="M') > 10 and "cycles (total 200,000" in svg
     # few commands: one bar each, edged apart
     few = charts.timeline_chart(spans[:3], 30, 1e9)
     assert few.count("Z") >= 3 and 'stroke="#ffffff"' in few
