@@ -224,10 +224,11 @@ def timeline_chart(
     lanes = ["BDC", "GDMA"] + (["group"] if groups else [])
     lane_h, top = 30.0, 8.0
     x0 = 10 + max(_width(name, 9) for name in lanes) + 8
-    legend_w = 22 + max((_width(k, 7) for k in used), default=0)
-    x1 = 864 - legend_w - 10
     y1 = top + lane_h * len(lanes)
-    height = max(y1 + 40, top + 12 * len(used) + 8)
+    per_column = int((y1 - top) // 12)  # the legend beside the lanes, in as many columns as that takes
+    column_w = 22 + max((_width(k, 7) for k in used), default=0)
+    x1 = 864 - column_w * math.ceil(len(used) / per_column) - 10
+    height = y1 + 40
     span = max(total, 1)
 
     def x_of(cycles: float) -> float:
@@ -274,9 +275,9 @@ def timeline_chart(
     label = f"cycles (total {total:,} = {total / clock_hz * 1e3:.4g} ms at {clock_hz / 1e6:g} MHz)"
     out.append(_text((x0 + x1) / 2, y1 + 30, label, 9, "middle"))
     for i, kind in enumerate(used):
-        y = top + 12 * i
-        out.append(f'<rect x="{x1 + 12:.1f}" y="{y:.1f}" width="10" height="7" fill="{colors[kind]}"/>')
-        out.append(_text(x1 + 26, y + 6.5, kind, 7))
+        x, y = x1 + 12 + column_w * (i // per_column), top + 12 * (i % per_column)
+        out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="10" height="7" fill="{colors[kind]}"/>')
+        out.append(_text(x + 14, y + 6.5, kind, 7))
     out.append("</svg>")
     return "".join(out)
 
