@@ -1,7 +1,7 @@
-"""Half of a stage's samples in a forked process: calibration's statistics and the mixed-precision search's scores
-run the same work on many samples, and on a machine of two cores or more a child forked with the stage's module,
-weights and samples as they are takes half of them (``alongside``). The results are the same for any count of
-processes (``processes``: TPUBUILD_PROCESSES).
+"""Half of a stage's work in a forked process: calibration's statistics, its threshold candidates and tuning, and
+the mixed-precision search's scores run the same work on many samples (or tensors), and on a machine of two cores or
+more a child forked with the stage's module, weights and samples as they are takes half of them (``alongside``,
+``every_other``). The results are the same for any count of processes (``processes``: TPUBUILD_PROCESSES).
 """
 
 from __future__ import annotations
