@@ -670,13 +670,13 @@ def groups_section(d: PageData) -> str:
 def precision_section(d: PageData) -> str:
     if d.precision is None:
         return ""
-    floats = d.precision.floats
+    p = d.precision
+    floats = p.floats
     names = [f"{e(name)} <small>({e(op.removeprefix('tpu.'))}, {e(elem)})</small>" for name, op, elem in floats]
     listed = f"<details><summary>the {len(floats)} float ops</summary>{', '.join(names)}</details>" if names else ""
-    p = d.precision
     share = f", {p.float_macs / p.macs:.1%} of the multiply-accumulates (convolutions and matmuls)" if p.macs else ""
     return (
-        f'<h2 id="precision">Precision</h2><p class="precision">{len(floats)} of {d.precision.ops} ops compute '
+        f'<h2 id="precision">Precision</h2><p class="precision">{len(floats)} of {p.ops} ops compute '
         f"in float{share}: those the mixed-precision search kept (its table is qtable.txt beside this page), "
         "per-sample vectors and Concats of unlike ranges (docs/lowering.md), and ops INT8 has no rule for (Softmax, "
         f"LayerNorm, ...); the rest compute in INT8.</p>{listed}"
