@@ -57,15 +57,20 @@ def detector(tmp_path_factory):
     """The model through transform (on a held-back calibration sample), verify_top and calibrate."""
     d = tmp_path_factory.mktemp("parts")
     detector_onnx(d / "m.onnx")
+    return prepared(d, SPECS)
+
+
+def prepared(d: Path, specs: list[dict]) -> tuple[Path, dict]:
+    """d/m.onnx through transform (on a held-back calibration sample), verify_top and calibrate."""
     rng = np.random.default_rng(2)
     for i in range(4):
-        np.savez(d / f"cal{i}.npz", x=rng.uniform(0, 1, (4, 1, CH, 1, ANCHORS)).astype(np.float32))
+        np.savez(d / f"cal{i}.npz", x=rng.uniform(0, 1, (4, *specs[0]["shape"])).astype(np.float32))
     p = {k: str(d / k) for k in ("origin.mlir", "ow.npz", "input.npz", "input.json", "onnx.npz", "canonical.mlir")}
     p.update({k: str(d / k) for k in ("cw.npz", "oo.npz", "top.npz", "vt.json", "cali.mlir", "cali_table")})
     files = [str(d / f"cal{i}.npz") for i in range(4)]
-    sample = {"data_files": files, "inputs": SPECS, "count": None}
+    sample = {"data_files": files, "inputs": specs, "count": None}
     stages.transform(
-        str(d / "m.onnx"), SPECS, "m", None, p["origin.mlir"], p["ow.npz"], p["input.npz"], sample, p["input.json"]
+        str(d / "m.onnx"), specs, "m", None, p["origin.mlir"], p["ow.npz"], p["input.npz"], sample, p["input.json"]
     )
     stages.reference(str(d / "m.onnx"), p["input.npz"], p["onnx.npz"])
     stages.canonicalize(p["origin.mlir"], p["ow.npz"], p["canonical.mlir"], p["cw.npz"])
@@ -83,7 +88,7 @@ def detector(tmp_path_factory):
         input_source=p["input.json"],
     )
     stages.calibrate(
-        "m", p["canonical.mlir"], SPECS, files, None, "max", None, p["cali.mlir"], p["cali_table"], hold_back_test=True
+        "m", p["canonical.mlir"], specs, files, None, "max", None, p["cali.mlir"], p["cali_table"], hold_back_test=True
     )
     return d, p
 
@@ -178,6 +183,110 @@ def test_manifest_parts_win_over_the_concat(detector, monkeypatch):
         lower_and_verify(detector, "bad", {"output0": {"parts": {"cls": {"axis": 1, "range": [4, 23]}}}})
     with pytest.raises(TpuBuildError, match="no graph output 'nope'"):
         lower_and_verify(detector, "bad2", {"nope": {"parts": {"a": {"axis": 1, "range": [0, 1]}}}})
+
+
+# ---- a YOLOv5-style head: the levels concatenated, each level Concat(xy, wh, conf) --------------------------
+
+V5_ANCHORS, V5_FIELDS, V5_CONF = 2, (2, 2, 4), 4  # per cell: 2 anchors of xy, wh and objectness + 3 classes
+V5_LEVELS = ((2, 8), (4, 4))  # (stride, grid size) of each level, from a 16 x 16 input
+V5_SPECS = [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32", "range": [0.0, 1.0]}]
+
+
+def yolov5_onnx(path: Path) -> None:
+    """x (1, 3, 16, 16) -> per level: conv, reshape (1, anchors, 8, g, g), transpose to (1, anchors, g, g, 8),
+    sigmoid, split into xy, wh, conf; xy and wh decoded to pixels (up to about 130) as YOLOv5's export does;
+    Concat(xy, wh, conf) on the last axis, reshaped to (1, anchors * g * g, 8); the levels concatenated."""
+    rng = np.random.default_rng(5)
+    no = sum(V5_FIELDS)
+    nodes, inits, levels = [], [], []
+    for k, (stride, g) in enumerate(V5_LEVELS):
+        w = (rng.standard_normal((V5_ANCHORS * no, 3, stride, stride)) * 0.3).astype(np.float32)
+        b = np.tile(np.array([0, 0, 0, 0, -3, -4, -4, -4], np.float32), V5_ANCHORS)  # scores mostly low
+        yx = np.stack(np.meshgrid(np.arange(g), np.arange(g), indexing="ij"), -1)[..., ::-1]
+        grid = (yx - 0.5).reshape(1, 1, g, g, 2).astype(np.float32)
+        anchor = rng.uniform(10, 40, (1, V5_ANCHORS, 1, 1, 2)).astype(np.float32)
+        consts = {f"w{k}": w, f"b{k}": b, f"grid{k}": grid, f"anchor{k}": anchor}
+        consts |= {f"shape{k}": np.array([1, V5_ANCHORS, no, g, g], np.int64)}
+        consts |= {f"flat{k}": np.array([1, V5_ANCHORS * g * g, no], np.int64), f"stride{k}": np.float32(stride)}
+        consts |= {f"split{k}": np.array(V5_FIELDS, np.int64), f"two{k}": np.float32(2.0)}
+        inits += [numpy_helper.from_array(np.asarray(a), n) for n, a in consts.items()]
+        nodes += [
+            helper.make_node("Conv", ["x", f"w{k}", f"b{k}"], [f"conv{k}"], strides=[stride, stride]),
+            helper.make_node("Reshape", [f"conv{k}", f"shape{k}"], [f"r{k}"]),
+            helper.make_node("Transpose", [f"r{k}"], [f"t{k}"], perm=[0, 1, 3, 4, 2]),
+            helper.make_node("Sigmoid", [f"t{k}"], [f"s{k}"]),
+            helper.make_node("Split", [f"s{k}", f"split{k}"], [f"sxy{k}", f"swh{k}", f"conf{k}"], axis=4),
+            helper.make_node("Mul", [f"sxy{k}", f"two{k}"], [f"xy2_{k}"]),
+            helper.make_node("Add", [f"xy2_{k}", f"grid{k}"], [f"xyg{k}"]),
+            helper.make_node("Mul", [f"xyg{k}", f"stride{k}"], [f"xy{k}"]),
+            helper.make_node("Mul", [f"swh{k}", f"two{k}"], [f"wh2_{k}"]),
+            helper.make_node("Mul", [f"wh2_{k}", f"wh2_{k}"], [f"whsq{k}"]),
+            helper.make_node("Mul", [f"whsq{k}", f"anchor{k}"], [f"wh{k}"]),
+            helper.make_node("Concat", [f"xy{k}", f"wh{k}", f"conf{k}"], [f"cat{k}"], axis=4),
+            helper.make_node("Reshape", [f"cat{k}", f"flat{k}"], [f"level{k}"]),
+        ]
+        levels.append(f"level{k}")
+    nodes.append(helper.make_node("Concat", levels, ["output0"], axis=1))
+    cells = V5_ANCHORS * sum(g * g for _, g in V5_LEVELS)
+    graph = helper.make_graph(
+        nodes,
+        "v5",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, cells, no])],
+        initializer=inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+@pytest.fixture(scope="module")
+def yolov5(tmp_path_factory):
+    d = tmp_path_factory.mktemp("yolov5")
+    yolov5_onnx(d / "m.onnx")
+    return prepared(d, V5_SPECS)
+
+
+def test_a_yolov5_head_has_a_part_per_level_and_per_field(yolov5):
+    from tpubuild.ir.mlir import load_module
+
+    _, p = yolov5
+    (parts,) = concat_parts(load_module(p["canonical.mlir"])).values()
+    levels = [V5_ANCHORS * g * g for _, g in V5_LEVELS]
+    assert [(q.name, q.axis, q.start, q.stop) for q in parts[:2]] == [
+        ("level0", 1, 0, levels[0]),
+        ("level1", 1, levels[0], sum(levels)),
+    ]
+    # every field over both levels, along the last axis (where the inner Concats' axis went)
+    assert [(q.name, q.axis, q.start, q.stop, q.sources) for q in parts[2:]] == [
+        ("xy0", 2, 0, 2, ("xy0", "xy1")),
+        ("wh0", 2, 2, 4, ("wh0", "wh1")),
+        ("conf0", 2, 4, 8, ("conf0", "conf1")),
+    ]
+
+
+def test_a_yolov5_heads_destroyed_scores_fail_although_every_level_is_similar(yolov5, monkeypatch):
+    err, comp = lower_and_verify(yolov5, "ok")
+    assert err is None and all(row["passed"] for row in comp["parts"])
+    _one_scale_for_the_concat(monkeypatch)
+    err, comp = lower_and_verify(yolov5, "destroyed")
+    parts = {row["part"]: row for row in comp["parts"]}
+    assert parts["level0"]["passed"] and parts["level1"]["passed"], parts  # boxes in pixels hide the scores
+    assert parts["xy0"]["passed"] and not parts["conf0"]["passed"], parts
+    assert err is not None and "output0[conf0]" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "axis", "expect"),
+    [
+        ([1, 85, 80, 80], [1, 85, 6400], 1, 1),  # YOLOX: the spatial dims flattened after the fields
+        ([1, 3, 80, 80, 85], [1, 19200, 85], 4, 2),  # YOLOv5: anchors and cells merged before them
+        ([1, 6, 4], [1, 4, 6], 1, None),  # a reshape that moves elements across the slices
+        ([1, 6, 4], [1, 24], 1, None),
+    ],
+)
+def test_a_concat_axis_is_followed_through_reshapes_that_keep_its_slices(before, after, axis, expect):
+    from tpubuild.verify.parts import _axis_after_reshape
+
+    assert _axis_after_reshape(before, after, axis) == expect
 
 
 def test_the_test_input_is_the_held_back_sample(detector):

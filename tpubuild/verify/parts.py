@@ -6,9 +6,13 @@ cosine: scores that INT8 destroyed (quantized with the boxes' scale, say) move i
 So verification judges each part of such an output on its own, as well as the whole:
 
 - automatic parts: an output produced by a ``top.Concat`` (possibly through ops that keep its shape,
-  such as an activation or a cast, and one transpose) has one part per Concat input, its slice along the
-  Concat axis (where the transpose moved it);
+  such as an activation or a cast, reshapes that keep the Concat axis, and one transpose) has one part per
+  Concat input, its slice along the Concat axis (where the transpose moved it);
   nested Concats on the same axis are flattened (their inputs are the parts);
+- field parts: when every input of that Concat is itself made by a Concat on another axis, with the same
+  sizes (a YOLOv5 or YOLOX head: per level, Concat(boxes, objectness, class scores), reshaped, then the
+  levels concatenated), each field of the inner Concats is a part too, over every level: the class scores
+  of all levels, whose cosine a level's boxes in pixels would otherwise hide;
 - declared parts: the manifest's ``outputs: {<output>: {parts: {<part>: {axis, range: [start, stop]}}}}``
   (docs/manifest.md); an output with declared parts uses those and no automatic ones.
 
@@ -43,6 +47,7 @@ TINY_PART_MAX_STEPS = 4.0
 
 _CONCAT = "top.Concat"
 _PERMUTE = "top.Permute"
+_RESHAPE = "top.Reshape"
 # The ops an output is read through back to its Concat: element by element, so that a slice of their output
 # is the same slice of their input (with one activation operand of the same shape; weights may broadcast).
 # A whitelist: a Reshape or Permute may keep the shape and still move elements between the parts.
@@ -159,32 +164,117 @@ def _concat_inputs(op, axis: int) -> list:
     return out
 
 
-def concat_parts(module) -> dict[str, list[Part]]:
-    """Each graph output made by a Concat (through shape-keeping ops): one part per Concat input."""
+def _axis_after_reshape(before: Sequence[int], after: Sequence[int], axis: int) -> int | None:
+    """Where a slice along ``axis`` of a tensor of shape ``before`` lies after a reshape to ``after``: the same
+    slice along the axis returned when the reshape keeps every dimension up to that axis (it regroups only
+    those after) or every one from it on (it regroups only those before); None otherwise."""
+    before, after = tuple(before), tuple(after)
+    if before[: axis + 1] == after[: axis + 1]:
+        return axis
+    kept = len(before) - axis
+    if len(after) >= kept and before[axis:] == after[len(after) - kept :]:
+        return len(after) - kept
+    return None
+
+
+def _traced_concat(value):
+    """(the Concat that makes ``value``, the reshapes from its result to ``value``, first to last), looking
+    through shape-keeping ops and reshapes; None when no Concat makes it so."""
     from tpubuild.ir.base import TensorOp, tensor_shape
+
+    reshapes = []
+    for _ in range(16):  # a head reshapes a few times at most
+        op = _producer_through_shape_keepers(value)
+        if not (isinstance(op, TensorOp) and op.name == _RESHAPE):
+            break
+        reshapes.append((tensor_shape(op.operands[0]), tensor_shape(op.results[0])))
+        value = op.operands[0]
+    if not (isinstance(op, TensorOp) and op.name == _CONCAT):
+        return None
+    return op, reshapes[::-1]
+
+
+def _axis_through(reshapes, axis: int | None) -> int | None:
+    """``axis`` after each of ``reshapes`` (_axis_after_reshape); None once one moves the slices."""
+    for before, after in reshapes:
+        if axis is None:
+            return None
+        axis = _axis_after_reshape(before, after, axis)
+    return axis
+
+
+def _concat_axis(op) -> int:
+    from tpubuild.ir.base import tensor_shape
+
+    return op.params.axis % len(tensor_shape(op.results[0]))
+
+
+def _slices(values, axis: int) -> list[tuple[str, int, int]]:
+    """(name, start, stop) of each of ``values`` laid side by side along ``axis``."""
+    from tpubuild.ir.base import tensor_shape
+    from tpubuild.ir.mlir import value_name
+
+    start, found = 0, []
+    for v in values:
+        size = tensor_shape(v)[axis]
+        found.append((value_name(v), start, start + size))
+        start += size
+    return found
+
+
+def _field_parts(inputs, axis: int, to_output) -> list[Part]:
+    """The fields of the inner Concats that make every one of ``inputs`` (a Concat's, along ``axis``), on one
+    other axis and with the same sizes: each field over every input, named after the first input's; none when
+    the inputs are not all made so. ``to_output`` maps an axis of the outer Concat to the output's (or None)."""
+    levels = []
+    for v in inputs:
+        traced = _traced_concat(v)
+        if traced is None:
+            return []
+        inner, reshapes = traced
+        inner_axis = _concat_axis(inner)
+        levels.append((_axis_through(reshapes, inner_axis), _slices(_concat_inputs(inner, inner_axis), inner_axis)))
+    field_axis, first = levels[0]
+    bounds = [(start, stop) for _, start, stop in first]
+    out_axis = to_output(field_axis)
+    if field_axis in (None, axis) or out_axis is None or len(first) < 2:
+        return []
+    if any(a != field_axis or [(s, e) for _, s, e in f] != bounds for a, f in levels):
+        return []
+    return [
+        Part(name, out_axis, start, stop, tuple(f[k][0] for _, f in levels))
+        for k, (name, start, stop) in enumerate(first)
+    ]
+
+
+def concat_parts(module) -> dict[str, list[Part]]:
+    """Each graph output made by a Concat (through shape-keeping ops, reshapes that keep its axis and one
+    transpose): one part per Concat input, and the field parts of inner Concats (_field_parts)."""
+    from tpubuild.ir.base import TensorOp
     from tpubuild.ir.mlir import return_op, value_name
 
     parts: dict[str, list[Part]] = {}
     for value in return_op(module).operands:
-        op, order = _producer_through_shape_keepers(value), None
+        source, order = value, None
+        op = _producer_through_shape_keepers(value)
         if isinstance(op, TensorOp) and op.name == _PERMUTE:  # a detection head's (1, 4 + classes, anchors) transposed
-            order = list(op.params.order)
-            op = _producer_through_shape_keepers(op.operands[0])
-        if not isinstance(op, TensorOp) or op.name != _CONCAT:
+            source, order = op.operands[0], list(op.params.order)
+        traced = _traced_concat(source)
+        if traced is None:
             continue
-        rank = len(tensor_shape(value))
-        axis = op.params.axis % rank
+        op, reshapes = traced
+
+        def to_output(a: int | None, reshapes=reshapes, order=order) -> int | None:
+            a = _axis_through(reshapes, a)
+            return order.index(a) if a is not None and order is not None else a
+
+        axis = _concat_axis(op)
         inputs = _concat_inputs(op, axis)
-        if len(inputs) < 2:
+        out_axis = to_output(axis)
+        if len(inputs) < 2 or out_axis is None:
             continue
-        out_axis = order.index(axis) if order is not None else axis
-        start, found = 0, []
-        for v in inputs:
-            size = tensor_shape(v)[axis]
-            name = value_name(v)
-            found.append(Part(name, out_axis, start, start + size, (name,)))
-            start += size
-        parts[value_name(value)] = found
+        found = [Part(name, out_axis, start, stop, (name,)) for name, start, stop in _slices(inputs, axis)]
+        parts[value_name(value)] = found + _field_parts(inputs, axis, to_output)
     return parts
 
 
