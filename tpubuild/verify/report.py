@@ -484,7 +484,13 @@ def parts_table(lv: Level) -> str:
     rows = []
     for row in parts:
         step = row.get("step")
-        origin = "manifest" if row.get("declared") else "Concat input " + ", ".join(row.get("sources") or [])
+        sources = row.get("sources") or []
+        # several sources: a field of per-level Concats (parts._field_parts), one tensor per level
+        origin = (
+            "manifest"
+            if row.get("declared")
+            else f"Concat input{'s' if len(sources) > 1 else ''} " + ", ".join(sources)
+        )
         rows.append(
             f'<tr class="{"" if row["passed"] else "bad"}"><td>{e(row["name"])}</td><td class=num>{row["axis"]}</td>'
             f"<td class=num>{row['range'][0]}:{row['range'][1]}</td><td>{e(origin)}</td>"
