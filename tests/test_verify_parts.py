@@ -42,12 +42,18 @@ def detector_onnx(path: Path) -> None:
         helper.make_node("Concat", ["boxes", "scores"], ["cat"], name="cat", axis=1),
         helper.make_node("Relu", ["cat"], ["output0"], name="output0"),
     ]
+    inits = [numpy_helper.from_array(a, n) for n, a in (("wb", wb), ("ws", ws), ("bs", bs))]
+    save_model(path, nodes, inits, [1, CH, 1, ANCHORS], [1, BOXES + SCORES, 1, ANCHORS])
+
+
+def save_model(path: Path, nodes: list, inits: list, x_shape: list[int], out_shape: list[int]) -> None:
+    """A graph of ``nodes`` from input x to output0, saved at opset 17."""
     graph = helper.make_graph(
         nodes,
-        "det",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CH, 1, ANCHORS])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, BOXES + SCORES, 1, ANCHORS])],
-        initializer=[numpy_helper.from_array(a, n) for n, a in (("wb", wb), ("ws", ws), ("bs", bs))],
+        path.stem,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, out_shape)],
+        initializer=inits,
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
@@ -55,13 +61,13 @@ def detector_onnx(path: Path) -> None:
 @pytest.fixture(scope="module")
 def detector(tmp_path_factory):
     """The model through transform (on a held-back calibration sample), verify_top and calibrate."""
-    d = tmp_path_factory.mktemp("parts")
-    detector_onnx(d / "m.onnx")
-    return prepared(d, SPECS)
+    return built(tmp_path_factory.mktemp("parts"), detector_onnx, SPECS)
 
 
-def prepared(d: Path, specs: list[dict]) -> tuple[Path, dict]:
-    """d/m.onnx through transform (on a held-back calibration sample), verify_top and calibrate."""
+def built(d: Path, make_onnx, specs: list[dict]) -> tuple[Path, dict]:
+    """d/m.onnx, as ``make_onnx`` writes it, through transform (on a held-back calibration sample), verify_top
+    and calibrate."""
+    make_onnx(d / "m.onnx")
     rng = np.random.default_rng(2)
     for i in range(4):
         np.savez(d / f"cal{i}.npz", x=rng.uniform(0, 1, (4, *specs[0]["shape"])).astype(np.float32))
@@ -228,21 +234,12 @@ def yolov5_onnx(path: Path) -> None:
         levels.append(f"level{k}")
     nodes.append(helper.make_node("Concat", levels, ["output0"], axis=1))
     cells = V5_ANCHORS * sum(g * g for _, g in V5_LEVELS)
-    graph = helper.make_graph(
-        nodes,
-        "v5",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, cells, no])],
-        initializer=inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    save_model(path, nodes, inits, V5_SPECS[0]["shape"], [1, cells, no])
 
 
 @pytest.fixture(scope="module")
 def yolov5(tmp_path_factory):
-    d = tmp_path_factory.mktemp("yolov5")
-    yolov5_onnx(d / "m.onnx")
-    return prepared(d, V5_SPECS)
+    return built(tmp_path_factory.mktemp("yolov5"), yolov5_onnx, V5_SPECS)
 
 
 def test_a_yolov5_head_has_a_part_per_level_and_per_field(yolov5):
