@@ -3,7 +3,8 @@
 The model: a detector-like head whose output is Concat(box coordinates up to about 300, 18 sigmoid class
 scores) on axis 1. With its scores destroyed (the Concat quantized to one INT8 scale, the boxes', as the
 lowering did before its float rules for such Concats and for the ops after the last conv) the whole output
-keeps a cosine above 0.99 and verification must still fail, on the scores part.
+keeps a cosine above 0.99 and verification must still fail, on the scores part. The same holds for a
+YOLOv5-style head, whose parts are each level and each field (xy, wh, conf) over every level.
 """
 
 from __future__ import annotations
@@ -193,14 +194,14 @@ def test_manifest_parts_win_over_the_concat(detector, monkeypatch):
 
 # ---- a YOLOv5-style head: the levels concatenated, each level Concat(xy, wh, conf) --------------------------
 
-V5_ANCHORS, V5_FIELDS, V5_CONF = 2, (2, 2, 4), 4  # per cell: 2 anchors of xy, wh and objectness + 3 classes
+V5_ANCHORS, V5_FIELDS = 2, (2, 2, 4)  # per cell: 2 anchors of xy, wh and objectness + 3 classes
 V5_LEVELS = ((2, 8), (4, 4))  # (stride, grid size) of each level, from a 16 x 16 input
 V5_SPECS = [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32", "range": [0.0, 1.0]}]
 
 
 def yolov5_onnx(path: Path) -> None:
     """x (1, 3, 16, 16) -> per level: conv, reshape (1, anchors, 8, g, g), transpose to (1, anchors, g, g, 8),
-    sigmoid, split into xy, wh, conf; xy and wh decoded to pixels (up to about 130) as YOLOv5's export does;
+    sigmoid, split into xy, wh, conf; xy and wh decoded to pixels as YOLOv5's export does (wh up to 160);
     Concat(xy, wh, conf) on the last axis, reshaped to (1, anchors * g * g, 8); the levels concatenated."""
     rng = np.random.default_rng(5)
     no = sum(V5_FIELDS)
