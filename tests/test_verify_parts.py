@@ -272,6 +272,46 @@ def test_a_yolov5_heads_destroyed_scores_fail_although_every_level_is_similar(yo
     assert err is not None and "output0[conf0]" in str(err)
 
 
+def transposed_head_onnx(path: Path) -> None:
+    """x (1, 3, 16, 16) -> per level of grid g: Concat(box conv (4), objectness and class sigmoids (1 + 2)) on
+    the channels, transposed to (1, g, g, 7) and reshaped to (1, g * g, 7) (NanoDet's and some YOLOX exports'
+    order); the levels concatenated."""
+    rng = np.random.default_rng(6)
+    nodes, inits, levels = [], [], []
+    for k, stride in enumerate((4, 8)):
+        g = 16 // stride
+        for field, channels in (("box", 4), ("obj", 1), ("cls", 2)):
+            w = (rng.standard_normal((channels, 3, stride, stride)) * 0.3).astype(np.float32)
+            inits.append(numpy_helper.from_array(w, f"w{field}{k}"))
+            conv = f"{field}{k}" if field == "box" else f"{field}_logit{k}"
+            nodes.append(helper.make_node("Conv", ["x", f"w{field}{k}"], [conv], strides=[stride, stride]))
+            if field != "box":
+                nodes.append(helper.make_node("Sigmoid", [conv], [f"{field}{k}"]))
+        inits.append(numpy_helper.from_array(np.array([1, g * g, 7], np.int64), f"flat{k}"))
+        nodes += [
+            helper.make_node("Concat", [f"box{k}", f"obj{k}", f"cls{k}"], [f"cat{k}"], axis=1),
+            helper.make_node("Transpose", [f"cat{k}"], [f"t{k}"], perm=[0, 2, 3, 1]),
+            helper.make_node("Reshape", [f"t{k}", f"flat{k}"], [f"level{k}"]),
+        ]
+        levels.append(f"level{k}")
+    nodes.append(helper.make_node("Concat", levels, ["output0"], axis=1))
+    save_model(path, nodes, inits, V5_SPECS[0]["shape"], [1, 16 + 4, 7])
+
+
+def test_fields_are_followed_through_a_transpose_before_the_reshape(tmp_path):
+    from tpubuild.ir.mlir import load_module
+
+    _, p = built(tmp_path, transposed_head_onnx, V5_SPECS)
+    (parts,) = concat_parts(load_module(p["canonical.mlir"])).values()
+    assert [(q.name, q.axis, q.start, q.stop, q.sources) for q in parts] == [
+        ("level0", 1, 0, 16, ("level0",)),
+        ("level1", 1, 16, 20, ("level1",)),
+        ("box0", 2, 0, 4, ("box0", "box1")),
+        ("obj0", 2, 4, 5, ("obj0", "obj1")),
+        ("cls0", 2, 5, 7, ("cls0", "cls1")),
+    ]
+
+
 @pytest.mark.parametrize(
     ("before", "after", "axis", "expect"),
     [

@@ -6,8 +6,8 @@ cosine: scores that INT8 destroyed (quantized with the boxes' scale, say) move i
 So verification judges each part of such an output on its own, as well as the whole:
 
 - automatic parts: an output produced by a ``top.Concat`` (possibly through ops that keep its shape,
-  such as an activation or a cast, reshapes that keep the Concat axis, and one transpose) has one part per
-  Concat input, its slice along the Concat axis (where the transpose moved it);
+  such as an activation or a cast, transposes, and reshapes that keep the Concat axis) has one part per
+  Concat input, its slice along the Concat axis (where transposes and reshapes moved it);
   nested Concats on the same axis are flattened (their inputs are the parts);
 - field parts: when every input of that Concat is itself made by a Concat on another axis, with the same
   sizes (a YOLOv5 or YOLOX head: per level, Concat(boxes, objectness, class scores), reshaped, then the
@@ -23,6 +23,7 @@ cosine between those and INT8's zeros and few steps is noise, not a verdict.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -178,28 +179,36 @@ def _axis_after_reshape(before: Sequence[int], after: Sequence[int], axis: int) 
 
 
 def _traced_concat(value):
-    """(the Concat that makes ``value``, the reshapes from its result to ``value``, first to last), looking
-    through shape-keeping ops and reshapes; None when no Concat makes it so."""
+    """(the Concat that makes ``value``, the steps from its result to ``value``, first to last), looking through
+    shape-keeping ops, reshapes and transposes; None when no Concat makes it so. A step maps an axis of its
+    operand to the axis of its result that holds the same slices, or to None (_axis_through)."""
     from tpubuild.ir.base import TensorOp, tensor_shape
 
-    reshapes = []
-    for _ in range(16):  # a head reshapes a few times at most
+    steps = []
+    for _ in range(16):  # a head reshapes and transposes a few times at most
         op = _producer_through_shape_keepers(value)
-        if not (isinstance(op, TensorOp) and op.name == _RESHAPE):
+        if not isinstance(op, TensorOp):
+            return None
+        if op.name == _RESHAPE:
+            steps.append(
+                functools.partial(_axis_after_reshape, tensor_shape(op.operands[0]), tensor_shape(op.results[0]))
+            )
+        elif op.name == _PERMUTE:
+            steps.append(list(op.params.order).index)
+        else:
             break
-        reshapes.append((tensor_shape(op.operands[0]), tensor_shape(op.results[0])))
         value = op.operands[0]
-    if not (isinstance(op, TensorOp) and op.name == _CONCAT):
+    if op.name != _CONCAT:
         return None
-    return op, reshapes[::-1]
+    return op, steps[::-1]
 
 
-def _axis_through(reshapes, axis: int | None) -> int | None:
-    """``axis`` after each of ``reshapes`` (_axis_after_reshape); None once one moves the slices."""
-    for before, after in reshapes:
+def _axis_through(steps, axis: int | None) -> int | None:
+    """``axis`` after each of ``steps`` (_traced_concat); None once one moves the slices."""
+    for step in steps:
         if axis is None:
             return None
-        axis = _axis_after_reshape(before, after, axis)
+        axis = step(axis)
     return axis
 
 
@@ -231,9 +240,9 @@ def _field_parts(inputs, axis: int, to_output) -> list[Part]:
         traced = _traced_concat(v)
         if traced is None:
             return []
-        inner, reshapes = traced
+        inner, steps = traced
         inner_axis = _concat_axis(inner)
-        levels.append((_axis_through(reshapes, inner_axis), _slices(_concat_inputs(inner, inner_axis), inner_axis)))
+        levels.append((_axis_through(steps, inner_axis), _slices(_concat_inputs(inner, inner_axis), inner_axis)))
     field_axis, first = levels[0]
     bounds = [(start, stop) for _, start, stop in first]
     out_axis = to_output(field_axis)
@@ -248,33 +257,23 @@ def _field_parts(inputs, axis: int, to_output) -> list[Part]:
 
 
 def concat_parts(module) -> dict[str, list[Part]]:
-    """Each graph output made by a Concat (through shape-keeping ops, reshapes that keep its axis and one
-    transpose): one part per Concat input, and the field parts of inner Concats (_field_parts)."""
-    from tpubuild.ir.base import TensorOp
+    """Each graph output made by a Concat (through shape-keeping ops, transposes and reshapes that keep its
+    slices): one part per Concat input, and the field parts of inner Concats (_field_parts)."""
     from tpubuild.ir.mlir import return_op, value_name
 
     parts: dict[str, list[Part]] = {}
     for value in return_op(module).operands:
-        source, order = value, None
-        op = _producer_through_shape_keepers(value)
-        if isinstance(op, TensorOp) and op.name == _PERMUTE:  # a detection head's (1, 4 + classes, anchors) transposed
-            source, order = op.operands[0], list(op.params.order)
-        traced = _traced_concat(source)
+        traced = _traced_concat(value)  # a detection head's (1, 4 + classes, anchors) is often transposed
         if traced is None:
             continue
-        op, reshapes = traced
-
-        def to_output(a: int | None, reshapes=reshapes, order=order) -> int | None:
-            a = _axis_through(reshapes, a)
-            return order.index(a) if a is not None and order is not None else a
-
+        op, steps = traced
         axis = _concat_axis(op)
         inputs = _concat_inputs(op, axis)
-        out_axis = to_output(axis)
+        out_axis = _axis_through(steps, axis)
         if len(inputs) < 2 or out_axis is None:
             continue
         found = [Part(name, out_axis, start, stop, (name,)) for name, start, stop in _slices(inputs, axis)]
-        parts[value_name(value)] = found + _field_parts(inputs, axis, to_output)
+        parts[value_name(value)] = found + _field_parts(inputs, axis, functools.partial(_axis_through, steps))
     return parts
 
 
