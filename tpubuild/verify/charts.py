@@ -237,13 +237,7 @@ def timeline_chart(
     def y_of(lane: int) -> float:  # the lane's middle
         return y1 - lane_h * (lane + 0.5)
 
-    out = [_svg(864, height)]
-    ticks = _ticks(0, span)
-    for value, label in ticks:
-        x = x_of(value)
-        out.append(f'<path d="M{x:.1f} {top:.1f}V{y1:.1f}" {GRID}/>')
-        out.append(f'<path d="M{x:.1f} {y1:.1f}V{y1 + 3.5:.1f}" {AXIS}/>')
-        out.append(_text(x, y1 + 13, label, 8, "middle"))
+    out = [_svg(864, height), *_x_ticks(_ticks(0, span), x_of, y1, grid_top=top)]
     for lane, name in enumerate(lanes):
         out.append(f'<path d="M{x0 - 3.5:.1f} {y_of(lane):.1f}H{x0:.1f}" {AXIS}/>')
         out.append(_text(x0 - 5, y_of(lane) + 3, name, 9, "end"))
@@ -271,15 +265,34 @@ def timeline_chart(
             )
             if end - start > 0.025 * span:
                 out.append(_text(x_of((start + end) / 2), y_of(2) + 2.5, str(gid), 7, "middle"))
-    out.append(f'<path d="M{x0:.1f} {top:.1f}V{y1:.1f}H{x1:.1f}" fill="none" {AXIS}/>')
     label = f"cycles (total {total:,} = {total / clock_hz * 1e3:.4g} ms at {clock_hz / 1e6:g} MHz)"
-    out.append(_text((x0 + x1) / 2, y1 + 30, label, 9, "middle"))
+    out += _frame(x0, x1, top, y1, label)
     for i, kind in enumerate(used):
         x, y = x1 + 12 + column_w * (i // per_column), top + 12 * (i % per_column)
         out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="10" height="7" fill="{colors[kind]}"/>')
         out.append(_text(x + 14, y + 6.5, kind, 7))
     out.append("</svg>")
     return "".join(out)
+
+
+def _x_ticks(ticks, x_of, y1: float, grid_top: float | None = None) -> list[str]:
+    """Ticks below the x axis at y1 with their labels, and with ``grid_top`` grid lines from there down to it."""
+    out = []
+    for value, label in ticks:
+        x = x_of(value)
+        if grid_top is not None:
+            out.append(f'<path d="M{x:.1f} {grid_top:.1f}V{y1:.1f}" {GRID}/>')
+        out.append(f'<path d="M{x:.1f} {y1:.1f}V{y1 + 3.5:.1f}" {AXIS}/>')
+        out.append(_text(x, y1 + 13, label, 8, "middle"))
+    return out
+
+
+def _frame(x0: float, x1: float, top: float, y1: float, label: str) -> list[str]:
+    """The left and bottom axes of the plot (x0..x1, top..y1), the x axis labelled below its tick labels."""
+    return [
+        f'<path d="M{x0:.1f} {top:.1f}V{y1:.1f}H{x1:.1f}" fill="none" {AXIS}/>',
+        _text((x0 + x1) / 2, y1 + 30, label, 9, "middle"),
+    ]
 
 
 def _bars(bars: Sequence[tuple[float, float]], y: float, h: float, color: str, edge: str) -> str:
@@ -302,18 +315,13 @@ def ops_chart(ops: dict[str, dict]) -> str:
     x1 = 468 - 60
     y1 = top + row_h * len(rows)
     most = max([row["cycles"] for _, row in rows] + [1]) * 1.15
-    out = [_svg(468, y1 + 40)]
-    for value, label in _ticks(0, most):
-        x = x0 + value / most * (x1 - x0)
-        out.append(f'<path d="M{x:.1f} {y1:.1f}V{y1 + 3.5:.1f}" {AXIS}/>')
-        out.append(_text(x, y1 + 13, label, 8, "middle"))
+    out = [_svg(468, y1 + 40), *_x_ticks(_ticks(0, most), lambda value: x0 + value / most * (x1 - x0), y1)]
     for i, (name, row) in enumerate(rows):
         y = top + row_h * i
         w = row["cycles"] / most * (x1 - x0)
         out.append(_bars([(x0, x0 + w)], y + 0.1 * row_h, 0.8 * row_h, PASS_COLOR, ""))
         out.append(_text(x0 - 5, y + 0.5 * row_h + 3, name, 9, "end"))
         out.append(_text(x0 + w + 3, y + 0.5 * row_h + 2.5, f"{row['cycles']:,}", 7))
-    out.append(f'<path d="M{x0:.1f} {top:.1f}V{y1:.1f}H{x1:.1f}" fill="none" {AXIS}/>')
-    out.append(_text((x0 + x1) / 2, y1 + 30, "BDC cycles", 9, "middle"))
+    out += _frame(x0, x1, top, y1, "BDC cycles")
     out.append("</svg>")
     return "".join(out)
