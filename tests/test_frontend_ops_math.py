@@ -288,18 +288,7 @@ def test_cast_to_string_refused(make_model, convert):
 
 # ---- reductions ------------------------------------------------------------------
 
-REDUCE_OPS = [
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceSumSquare",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-]
+REDUCE_OPS = list(top.REDUCE_MODES)
 AXES_INPUT_SINCE = {op: 18 for op in REDUCE_OPS} | {"ReduceSum": 13}
 REDUCE_AXES = [[1], [0, 2], [-1], [-3, -1], None]
 

@@ -9,20 +9,8 @@ from tpubuild.frontend.ops.common import norm_axis
 from tpubuild.frontend.registry import converter
 from tpubuild.ir import top
 
-_REDUCE_OPS = (
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceSumSquare",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-)
 # the opset where ``axes`` moved from an attribute to an optional input
-_AXES_INPUT_SINCE = {op: 18 for op in _REDUCE_OPS} | {"ReduceSum": 13}
+_AXES_INPUT_SINCE = {op: 18 for op in top.REDUCE_MODES} | {"ReduceSum": 13}
 
 
 def _reduce(node: Node, ctx: Ctx, axes):
@@ -48,7 +36,7 @@ def _axes_input(node: Node, ctx: Ctx):
     return _reduce(node, ctx, None if axes is None else np.asarray(axes).reshape(-1).tolist())
 
 
-for _op in _REDUCE_OPS:
+for _op in top.REDUCE_MODES:  # the ONNX op types, one mode each
     converter(_op, since=1)(_axes_attr)
     converter(_op, since=_AXES_INPUT_SINCE[_op])(_axes_input)
 
