@@ -291,10 +291,12 @@ def test_conv_int8_zero_point_and_padding_is_real_zero():
 
 @pytest.mark.parametrize("kernel, channels, group", [((3, 3), 8, 1), ((5, 5), 16, 16), ((1, 1), 2048, 1)])
 def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, group):
-    """Small enough partial sums run in float32 (depthwise 5x5, 3x3 over 8 channels), others in float64 (1x1 over
-    2048 channels of +-127: 255 * 127 * 2048 > 2^24): either way the accumulator is the exact integer sum, as
-    computed here in int64 (with the weights at the storage extremes, where float32 would round first)."""
-    from tpubuild.kernels.tpu import F32_EXACT, _partial_sum_bound
+    """Small enough partial sums run in float32 whole (depthwise 5x5, 3x3 over 8 channels), others in float32
+    over spans of the input channels, added in float64 (1x1 over 2048 channels of +-127: 255 * 127 * 2048 >
+    2^24): either way the accumulator is the exact integer sum, as computed here in int64 (with the weights at
+    the storage extremes, where float32 over all channels at once would round), in the kernel and prepared."""
+    from tpubuild.kernels.registry import Operand, prepare
+    from tpubuild.kernels.tpu import f32_spans
 
     rng = np.random.default_rng(5)
     x = rng.integers(-128, 128, (1, channels, 6, 7)).astype(np.int8)
@@ -327,8 +329,27 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
                     w[o, :, i, j].astype(np.int64), xs[0, g * cg : (g + 1) * cg, i : i + 6, j : j + 7], 1
                 )
     want = np.clip(want + b.reshape(1, -1, 1, 1), -(2**31), 2**31 - 1)
-    assert (_partial_sum_bound(x.dtype, zp, w) <= F32_EXACT) == (channels < 2048)
+    spans = f32_spans(x.dtype, zp, w, group)
+    assert spans is not None and (len(spans) > 1) == (channels == 2048)
+    assert all(c.stop - c.start < channels for c in spans[1:] if c.stop is not None)
     assert np.array_equal(get_kernel(tpu.ConvOp)(p, x, w, b), want)
+    operands = [Operand(x.shape, x.dtype, None), Operand(w.shape, w.dtype, w), Operand(b.shape, b.dtype, b)]
+    assert np.array_equal(prepare(tpu.ConvOp, p, operands)(x, w, b), want)
+
+
+def test_float32_spans_only_where_every_span_is_exact():
+    """One channel whose own sums may pass 2^24 (a 40x40 kernel of 127s: 128 * 127 * 1600), or a grouped conv
+    that would need its channels split, runs in float64 (None); spans otherwise close just before the bound."""
+    from tpubuild.kernels.tpu import F32_EXACT, f32_spans
+
+    assert f32_spans(np.dtype(np.int8), 0, np.full((2, 1, 40, 40), 127, np.int8)) is None
+    w = np.full((4, 1024, 1, 1), 127, np.int8)  # 128 * 127 per channel: 1032 of them fit in 2^24
+    assert f32_spans(np.dtype(np.int8), 0, w, group=1) == [slice(None)]
+    wide = np.full((4, 2100, 1, 1), 127, np.int8)
+    spans = f32_spans(np.dtype(np.int8), 0, wide, group=1)
+    assert spans == [slice(0, 1032), slice(1032, 2064), slice(2064, 2100)]
+    assert 1032 * 128 * 127 <= F32_EXACT < 1033 * 128 * 127
+    assert f32_spans(np.dtype(np.int8), 0, wide, group=2) is None
 
 
 def test_matmul_int8_per_channel():

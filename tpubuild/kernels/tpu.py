@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+from collections.abc import Callable, Iterator
 from typing import overload
 
 import ml_dtypes
@@ -102,9 +102,13 @@ def _(p, x, w, b):
         return nn.conv(p, widen(x), widen(w), widen(b), sliced=True)
     # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units, added
     # in float64 (exact) after the sums; exact sums are the same in any order: the slices need nothing more
-    zp = _zp(p, 0)
-    dtype = np.float32 if _partial_sum_bound(x.dtype, zp, w) <= F32_EXACT else np.float64
-    acc = nn.conv(_no_relu(p), centered(x, zp, dtype), w.astype(dtype), None, sliced=False)
+    zp, plain = _zp(p, 0), _no_relu(p)
+    spans = f32_spans(x.dtype, zp, w, p.group)
+    if spans is None:
+        acc = nn.conv(plain, centered(x, zp), w.astype(np.float64), None, sliced=False)
+    else:
+        xc, wc = centered(x, zp, np.float32), w.astype(np.float32)
+        acc = summed(nn.conv(plain, xc[:, c], wc[:, c], None, sliced=False) for c in spans)
     if b is not None:
         b = b.reshape((1, -1) + (1,) * (acc.ndim - 2))
     return requantize_sums(
@@ -112,14 +116,40 @@ def _(p, x, w, b):
     )
 
 
-def _partial_sum_bound(x_dtype: np.dtype, zp: int, w: np.ndarray) -> float:
-    """A bound on |any partial sum| of a conv of stored x (minus zp) with integer weights w, in any order:
-    the largest |x - zp| times the largest sum of |w| over one output channel (inf: w is not integer)."""
+def f32_spans(x_dtype: np.dtype, zp: int, w: np.ndarray, group: int = 1) -> list[slice] | None:
+    """Spans of a conv's input channels over which every partial sum of stored x (minus zp) times integer
+    weights w stays within F32_EXACT, in any order: each span's sums are exact in float32, and so is their total
+    in float64 (a float32 GEMM takes half a float64 one's time). One span where the whole conv fits; None where
+    float32 cannot be exact: w not integer, one channel beyond the bound alone, a grouped conv that would need
+    more than one span. The bound of a span: the largest |x - zp| times the largest sum of |w| over it in one
+    output channel (VGG's 3x3 convs over 512 channels just miss it whole and take two spans)."""
     if not is_quant(w) or w.size == 0:
-        return math.inf
+        return None
     lo, hi = STORAGE_RANGE[np.dtype(x_dtype)]
     reach = max(abs(lo - zp), abs(hi - zp))
-    return reach * int(np.abs(w.reshape(w.shape[0], -1).astype(np.int32)).sum(axis=1).max())
+    # the bound of channels 0..c per output channel, running: [oc, C]
+    reached = np.cumsum(np.abs(w.reshape(w.shape[0], w.shape[1], -1).astype(np.int64)).sum(axis=2), axis=1) * reach
+    spans, start, base = [], 0, np.zeros(w.shape[0], np.int64)
+    while start < w.shape[1]:
+        # a span's bound grows with its end: the first end beyond F32_EXACT closes it
+        stop = start + int(np.searchsorted((reached[:, start:] - base[:, None]).max(axis=0), F32_EXACT, "right"))
+        if stop == start:
+            return None
+        spans.append(slice(start, stop))
+        start, base = stop, reached[:, stop - 1]
+    if len(spans) == 1:
+        return [slice(None)]  # all of x (a grouped conv's filters span only a group's channels)
+    return spans if group == 1 else None
+
+
+def summed(parts: Iterator[np.ndarray]) -> np.ndarray:
+    """Partial sums of a conv (exact integers, one per span of f32_spans) added in float64; one as it is."""
+    acc = next(parts)
+    for i, part in enumerate(parts):
+        if i == 0:
+            acc = acc.astype(np.float64)
+        acc += part
+    return acc
 
 
 @kernel(tpu.MatMulOp)
@@ -305,27 +335,31 @@ class _ConvInt8:
     def __init__(self, p, x: Operand, w: Operand, b: Operand):
         assert x.dtype is not None and w.const is not None, "made for a present x and constant weights"
         self.zp = _zp(p, 0)
-        self.dtype = np.float32 if _partial_sum_bound(x.dtype, self.zp, w.const) <= F32_EXACT else np.float64
-        self.w = w.const.astype(self.dtype)
         rank = len(x.dims)
         plain = _no_relu(p)
-        none = Operand(None, None, None)
-        conv = (
-            nn_prepared.conv(
-                plain,
-                [Operand(x.shape, np.dtype(np.float32), None), Operand(w.shape, np.dtype(np.float32), self.w), none],
-                sliced=False,
-            )
-            if self.dtype == np.float32
-            else None
-        )
-        self.conv = conv or (lambda xc, w, b: nn.conv(plain, xc, w, b, sliced=False))
+        spans = f32_spans(x.dtype, self.zp, w.const, p.group)
+        self.dtype = np.float64 if spans is None else np.float32
+        # (span of x's channels, its conv)
+        if spans is None:
+            w64 = w.const.astype(np.float64)
+            self.parts = [(slice(None), lambda xc: nn.conv(plain, xc, w64, None, sliced=False))]
+        else:
+            self.parts = [(c, self._span_conv(plain, x.dims, w.const[:, c].astype(np.float32))) for c in spans]
         self.bias = None if b.const is None else b.const.reshape((1, -1) + (1,) * (rank - 2))
         self.mult, self.shift = channel_shape(p.multiplier, rank, 1), channel_shape(p.rshift, rank, 1)
         self.out = (p.out_zp, p.qmin, p.qmax)
 
+    @staticmethod
+    def _span_conv(p, x_dims: tuple[int, ...], w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """The float32 conv of a span of x's channels by its filters, prepared (nn_prepared) where it can be."""
+        shape = (x_dims[0], w.shape[1] * p.group) + tuple(x_dims[2:])
+        f32, none = np.dtype(np.float32), Operand(None, None, None)
+        conv = nn_prepared.conv(p, [Operand(shape, f32, None), Operand(w.shape, f32, w), none], sliced=False)
+        return (lambda xc: conv(xc, w, None)) if conv else (lambda xc: nn.conv(p, xc, w, None, sliced=False))
+
     def __call__(self, x, w, b):
-        acc = self.conv(centered(x, self.zp, self.dtype), self.w, None)
+        xc = centered(x, self.zp, self.dtype)
+        acc = summed(conv(xc[:, c]) for c, conv in self.parts)
         return requantize_sums(acc, self.bias, self.mult, self.shift, *self.out)
 
 

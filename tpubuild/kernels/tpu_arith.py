@@ -37,11 +37,22 @@ def is_float(dtype) -> bool:
 
 def round_half_away(x) -> np.ndarray:
     """Round to the nearest integer, ties away from zero (float64; the tie test is exact)."""
-    x = np.asarray(x, np.float64)
-    mag = np.abs(x)
-    whole = np.floor(mag)
-    # (mag + 0.5 would round 0.49999999999999994 up to 1.0; the fraction mag - whole is exact)
-    return (np.sign(x) * (whole + (mag - whole >= 0.5))).astype(np.int64)
+    return rounded_half_away(np.array(x, np.float64)).astype(np.int64)
+
+
+def rounded_half_away(v: np.ndarray) -> np.ndarray:
+    """``v`` (float64, the caller's to overwrite) rounded half away from zero in place, as whole floats.
+
+    In place, with one float temporary: a 100-million-value classifier filter took 9 s to quantize through the
+    five temporaries of the plain expression, most of it in page faults.
+    """
+    whole = np.trunc(v)
+    # (v + 0.5 would round 0.49999999999999994 up to 1.0; the fraction v - whole is exact)
+    np.subtract(v, whole, out=v)
+    np.abs(v, out=v)
+    np.copysign(v >= 0.5, whole, out=v)  # one step away from zero where due (trunc keeps the sign: -0.0)
+    v += whole
+    return v
 
 
 def round_towards_zero(x) -> np.ndarray:

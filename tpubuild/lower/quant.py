@@ -32,7 +32,7 @@ from xdsl.dialects.builtin import f32
 from tpubuild.calib.qdq import Grid
 from tpubuild.calib.table import Entry
 from tpubuild.ir.quant import STORAGE, UniformType
-from tpubuild.kernels.tpu_arith import round_half_away
+from tpubuild.kernels.tpu_arith import rounded_half_away
 
 MULT_BITS = 31  # multipliers are positive int32
 MAX_RSHIFT = 63
@@ -108,8 +108,9 @@ class QType:
     def quantize(self, x: np.ndarray) -> np.ndarray:
         # (clipped before rounding: an infinite or huge value saturates instead of overflowing int64)
         v = np.clip(np.nan_to_num(np.asarray(x, np.float64) / self.scale, nan=0.0), -(2.0**40), 2.0**40)
-        q = round_half_away(v) + self.zero_point
-        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
+        q = rounded_half_away(v)
+        q += self.zero_point
+        return np.clip(q, self.qmin, self.qmax, out=q).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return ((q.astype(np.float64) - self.zero_point) * self.scale).astype(np.float32)
@@ -142,15 +143,19 @@ def grid_qtype(grid: Grid) -> QType:
 def channel_scales(w: np.ndarray, axis: int) -> np.ndarray:
     """Symmetric int8 scale per channel along ``axis``: max|w_c| / 127 (1 for an all-zero channel)."""
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
-    wmax = np.max(np.abs(w.astype(np.float64)), axis=reduce_axes) if w.size else np.zeros(w.shape[axis])
+    if not w.size:
+        return np.ones(w.shape[axis])
+    # max |w| as the larger of max w and -min w: exact in w's own dtype, without a widened copy
+    wmax = np.maximum(np.max(w, axis=reduce_axes).astype(np.float64), -np.min(w, axis=reduce_axes).astype(np.float64))
     return np.where(wmax > 0, wmax / 127, 1.0)
 
 
 def quantize_per_channel(w: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
     shape = [1] * w.ndim
     shape[axis % w.ndim] = -1
-    q = round_half_away(w.astype(np.float64) / scales.reshape(shape))
-    return np.clip(q, -127, 127).astype(np.int8)
+    v = w.astype(np.float64)
+    v /= scales.reshape(shape)
+    return np.clip(rounded_half_away(v), -127, 127, out=v).astype(np.int8)
 
 
 def quantize_bias(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -160,7 +165,7 @@ def quantize_bias(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.nan_to_num(b.astype(np.float64) / scales, nan=0.0)
-    return round_half_away(np.clip(v, -(2.0**31), 2.0**31 - 1)).astype(np.int32)
+    return rounded_half_away(np.clip(v, -(2.0**31), 2.0**31 - 1)).astype(np.int32)
 
 
 # A bias must fit the accumulator in its units with room left for the products: |b| / (s_in * s_w) <= 2^30.
