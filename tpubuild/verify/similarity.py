@@ -60,10 +60,20 @@ def _f64(x: np.ndarray) -> np.ndarray:
 # functions below are the same expressions on their own copies.
 
 
+# norms between these: no square or product that matters is a subnormal or overflows float64
+_NORM_RANGE = (1e-100, 1e100)
+
+
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0.0 or nb == 0.0:
         return 1.0 if na == nb else 0.0
+    lo, hi = _NORM_RANGE
+    if not (lo < na < hi and lo < nb < hi):
+        # each scaled to a largest |value| of 1 first: squares of values near 1e-160 lose their low bits as
+        # subnormals, and cos([1], [3.8e-160]) came out 1.000002
+        a, b = a / np.max(np.abs(a)), b / np.max(np.abs(b))
+        na, nb = np.linalg.norm(a), np.linalg.norm(b)
     return float(np.dot(a, b) / (na * nb))
 
 
