@@ -296,7 +296,7 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
     2^24): either way the accumulator is the exact integer sum, as computed here in int64 (with the weights at
     the storage extremes, where float32 over all channels at once would round), in the kernel and prepared."""
     from tpubuild.kernels.registry import Operand, prepare
-    from tpubuild.kernels.tpu import f32_spans
+    from tpubuild.kernels.tpu import conv_spans
 
     rng = np.random.default_rng(5)
     x = rng.integers(-128, 128, (1, channels, 6, 7)).astype(np.int8)
@@ -329,7 +329,7 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
                     w[o, :, i, j].astype(np.int64), xs[0, g * cg : (g + 1) * cg, i : i + 6, j : j + 7], 1
                 )
     want = np.clip(want + b.reshape(1, -1, 1, 1), -(2**31), 2**31 - 1)
-    spans = f32_spans(x.dtype, zp, w, group)
+    spans = conv_spans(x.dtype, zp, w, group)
     assert spans is not None and (len(spans) > 1) == (channels == 2048)
     assert all(c.stop - c.start < channels for c in spans[1:] if c.stop is not None)
     assert np.array_equal(get_kernel(tpu.ConvOp)(p, x, w, b), want)
@@ -340,16 +340,16 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
 def test_float32_spans_only_where_every_span_is_exact():
     """One channel whose own sums may pass 2^24 (a 40x40 kernel of 127s: 128 * 127 * 1600), or a grouped conv
     that would need its channels split, runs in float64 (None); spans otherwise close just before the bound."""
-    from tpubuild.kernels.tpu import F32_EXACT, f32_spans
+    from tpubuild.kernels.tpu import F32_EXACT, conv_spans
 
-    assert f32_spans(np.dtype(np.int8), 0, np.full((2, 1, 40, 40), 127, np.int8)) is None
+    assert conv_spans(np.dtype(np.int8), 0, np.full((2, 1, 40, 40), 127, np.int8)) is None
     w = np.full((4, 1024, 1, 1), 127, np.int8)  # 128 * 127 per channel: 1032 of them fit in 2^24
-    assert f32_spans(np.dtype(np.int8), 0, w, group=1) == [slice(None)]
+    assert conv_spans(np.dtype(np.int8), 0, w, group=1) == [slice(None)]
     wide = np.full((4, 2100, 1, 1), 127, np.int8)
-    spans = f32_spans(np.dtype(np.int8), 0, wide, group=1)
+    spans = conv_spans(np.dtype(np.int8), 0, wide, group=1)
     assert spans == [slice(0, 1032), slice(1032, 2064), slice(2064, 2100)]
     assert 1032 * 128 * 127 <= F32_EXACT < 1033 * 128 * 127
-    assert f32_spans(np.dtype(np.int8), 0, wide, group=2) is None
+    assert conv_spans(np.dtype(np.int8), 0, wide, group=2) is None
 
 
 def test_matmul_int8_per_channel():
@@ -358,6 +358,29 @@ def test_matmul_int8_per_channel():
     b = np.array([[1, 2], [1, -3]], np.int8)
     # [2+4, 4-12] = [6, -8]; x [0.5, 1.0] -> [3, -8]
     assert get_kernel(tpu.MatMulOp)(p, a, b, None).tolist() == [[3, -8]]
+
+
+@pytest.mark.parametrize(
+    "k, b_dtype, zp_b, split", [(64, np.int8, 0, False), (3000, np.int8, 0, True), (1200, np.uint8, -3, True)]
+)
+def test_matmul_int8_accumulates_exactly_over_float32_spans(k, b_dtype, zp_b, split):
+    """A matmul of stored values at their extremes sums in float32, over spans of K where its sums can pass 2^24
+    (3000 x 128 x 127; 1200 x 128 x 258, uint8 minus zero point -3 reaching 258), in the kernel (b a tensor, as
+    attention reads it) and prepared (b a weight): its accumulator is the exact integer sum, computed here in
+    int64."""
+    from tpubuild.kernels.registry import Operand, prepare
+    from tpubuild.kernels.tpu import matmul_spans
+
+    rng = np.random.default_rng(7)
+    a = rng.choice(np.array([-128, 127, -127], np.int8), (2, 3, k))
+    info = np.iinfo(b_dtype)
+    b = rng.choice(np.array([info.min, info.max], b_dtype), (k, 5))
+    p = params(tpu.MatMulOp, multiplier=(2**30,) * 5, rshift=(30,), in_zp=(-1, zp_b), qmin=-(2**31), qmax=2**31 - 1)
+    want = np.clip((a.astype(np.int64) + 1) @ (b.astype(np.int64) - zp_b), -(2**31), 2**31 - 1)
+    assert (len(matmul_spans(a.dtype, -1, b, zp_b)) > 1) == split
+    assert np.array_equal(get_kernel(tpu.MatMulOp)(p, a, b, None), want)
+    operands = [Operand(a.shape, a.dtype, None), Operand(b.shape, b.dtype, b), Operand(None, None, None)]
+    assert np.array_equal(prepare(tpu.MatMulOp, p, operands)(a, b, None), want)
 
 
 def test_add_sub_int8():

@@ -103,7 +103,7 @@ def _(p, x, w, b):
     # zero padding of x - zp is padding with real 0; the bias is int32, already in accumulator units, added
     # in float64 (exact) after the sums; exact sums are the same in any order: the slices need nothing more
     zp, plain = _zp(p, 0), _no_relu(p)
-    spans = f32_spans(x.dtype, zp, w, p.group)
+    spans = conv_spans(x.dtype, zp, w, p.group)
     if spans is None:
         acc = nn.conv(plain, centered(x, zp), w.astype(np.float64), None, sliced=False)
     else:
@@ -116,34 +116,53 @@ def _(p, x, w, b):
     )
 
 
-def f32_spans(x_dtype: np.dtype, zp: int, w: np.ndarray, group: int = 1) -> list[slice] | None:
-    """Spans of a conv's input channels over which every partial sum of stored x (minus zp) times integer
-    weights w stays within F32_EXACT, in any order: each span's sums are exact in float32, and so is their total
-    in float64 (a float32 GEMM takes half a float64 one's time). One span where the whole conv fits; None where
-    float32 cannot be exact: w not integer, one channel beyond the bound alone, a grouped conv that would need
-    more than one span. The bound of a span: the largest |x - zp| times the largest sum of |w| over it in one
-    output channel (VGG's 3x3 convs over 512 channels just miss it whole and take two spans)."""
-    if not is_quant(w) or w.size == 0:
-        return None
-    lo, hi = STORAGE_RANGE[np.dtype(x_dtype)]
-    reach = max(abs(lo - zp), abs(hi - zp))
-    # the bound of channels 0..c per output channel, running: [oc, C]
-    reached = np.cumsum(np.abs(w.reshape(w.shape[0], w.shape[1], -1).astype(np.int64)).sum(axis=2), axis=1) * reach
-    spans, start, base = [], 0, np.zeros(w.shape[0], np.int64)
-    while start < w.shape[1]:
+def f32_spans(reach: int, sums: np.ndarray) -> list[slice] | None:
+    """Spans of a product's inputs (a conv's input channels, a matmul's K) over which every partial sum stays
+    within F32_EXACT in any order, given ``sums`` [outputs, inputs], each output's sum of |w| over what one input
+    brings (a channel's taps, a matrix row's entry), and ``reach``, the largest |x - zp|. Each span's sums are
+    then exact in float32, and so is their total in float64: a float32 GEMM takes half a float64 one's time.
+    [slice(None)] where the whole product fits; None where float32 cannot be exact (one input alone beyond
+    the bound). VGG's 3x3 convs over 512 channels just miss it whole and take two spans."""
+    # the bound of inputs 0..i per output, running: [outputs, inputs]
+    reached = np.cumsum(sums, axis=1) * reach
+    spans, start, base = [], 0, np.zeros(sums.shape[0], np.int64)
+    while start < sums.shape[1]:
         # a span's bound grows with its end: the first end beyond F32_EXACT closes it
         stop = start + int(np.searchsorted((reached[:, start:] - base[:, None]).max(axis=0), F32_EXACT, "right"))
         if stop == start:
             return None
         spans.append(slice(start, stop))
         start, base = stop, reached[:, stop - 1]
-    if len(spans) == 1:
-        return [slice(None)]  # all of x (a grouped conv's filters span only a group's channels)
-    return spans if group == 1 else None
+    return [slice(None)] if len(spans) == 1 else spans
+
+
+def conv_spans(x_dtype: np.dtype, zp: int, w: np.ndarray, group: int = 1) -> list[slice] | None:
+    """f32_spans of a conv of stored x (minus zp) with integer filters w; None also where w is not integer,
+    and for a grouped conv that would need more than one span (its filters span only a group's channels)."""
+    if not is_quant(w) or w.size == 0:
+        return None
+    spans = f32_spans(_reach(x_dtype, zp), np.abs(w.reshape(w.shape[0], w.shape[1], -1).astype(np.int64)).sum(axis=2))
+    return spans if group == 1 or spans == [slice(None)] else None
+
+
+def matmul_spans(a_dtype: np.dtype, zp_a: int, b: np.ndarray, zp_b: int) -> list[slice] | None:
+    """f32_spans of K for stored a (minus zp_a) times integer b [..., K, N] (minus zp_b), each column's bound
+    its largest over b's batch; None also where b is not integer."""
+    if not is_quant(b) or b.size == 0 or b.ndim < 2:
+        return None
+    k, n = b.shape[-2:]
+    mag = np.abs(b.astype(np.int64) - zp_b).reshape(-1, k, n).max(axis=0)
+    return f32_spans(_reach(a_dtype, zp_a), mag.T)
+
+
+def _reach(dtype: np.dtype, zp: int) -> int:
+    """The largest |x - zp| of a stored value x of ``dtype``."""
+    lo, hi = STORAGE_RANGE[np.dtype(dtype)]
+    return max(abs(lo - zp), abs(hi - zp))
 
 
 def summed(parts: Iterator[np.ndarray]) -> np.ndarray:
-    """Partial sums of a conv (exact integers, one per span of f32_spans) added in float64; one as it is."""
+    """A product's partial sums (exact integers, one per span of f32_spans) added in float64; one as it is."""
     acc = next(parts)
     for i, part in enumerate(parts):
         if i == 0:
@@ -156,7 +175,13 @@ def summed(parts: Iterator[np.ndarray]) -> np.ndarray:
 def _(p, a, b, bias):
     if not is_quant(a):
         return get_kernel(top.MatMulOp)(p, widen(a), widen(b), widen(bias))
-    acc = np.matmul(centered(a, _zp(p, 0)), centered(b, _zp(p, 1)))
+    zp_a, zp_b = _zp(p, 0), _zp(p, 1)
+    spans = matmul_spans(a.dtype, zp_a, b, zp_b)
+    if spans is None:
+        acc = np.matmul(centered(a, zp_a), centered(b, zp_b))
+    else:
+        ac, bc = centered(a, zp_a, np.float32), centered(b, zp_b, np.float32)
+        acc = summed(np.matmul(ac[..., c], bc[..., c, :]) for c in spans)
     return requantize_sums(
         acc,
         bias,
@@ -309,12 +334,17 @@ def _(p, operands):
         return _matmul_float(p, operands)
     if b.const is None or (bias.shape is not None and bias.const is None):
         return None
-    # the weights centered once; the rest as the kernel
-    wide = centered(b.const, _zp(p, 1))
+    # the weights centered once, in float32 span by span where that is exact (matmul_spans); the rest as the kernel
+    zp_a, zp_b = _zp(p, 0), _zp(p, 1)
+    spans = matmul_spans(a.dtype, zp_a, b.const, zp_b)
+    dtype = np.float64 if spans is None else np.float32
+    wide = centered(b.const, zp_b, dtype)
+    parts = [(c, wide if c == slice(None) else np.ascontiguousarray(wide[..., c, :])) for c in spans or [slice(None)]]
     mult, shift = channel_shape(p.multiplier, len(a.shape), -1), channel_shape(p.rshift, len(a.shape), -1)
 
     def run(a, b, bias_):
-        acc = np.matmul(centered(a, _zp(p, 0)), wide)
+        ac = centered(a, zp_a, dtype)
+        acc = summed(np.matmul(ac[..., c], w) for c, w in parts)
         return requantize_sums(acc, bias.const, mult, shift, p.out_zp, p.qmin, p.qmax)
 
     return run
@@ -337,7 +367,7 @@ class _ConvInt8:
         self.zp = _zp(p, 0)
         rank = len(x.dims)
         plain = _no_relu(p)
-        spans = f32_spans(x.dtype, self.zp, w.const, p.group)
+        spans = conv_spans(x.dtype, self.zp, w.const, p.group)
         self.dtype = np.float64 if spans is None else np.float32
         # (span of x's channels, its conv)
         if spans is None:
