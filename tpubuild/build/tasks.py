@@ -26,6 +26,7 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from tpubuild.build import cpu, dispatch, fetch, stages
+from tpubuild.build.checker import SharedMD5Checker
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import DEFAULT_METHOD, Manifest, ManifestCache, Target
 from tpubuild.build.paths import ModelPaths, failed_json
@@ -873,6 +874,8 @@ def doit_config(build_dir: Path) -> dict[str, Any]:
         "continue": True,
         "default_tasks": ["compile"],
         "reporter": ProgressReporter,
+        # doit's md5 states, each file hashed once per run and state instead of once per task naming it
+        "check_file_uptodate": SharedMD5Checker,
     }
 
 
