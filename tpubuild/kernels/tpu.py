@@ -359,8 +359,9 @@ def _(p, operands):
 
 
 class _ConvInt8:
-    """tpu.Conv's integer path with what depends on its weights done once: their float copy and the partial-sum
-    bound that picks its type, the bias and requantization numbers shaped; the float32 conv prepared."""
+    """tpu.Conv's integer path with what depends on its weights done once: the spans of input channels it sums
+    in float32 (conv_spans; else float64), each span's filters and prepared conv, the bias and requantization
+    numbers shaped."""
 
     def __init__(self, p, x: Operand, w: Operand, b: Operand):
         assert x.dtype is not None and w.const is not None, "made for a present x and constant weights"
