@@ -337,10 +337,15 @@ def test_conv_int8_accumulates_exactly_in_float32_or_float64(kernel, channels, g
     assert np.array_equal(prepare(tpu.ConvOp, p, operands)(x, w, b), want)
 
 
-def test_float32_spans_only_where_every_span_is_exact():
+@pytest.mark.parametrize("block", [1 << 20, 4 * 7, 4])
+def test_float32_spans_only_where_every_span_is_exact(block, monkeypatch):
     """One channel whose own sums may pass 2^24 (a 40x40 kernel of 127s: 128 * 127 * 1600), or a grouped conv
-    that would need its channels split, runs in float64 (None); spans otherwise close just before the bound."""
+    that would need its channels split, runs in float64 (None); spans otherwise close just before the bound,
+    however many inputs f32_spans takes at a time (all; 7 or 1 of 4 outputs' channels)."""
+    from tpubuild.kernels import tpu as tpu_kernels
     from tpubuild.kernels.tpu import F32_EXACT, conv_spans
+
+    monkeypatch.setattr(tpu_kernels, "_SPAN_BLOCK", block)
 
     assert conv_spans(np.dtype(np.int8), 0, np.full((2, 1, 40, 40), 127, np.int8)) is None
     w = np.full((4, 1024, 1, 1), 127, np.int8)  # 128 * 127 per channel: 1032 of them fit in 2^24

@@ -116,23 +116,38 @@ def _(p, x, w, b):
     )
 
 
+# f32_spans looks at about this many (output, input) sums at a time
+_SPAN_BLOCK = 1 << 20
+
+
 def f32_spans(reach: int, sums: np.ndarray) -> list[slice] | None:
     """Spans of a product's inputs (a conv's input channels, a matmul's K) over which every partial sum stays
     within F32_EXACT in any order, given ``sums`` [outputs, inputs], each output's sum of |w| over what one input
     brings (a channel's taps, a matrix row's entry), and ``reach``, the largest |x - zp|. Each span's sums are
     then exact in float32, and so is their total in float64: a float32 GEMM takes half a float64 one's time.
     [slice(None)] where the whole product fits; None where float32 cannot be exact (one input alone beyond
-    the bound). VGG's 3x3 convs over 512 channels just miss it whole and take two spans."""
-    # the bound of inputs 0..i per output, running: [outputs, inputs]
-    reached = np.cumsum(sums, axis=1) * reach
-    spans, start, base = [], 0, np.zeros(sums.shape[0], np.int64)
-    while start < sums.shape[1]:
-        # a span's bound grows with its end: the first end beyond F32_EXACT closes it
-        stop = start + int(np.searchsorted((reached[:, start:] - base[:, None]).max(axis=0), F32_EXACT, "right"))
+    the bound). VGG's 3x3 convs over 512 channels just miss it whole and take two spans.
+
+    The inputs are taken a block at a time, so a classifier's 25088 x 4096 weights need no copy of their own
+    size in int64 (whole, they took 9 s and 2.5 GB)."""
+    limit = F32_EXACT // reach  # sum * reach <= F32_EXACT, in integers
+    outputs, inputs = sums.shape
+    block = max(1, _SPAN_BLOCK // max(outputs, 1))
+    spans, start, i, run = [], 0, 0, np.zeros(outputs, np.int64)
+    while i < inputs:
+        # each output's sum from the span's start through each input of the block
+        reached = np.cumsum(sums[:, i : i + block], axis=1, dtype=np.int64)
+        reached += run[:, None]
+        over = np.flatnonzero(reached.max(axis=0) > limit)
+        if not over.size:
+            run, i = reached[:, -1], i + reached.shape[1]
+            continue
+        stop = i + int(over[0])  # the first input beyond the bound closes the span before it
         if stop == start:
             return None
         spans.append(slice(start, stop))
-        start, base = stop, reached[:, stop - 1]
+        start, i, run = stop, stop, np.zeros(outputs, np.int64)
+    spans.append(slice(start, inputs))
     return [slice(None)] if len(spans) == 1 else spans
 
 
@@ -141,7 +156,7 @@ def conv_spans(x_dtype: np.dtype, zp: int, w: np.ndarray, group: int = 1) -> lis
     and for a grouped conv that would need more than one span (its filters span only a group's channels)."""
     if not is_quant(w) or w.size == 0:
         return None
-    spans = f32_spans(_reach(x_dtype, zp), np.abs(w.reshape(w.shape[0], w.shape[1], -1).astype(np.int64)).sum(axis=2))
+    spans = f32_spans(_reach(x_dtype, zp), np.abs(w.reshape(w.shape[0], w.shape[1], -1).astype(np.int32)).sum(axis=2))
     return spans if group == 1 or spans == [slice(None)] else None
 
 
@@ -151,7 +166,8 @@ def matmul_spans(a_dtype: np.dtype, zp_a: int, b: np.ndarray, zp_b: int) -> list
     if not is_quant(b) or b.size == 0 or b.ndim < 2:
         return None
     k, n = b.shape[-2:]
-    mag = np.abs(b.astype(np.int64) - zp_b).reshape(-1, k, n).max(axis=0)
+    # |b - zp_b| of 8-bit values fits int16
+    mag = np.abs(b.astype(np.int16) - np.int16(zp_b)).reshape(-1, k, n).max(axis=0)
     return f32_spans(_reach(a_dtype, zp_a), mag.T)
 
 
@@ -164,8 +180,8 @@ def _reach(dtype: np.dtype, zp: int) -> int:
 def summed(parts: Iterator[np.ndarray]) -> np.ndarray:
     """A product's partial sums (exact integers, one per span of f32_spans) added in float64; one as it is."""
     acc = next(parts)
-    for i, part in enumerate(parts):
-        if i == 0:
+    for part in parts:
+        if acc.dtype != np.float64:
             acc = acc.astype(np.float64)
         acc += part
     return acc
