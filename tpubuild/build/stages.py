@@ -32,11 +32,13 @@ def transform(
     Without ``test_input``, ``test_sample`` ({data_files, count}: the calibration samples, read with
     ``inputs`` as calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
     split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was."""
+    from tpubuild.build.external_data import check_beside
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.inputs import freeze, of_onnx
     from tpubuild.build.testinput import describe_source, make_inputs
     from tpubuild.frontend import convert_onnx, load_onnx
 
+    check_beside(Path(onnx_path))  # onnx.load's own error for a missing one speaks of a file "not regular"
     onnx_model = load_onnx(onnx_path)
     specs, fixed = of_onnx(inputs, onnx_model, file=onnx_path)
     freeze(onnx_model, fixed)

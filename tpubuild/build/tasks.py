@@ -25,7 +25,7 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from tpubuild.build import cpu, dispatch, fetch, stages
+from tpubuild.build import cpu, dispatch, external_data, fetch, stages
 from tpubuild.build.checker import SharedMD5Checker
 from tpubuild.build.chips import load_chip
 from tpubuild.build.manifest import DEFAULT_METHOD, Manifest, ManifestCache, Target
@@ -198,7 +198,7 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         config = {"source": src, "inputs": examples}
     else:
         func = fetch.prepare_file
-        file_dep.append(m.source_file)
+        file_dep += [m.source_file, *external_data.files_beside(m.source_file)]
         kwargs = {"path": str(m.source_file)}
     if m.calibration is not None and fetch.SAMPLE_STEPS.intersection(prepare):
         from tpubuild.calib.files import find_names
@@ -232,6 +232,8 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     """Every stage task of one valid manifest (``globs``: calibration data found so far, by pattern)."""
     p = ModelPaths.of(build_dir, m.name)
     src = source_file(m, p)
+    # a model used in place is read with its external data files (fetch reads them into source.onnx)
+    src_deps = [src] if m.needs_fetch else [src, *external_data.files_beside(src)]
     globs = {} if globs is None else globs
     fetch_task = _source_task(m, p, globs)
     if fetch_task:
@@ -258,7 +260,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "test_sample": test_sample,
             "out_source": str(p.input_source),
         },
-        file_dep=[src] + ([m.test_input] if m.test_input else []) + [Path(f) for f in sample_files],
+        file_dep=src_deps + ([m.test_input] if m.test_input else []) + [Path(f) for f in sample_files],
         targets=[p.origin_mlir, p.origin_weights, p.input_npz, p.input_source],
         config={
             "model": m.name,
@@ -276,7 +278,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
         m.name,
         stages.reference,
         {"onnx_path": str(src), "input_npz": str(p.input_npz), "out": str(p.onnx_outs), "inputs": fixed},
-        file_dep=[src, p.input_npz],
+        file_dep=[*src_deps, p.input_npz],
         targets=[p.onnx_outs],
         config={"inputs": fixed} if fixed else {},
     )
