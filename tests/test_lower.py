@@ -335,11 +335,14 @@ def test_int8_structure(cnn):
     assert r1.result_types[0].element_type.storage_type == "u8" and raw["r1"].dtype == np.uint8
     # the sigmoid (or SiLU, where canonicalize fuses x * sigmoid(x)) is a table; the pooled vector and the head
     # stay float (int8.vector_region), the input of the pool becoming float; read only by the softmax after the
-    # last conv, they compute in F32 as it does (int8.output_tail)
+    # last conv, they compute in F32 as it does (int8.output_tail), but for the fully connected layer, whose
+    # weights F32 would double: it takes the chip's float mode (F16), weights and all
     assert ops_of(tm, tpu.LutOp)
     softmax = op_named(tm, "probs")
     assert isinstance(softmax, tpu.SoftmaxOp) and softmax.result_types[0].element_type == f32
-    assert [op_named(tm, n).result_types[0].element_type for n in ("gap", "logits")] == [f32, f32]
+    logits = op_named(tm, "logits")
+    assert [op_named(tm, "gap").result_types[0].element_type, logits.result_types[0].element_type] == [f32, f16]
+    assert logits.operands[1].type.element_type == f16
     assert isinstance(op_named(tm, "gap").operands[0].owner, tpu.CastOp)
     assert isinstance(op_named(tm, "x_i8"), tpu.CastOp)
     # maxpool keeps its input's quantization (exact)

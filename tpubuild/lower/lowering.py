@@ -130,8 +130,12 @@ class Lowering:
         args = mlir.main_func(module).body.block.args
         self.block = Block(arg_types=[plain_type(a.type) for a in args])
         self.float_forced: set[Operation] = set()  # INT8: ops that must stay float (int8.float_region)
-        # INT8: the ops after the last conv or matmul (int8.output_tail), in F32 where the chip has it: they are
-        # a small share of the work, and they make the outputs (F16 rounds a box beyond 512 px to half pixels)
+        # INT8: the ops after the last conv or matmul (int8.output_tail) that compute in F32 where the chip has
+        # it: they are a small share of the work, and they make the outputs (F16 rounds a box beyond 512 px to
+        # half pixels). Not its weighted ops (a classifier's fully connected head), float in the chip's float
+        # mode: their weights are read from DDR at every inference, and F32 doubles those bytes (AlexNet's last
+        # layer: 16 MB, a fifth of its INT8 model's traffic; MTCNN O-Net's first one made its INT8 model slower
+        # than its F16 one) for logits that F16 holds to 11 bits
         self.tail: set[Operation] = set()
         self.tail_mode = "F32" if "F32" in chip.modes else self.fallback
         self.absorbed: set[Operation] = set()  # ops a later op computes as part of its own (int8.lut_chains)
@@ -159,10 +163,11 @@ class Lowering:
 
     def run(self, weight_file: str) -> tuple[ModuleOp, WeightStore]:
         if self.mode == "INT8":
-            from tpubuild.lower.int8 import float_region, lut_chains, output_tail
+            from tpubuild.lower.int8 import MIXING, float_region, lut_chains, output_tail
 
-            self.tail = output_tail(self)
-            self.float_forced = float_region(self) | self.tail
+            tail = output_tail(self)
+            self.float_forced = float_region(self) | tail
+            self.tail = {op for op in tail if not isinstance(op, MIXING)}
             self.chains = lut_chains(self)
             self.absorbed = {op for chain in self.chains.values() for op in chain}
         arg_index: dict[SSAValue, int] = {a: i for i, a in enumerate(mlir.main_func(self.module).body.block.args)}
