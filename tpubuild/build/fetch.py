@@ -102,8 +102,8 @@ def _publish(
 
     ``samples`` ({data_files, inputs, count}, as calibration reads them) are the data the steps may run on.
     """
-    from tpubuild.build.files import write_bytes
     from tpubuild.build import external_data
+    from tpubuild.build.files import write_bytes
 
     data = external_data.inline(data, read, origin)
 

@@ -448,8 +448,7 @@ def output_tail(lw: Lowering) -> set[Operation]:
     stride: five roundings after the last conv); they compute from the last conv's INT8 output in float instead.
     None of them is a conv or a matmul: they are a small share of the work. So is a per-sample vector (float
     anyway: vector_region) that only such ops read, a classifier's pooled features and fully connected head
-    included, whose logits would otherwise be F16 ahead of an F32 softmax; the feature map before the pool stays
-    INT8."""
+    included (the head in the chip's float mode: Lowering.tail); the feature map before the pool stays INT8."""
     ret = mlir.return_op(lw.module)
     vectors = vector_region(lw)
     after: set[Operation] = set()  # after the last conv or matmul
