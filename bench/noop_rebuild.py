@@ -88,14 +88,16 @@ def clone_builds(build: Path, first: str, others: list[str]) -> None:
 def record_success(code: Path, manifests: Path, build: Path, models: list[str]) -> None:
     """Record every task of ``models`` in the doit DB as a successful run would (doit's own API)."""
     sys.path.insert(0, str(code))
-    from doit.dependency import Dependency, MD5Checker, SqliteDB
+    from doit.dependency import Dependency, SqliteDB
     from doit.loader import load_tasks
 
-    from tpubuild.build.tasks import find_manifests, zoo_tasks
+    from tpubuild.build.tasks import doit_config, find_manifests, zoo_tasks
 
     wanted = set(models)
     namespace = {"task_tpubuild": lambda: zoo_tasks(find_manifests([str(manifests)]), build.resolve())}
-    dep = Dependency(SqliteDB, str(build / ".doit.db"), checker_cls=MD5Checker)
+    # the checker dodo.py configures: doit re-runs a task whose recorded checker is another ("checker_changed")
+    checker = doit_config(build)["check_file_uptodate"]
+    dep = Dependency(SqliteDB, str(build / ".doit.db"), checker_cls=checker)
     for task in load_tasks(namespace):
         model = task.name.partition(":")[2].partition("/")[0]
         if not task.actions or model not in wanted:
