@@ -45,16 +45,6 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(sub)
 
 
-def _external(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, dict[str, str]]]:
-    import onnx
-
-    return [
-        (t, {e.key: e.value for e in t.external_data})
-        for t in _tensors(model.graph)
-        if t.data_location == onnx.TensorProto.EXTERNAL
-    ]
-
-
 def _checked_location(location: str, tensor: str, origin: str) -> str:
     """``location`` as a relative POSIX path that stays in the model's folder (as onnx.load requires)."""
     path = posixpath.normpath(location.replace("\\", "/"))
@@ -67,15 +57,28 @@ def _checked_location(location: str, tensor: str, origin: str) -> str:
     return path
 
 
-def locations(data: bytes, origin: str) -> list[str]:
-    """The external data files (relative to the model's folder) a serialized model names, in first use order."""
+def _external(
+    data: bytes, origin: str
+) -> tuple[onnx.ModelProto, list[tuple[onnx.TensorProto, dict[str, str], str]]] | None:
+    """The serialized model ``data`` parsed, and its external tensors (tensor, its entries, its checked
+    location); None for a model without any."""
     if _LOCATION_KEY not in data:
-        return []
+        return None
     import onnx
 
     model = onnx.load_model_from_string(data)
-    found = (_checked_location(entries.get("location", ""), t.name, origin) for t, entries in _external(model))
-    return list(dict.fromkeys(found))
+    found = []
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entries = {e.key: e.value for e in tensor.external_data}
+            found.append((tensor, entries, _checked_location(entries.get("location", ""), tensor.name, origin)))
+    return (model, found) if found else None
+
+
+def locations(data: bytes, origin: str) -> list[str]:
+    """The external data files (relative to the model's folder) a serialized model names, in first use order."""
+    found = _external(data, origin)
+    return [] if found is None else list(dict.fromkeys(location for _, _, location in found[1]))
 
 
 def files_beside(path: Path) -> list[Path]:
@@ -112,17 +115,14 @@ def check_beside(path: Path) -> None:
 def inline(data: bytes, read: Callable[[str], bytes], origin: str) -> bytes:
     """The serialized model ``data`` with its external tensors read in (``read``: a location's bytes); the
     same bytes when it has none."""
-    if _LOCATION_KEY not in data:
+    found = _external(data, origin)
+    if found is None:
         return data
     import onnx
 
-    model = onnx.load_model_from_string(data)
-    tensors = _external(model)
-    if not tensors:
-        return data
+    model, tensors = found
     files: dict[str, bytes] = {}
-    for tensor, entries in tensors:
-        location = _checked_location(entries.get("location", ""), tensor.name, origin)
+    for tensor, entries, location in tensors:
         if location not in files:
             files[location] = read(location)
         blob, offset = files[location], int(entries.get("offset", 0))
