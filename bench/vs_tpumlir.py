@@ -27,7 +27,8 @@ model, on the same ONNX file, test input and calibration samples:
 So each side verifies its own flow at every level it has; ours compares every
 tensor at each level and draws a report, theirs compares the graph outputs of
 TPU inference and of the bmodel (plus every tensor at transform). Calibration
-data: the manifest's samples, preprocessed by tpubuild (tpubuild.calib.data) and
+data: the samples our calibration reads (the manifest's, never the test input),
+preprocessed by tpubuild (tpubuild.calib.data) and
 given to TPU-MLIR as one .npz per sample, so both read identical tensors (the
 preprocessing is not in TPU-MLIR's time; TPU-MLIR reads the .npz files as they
 are). TPU-MLIR's pinned onnx 1.14 refuses ONNX IR versions above 9, so it gets a
@@ -270,13 +271,12 @@ def input_specs(m, paths) -> list[dict]:
 
 
 def prepare_tpumlir(m, paths, work: Path) -> int:
-    """The ONNX copy (IR version <= 9), the test input and one .npz per calibration sample; the sample count
-    (0 for a manifest without calibration data)."""
+    """The ONNX copy (IR version <= 9), the test input and one .npz per sample our calibration reads; the
+    sample count (0 for a manifest without calibration data)."""
     import onnx
 
-    from tpubuild.build.tasks import source_file
-    from tpubuild.calib.data import Samples
-    from tpubuild.calib.files import find_names
+    from tpubuild.build.tasks import calibration_files, source_file
+    from tpubuild.calib.data import Samples, split_test_sample
 
     model = onnx.load(str(source_file(m, paths)))
     model.ir_version = min(model.ir_version, 9)  # onnx 1.14 refuses newer IR versions; the graph is untouched
@@ -298,7 +298,9 @@ def prepare_tpumlir(m, paths, work: Path) -> int:
 
     specs = of_source(m, source_file(m, paths), model)
     count = 0
-    for i, sample in enumerate(Samples.of(find_names(cal["data"], m.file.parent), specs, cal.get("count"))):
+    # the samples our calibration reads: never the test input (tasks.calibration_files, calib/data.py)
+    samples = Samples.of(calibration_files(m)[0], specs, cal.get("count"))
+    for i, sample in enumerate(split_test_sample(samples)[0] if m.holds_back_test_sample else samples):
         np.savez(cali / f"{i:04d}.npz", **sample)
         count += 1
     return count

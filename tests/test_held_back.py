@@ -79,6 +79,9 @@ targets:
 """
 
 
+TEST_S3 = "test_input: calib/s3.npz\n"
+
+
 def _model(path: Path) -> None:
     rng = np.random.default_rng(3)
     w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
@@ -109,6 +112,10 @@ def built(tmp_path_factory):
             x[0, 0, 0, 0] = 1.5  # only the held-back sample reaches past 1: calibration's max would show it
         np.savez(models / "calib" / f"s{i}.npz", x=x)
     (models / "m.yaml").write_text(MANIFEST)
+    # the same model verified on a calibration file it names itself
+    (models / "t.yaml").write_text(
+        MANIFEST.replace("name: m", "name: t").replace("calibration:", TEST_S3 + "calibration:")
+    )
     run = run_doit("compile", manifests=models, build=build, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     return models, build, run
@@ -130,6 +137,20 @@ def test_verifies_on_the_held_back_sample_that_calibration_never_reads(built):
     assert "Test input: calibration sample s3.npz" in (build / "m" / "bm1684x-INT8" / "report.html").read_text()
 
 
+def test_a_test_input_among_the_calibration_files_is_left_out_of_calibration(built):
+    """A test_input that the calibration glob also names is verified on as given, and no calibration stage
+    reads it: its 1.5 would set calibration's maximum."""
+    from tpubuild.build.files import read_npz
+    from tpubuild.calib.table import read_table
+
+    models, build, _ = built
+    np.testing.assert_array_equal(read_npz(build / "t" / "input.npz")["x"], np.load(models / "calib" / "s3.npz")["x"])
+    header, entries = read_table(build / "t" / "cali_table")
+    assert entries["x"].max < 1.0 and any("sample number: 3" in h for h in header), (header, entries["x"])
+    source = json.loads((build / "t" / "bm1684x-INT8" / "verify.json").read_text())["test_input"]
+    assert source == "test_input s3.npz (from the manifest; calibration leaves it out)"
+
+
 def test_a_new_held_back_sample_remakes_the_test_input(built):
     """transform's file_dep holds the calibration files: a changed last sample re-makes input.npz."""
     from tpubuild.build.files import read_npz
@@ -140,3 +161,24 @@ def test_a_new_held_back_sample_remakes_the_test_input(built):
     run = run_doit("transform:m", manifests=models, build=build, timeout=600)
     assert run.returncode == 0 and "transform:m" in tasks_marked(run.stdout), run.stdout
     np.testing.assert_array_equal(read_npz(build / "m" / "input.npz")["x"], x)
+
+
+def test_calibration_files_leave_out_the_test_input_only_when_others_remain(tmp_path):
+    from tpubuild.build.manifest import load_manifest
+    from tpubuild.build.tasks import calibration_files
+
+    (tmp_path / "calib").mkdir()
+    for i in range(3):
+        np.savez(tmp_path / "calib" / f"s{i}.npz", x=np.zeros((1, 3, 8, 8), np.float32))
+    _model(tmp_path / "m.onnx")
+
+    def files(manifest: str, data: str = "calib/*.npz"):
+        (tmp_path / "m.yaml").write_text(manifest.replace("calib/*.npz", data))
+        got, left_out = calibration_files(load_manifest(tmp_path / "m.yaml"))
+        return [Path(f).name for f in got], left_out
+
+    assert files(MANIFEST) == (["s0.npz", "s1.npz", "s2.npz"], None)
+    with_test = MANIFEST.replace("calibration:", "test_input: calib/s1.npz\ncalibration:")
+    assert files(with_test) == (["s0.npz", "s2.npz"], "calib/s1.npz")
+    assert files(with_test, "calib/s[02].npz") == (["s0.npz", "s2.npz"], None)  # not one of them
+    assert files(with_test, "calib/s1.npz") == (["s1.npz"], None)  # the only one: calibration needs it

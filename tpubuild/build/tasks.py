@@ -201,15 +201,15 @@ def _source_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] | No
         file_dep += [m.source_file, *external_data.files_beside(m.source_file)]
         kwargs = {"path": str(m.source_file)}
     if m.calibration is not None and fetch.SAMPLE_STEPS.intersection(prepare):
-        from tpubuild.calib.files import find_names
-
-        key = (m.calibration["data"], str(m.file.parent))
-        files = globs[key] = globs[key] if key in globs else find_names(*key)
+        files, left_out = calibration_files(m, globs)
         count = min(fetch.PREPARE_SAMPLES, m.calibration.get("count") or fetch.PREPARE_SAMPLES)
         inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
         kwargs["samples"] = {"data_files": files, "inputs": inputs, "count": count}
         file_dep += [Path(f) for f in files]
-        config = {**config, "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count}}
+        config = {
+            **config,
+            "samples": {"data": m.calibration["data"], "inputs": inputs, "count": count, "left_out": left_out},
+        }
         if m.holds_back_test_sample:  # {"hold_back_test": calibration's count}: the test sample is its last (fetch.py)
             kwargs["samples"]["hold_back_test"] = config["samples"]["hold_back_test"] = m.calibration.get("count")
     return _task(
@@ -241,10 +241,12 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
     inputs = [spec.config() for spec in m.inputs]
     # without test_input, the test input is the calibration sample calibration holds back (calib/data.py):
     # which one it is depends on every file of the glob (their order and sample counts) and on count
-    sample_files = _calibration_files(m, globs) if m.holds_back_test_sample else []
+    sample_files = calibration_files(m, globs)[0] if m.holds_back_test_sample else []
     test_sample = (
         {"data_files": sample_files, "count": m.calibration_spec.get("count")} if m.holds_back_test_sample else None
     )
+    has_data = m.calibration is not None and "data" in m.calibration
+    left_out = calibration_files(m, globs)[1] if m.test_input and has_data else None
     yield _task(
         "transform",
         m.name,
@@ -258,6 +260,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "out_weights": str(p.origin_weights),
             "out_input": str(p.input_npz),
             "test_sample": test_sample,
+            "left_out": bool(left_out),
             "out_source": str(p.input_source),
         },
         file_dep=src_deps + ([m.test_input] if m.test_input else []) + [Path(f) for f in sample_files],
@@ -266,6 +269,7 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
             "model": m.name,
             "inputs": inputs,
             "test_input": bool(m.test_input),
+            "left_out": bool(left_out),
             "test_sample": {"data": m.calibration_spec["data"], "count": m.calibration_spec.get("count")}
             if test_sample
             else None,
@@ -463,12 +467,9 @@ def _shared_search_task(m: Manifest, p: ModelPaths, target: Target, name: str, t
 def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, globs: dict) -> dict[str, Any]:
     """search:<model>/<target>: its config is `mixed_precision`, the target and the samples' preprocess;
     the calibrated module, its table, the samples and the user's quantize table are file_dep."""
-    from tpubuild.calib.files import find_names
-
     cal = m.calibration
     assert cal is not None, "an INT8 target's manifest has calibration data (checked when it is loaded)"
-    key = (cal["data"], str(m.file.parent))
-    files = globs[key] = globs[key] if key in globs else find_names(*key)
+    files, left_out = calibration_files(m, globs)
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     user = m.quantize_table
     options = dict(m.mixed_precision or {})
@@ -497,6 +498,7 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
             "mixed_precision": options,
             "count": cal.get("count"),
             "hold_back_test": {"count": cal.get("count")} if m.holds_back_test_sample else None,
+            "left_out": left_out,
             "inputs": inputs,
             "target": {"chip": target.chip, "asymmetric": target.asymmetric},
             "chip_modes": list(load_chip(target.chip).modes),
@@ -716,8 +718,6 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
     shape and preprocess); the data files and a user table are file_dep, so editing
     one recalibrates, and a changed method re-runs calibrate and what reads cali.mlir.
     """
-    from tpubuild.calib.files import find_names
-
     if not any(t.mode == "INT8" for t in m.targets):
         return None
     if m.calibration is None:
@@ -735,9 +735,7 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
             "uptodate": [False],
         }
     cal = m.calibration
-    # models of one zoo often share their data: each glob is listed once per task graph
-    key = (cal["data"], str(m.file.parent))
-    files = globs[key] = globs[key] if key in globs else find_names(*key)
+    files, left_out = calibration_files(m, globs)
     table = m.resolve(cal["table"]) if "table" in cal else None
     inputs = [{**spec.config(), "preprocess": spec.preprocess} for spec in m.inputs]
     return _task(
@@ -759,17 +757,36 @@ def _calibrate_task(m: Manifest, p: ModelPaths, globs: dict) -> dict[str, Any] |
         },
         file_dep=[p.canonical_mlir, p.canonical_weights, *files] + ([table] if table else []),
         targets=[p.cali_mlir, p.cali_table],
-        config={"calibration": cal, "inputs": inputs, "hold_back_test": m.holds_back_test_sample},
+        config={
+            "calibration": cal,
+            "inputs": inputs,
+            "hold_back_test": m.holds_back_test_sample,
+            "left_out": left_out,
+        },
     )
 
 
-def _calibration_files(m: Manifest, globs: dict) -> list[str]:
-    """The files of the manifest's calibration glob, found once per task graph (models often share data)."""
+def calibration_files(m: Manifest, globs: dict | None = None) -> tuple[list[str], str | None]:
+    """The calibration files every stage reads, and the test input's name (relative to the manifest) when they
+    leave it out: the files of the manifest's glob (``globs``: those found so far in this task graph, by
+    pattern; models of a zoo often share their data) without the manifest's ``test_input`` when it is one of
+    them and others remain. A model verified on an input its calibration read proves little: the thresholds
+    were fit to it. The name goes into the readers' config, since doit sees an added file_dep, not a
+    removed one."""
     from tpubuild.calib.files import find_names
 
+    globs = {} if globs is None else globs
     key = (m.calibration_spec["data"], str(m.file.parent))
-    files = globs[key] = globs[key] if key in globs else find_names(*key)
-    return files
+    if key not in globs:
+        globs[key] = find_names(*key)
+    found = globs[key]
+    if m.test_input is None:
+        return found, None
+    test, name = str(m.test_input), m.test_input.name  # resolved; realpath only for a file of the same name
+    files = [f for f in found if os.path.basename(f) != name or os.path.realpath(f) != test]
+    if len(files) == len(found) or not files:
+        return found, None
+    return files, os.path.relpath(test, m.file.parent)
 
 
 def broken_model_task(name: str, message: str) -> dict[str, Any]:

@@ -104,10 +104,13 @@ def make_inputs(
     return {spec["name"]: default_input(model, spec) for spec in specs}
 
 
-def describe_source(test_input: str | None, held: HeldBack | None = None) -> str:
-    """Where the test input comes from, in words (verify.json, the summary and report.html show it)."""
+def describe_source(test_input: str | None, held: HeldBack | None = None, left_out: bool = False) -> str:
+    """Where the test input comes from, in words (verify.json, the summary and report.html show it);
+    ``left_out``: the test_input is a calibration file that calibration does not read."""
     if test_input:
-        return f"test_input {Path(test_input).name} (from the manifest)"
+        return f"test_input {Path(test_input).name} (from the manifest" + (
+            "; calibration leaves it out)" if left_out else ")"
+        )
     if held is not None:
         return held.describe()
     return "generated: uniform noise in each input's range (no test_input, no calibration sample to hold back)"
