@@ -577,3 +577,29 @@ def test_a_target_beyond_the_float_mode_keeps_the_fewest_tensors_that_hold_the_f
     assert not result.reached and result.score == 0.993
     assert set(result.table) == {"t3", "t7"}
     assert "# TARGET NOT REACHED: the fewest tensors found that hold 0.99, below 0.995" in format_result(result)
+
+
+def test_a_target_beyond_the_float_mode_itself_says_so_and_the_hint_does_not_ask_for_more_lowerings(net, tmp_path):
+    """Past 1.0 no table can reach the target: once the greedy has every tensor in float, the table records that
+    score (the ceiling), and a failing target's hint says no table passes on the chip instead of asking for
+    more lowerings, which it still does when the search stopped for want of them."""
+    from tpubuild.build.stages import int8_failure_hint
+
+    cali = net.wreck("r1")
+    target = tmp_path / "bm1684x-INT8"
+    target.mkdir()
+    table = target / "qtable.txt"
+
+    beyond = run_search(net, cali, target_cos=1.0 + 1e-9, samples=3, chunks=2, max_lowerings=40)
+    assert not beyond.reached and beyond.ceiling is not None and 0.999 < beyond.ceiling < 1.0 + 1e-9
+    table.write_text(format_result(beyond))
+    assert f"# {search_module.CEILING_LINE} F16: {beyond.ceiling:.6f}" in table.read_text()
+    hint = int8_failure_hint("bm1684x-INT8", str(table))
+    assert f"F16, the chip's float mode, reaches only cos {beyond.ceiling:.6f}" in hint
+    assert "no quantize table can pass" in hint and "max_lowerings" not in hint
+
+    short = run_search(net, cali, target_cos=1.0 + 1e-9, samples=3, chunks=2, max_lowerings=2)
+    assert not short.reached and short.ceiling is None
+    table.write_text(format_result(short))
+    assert search_module.CEILING_LINE not in table.read_text()
+    assert "max_lowerings" in int8_failure_hint("bm1684x-INT8", str(table))

@@ -497,6 +497,8 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
     """What a user does about an INT8 target whose outputs (or parts) are too far from float: what the
     mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
     the problem rather than what fixes it."""
+    from tpubuild.lower.search import CEILING_LINE
+
     table = Path(quantize_table) if quantize_table else None
     lines = table.read_text(encoding="utf-8").splitlines() if table is not None and table.is_file() else None
     kept = None if lines is None else sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
@@ -506,6 +508,15 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
         first = (
             f"{kept_text} of {target} stay in float, as the search is off: remove mixed_precision: "
             "{search: false} from the manifest so that the search keeps in float what INT8 cannot hold"
+        )
+    elif ceiling := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
+        mode, score = ceiling[len(f"# {CEILING_LINE} ") :].split(": ")
+        first = (
+            f"{mode}, the chip's float mode, reaches only cos {score} on the calibration samples with every op in "
+            f"it ({where}), below the search's target: no quantize table can pass on this chip. The model needs "
+            f"more precision than {mode} carries on these inputs: compile it for a chip with F16 or F32, or, if "
+            "the test input is not of the kind the model is made for, give one that is (test_input) and "
+            "calibration data like it"
         )
     elif any("TARGET NOT REACHED: the fewest tensors found that hold" in line for line in lines):
         first = (
