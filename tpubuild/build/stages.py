@@ -509,21 +509,21 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
             f"{kept_text} of {target} stay in float, as the search is off: remove mixed_precision: "
             "{search: false} from the manifest so that the search keeps in float what INT8 cannot hold"
         )
-    elif ceiling := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
-        mode, score = ceiling[len(f"# {CEILING_LINE} ") :].split(": ")
-        first = (
-            f"{mode}, the chip's float mode, reaches only cos {score} on the calibration samples with every op in "
-            f"it ({where}), below the search's target: no quantize table can pass on this chip. The model needs "
-            f"more precision than {mode} carries on these inputs: compile it for a chip with F16 or F32, or, if "
-            "the test input is not of the kind the model is made for, give one that is (test_input) and "
-            "calibration data like it"
-        )
     elif any("TARGET NOT REACHED: the fewest tensors found that hold" in line for line in lines):
         first = (
             f"the search's target is beyond what its float mode reaches with every op in float, so it kept the "
             f"{kept} ops ({where}) that hold its floor on the calibration samples, and the test input is further "
             "from float: give calibration.data more inputs like the test input, or pin the ops furthest from float "
             "(report.html) in a quantize table"
+        )
+    elif ceiling := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
+        mode, score = ceiling[len(f"# {CEILING_LINE} ") :].split(": ")
+        first = (
+            f"{mode}, the chip's float mode, reaches only cos {score} on the calibration samples with every op in "
+            f"it ({where}), below the search's target, so no quantize table reaches it on this chip. The model needs "
+            f"more precision than {mode} carries on these inputs: compile it for a chip with F16 or F32, or, if "
+            "the test input is not of the kind the model is made for, give one that is (test_input) and "
+            "calibration data like it"
         )
     elif any("TARGET NOT REACHED" in line for line in lines):
         first = (
