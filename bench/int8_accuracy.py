@@ -200,10 +200,10 @@ class Model:
         from tpubuild.build.inputs import of_source
         from tpubuild.build.manifest import load_manifest
         from tpubuild.build.paths import ModelPaths
-        from tpubuild.build.tasks import source_file
+        from tpubuild.build.tasks import calibration_files, source_file
         from tpubuild.build.files import read_npz
         from tpubuild.calib.data import Samples
-        from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
+        from tpubuild.calib.files import IMAGE_SUFFIXES
         from tpubuild.ir import mlir
         from tpubuild.ir.mlir import load_module
         from tpubuild.top.inference import weights_for
@@ -215,7 +215,8 @@ class Model:
         # the manifest's inputs as the stages complete them
         self.specs = of_source(m, source_file(m, p))
         self.onnx = at_manifest_shapes(source_file(m, p), {s["name"]: s["shape"] for s in self.specs}, p.root)
-        files = find_files(m.calibration["data"], m.file.parent)
+        # what the build's calibration reads: never the manifest's test_input (tasks.calibration_files)
+        files = [Path(f) for f in calibration_files(m)[0]]
         every = list(Samples.of(files, self.specs))
         one_per_file = len(every) == len(files) and all(f.suffix.lower() in IMAGE_SUFFIXES for f in files)
         names = [f.name if one_per_file else f"sample {i}" for i, f in enumerate(files if one_per_file else every)]
