@@ -387,6 +387,17 @@ def test_images_need_an_image_input(tmp_path, shape, channel_format, message):
         list(Samples.of([tmp_path / "img.png"], [{"name": "x", "shape": shape, "preprocess": pre}]))
 
 
+def test_images_for_a_two_input_model_name_the_inputs_and_the_fixed_value_way_out(tmp_path):
+    """PaddleDetection exports take a scale factor beside the image (rapid_table_det's obj_det)."""
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(tmp_path / "img.png")
+    specs = [{"name": "image", "shape": [1, 3, 4, 4]}, {"name": "scale_factor", "shape": [1, 2]}]
+    with pytest.raises(TpuBuildError, match=r"has 2 \(image, scale_factor\)") as err:
+        list(Samples.of([tmp_path / "img.png"], specs))
+    assert "fixed `value`" in (err.value.hint or "")
+
+
 def test_unreadable_image_names_the_file(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"not a png")
     with pytest.raises(TpuBuildError, match="bad.png"):

@@ -167,8 +167,10 @@ class Samples:
     def _image_input(self) -> InputSpec:
         if len(self.inputs) != 1:
             raise TpuBuildError(
-                f"image calibration data needs a one-input model; this one has {len(self.inputs)}",
-                hint="use .npz files with one array per input name",
+                f"image calibration data needs a one-input model; this one has {len(self.inputs)} "
+                f"({', '.join(spec.name for spec in self.inputs)})",
+                hint="give the inputs that are settings rather than data (a scale factor, a sample rate) a fixed "
+                "`value` in the manifest's inputs, or use .npz files with one array per input name",
             )
         spec = self.inputs[0]
         image_layout(spec)  # (its checks)
