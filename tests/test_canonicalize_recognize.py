@@ -375,6 +375,80 @@ def test_not_hardswish(tmp_path, case):
 # ---- x*1, x+0 --------------------------------------------------------------------------------
 
 
+# ---- a logistic written out -------------------------------------------------------------
+
+
+def test_db_step_function_is_a_sigmoid(tmp_path):
+    """PaddleOCR's DB step 1 / (1 + exp(-k (p - t))), k = 50 (rapid_table_det's edge_det): the exp, which
+    reaches 1e19 and beyond, goes; the Sigmoid reads k (p - t) and takes the Reciprocal's name."""
+    nodes = [
+        node("Sigmoid", ["x"], "p"),
+        node("Sigmoid", ["y"], "t"),
+        node("Sub", ["p", "t"], "d"),
+        node("Mul", ["d", "k"], "kd"),
+        node("Exp", ["kd"], "e"),
+        node("Add", ["e", "one"], "e1"),
+        node("Reciprocal", ["e1"], "out"),
+    ]
+    inputs = {"x": randn(1, 1, 8, 8, scale=4), "y": randn(1, 1, 8, 8, scale=4)}
+    canonical, weights = canon(tmp_path, nodes, inputs, initializers={"k": f32(-50.0), "one": f32(1.0)})
+    assert kinds(canonical) == [
+        ("top.Sigmoid", "p"),
+        ("top.Sigmoid", "t"),
+        ("top.Sub", "d"),
+        ("top.Mul", "out_arg"),
+        ("top.Sigmoid", "out"),
+    ]
+    scale = [op for op in compute_ops(canonical) if op.loc_name == "out_arg"][0]
+    assert operand_array(scale, 1, weights).tolist() == [50.0]
+
+
+@pytest.mark.parametrize("form", ["div", "reciprocal", "one_first"])
+def test_written_out_sigmoid_of_neg_x_is_sigmoid(tmp_path, form):
+    """TF's 1 / (1 + exp(-x)): Neg's -1 flips to 1, and x * 1 goes."""
+    denominator = node("Add", ["one", "e"] if form == "one_first" else ["e", "one"], "e1")
+    last = node("Div", ["one", "e1"], "out") if form == "div" else node("Reciprocal", ["e1"], "out")
+    nodes = [node("Neg", ["x"], "nx"), node("Exp", ["nx"], "e"), denominator, last]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3, 8, scale=30)}, initializers={"one": f32(1.0)})
+    assert kinds(canonical) == [("top.Sigmoid", "out")]
+
+
+def test_x_times_a_written_out_sigmoid_is_silu(tmp_path):
+    nodes = [
+        node("Neg", ["x"], "nx"),
+        node("Exp", ["nx"], "e"),
+        node("Add", ["e", "one"], "e1"),
+        node("Reciprocal", ["e1"], "s"),
+        node("Mul", ["x", "s"], "out"),
+    ]
+    canonical, _ = canon(tmp_path, nodes, {"x": randn(2, 3, 8, scale=4)}, initializers={"one": f32(1.0)})
+    assert kinds(canonical) == [("top.SiLU", "out")]
+
+
+@pytest.mark.parametrize("case", ["exp_is_read_elsewhere", "plus_two", "exp_of_a_runtime_product"])
+def test_not_a_written_out_sigmoid(tmp_path, case):
+    inputs = {"x": randn(2, 6), "y": randn(2, 6)}
+    inits = {"one": f32(1.0), "two": f32(2.0)}
+    outputs = None
+    if case == "exp_is_read_elsewhere":
+        nodes = [node("Exp", ["x"], "e"), node("Add", ["e", "one"], "e1"), node("Reciprocal", ["e1"], "out")]
+        outputs = ["out", "e"]
+        expect = [("top.Exp", "e"), ("top.Add", "e1"), ("top.Reciprocal", "out")]
+    elif case == "plus_two":
+        nodes = [node("Exp", ["x"], "e"), node("Add", ["e", "two"], "e1"), node("Reciprocal", ["e1"], "out")]
+        expect = [("top.Exp", "e"), ("top.Add", "e1"), ("top.Reciprocal", "out")]
+    else:  # exp(x * y): a Mul by no constant gets a Mul by -1 of its own
+        nodes = [
+            node("Mul", ["x", "y"], "xy"),
+            node("Exp", ["xy"], "e"),
+            node("Add", ["e", "one"], "e1"),
+            node("Reciprocal", ["e1"], "out"),
+        ]
+        expect = [("top.Mul", "xy"), ("top.Mul", "out_arg"), ("top.Sigmoid", "out")]
+    canonical, _ = canon(tmp_path, nodes, inputs, outputs=outputs, initializers=inits)
+    assert kinds(canonical) == expect
+
+
 def test_neutral_arithmetic_removed(tmp_path):
     inits = {"one": f32([1.0]), "zero": f32(0.0)}
     nodes = [

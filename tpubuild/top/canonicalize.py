@@ -11,8 +11,9 @@ hold the weight store. The pipeline is a plain list, run in order:
    Slice of what a Concat joined from the Concat's inputs (a YOLOv8 head's box
    and class parts),
 4. drop the ops that left dead,
-5. recognise decomposed SiLU/Swish, GELU, HardSwish, Mish and LayerNorm (with its scale
-   and bias) as single ops, dropping x*1 and x+0 on the way,
+5. recognise a logistic written 1 / (1 + exp(z)) as Sigmoid, and decomposed SiLU/Swish,
+   GELU, HardSwish, Mish and LayerNorm (with its scale and bias) as single ops, dropping x*1
+   and x+0 on the way,
 6. fold an explicit Pad into the Conv / pool reading it,
 7. fold BatchNorm into the Conv before it (else rewrite it as Mul + Add),
 8. fold Mul/Add/Sub by per-channel constants into Conv/MatMul, and a scalar
@@ -96,7 +97,8 @@ class RemoveDeadOpsPass(ModulePass):
 
 @dataclass(frozen=True)
 class RecognizePass(ModulePass):
-    """Decomposed SiLU, GELU, HardSwish, Mish, means and LayerNorm become single ops; x*1, x/1, x+0, x-0 go."""
+    """A written-out logistic, decomposed SiLU, GELU, HardSwish, Mish, means and LayerNorm become single ops;
+    x*1, x/1, x+0, x-0 go."""
 
     name = "top-recognize"
     weights: WeightStore = field(default_factory=WeightStore)
@@ -107,6 +109,7 @@ class RecognizePass(ModulePass):
             op,
             [
                 recognize.RemoveNeutralArith(w),
+                recognize.RecognizeSigmoid(w),
                 recognize.RecognizeActivation(w),
                 recognize.RecognizeMean(w),
                 recognize.RecognizeLayerNorm(w),

@@ -290,6 +290,62 @@ class RecognizeActivation(RewritePattern):
                 return
 
 
+# ---- a logistic written out ----------------------------------------------------------------
+
+
+@dataclass
+class RecognizeSigmoid(RewritePattern):
+    """1 / (1 + exp(z)), as Reciprocal or as Div of 1 -> Sigmoid(-z).
+
+    TF exports write sigmoid so, and PaddleOCR's DB step function is 1 / (1 + exp(-k (p - t))) with k = 50:
+    its exp reaches 4.5e19 on a table-edge map (rapid_table_det's edge_det), which INT8 cannot hold and
+    float16 overflows (from z = 11.1), while the logistic is bounded, and calibration, INT8 and verification
+    know a Sigmoid's range. -z: a scalar Mul private to the match takes the sign (the DB step's -k, Neg's
+    -1), else a Mul by -1 is added; both are named after the Sigmoid (``<name>_arg``), a tensor ONNX has not.
+    """
+
+    weights: WeightStore
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, top.ReciprocalOp):
+            denominator = op.operands[0]
+        elif isinstance(op, top.DivOp) and scalar(op.operands[0], self.weights) == 1.0:
+            denominator = op.operands[1]
+        else:
+            return
+        add = producer(denominator, top.AddOp)
+        if add is None or not denominator.has_one_use() or getattr(add.params, "do_relu", False):
+            return
+        shape = shape_of(op.results[0].type)
+        for e, one in ((add.operands[0], add.operands[1]), (add.operands[1], add.operands[0])):
+            exp = producer(e, top.ExpOp)
+            if exp is not None and e.has_one_use() and scalar(one, self.weights) == 1.0:
+                break
+        else:
+            return
+        z = exp.operands[0]
+        if shape_of(z.type) != shape or dtype_of(z.type).kind != "f":
+            return  # the 1 broadcast z larger
+        name, dtype = op.names[0], dtype_of(z.type)
+        scaled = producer(z, top.MulOp) if z.has_one_use() else None
+        if scaled is not None and getattr(scaled.params, "do_relu", False):
+            scaled = None
+        factor = [scalar(v, self.weights) for v in scaled.operands] if scaled is not None else []
+        if scaled is not None and None in factor and any(f is not None for f in factor):
+            x = scaled.operands[factor.index(None)]
+            minus = -next(f for f in factor if f is not None)
+            dead = [add, exp, scaled]
+        else:
+            x, minus, dead = z, -1.0, [add, exp]
+        if shape_of(x.type) != shape:
+            x, minus, dead = z, -1.0, [add, exp]
+        k = add_weight(rewriter, self.weights, f"{name}_arg_scale", np.full((1,), minus, dtype), dtype)
+        arg = top.MulOp.make([x, k], name=f"{name}_arg", result_types=[z.type])
+        sigmoid = top.SigmoidOp.make([arg.results[0]], name=name, result_types=[op.results[0].type])
+        rewriter.replace(op, [arg, sigmoid])
+        _erase_dead(dead, rewriter)
+
+
 # ---- arithmetic no-ops -------------------------------------------------------------------
 
 # op -> (operand orders reading "x op constant", the constant that makes it x)
