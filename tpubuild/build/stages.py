@@ -516,13 +516,13 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
             "from float: give calibration.data more inputs like the test input, or pin the ops furthest from float "
             "(report.html) in a quantize table"
         )
-    elif ceiling := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
-        mode, score = ceiling[len(f"# {CEILING_LINE} ") :].split(": ")
+    elif all_float := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
+        mode, score = all_float[len(f"# {CEILING_LINE} ") :].split(",")[0].split(": ")
         first = (
-            f"{mode}, the chip's float mode, reaches only cos {score} on the calibration samples with every op in "
-            f"it ({where}), below the search's target, so no quantize table reaches it on this chip. The model needs "
-            f"more precision than {mode} carries on these inputs: compile it for a chip with F16 or F32, or, if "
-            "the test input is not of the kind the model is made for, give one that is (test_input) and "
+            f"with every op in {mode}, the chip's float mode, the model reaches only cos {score} on the "
+            f"calibration samples ({where}), and no table the search tried came nearer its target: the model "
+            f"needs more precision than {mode} carries on these inputs. Compile it for a chip with F16 or F32, "
+            "or, if the test input is not of the kind the model is made for, give one that is (test_input) and "
             "calibration data like it"
         )
     elif any("TARGET NOT REACHED" in line for line in lines):
