@@ -140,7 +140,10 @@ def test_fetch_gives_normalize_activations_the_first_calibration_samples(tmp_pat
     m = load_manifest(REPO / "configs" / "models" / "light_squeezenet.yaml")
     task = next(t for t in model_tasks(m, tmp_path) if t["basename"] == "fetch")
     kwargs = task["actions"][0][1][2]
-    assert set(map(str, PHOTOS)) <= set(task["file_dep"])
+    # every photo but the test input, which calibration leaves out (tasks.calibration_files)
+    assert m.test_input is not None and str(m.test_input) in set(map(str, PHOTOS))
+    assert set(map(str, PHOTOS)) - {str(m.test_input)} <= set(task["file_dep"])
+    assert str(m.test_input) not in kwargs["samples"]["data_files"]
     assert kwargs["samples"]["count"] == fetch.PREPARE_SAMPLES <= m.calibration["count"]
     assert kwargs["samples"]["inputs"][0]["preprocess"] == m.inputs[0].preprocess
     filled = tmp_path / "m.yaml"

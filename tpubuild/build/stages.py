@@ -25,15 +25,15 @@ def transform(
     out_weights: str,
     out_input: str,
     test_sample: Mapping[str, Any] | None = None,
-    left_out: bool = False,
     out_source: str | None = None,
+    left_out: bool = False,
 ) -> None:
     """ONNX -> origin.mlir + its weights, and the test input every later check feeds.
 
     Without ``test_input``, ``test_sample`` ({data_files, count}: the calibration samples, read with
     ``inputs`` as calibrate reads them) gives the test input: the sample calibration holds back (calib/data.py,
-    split_test_sample); without either, generated noise. ``left_out``: the test_input is a calibration file that
-    calibration leaves out (tasks.calibration_files). ``out_source``: a JSON file saying which it was."""
+    split_test_sample); without either, generated noise. ``out_source``: a JSON file saying which it was.
+    ``left_out``: the test_input is a calibration file that calibration leaves out (tasks.calibration_files)."""
     from tpubuild.build.external_data import check_beside
     from tpubuild.build.files import all_or_nothing, write_npz
     from tpubuild.build.inputs import freeze, of_onnx
