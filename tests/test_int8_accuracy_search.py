@@ -597,7 +597,7 @@ def test_a_target_beyond_the_float_mode_itself_says_so_and_the_hint_does_not_ask
     beyond = run_search(net, cali, target_cos=1.0 + 1e-9, samples=3, chunks=2, max_lowerings=40)
     assert not beyond.reached and beyond.all_float is not None and 0.999 < beyond.all_float < 1.0 + 1e-9
     table.write_text(format_result(beyond))
-    assert f"# {search_module.CEILING_LINE} F16: {beyond.all_float:.6f}, below the target too" in table.read_text()
+    assert f"# {search_module.ALL_FLOAT_LINE} F16: {beyond.all_float:.6f}, below the target too" in table.read_text()
     hint = int8_failure_hint("bm1684x-INT8", str(table))
     assert f"with every op in F16, the chip's float mode, the model reaches only cos {beyond.all_float:.6f}" in hint
     assert "more precision than F16" in hint and "max_lowerings" not in hint
@@ -605,5 +605,5 @@ def test_a_target_beyond_the_float_mode_itself_says_so_and_the_hint_does_not_ask
     short = run_search(net, cali, target_cos=1.0 + 1e-9, samples=3, chunks=2, max_lowerings=2)
     assert not short.reached and short.all_float is None
     table.write_text(format_result(short))
-    assert search_module.CEILING_LINE not in table.read_text()
+    assert search_module.ALL_FLOAT_LINE not in table.read_text()
     assert "max_lowerings" in int8_failure_hint("bm1684x-INT8", str(table))

@@ -497,7 +497,7 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
     """What a user does about an INT8 target whose outputs (or parts) are too far from float: what the
     mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
     the problem rather than what fixes it."""
-    from tpubuild.lower.search import CEILING_LINE
+    from tpubuild.lower.search import ALL_FLOAT_LINE
 
     table = Path(quantize_table) if quantize_table else None
     lines = table.read_text(encoding="utf-8").splitlines() if table is not None and table.is_file() else None
@@ -516,8 +516,8 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
             "from float: give calibration.data more inputs like the test input, or pin the ops furthest from float "
             "(report.html) in a quantize table"
         )
-    elif all_float := next((line for line in lines if line.startswith(f"# {CEILING_LINE} ")), None):
-        mode, score = all_float[len(f"# {CEILING_LINE} ") :].split(",")[0].split(": ")
+    elif all_float := next((line for line in lines if line.startswith(f"# {ALL_FLOAT_LINE} ")), None):
+        mode, score = all_float[len(f"# {ALL_FLOAT_LINE} ") :].split(",")[0].split(": ")
         first = (
             f"with every op in {mode}, the chip's float mode, the model reaches only cos {score} on the "
             f"calibration samples ({where}), and no table the search tried came nearer its target: the model "

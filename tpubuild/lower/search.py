@@ -88,7 +88,7 @@ from tpubuild.verify.similarity import cosine, max_abs_error
 FLOOR_COS = 0.99
 # the quantize table's header line with the score of every tensor in the float mode, when that is below the
 # target too (stages.int8_failure_hint reads it)
-CEILING_LINE = "with every op in"
+ALL_FLOAT_LINE = "with every op in"
 # The bound on lowerings where the manifest sets none: DEFAULT_LOWERINGS, and for a model of fewer
 # multiply-accumulates than CHEAP_MACS as many more as it has fewer, up to MOST_LOWERINGS. A lowering and
 # its inference then cost little (mini_mobilenet, 13 million: 60 in 4 s; PP-OCRv6 tiny rec, 184 million: 0.3 s
@@ -820,7 +820,7 @@ def format_result(result: SearchResult, header: Sequence[str] = ()) -> str:
         kept = f"the fewest tensors found that hold {FLOOR_COS}" if held else "the best table found"
         lines.append(f"# TARGET NOT REACHED: {kept}, below {result.target}")
         if result.all_float is not None and result.all_float < result.target:
-            lines.append(f"# {CEILING_LINE} {result.mode}: {result.all_float:.6f}, below the target too")
+            lines.append(f"# {ALL_FLOAT_LINE} {result.mode}: {result.all_float:.6f}, below the target too")
     lines.append("# op_name MODE")
     if result.user:
         lines.append(f"# from the user's quantize table ({len(result.user)} entries, kept as written)")

@@ -327,18 +327,13 @@ class RecognizeSigmoid(RewritePattern):
         if shape_of(z.type) != shape or dtype_of(z.type).kind != "f":
             return  # the 1 broadcast z larger
         name, dtype = op.names[0], dtype_of(z.type)
+        x, minus, dead = z, -1.0, [add, exp]
         scaled = producer(z, top.MulOp) if z.has_one_use() else None
-        if scaled is not None and getattr(scaled.params, "do_relu", False):
-            scaled = None
-        factor = [scalar(v, self.weights) for v in scaled.operands] if scaled is not None else []
-        if scaled is not None and None in factor and any(f is not None for f in factor):
-            x = scaled.operands[factor.index(None)]
-            minus = -next(f for f in factor if f is not None)
-            dead = [add, exp, scaled]
-        else:
-            x, minus, dead = z, -1.0, [add, exp]
-        if shape_of(x.type) != shape:
-            x, minus, dead = z, -1.0, [add, exp]
+        if scaled is not None and not getattr(scaled.params, "do_relu", False):
+            factors = [scalar(v, self.weights) for v in scaled.operands]
+            runtime = [v for v, f in zip(scaled.operands, factors, strict=True) if f is None]
+            if len(runtime) == 1 and shape_of(runtime[0].type) == shape:
+                x, minus, dead = runtime[0], -next(f for f in factors if f is not None), [add, exp, scaled]
         k = add_weight(rewriter, self.weights, f"{name}_arg_scale", np.full((1,), minus, dtype), dtype)
         arg = top.MulOp.make([x, k], name=f"{name}_arg", result_types=[z.type])
         sigmoid = top.SigmoidOp.make([arg.results[0]], name=name, result_types=[op.results[0].type])
