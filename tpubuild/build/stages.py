@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -493,6 +494,12 @@ def verify_tpu(
         tmp_json.write_text(text, encoding="utf-8")
 
 
+# the quantize table's header line saying how many samples calibration read (search.search_pool)
+_POOL = re.compile(r"# pool: (?:all (\d+)|\d+ of the (\d+)) calibration samples")
+# fewer calibration samples than this: a failing INT8 target's hint asks for more
+FEW_SAMPLES = 32
+
+
 def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str | None = None) -> str:
     """What a user does about an INT8 target whose outputs (or parts) are too far from float: what the
     mixed-precision path kept in float, and how to widen it; loosening the tolerance only last, as what hides
@@ -535,6 +542,13 @@ def int8_failure_hint(target: str, quantize_table: str | None, failed_file: str 
             f"the search reached its target on the calibration samples held back for it, keeping {kept} ops in "
             f"float ({where}), but the test input is further from float: give calibration.data more inputs like "
             "the test input, or raise mixed_precision.target_cos so that more stays in float"
+        )
+    found = next((m for line in lines or [] if (m := _POOL.match(line))), None)
+    read = int(found.group(1) or found.group(2)) if found else None
+    if read is not None and read < FEW_SAMPLES:
+        first += (
+            f"; calibration read only {read} samples, and a table found on so few holds on others by chance: give "
+            "calibration.data a few dozen to a hundred inputs of the kind the model is used on"
         )
     return (
         f"{first}; calibration.method and calibration.count change the INT8 scales themselves"
