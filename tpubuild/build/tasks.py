@@ -240,13 +240,14 @@ def model_tasks(m: Manifest, build_dir: Path, globs: dict | None = None) -> Iter
         yield fetch_task
     inputs = [spec.config() for spec in m.inputs]
     # without test_input, the test input is the calibration sample calibration holds back (calib/data.py):
-    # which one it is depends on every file of the glob (their order and sample counts) and on count
-    sample_files = calibration_files(m, globs)[0] if m.holds_back_test_sample else []
+    # which one it is depends on every file of the glob (their order and sample counts) and on count; with
+    # one, the files say whether calibration leaves it out
+    has_data = m.calibration is not None and "data" in m.calibration
+    files, left_out = calibration_files(m, globs) if has_data else ([], None)
+    sample_files = files if m.holds_back_test_sample else []
     test_sample = (
         {"data_files": sample_files, "count": m.calibration_spec.get("count")} if m.holds_back_test_sample else None
     )
-    has_data = m.calibration is not None and "data" in m.calibration
-    left_out = calibration_files(m, globs)[1] if m.test_input and has_data else None
     yield _task(
         "transform",
         m.name,
