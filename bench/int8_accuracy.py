@@ -254,8 +254,9 @@ class Model:
             part_label(n, part) for n, ps in zip(self.out_names, self.parts, strict=True) for part in ps or [None]
         ]
 
-    def ours(self, entries, asymmetric: bool, qtable=None) -> list[list[np.ndarray]]:
-        """TPU inference's real-valued graph outputs per evaluation input, lowered with ``entries`` and ``qtable``."""
+    def ours(self, entries, asymmetric: bool, qtable=None, bias_corrections=None) -> list[list[np.ndarray]]:
+        """TPU inference's real-valued graph outputs per evaluation input, lowered with ``entries``, ``qtable``
+        and ``bias_corrections``."""
         from tpubuild.build.chips import load_chip
         from tpubuild.calib.calibrate import apply_table
         from tpubuild.ir import mlir
@@ -271,6 +272,7 @@ class Model:
             asymmetric=asymmetric,
             cali=entries,
             qtable=qtable,
+            bias_corrections=bias_corrections,
         )
         names = mlir.output_names(tpu)
         types = [v.type.element_type for v in mlir.return_op(tpu).operands]
@@ -310,25 +312,32 @@ def float_outputs(onnx_file: Path, samples) -> list[list[np.ndarray]]:
 
 def default_path(model: Model):
     """What a manifest without tuning fields builds: calibration's default method on the samples it does not hold
-    back, then the mixed-precision search judged on the worst of them (as the calibrate and search stages)."""
+    back, then the bias corrections and the mixed-precision search judged on the worst of them (as the calibrate
+    and search stages): (calibration table, search result, bias corrections)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.manifest import DEFAULT_METHOD
     from tpubuild.calib.calibrate import apply_table, calibrate
+    from tpubuild.lower.bias import bias_corrections, correction_samples
     from tpubuild.lower.search import SearchConfig, search, search_pool
 
     entries, _ = calibrate(model.module, model.weights, model.cal, DEFAULT_METHOD)
     config = SearchConfig()
     pool, _ = search_pool(model.cal, config)  # as the search stage
+    module, chip = apply_table(model.module, entries), load_chip(CHIP)
+    corrections = bias_corrections(
+        module, model.weights, chip=chip, cali=entries, asymmetric=False, samples=correction_samples(model.cal)
+    )
     found = search(
-        apply_table(model.module, entries),
+        module,
         model.weights,
-        chip=load_chip(CHIP),
+        chip=chip,
         cali=entries,
         asymmetric=False,
         samples=pool,
         config=config,
+        bias_corrections=corrections,
     )
-    return entries, found
+    return entries, found, corrections
 
 
 # ---- onnxruntime --------------------------------------------------------------------------------
@@ -596,8 +605,8 @@ def bench_table(manifest: Path, args, workdir: Path) -> Result:
         raise RuntimeError("no input calibration never read: raise --reserve or give a test_input")
     r = Result(m.name, model.labels, f"{len(model.eval)} held-out inputs", eval_names=model.eval_names)
     start = time.perf_counter()
-    entries, found = default_path(model)
-    r.columns["ours"] = lowest_by_part(model.ours(entries, False, found.table), model.refs, model.parts)
+    entries, found, corrections = default_path(model)
+    r.columns["ours"] = lowest_by_part(model.ours(entries, False, found.table, corrections), model.refs, model.parts)
     notes.append(
         f"ours: {len(found.chosen)} tensors / {len(found.table)} ops kept in {found.mode} by the search "
         f"(searched cos {found.int8_score:.5f} -> {found.score:.5f}"
@@ -763,8 +772,8 @@ def bench_methods(manifest: Path, args, workdir: Path) -> None:
     configured = model.m.calibration.get("method", "auto")
     if args.default:
         start = time.perf_counter()
-        entries, found = default_path(model)
-        results["ours default"] = metrics(model.ours(entries, False, found.table), model.refs, head)
+        entries, found, corrections = default_path(model)
+        results["ours default"] = metrics(model.ours(entries, False, found.table, corrections), model.refs, head)
         note = f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings"
         print(row("ours default", results["ours default"], f"{note}, {time.perf_counter() - start:.0f} s"), flush=True)
         print("    per evaluation input: " + " ".join(f"{c:.4f}" for c in results["ours default"]["each"]))

@@ -339,9 +339,12 @@ def test_chips_that_lower_alike_share_one_search(tmp_path):
     assert searches["m/bm1688-INT8"]["file_dep"] == searches["m/bm1684x-INT8"]["targets"]
     source, copy = tmp_path / "a.txt", tmp_path / "b.txt"
     source.write_text("# tpubuild quantize table\n# target: bm1684x-INT8\nconv F16\n")
-    stages.share_qtable(str(source), "bm1688-INT8", str(copy))
+    bias, bias_copy = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(bias, conv=np.array([0.25, -0.5], np.float32))
+    stages.share_qtable(str(source), "bm1688-INT8", str(copy), str(bias), str(bias_copy))
     assert parse_quantize_table(copy.read_text()) == {"conv": "F16"}
     assert "# target: bm1688-INT8 (searched as bm1684x-INT8" in copy.read_text()
+    assert bias_copy.read_bytes() == bias.read_bytes()
 
 
 def test_the_validation_split_is_spread_and_bounded():

@@ -109,7 +109,7 @@ def test_targets_build_verify_and_summarize(zoo):
     assert target_tasks("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16") <= ran
     for t in ("bm1684x-F32", "bm1684x-INT8", "bm1684x-INT8-asym", "cv183x-BF16"):
         root = zoo.build / "m" / t
-        searched = {"qtable.txt"} if "INT8" in t else set()
+        searched = {"qtable.txt", "bias_correction.npz"} if "INT8" in t else set()
         assert {p.name for p in root.iterdir()} == searched | {
             "tpu.mlir",
             "tpu_weights.npz",

@@ -126,10 +126,14 @@ class TargetPaths:
 
     root: Path
 
-    # search (INT8 targets whose manifest asks for it): the quantize table lowering reads
+    # search (INT8 targets whose manifest asks for it): the quantize table and the bias corrections lowering reads
     @cached_property
     def qtable(self) -> Path:
         return self.root / "qtable.txt"
+
+    @cached_property
+    def bias_correction(self) -> Path:
+        return self.root / "bias_correction.npz"
 
     # lower
     @cached_property

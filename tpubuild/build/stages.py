@@ -231,11 +231,13 @@ def lower(
     out_mlir: str,
     out_weights: str,
     top_outs: str | None = None,
+    bias_correction: str | None = None,
 ) -> None:
     """canonical.mlir (float targets) or cali.mlir + cali_table (INT8) -> tpu.mlir + tpu_weights.npz; an F16
-    target reads top_outs.npz too, for the values float16 cannot hold (lowering.overflowing)."""
+    target reads top_outs.npz too, for the values float16 cannot hold (lowering.overflowing); an INT8 one the
+    search's bias_correction.npz (lower/bias.py)."""
     from tpubuild.build.chips import load_chip
-    from tpubuild.build.files import all_or_nothing
+    from tpubuild.build.files import all_or_nothing, read_npz
     from tpubuild.calib.table import read_table
     from tpubuild.ir.mlir import load_module
     from tpubuild.lower.lowering import lower_module
@@ -257,6 +259,7 @@ def lower(
         qtable=qtable,
         weight_file=Path(out_weights).name,
         absmax=_absmax(top_outs) if top_outs else None,
+        bias_corrections=read_npz(bias_correction) if bias_correction else None,
     )
     with all_or_nothing(out_mlir, out_weights) as (tmp_mlir, tmp_weights):
         _save_module(tpu_module, tmp_mlir)
@@ -289,17 +292,22 @@ def search_qtable(
     asymmetric: bool,
     options: Mapping[str, Any],
     out_table: str,
+    out_bias: str,
     hold_back_test: bool = False,
     count: int | None = None,
+    bias_correction: bool = True,
 ) -> None:
-    """cali.mlir + cali_table + calibration samples -> qtable.txt: the user's quantize table plus the fewest
-    tensors kept in float for every output to reach the target cosine (tpubuild/lower/search.py);
-    ``hold_back_test``: the samples calibration reads (its ``count``), without the held-back test sample."""
+    """cali.mlir + cali_table + calibration samples -> bias_correction.npz, the mean error INT8 leaves in each
+    conv's and matmul's output taken out of its bias (tpubuild/lower/bias.py), and qtable.txt: the user's
+    quantize table plus the fewest tensors kept in float for every output to reach the target cosine with those
+    corrections (tpubuild/lower/search.py); ``hold_back_test``: the samples calibration reads (its ``count``),
+    without the held-back test sample."""
     from tpubuild.build.chips import load_chip
-    from tpubuild.build.files import write_text
+    from tpubuild.build.files import all_or_nothing, npz_bytes
     from tpubuild.calib.table import read_table
     from tpubuild.forked import processes
     from tpubuild.ir.mlir import file_key, load_module
+    from tpubuild.lower.bias import bias_corrections, correction_samples
     from tpubuild.lower.qtable import read_quantize_table
     from tpubuild.lower.search import SearchConfig, format_result, search, search_pool
     from tpubuild.top.inference import kept_outputs, weights_for
@@ -319,11 +327,19 @@ def search_qtable(
     user = read_quantize_table(user_table) if user_table else {}
     key = file_key(in_mlir)
     refs = {i: outputs for i, sample in enumerate(samples) if (outputs := kept_outputs(key, sample)) is not None}
+    weights, target_chip, cali = weights_for(module, in_mlir), load_chip(chip), read_table(cali_table)[1]
+    corrections = (
+        bias_corrections(
+            module, weights, chip=target_chip, cali=cali, asymmetric=asymmetric, samples=correction_samples(every)
+        )
+        if bias_correction
+        else {}
+    )
     result = search(
         module,
-        weights_for(module, in_mlir),
-        chip=load_chip(chip),
-        cali=read_table(cali_table)[1],
+        weights,
+        chip=target_chip,
+        cali=cali,
         asymmetric=asymmetric,
         samples=samples,
         config=config,
@@ -331,9 +347,13 @@ def search_qtable(
         log=lambda line: print(f"{model}/{target}: {line}", flush=True),
         processes=processes(),
         refs=refs,
+        bias_corrections=corrections,
     )
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}", f"pool: {pool}"]
-    write_text(out_table, format_result(result, header))
+    header.append(f"bias corrections: {len(corrections)} ops (bias_correction.npz)")
+    with all_or_nothing(out_table, out_bias) as (tmp_table, tmp_bias):
+        tmp_table.write_text(format_result(result, header), encoding="utf-8")
+        tmp_bias.write_bytes(npz_bytes(corrections))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
     print(
         f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
@@ -343,9 +363,10 @@ def search_qtable(
     )
 
 
-def share_qtable(source: str, target: str, out_table: str) -> None:
-    """Another target's searched table as this target's: the same lines, its header naming both."""
-    from tpubuild.build.files import write_text
+def share_qtable(source: str, target: str, out_table: str, source_bias: str, out_bias: str) -> None:
+    """Another target's searched table and bias corrections as this target's: the same lines, the table's header
+    naming both, and the same corrections."""
+    from tpubuild.build.files import all_or_nothing
 
     lines = Path(source).read_text().splitlines()
     lines = [
@@ -354,7 +375,9 @@ def share_qtable(source: str, target: str, out_table: str) -> None:
         else line
         for line in lines
     ]
-    write_text(out_table, "\n".join(lines) + "\n")
+    with all_or_nothing(out_table, out_bias) as (tmp_table, tmp_bias):
+        tmp_table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp_bias.write_bytes(Path(source_bias).read_bytes())
 
 
 # The modules the stages import when they run (inside them: loading dodo.py stays cheap). A doit process with

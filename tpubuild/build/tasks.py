@@ -44,7 +44,8 @@ STAGE_DOCS = {
     "reference": "onnxruntime on the source model, every tensor -> onnx_outs.npz",
     "canonicalize": "origin.mlir -> canonical.mlir (TOP patterns: fusions, folding, dead code)",
     "calibrate": "canonical.mlir + calibration data -> cali_table and cali.mlir (models with an INT8 target)",
-    "search": "cali.mlir + cali_table + samples -> <target>/qtable.txt: the fewest tensors INT8 keeps in float",
+    "search": "cali.mlir + cali_table + samples -> <target>/bias_correction.npz + qtable.txt: INT8's mean error "
+    "taken out of biases, then the fewest tensors INT8 keeps in float",
     "verify_top": "TOP inference of origin and canonical vs onnxruntime -> verify_top.json",
     "lower": "canonical.mlir (float) or cali.mlir (INT8) -> <chip>-<mode>[-asym]/tpu.mlir + tpu_weights.npz",
     "verify_tpu": "TPU inference of tpu.mlir vs TOP inference by tensor name -> verify_tpu.json",
@@ -389,6 +390,7 @@ def _target_tasks(
     elif searched:
         yield _search_task(m, p, target, name, tp, globs if globs is not None else {})
     lower_table = tp.qtable if searched else qtable
+    bias = tp.bias_correction if searched else None
     # F16 keeps the values float16 cannot hold in F32, where the chip has it: their size measured by TOP inference
     f16 = target.mode == "F16" and "F32" in load_chip(target.chip).modes
     yield _task(
@@ -406,11 +408,13 @@ def _target_tasks(
             "out_mlir": str(tp.tpu_mlir),
             "out_weights": str(tp.tpu_weights),
             "top_outs": str(p.top_outs) if f16 else None,
+            "bias_correction": str(bias) if bias else None,
         },
         # the table it reads (the search's, or the user's) is an input: doit orders, checks and ships it as one
         file_dep=[in_mlir, p.canonical_weights]
         + ([p.cali_table] if int8 else [])
         + ([lower_table] if lower_table else [])
+        + ([bias] if bias else [])
         + ([p.top_outs] if f16 else []),
         targets=[tp.tpu_mlir, tp.tpu_weights],
         config={
@@ -453,14 +457,20 @@ def _target_tasks(
 def _shared_search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, searched_as: Target) -> dict:
     """search:<model>/<target> for a target whose INT8 lowering another target's search already ran: the
     search reads only the chip's modes, so its table is that one's (the lowerings it scored were these)."""
-    source = p.target(searched_as.id).qtable
+    source = p.target(searched_as.id)
     return _task(
         "search",
         name,
         stages.share_qtable,
-        {"source": str(source), "target": target.id, "out_table": str(tp.qtable)},
-        file_dep=[source],
-        targets=[tp.qtable],
+        {
+            "source": str(source.qtable),
+            "target": target.id,
+            "out_table": str(tp.qtable),
+            "source_bias": str(source.bias_correction),
+            "out_bias": str(tp.bias_correction),
+        },
+        file_dep=[source.qtable, source.bias_correction],
+        targets=[tp.qtable, tp.bias_correction],
         config={"searched_as": searched_as.id},
     )
 
@@ -490,13 +500,16 @@ def _search_task(m: Manifest, p: ModelPaths, target: Target, name: str, tp, glob
             "asymmetric": target.asymmetric,
             "options": options,
             "out_table": str(tp.qtable),
+            "out_bias": str(tp.bias_correction),
             "hold_back_test": m.holds_back_test_sample,
             "count": cal.get("count"),
+            "bias_correction": cal.get("bias_correction", True),
         },
         file_dep=[p.cali_mlir, p.canonical_weights, p.cali_table, *files] + ([user] if user else []),
-        targets=[tp.qtable],
+        targets=[tp.qtable, tp.bias_correction],
         config={
             "mixed_precision": options,
+            "bias_correction": cal.get("bias_correction", True),
             "count": cal.get("count"),
             "hold_back_test": {"count": cal.get("count")} if m.holds_back_test_sample else None,
             "left_out": left_out,

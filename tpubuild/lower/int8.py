@@ -104,7 +104,7 @@ def _per_channel(values, axis: int, storage: str) -> UniformType:
 def _(lw: Lowering, op: TensorOp):
     x, wv, bv = op.operands
     w = lw.weight_array(wv)
-    bias = lw.weight_array(bv)
+    bias = lw.bias_array(op, bv)
     if w is None or (bias is None and not isinstance(bv.type, NoneType)):
         return None  # a filter or bias computed at run time: float
     if math.prod(w.shape[1:]) * 255 * 128 >= ACC_LIMIT:
@@ -167,7 +167,7 @@ def _weighted(
 def _(lw: Lowering, op: TensorOp):
     a, b, bv = op.operands
     w = lw.weight_array(b)
-    bias = lw.weight_array(bv)
+    bias = lw.bias_array(op, bv)
     if bias is None and not isinstance(bv.type, NoneType):
         return None
     if shape_of(a.type)[-1] * 255 * 255 >= ACC_LIMIT:

@@ -37,6 +37,7 @@ from tpubuild.ir.weights import WeightStore
 from tpubuild.calib.qdq import model_grids
 from tpubuild.calib.table import Entry
 from tpubuild.lower.quant import QType, activation_qtype, grid_qtype
+from tpubuild.lower.bias import corrected_bias
 from tpubuild.registry import Registry
 
 MODES = ("F32", "BF16", "F16", "INT8")
@@ -105,6 +106,7 @@ class Lowering:
         cali: Mapping[str, Entry] | None = None,
         qtable: Mapping[str, str] | None = None,
         absmax: Mapping[str, float] | None = None,
+        bias_corrections: Mapping[str, np.ndarray] | None = None,
     ):
         if mode not in MODES:
             raise TpuBuildError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -113,6 +115,7 @@ class Lowering:
         self.asymmetric = asymmetric
         self.cali = dict(cali or {})
         self.qtable = dict(qtable or {})
+        self.bias_corrections = dict(bias_corrections or {})  # INT8 convs and matmuls: lower/bias.py
         self.fallback = chip.float_mode if mode == "INT8" else mode
         self.ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
         self._check_qtable()
@@ -286,6 +289,12 @@ class Lowering:
     def weight_array(self, v: SSAValue) -> np.ndarray | None:
         """The array of a TOP weight operand, else None."""
         return self.weights[v.owner.loc_name] if isinstance(v.owner, top.WeightOp) else None
+
+    def bias_array(self, op: TensorOp, v: SSAValue) -> np.ndarray | None:
+        """A constant bias operand's array, less the op's correction (lower/bias.py) where it has one."""
+        array = self.weight_array(v)
+        delta = self.bias_corrections.get(op.loc_name)
+        return array if array is None or delta is None else corrected_bias(array, delta)
 
     def raw_value(self, v: SSAValue) -> SSAValue:
         """An operand as it is (integer/bool tensors, absent operands)."""
@@ -497,11 +506,19 @@ def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
     tpu_cls = tpu.MIRROR[type(op)]
     # a constant bias stays f32: it joins the f32 accumulator, and rounding it first only adds error
     operands = [
-        float_operand(lw, v, "F32" if name == "bias" and isinstance(v.owner, top.WeightOp) else mode)
+        _float_bias(lw, op, v) if name == "bias" and isinstance(v.owner, top.WeightOp) else float_operand(lw, v, mode)
         for v, name in zip(op.operands, _operand_names(op), strict=True)
     ]
     types = [retyped(t, MODE_ELEM[mode]) if is_float_type(t) else t for t in op.result_types]
     return lw.emit(tpu_cls, operands, tpu_params(tpu_cls, op.params), op.names, types).results
+
+
+def _float_bias(lw: Lowering, op: TensorOp, v: SSAValue) -> SSAValue:
+    """A constant bias in F32, less its correction for the INT8 ops before it (lower/bias.py) where it has one."""
+    array = lw.bias_array(op, v)
+    if array is None or op.loc_name not in lw.bias_corrections:
+        return lw.float_value(v, "F32")
+    return lw.weight(mlir.value_name(v), "corrected", array, f32)
 
 
 def _operand_names(op: TensorOp) -> list[str]:
@@ -533,12 +550,22 @@ def lower_module(
     qtable: Mapping[str, str] | None = None,
     weight_file: str = "tpu_weights.npz",
     absmax: Mapping[str, float] | None = None,
+    bias_corrections: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[ModuleOp, WeightStore]:
     """TOP (canonical or calibrated) module -> TPU module and its weights; ``absmax``: each tensor's largest
-    magnitude on the test input, for a float target (an INT8 one reads its calibration table's)."""
+    magnitude on the test input, for a float target (an INT8 one reads its calibration table's);
+    ``bias_corrections``: what INT8 takes from convs' and matmuls' biases (lower/bias.py)."""
     from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
     lowering = Lowering(
-        module, weights, chip=chip, mode=mode, asymmetric=asymmetric, cali=cali, qtable=qtable, absmax=absmax
+        module,
+        weights,
+        chip=chip,
+        mode=mode,
+        asymmetric=asymmetric,
+        cali=cali,
+        qtable=qtable,
+        absmax=absmax,
+        bias_corrections=bias_corrections,
     )
     return lowering.run(weight_file)

@@ -102,9 +102,11 @@ class Plan:
                 last_use[slots[id(v)]] = i
         keep = {slot for _, slot in self.outputs} | {s for s, c in enumerate(self.constants) if c is not None}
         self.steps = []
+        self._specs: list[list[Operand]] = []
         for i, ((op, role), spec) in enumerate(zip(ops, operands, strict=True)):
             params, result_types, names = _decoded(op, role)
             fn = None if role is InputOp else prepare(type(op), params, spec)
+            self._specs.append(spec)
             frees = tuple(
                 slots[id(v)]
                 for v in (*_used(op, role), *op.results)
@@ -156,6 +158,41 @@ class Plan:
                     values[slot] = None
         named.update((name, values[slot]) for name, slot in self.outputs)
         return named
+
+    def run_together(self, inputs: Sequence[Mapping[str, np.ndarray]], revise: Reviser) -> None:
+        """Every input through the module an op at a time (each op on all of them before the next). ``revise``
+        sees the op and its results on each input, and may return new arrays for some of its weight operands (by
+        operand index): the op's kernel is prepared for them and run again, and later ops read those results.
+        Only live tensors are kept: a whole model's tensors times the inputs would not fit."""
+        values = [list(self.constants) for _ in inputs]
+        for i, (op, fn, slots, outs, names, result_types, frees) in enumerate(self.steps):
+            results = []
+            for k, vals in enumerate(values):
+                result = _feed(op, inputs[k]) if fn is None else _call(op, fn, [vals[j] for j in slots])
+                results.append(_all_checked(op, result, names, result_types))
+            new = revise(op, results) if fn is not None else None
+            if new:
+                spec = self._specs[i]
+                for index, array in new.items():
+                    slot = slots[index]
+                    self.constants[slot] = array
+                    spec[index] = spec[index]._replace(const=array)
+                    for vals in values:
+                        vals[slot] = array
+                fn = prepare(type(op), _decoded(op, _role(type(op)))[0], spec)
+                self.steps[i] = self.steps[i]._replace(fn=fn)
+                results = [
+                    _all_checked(op, _call(op, fn, [vals[j] for j in slots]), names, result_types) for vals in values
+                ]
+            for vals, arrays in zip(values, results, strict=True):
+                for slot, array in zip(outs, arrays, strict=True):
+                    vals[slot] = array
+                for slot in frees:
+                    vals[slot] = None
+
+
+# revise(op, its results on each input) -> new weight operands by operand index, or None (run_together)
+Reviser = Callable[[TensorOp, list[tuple[np.ndarray, ...]]], "Mapping[int, np.ndarray] | None"]
 
 
 def _used(op: TensorOp, role: type | None) -> Sequence:

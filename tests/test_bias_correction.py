@@ -1,0 +1,119 @@
+"""Bias correction (tpubuild/lower/bias.py): the mean error INT8 leaves in a conv's output channels is taken out
+of its bias, and the search stage writes what it took (bias_correction.npz) for lowering to apply.
+
+The conv's filters are made so that INT8's per-channel rounding errs the same way in each filter (every weight
+but the largest sits 0.45 of a step above the grid): on positive inputs its output is then off by a mean, which
+a global average pool keeps while it averages the noise away. The errors asserted are measured here, from TPU
+inference against TOP inference, on inputs the correction never saw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from tpubuild.build.chips import load_chip
+from tpubuild.calib.calibrate import apply_table, calibrate
+from tpubuild.frontend import convert_onnx
+from tpubuild.ir import mlir
+from tpubuild.lower.bias import bias_corrections
+from tpubuild.lower.inference import dequantized
+from tpubuild.lower.lowering import lower_module
+from tpubuild.top.canonicalize import canonicalize
+from tpubuild.top.inference import run
+from tpubuild.testing import run_doit
+
+BM1684X = load_chip("bm1684x")
+SHAPE = (1, 3, 12, 12)
+
+
+def _filters(rng, out_channels: int) -> np.ndarray:
+    """Filters whose INT8 rounding is all one way: weights 0.45 of a step above the grid of their channel."""
+    steps = rng.integers(-60, 60, size=(out_channels, 3, 3, 3)).astype(np.float64) + 0.45
+    steps[:, 0, 0, 0] = 127  # the channel's largest: its scale is 1/127
+    return (steps / 127).astype(np.float32)
+
+
+def _model(make_model, tmp_path):
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+        helper.make_node("GlobalAveragePool", ["r1"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),
+        helper.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="logits", transB=1),
+    ]
+    inits = {
+        "w1": _filters(rng, 8),
+        "b1": np.full(8, 0.5, np.float32),
+        "wf": (rng.standard_normal((4, 8)) * 0.5).astype(np.float32),
+        "bf": np.zeros(4, np.float32),
+    }
+    path = tmp_path / "model.onnx"
+    path.write_bytes(make_model(nodes, {"x": np.zeros(SHAPE, np.float32)}, initializers=inits).SerializeToString())
+    return path
+
+
+def test_correction_takes_the_mean_error_out(make_model, tmp_path):
+    module, weights = convert_onnx(_model(make_model, tmp_path), {"x": SHAPE}, "test", "origin_weights.npz")
+    module, weights = canonicalize(module, weights, "canonical_weights.npz")
+    rng = np.random.default_rng(11)
+    samples = [{"x": rng.uniform(0, 1, SHAPE).astype(np.float32)} for _ in range(24)]
+    fit, held_out = samples[:16], samples[16:]
+    cali, _ = calibrate(module, weights, fit, "max")
+    module = apply_table(module, cali)
+    corrections = bias_corrections(module, weights, chip=BM1684X, cali=cali, asymmetric=False, samples=fit)
+    assert corrections, "the conv's mean error is many accumulator steps"
+
+    def mean_error(bias) -> float:
+        tpu, tw = lower_module(module, weights, chip=BM1684X, mode="INT8", cali=cali, bias_corrections=bias)
+        errors = []
+        for s in held_out:
+            got = dequantized(tpu, run(tpu, tw, s, all_tensors=False))[mlir.output_names(tpu)[0]]
+            want = run(module, weights, s, all_tensors=False)[mlir.output_names(module)[0]]
+            errors.append(got.astype(np.float64) - want)
+        return float(np.abs(np.mean(errors, axis=0)).max())
+
+    plain, corrected = mean_error(None), mean_error(corrections)
+    assert plain > 0.02  # the filters' rounding shows at the logits
+    assert corrected < plain / 4
+
+
+def _manifest(tmp_path, make_model, extra: str = "") -> str:
+    _model(make_model, tmp_path)
+    rng = np.random.default_rng(5)
+    (tmp_path / "calib").mkdir()
+    for i in range(12):
+        np.savez(tmp_path / "calib" / f"s{i:02d}.npz", x=rng.uniform(0, 1, SHAPE).astype(np.float32))
+    text = (
+        "name: bc\nsource: model.onnx\ninputs:\n  - {name: x, shape: [1, 3, 12, 12]}\n"
+        f"calibration: {{data: 'calib/*.npz'{extra}}}\ntargets:\n  - {{chip: bm1684x, mode: INT8}}\n"
+    )
+    (tmp_path / "bc.yaml").write_text(text)
+    return str(tmp_path / "bc.yaml")
+
+
+@pytest.mark.parametrize("switch", ["", ", bias_correction: false"])
+def test_the_search_stage_writes_what_lowering_applies(make_model, tmp_path, switch):
+    manifest = _manifest(tmp_path, make_model, switch)
+    build = tmp_path / "build"
+    done = run_doit("lower:bc/bm1684x-INT8", manifests=manifest, build=build)
+    assert done.returncode == 0, done.stdout + done.stderr
+    target = build / "bc" / "bm1684x-INT8"
+    with np.load(target / "bias_correction.npz") as z:
+        corrections = {k: z[k] for k in z.files}
+    weights = np.load(target / "tpu_weights.npz")
+    conv = next(op for op in mlir.body_ops(mlir.load_module(target / "tpu.mlir")) if op.name == "tpu.Conv")
+    bias = weights[conv.operands[2].owner.loc_name]
+    if switch:
+        assert corrections == {}
+        assert "bias corrections: 0 ops" in (target / "qtable.txt").read_text()
+    else:
+        assert conv.loc_name in corrections  # and the classifier's float head, after it
+        assert f"bias corrections: {len(corrections)} ops" in (target / "qtable.txt").read_text()
+    # the stored int32 bias is the float bias less the correction, on the accumulator's grid
+    elem = conv.operands[2].type.element_type
+    scales = np.asarray(elem.scale_list)
+    want = 0.5 - corrections.get(conv.loc_name, np.zeros(8, np.float32)).astype(np.float64)
+    np.testing.assert_array_equal(bias, np.round(want / scales).astype(np.int32))
