@@ -55,29 +55,87 @@ def _model(make_model, tmp_path):
     return path
 
 
-def test_correction_takes_the_mean_error_out(make_model, tmp_path):
-    module, weights = convert_onnx(_model(make_model, tmp_path), {"x": SHAPE}, "test", "origin_weights.npz")
-    module, weights = canonicalize(module, weights, "canonical_weights.npz")
-    rng = np.random.default_rng(11)
-    samples = [{"x": rng.uniform(0, 1, SHAPE).astype(np.float32)} for _ in range(24)]
-    fit, held_out = samples[:16], samples[16:]
-    cali, _ = calibrate(module, weights, fit, "max")
-    module = apply_table(module, cali)
-    corrections = bias_corrections(module, weights, chip=BM1684X, cali=cali, asymmetric=False, samples=fit)
-    assert corrections, "the conv's mean error is many accumulator steps"
+class Fitted:
+    """The model calibrated and corrected on 16 samples; 8 more it never saw."""
 
-    def mean_error(bias) -> float:
-        tpu, tw = lower_module(module, weights, chip=BM1684X, mode="INT8", cali=cali, bias_corrections=bias)
+    def __init__(self, make_model, tmp_path):
+        module, weights = convert_onnx(_model(make_model, tmp_path), {"x": SHAPE}, "test", "origin_weights.npz")
+        module, self.weights = canonicalize(module, weights, "canonical_weights.npz")
+        rng = np.random.default_rng(11)
+        samples = [{"x": rng.uniform(0, 1, SHAPE).astype(np.float32)} for _ in range(24)]
+        fit, self.held_out = samples[:16], samples[16:]
+        self.cali, _ = calibrate(module, self.weights, fit, "max")
+        self.module = apply_table(module, self.cali)
+        self.corrections = bias_corrections(
+            self.module, self.weights, chip=BM1684X, cali=self.cali, asymmetric=False, samples=fit
+        )
+
+    def lower(self, corrections, qtable=None):
+        return lower_module(
+            self.module,
+            self.weights,
+            chip=BM1684X,
+            mode="INT8",
+            cali=self.cali,
+            qtable=qtable,
+            bias_corrections=corrections,
+        )
+
+    def mean_error(self, corrections) -> float:
+        """The largest mean error of a logit over the held-out samples."""
+        tpu, tw = self.lower(corrections)
         errors = []
-        for s in held_out:
+        for s in self.held_out:
             got = dequantized(tpu, run(tpu, tw, s, all_tensors=False))[mlir.output_names(tpu)[0]]
-            want = run(module, weights, s, all_tensors=False)[mlir.output_names(module)[0]]
+            want = run(self.module, self.weights, s, all_tensors=False)[mlir.output_names(self.module)[0]]
             errors.append(got.astype(np.float64) - want)
         return float(np.abs(np.mean(errors, axis=0)).max())
 
-    plain, corrected = mean_error(None), mean_error(corrections)
+
+@pytest.fixture
+def fitted(make_model, tmp_path):
+    return Fitted(make_model, tmp_path)
+
+
+def test_correction_takes_the_mean_error_out(fitted):
+    assert fitted.corrections, "the conv's mean error is many accumulator steps"
+    plain, corrected = fitted.mean_error(None), fitted.mean_error(fitted.corrections)
     assert plain > 0.02  # the filters' rounding shows at the logits
     assert corrected < plain / 4
+
+
+def _conv_and_head(tpu):
+    ops = [op for op in mlir.body_ops(tpu) if op.name in ("tpu.Conv", "tpu.MatMul")]
+    assert [op.name for op in ops] == ["tpu.Conv", "tpu.MatMul"]
+    return ops
+
+
+def test_a_table_takes_the_corrections_its_ops_were_measured_for(fitted):
+    conv_name, head_name = (op.loc_name for op in _conv_and_head(fitted.lower(None)[0]))
+    assert {conv_name, head_name} <= set(fitted.corrections)
+    plain = {
+        op.loc_name: tw[mlir.value_name(op.operands[2])]
+        for tpu, tw in [fitted.lower(None)]
+        for op in _conv_and_head(tpu)
+    }
+
+    def biases(qtable):
+        tpu, tw = fitted.lower(fitted.corrections, qtable)
+        return {op.loc_name: tw[mlir.value_name(op.operands[2])] for op in _conv_and_head(tpu)}
+
+    # no table: both corrected (the float head for the INT8 conv's error before it)
+    got = biases(None)
+    assert not np.array_equal(got[conv_name], plain[conv_name])
+    np.testing.assert_allclose(got[head_name], plain[head_name] - fitted.corrections[head_name], atol=1e-6)
+    # the conv in float: neither (the head's correction was the conv's INT8 error)
+    got = biases({conv_name: "F16"})
+    np.testing.assert_array_equal(got[conv_name], fitted.weights[mlir.value_name(_bias_of(fitted, conv_name))])
+    np.testing.assert_array_equal(got[head_name], plain[head_name])
+
+
+def _bias_of(fitted, name):
+    op = next(op for op in mlir.body_ops(fitted.module) if getattr(op, "loc_name", None) == name)
+    return op.operands[2]
 
 
 def _manifest(tmp_path, make_model, extra: str = "") -> str:

@@ -330,7 +330,13 @@ def search_qtable(
     weights, target_chip, cali = weights_for(module, in_mlir), load_chip(chip), read_table(cali_table)[1]
     corrections = (
         bias_corrections(
-            module, weights, chip=target_chip, cali=cali, asymmetric=asymmetric, samples=correction_samples(every)
+            module,
+            weights,
+            chip=target_chip,
+            cali=cali,
+            asymmetric=asymmetric,
+            samples=correction_samples(every),
+            qtable=user,
         )
         if bias_correction
         else {}

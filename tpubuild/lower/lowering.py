@@ -115,7 +115,8 @@ class Lowering:
         self.asymmetric = asymmetric
         self.cali = dict(cali or {})
         self.qtable = dict(qtable or {})
-        self.bias_corrections = dict(bias_corrections or {})  # INT8 convs and matmuls: lower/bias.py
+        self.bias_corrections = dict(bias_corrections or {})  # convs' and matmuls': lower/bias.py
+        self._pinned_before: dict[Operation, bool] | None = None
         self.fallback = chip.float_mode if mode == "INT8" else mode
         self.ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
         self._check_qtable()
@@ -290,11 +291,34 @@ class Lowering:
         """The array of a TOP weight operand, else None."""
         return self.weights[v.owner.loc_name] if isinstance(v.owner, top.WeightOp) else None
 
-    def bias_array(self, op: TensorOp, v: SSAValue) -> np.ndarray | None:
-        """A constant bias operand's array, less the op's correction (lower/bias.py) where it has one."""
+    def bias_array(self, op: TensorOp, v: SSAValue, in_float: bool = False) -> np.ndarray | None:
+        """A constant bias operand's array, less the op's correction (lower/bias.py) where it has one.
+
+        A correction was measured with every op the quantize table then named in INT8, so an op the table keeps
+        in float takes none (most of it was the op's own error: with every op of PP-OCRv4 det in F16 and those
+        corrections kept, its probability map was at cosine 0.00005), and nor does an op computing in float
+        after one the table names (all of its correction was the error of the INT8 ops before it, which the
+        table may have taken away: det's output head, corrected so, held every-op-F16 at 0.959)."""
         array = self.weight_array(v)
         delta = self.bias_corrections.get(op.loc_name)
-        return array if array is None or delta is None else corrected_bias(array, delta)
+        if array is None or delta is None or op.loc_name in self.qtable:
+            return array
+        if in_float and self._after_pinned().get(op, False):
+            return array
+        return corrected_bias(array, delta)
+
+    def _after_pinned(self) -> dict[Operation, bool]:
+        """Each op: does one the quantize table names come before it, on a way to it?"""
+        if self._pinned_before is None:
+            after: dict[Operation, bool] = {}
+            for op in self.ops:
+                after[op] = any(
+                    isinstance(p := v.owner, TensorOp)
+                    and (bool(set(p.names) & self.qtable.keys()) or after.get(p, False))
+                    for v in op.operands
+                )
+            self._pinned_before = after
+        return self._pinned_before
 
     def raw_value(self, v: SSAValue) -> SSAValue:
         """An operand as it is (integer/bool tensors, absent operands)."""
@@ -515,8 +539,8 @@ def mirror(lw: Lowering, op: TensorOp, mode: str) -> Sequence[SSAValue]:
 
 def _float_bias(lw: Lowering, op: TensorOp, v: SSAValue) -> SSAValue:
     """A constant bias in F32, less its correction for the INT8 ops before it (lower/bias.py) where it has one."""
-    array = lw.bias_array(op, v)
-    if array is None or op.loc_name not in lw.bias_corrections:
+    array = lw.bias_array(op, v, in_float=True)
+    if array is None or array is lw.weight_array(v):
         return lw.float_value(v, "F32")
     return lw.weight(mlir.value_name(v), "corrected", array, f32)
 
