@@ -313,7 +313,7 @@ def float_outputs(onnx_file: Path, samples) -> list[list[np.ndarray]]:
 def default_path(model: Model):
     """What a manifest without tuning fields builds: calibration's default method on the samples it does not hold
     back, then the bias corrections and the mixed-precision search judged on the worst of them (as the calibrate
-    and search stages): (calibration table, search result, bias corrections)."""
+    and search stages): (calibration table, search result, the bias corrections it kept)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.manifest import DEFAULT_METHOD
     from tpubuild.calib.calibrate import apply_table, calibrate
@@ -337,7 +337,7 @@ def default_path(model: Model):
         config=config,
         bias_corrections=corrections,
     )
-    return entries, found, corrections
+    return entries, found, found.bias_corrections
 
 
 # ---- onnxruntime --------------------------------------------------------------------------------
@@ -613,6 +613,8 @@ def bench_table(manifest: Path, args, workdir: Path) -> Result:
         + ("" if found.reached else ", target NOT reached")
         + f"), {found.lowerings} lowerings, {time.perf_counter() - start:.0f} s"
     )
+    if found.bias is not None:
+        notes.append(f"ours: {found.bias.line()}")
     print(f"  ours done ({time.perf_counter() - start:.0f} s)", flush=True)
     if not args.no_ort:
         minmax = None

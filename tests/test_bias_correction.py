@@ -166,12 +166,36 @@ def test_the_search_stage_writes_what_lowering_applies(make_model, tmp_path, swi
     bias = weights[conv.operands[2].owner.loc_name]
     if switch:
         assert corrections == {}
-        assert "bias corrections: 0 ops" in (target / "qtable.txt").read_text()
+        assert "bias corrections" not in (target / "qtable.txt").read_text()
     else:
         assert conv.loc_name in corrections  # and the classifier's float head, after it
-        assert f"bias corrections: {len(corrections)} ops" in (target / "qtable.txt").read_text()
+        # kept: INT8 alone does better with them over the search's pool
+        assert f"bias corrections: {len(corrections)} ops, kept:" in (target / "qtable.txt").read_text()
     # the stored int32 bias is the float bias less the correction, on the accumulator's grid
     elem = conv.operands[2].type.element_type
     scales = np.asarray(elem.scale_list)
     want = 0.5 - corrections.get(conv.loc_name, np.zeros(8, np.float32)).astype(np.float64)
     np.testing.assert_array_equal(bias, np.round(want / scales).astype(np.int32))
+
+
+def test_the_search_keeps_corrections_only_where_int8_does_better(fitted):
+    from tpubuild.lower.search import search
+
+    def offered(corrections):
+        return search(
+            fitted.module,
+            fitted.weights,
+            chip=BM1684X,
+            cali=fitted.cali,
+            asymmetric=False,
+            samples=fitted.held_out,
+            bias_corrections=corrections,
+        )
+
+    good = offered(fitted.corrections)
+    assert good.bias is not None and good.bias.kept and good.bias_corrections == fitted.corrections
+    assert good.bias.corrected[1] < good.bias.plain[1] / 10
+    # the same corrections the wrong way: INT8 does worse with them, and the search lowers without
+    bad = offered({name: -3 * delta for name, delta in fitted.corrections.items()})
+    assert bad.bias is not None and not bad.bias.kept and bad.bias_corrections == {}
+    assert bad.int8_score == good.bias.plain[0] and "not kept" in bad.bias.line()

@@ -298,10 +298,10 @@ def search_qtable(
     bias_correction: bool = True,
 ) -> None:
     """cali.mlir + cali_table + calibration samples -> bias_correction.npz, the mean error INT8 leaves in each
-    conv's and matmul's output taken out of its bias (tpubuild/lower/bias.py), and qtable.txt: the user's
-    quantize table plus the fewest tensors kept in float for every output to reach the target cosine with those
-    corrections (tpubuild/lower/search.py); ``hold_back_test``: the samples calibration reads (its ``count``),
-    without the held-back test sample."""
+    conv's and matmul's output taken out of its bias (tpubuild/lower/bias.py) where that does better over the
+    search's pool (empty where not), and qtable.txt: the user's quantize table plus the fewest tensors kept in
+    float for every output to reach the target cosine with those corrections (tpubuild/lower/search.py);
+    ``hold_back_test``: the samples calibration reads (its ``count``), without the held-back test sample."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.files import all_or_nothing, npz_bytes
     from tpubuild.calib.table import read_table
@@ -356,10 +356,9 @@ def search_qtable(
         bias_corrections=corrections,
     )
     header = ["tpubuild quantize table", f"model: {model}", f"target: {target}", f"pool: {pool}"]
-    header.append(f"bias corrections: {len(corrections)} ops (bias_correction.npz)")
     with all_or_nothing(out_table, out_bias) as (tmp_table, tmp_bias):
         tmp_table.write_text(format_result(result, header), encoding="utf-8")
-        tmp_bias.write_bytes(npz_bytes(corrections))
+        tmp_bias.write_bytes(npz_bytes(result.bias_corrections))
     verdict = "reached" if result.reached else "NOT reached (the table keeps the best found)"
     print(
         f"{model}/{target}: {len(result.chosen)} tensors ({len(result.table) - len(user)} ops) in "
