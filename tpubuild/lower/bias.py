@@ -13,8 +13,9 @@ Each channel's mean is shrunk towards zero by how uncertain it is (James-Stein: 
 0): a squeeze-excite vector has one value per sample, and its mean over 16 samples is half noise. On that
 classifier, at 16 samples: plain means 0.9987 on the unsure input, shrunk ones 0.99998.
 
-A correction is kept in float units, by the TOP op's name; lowering takes it from the op's bias in whatever mode
-the op ends up in (``Lowering.bias_array``), and the search scores its tables so.
+A correction is kept in float units, by the TOP op's name. The search keeps the corrections only where INT8 alone
+does better with them (``search.BiasChoice``), and lowering takes one from its op's bias unless the quantize table
+changed what it was measured on (``Lowering.bias_array``).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def bias_corrections(
         per = np.array([channel_means(dequantize(r[0], out), axes[name]) for r in results]) - reference[name]
         error = shrunk_mean(per)
         bias, scales = tpu_weights[mlir.value_name(op.operands[2])], steps[name]
+        if bias.size != error.size:  # a bias over more than the output channels
+            return None
         if not scales.any():  # a float bias
             if not error.any():
                 return None
