@@ -179,9 +179,9 @@ def test_the_search_stage_writes_what_lowering_applies(make_model, tmp_path, swi
 
 
 def test_the_search_keeps_corrections_only_where_int8_does_better(fitted):
-    from tpubuild.lower.search import search
+    from tpubuild.lower.search import SearchConfig, search
 
-    def offered(corrections):
+    def offered(corrections, config=SearchConfig()):
         return search(
             fitted.module,
             fitted.weights,
@@ -189,6 +189,7 @@ def test_the_search_keeps_corrections_only_where_int8_does_better(fitted):
             cali=fitted.cali,
             asymmetric=False,
             samples=fitted.held_out,
+            config=config,
             bias_corrections=corrections,
         )
 
@@ -199,3 +200,7 @@ def test_the_search_keeps_corrections_only_where_int8_does_better(fitted):
     bad = offered({name: -3 * delta for name, delta in fitted.corrections.items()})
     assert bad.bias is not None and not bad.bias.kept and bad.bias_corrections == {}
     assert bad.int8_score == good.bias.plain[0] and "not kept" in bad.bias.line()
+    # better, but short of a target that INT8 alone then misses: the search keeps tensors in float instead
+    short = offered(fitted.corrections, SearchConfig(target_cos=1 - good.bias.corrected[1] / 100, max_lowerings=4))
+    assert short.bias is not None and not short.bias.kept and short.bias_corrections == {}
+    assert short.bias.corrected == good.bias.corrected and "below the target" in short.bias.line()

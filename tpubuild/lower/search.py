@@ -139,22 +139,27 @@ class Unit:
 @dataclass(frozen=True)
 class BiasChoice:
     """Bias corrections offered to the search (lower/bias.py) and INT8 alone's scores over the pool without and with
-    them: (lowest, mean of 1 - cos). They are kept when they raise the lowest and lower the mean. They do not
-    always help: PP-OCRv4 rec's lowest went from 0.868 to 0.782 with them, DenseNet-121's from 0.953 to 0.982."""
+    them: (lowest, mean of 1 - cos). They are kept when they raise the lowest, to the target at least, and lower
+    the mean. They do not always help: PP-OCRv4 rec's lowest went from 0.868 to 0.782 with them. And a model that
+    needs float tensors anyway is searched without them: a table changes the model they were measured on, and
+    with them mini_mobilenet's table (0.995 on the pool, as without) held a held-out photograph at 0.9885, not
+    0.9947."""
 
     offered: int
     plain: tuple[float, float]
     corrected: tuple[float, float]
+    target: float
 
     @property
     def kept(self) -> bool:
-        return self.corrected[0] > self.plain[0] and self.corrected[1] < self.plain[1]
+        return self.target <= self.corrected[0] > self.plain[0] and self.corrected[1] < self.plain[1]
 
     def line(self) -> str:
         (low, err), (low_c, err_c) = self.plain, self.corrected
+        why = "" if self.kept or low_c <= low or err_c >= err else f" (below the target {self.target})"
         return (
             f"bias corrections: {self.offered} ops, {'kept' if self.kept else 'not kept'}: INT8 alone over the pool "
-            f"{low:.6f} -> {low_c:.6f} at worst, mean 1 - cos {err:.2e} -> {err_c:.2e}"
+            f"{low:.6f} -> {low_c:.6f} at worst, mean 1 - cos {err:.2e} -> {err_c:.2e}{why}"
         )
 
 
@@ -492,7 +497,7 @@ def search(
         ev.bias_corrections = bias_corrections
         corrected = ev.lower(user)
         corrected_scores = ev.pool_scores(corrected[1], corrected[2])
-        bias = BiasChoice(len(bias_corrections), _summary(int8), _summary(corrected_scores))
+        bias = BiasChoice(len(bias_corrections), _summary(int8), _summary(corrected_scores), config.target_cos)
         say(bias.line())
         if bias.kept:
             (lw, tpu_module, tpu_weights), int8, kept = corrected, corrected_scores, dict(bias_corrections)
