@@ -13,9 +13,9 @@ Each channel's mean is shrunk towards zero by how uncertain it is (James-Stein: 
 0): a squeeze-excite vector has one value per sample, and its mean over 16 samples is half noise. On that
 classifier, at 16 samples: plain means 0.9987 on the unsure input, shrunk ones 0.99998.
 
-A correction is kept in float units, by the TOP op's name. The search keeps the corrections only where INT8 alone
-does better with them (``search.BiasChoice``), and lowering takes one from its op's bias unless the quantize table
-changed what it was measured on (``Lowering.bias_array``).
+A correction is kept in float units, by the TOP op's name, and lowering takes it from its op's bias
+(``Lowering.bias_array``). The search keeps the corrections only where they bring INT8 alone to its target and do
+better (``search.BiasChoice``), so they are applied to the model they were measured on.
 """
 
 from __future__ import annotations

@@ -116,7 +116,6 @@ class Lowering:
         self.cali = dict(cali or {})
         self.qtable = dict(qtable or {})
         self.bias_corrections = dict(bias_corrections or {})  # convs' and matmuls': lower/bias.py
-        self._pinned_before: dict[Operation, bool] | None = None
         self.fallback = chip.float_mode if mode == "INT8" else mode
         self.ops = [op for op in mlir.body_ops(module) if isinstance(op, TensorOp)]
         self._check_qtable()
@@ -292,31 +291,12 @@ class Lowering:
         return self.weights[v.owner.loc_name] if isinstance(v.owner, top.WeightOp) else None
 
     def bias_array(self, op: TensorOp, v: SSAValue) -> np.ndarray | None:
-        """A constant bias operand's array, less the op's correction (lower/bias.py) where it has one.
-
-        A correction holds only where the model is as it was measured, every op before it in INT8 as the quantize
-        table then said: an op the table keeps in float takes none (most of it was its own INT8 error: with every
-        op of PP-OCRv4 det in F16 and those corrections applied, its probability map was at cosine 0.00005), and
-        nor does an op after one the table names (part of its correction was the error of that op). Corrected
-        past a float op too, the search kept 94% of mini_mobilenet's multiply-accumulates in float, 84% so."""
+        """A constant bias operand's array, less the op's correction (lower/bias.py) where it has one. Corrections
+        are measured on the model lowered with the user's quantize table, and the search keeps them only where it
+        adds nothing to that table (search.BiasChoice): the model they are applied to is the one measured."""
         array = self.weight_array(v)
         delta = self.bias_corrections.get(op.loc_name)
-        if array is None or delta is None or op.loc_name in self.qtable or self._after_pinned()[op]:
-            return array
-        return corrected_bias(array, delta)
-
-    def _after_pinned(self) -> dict[Operation, bool]:
-        """Each op: does one the quantize table names come before it, on a way to it?"""
-        if self._pinned_before is None:
-            after: dict[Operation, bool] = {}
-            for op in self.ops:
-                after[op] = any(
-                    isinstance(p := v.owner, TensorOp)
-                    and (bool(set(p.names) & self.qtable.keys()) or after.get(p, False))
-                    for v in op.operands
-                )
-            self._pinned_before = after
-        return self._pinned_before
+        return array if array is None or delta is None else corrected_bias(array, delta)
 
     def raw_value(self, v: SSAValue) -> SSAValue:
         """An operand as it is (integer/bool tensors, absent operands)."""
