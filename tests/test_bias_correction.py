@@ -188,3 +188,14 @@ def test_the_search_keeps_corrections_only_where_int8_does_better(fitted):
     short = offered(fitted.corrections, SearchConfig(target_cos=1 - good.bias.corrected[1] / 100, max_lowerings=4))
     assert short.bias is not None and not short.bias.kept and short.bias_corrections == {}
     assert short.bias.corrected == good.bias.corrected and "below the target" in short.bias.line()
+
+
+def test_corrections_a_pool_of_sure_inputs_cannot_judge_are_kept_unless_clearly_worse():
+    from tpubuild.lower.search import BiasChoice
+
+    # PP-OCR cls on 19 lines: a hair worse on the pool, while they fix an unsure input
+    assert BiasChoice(52, (0.99951, 5.65e-5), (0.99941, 7.07e-5), 0.995).kept
+    # twice as far from float at worst: clearly worse
+    assert not BiasChoice(47, (0.995, 5.1e-3), (0.990, 6.2e-3), 0.98).kept
+    # better, but INT8 alone still short of the target: the search runs on the plain model
+    assert not BiasChoice(27, (0.958, 1.3e-2), (0.969, 9.0e-3), 0.995).kept
