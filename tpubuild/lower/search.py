@@ -249,12 +249,11 @@ class Evaluator:
         samples: Sequence[Mapping[str, np.ndarray]],
         processes: int = 1,
         refs: Mapping[int, Sequence[np.ndarray]] | None = None,
-        bias_corrections: Mapping[str, np.ndarray] | None = None,
     ):
         from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
 
         self.module, self.weights, self.chip, self.cali, self.asymmetric = module, weights, chip, cali, asymmetric
-        self.bias_corrections = bias_corrections
+        self.bias_corrections: Mapping[str, np.ndarray] | None = None  # every lowering's (lower/bias.py)
         self.samples = list(samples)
         self.active = list(range(len(self.samples)))  # the samples scored (keep)
         self.processes = processes
@@ -479,7 +478,7 @@ def search(
     """The quantize table (user entries plus the fewest float tensors found) reaching ``config.target_cos``;
     ``processes``: 2 scores the pool in two processes (the result is the same); ``refs``: TOP's graph outputs
     of samples known already, by index (calibration's); ``bias_corrections``: offered (lower/bias.py), and
-    kept for every lowering when INT8 alone does better with them over the pool (BiasChoice)."""
+    kept for every lowering where BiasChoice says so."""
     say = log or (lambda text: None)
     if config.max_lowerings is None:
         config = replace(config, max_lowerings=default_lowerings(module))
@@ -487,14 +486,7 @@ def search(
     chip.check_mode(mode, what="mixed-precision mode")
     user = dict(user or {})
     ev = Evaluator(
-        module,
-        weights,
-        chip=chip,
-        cali=cali,
-        asymmetric=asymmetric,
-        samples=samples,
-        processes=processes,
-        refs=refs,
+        module, weights, chip=chip, cali=cali, asymmetric=asymmetric, samples=samples, processes=processes, refs=refs
     )
     lw, tpu_module, tpu_weights = ev.lower(user)
     int8 = ev.pool_scores(tpu_module, tpu_weights)
