@@ -8,6 +8,8 @@ skip, unless TPUBUILD_REQUIRE_BROWSER is set (CI), where a missing browser fails
 
 from __future__ import annotations
 
+import html
+
 import itertools
 import json
 import math
@@ -196,6 +198,9 @@ def test_an_int8_page_lists_the_ops_that_compute_in_float_as_the_parsed_module_h
     share = f"{precision.float_macs / precision.macs:.1%} of the multiply-accumulates"
     assert f"{len(floats)} of {len(compute)} ops compute in float, {share}" in page
     assert 'id="precision"' not in _html(zoo.target("cnn", "bm1684x-F32") / "report.html")
+    # what the search decided of bias corrections, as its table's header says
+    decided = next(x for x in (t / "qtable.txt").read_text().splitlines() if x.startswith("# bias corrections: "))
+    assert html.escape(decided[2:]) in page
 
 
 def test_groups_read_from_the_module_attribute_equal_those_of_the_parsed_module(zoo):

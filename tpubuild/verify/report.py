@@ -26,7 +26,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpubuild.verify import charts
@@ -160,6 +160,7 @@ class Precision:
     floats: tuple[tuple[str, str, str], ...]  # (tensor, op, element type)
     macs: int = 0  # the convolutions' and matmuls' multiply-accumulates
     float_macs: int = 0  # those of the float ones
+    bias: str | None = None  # what the search decided of bias corrections (its quantize table's header line)
 
 
 _RESULT = re.compile(r"->\s*(?:\()?tensor<(?:[^<>]|<[^<>]*>)*?x?(!quant\.uniform|bf16|f16|f32)")
@@ -346,8 +347,21 @@ def target_page(
         spans=command_spans(mf),
         model_bytes=Path(model_file).stat().st_size,
         weight_bytes=len(mf.weights),
-        precision=read_precision(lg_text) if target.endswith("INT8") else None,
+        precision=(
+            replace(read_precision(lg_text), bias=bias_line(Path(verify_json).parent / "qtable.txt"))
+            if target.endswith("INT8")
+            else None
+        ),
     )
+
+
+def bias_line(qtable: Path) -> str | None:
+    """The search's line on bias corrections in a quantize table it wrote (lower/search.py, BiasChoice), if any."""
+    if not qtable.exists():
+        return None
+    prefix = "# bias corrections: "
+    line = next((x for x in qtable.read_text(encoding="utf-8").splitlines() if x.startswith(prefix)), None)
+    return None if line is None else line[2:]
 
 
 def graph_infos(graphs: Sequence[str], model_dir: Path) -> dict[str, GraphInfo]:
@@ -685,7 +699,9 @@ def precision_section(d: PageData) -> str:
         f'<h2 id="precision">Precision</h2><p class="precision">{len(floats)} of {p.ops} ops compute '
         f"in float{share}: those the mixed-precision search kept (its table is qtable.txt beside this page), "
         "per-sample vectors and Concats of unlike ranges (docs/lowering.md), and ops INT8 has no rule for (Softmax, "
-        f"LayerNorm, ...); the rest compute in INT8.</p>{listed}"
+        "LayerNorm, ...); the rest compute in INT8.</p>"
+        + (f'<p class="bias">{e(p.bias)} (docs/lowering.md#bias-correction)</p>' if p.bias else "")
+        + listed
     )
 
 
