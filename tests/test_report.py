@@ -254,9 +254,13 @@ def test_report_is_byte_identical_across_runs_and_hash_seeds(zoo, tmp_path):
         )
     ]
     outs = []
+    qtable = str(t / "qtable.txt")
     for seed in ("1", "2"):
         out = tmp_path / f"r{seed}.html"
-        code = f"from tpubuild.verify.report import write_report; write_report({', '.join(args)}, {str(out)!r})"
+        code = (
+            f"from tpubuild.verify.report import write_report; "
+            f"write_report({', '.join(args)}, {str(out)!r}, {qtable!r})"
+        )
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
         outs.append(out.read_bytes())

@@ -594,8 +594,10 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
         targets=[tp.verify],
         config={"tolerance": tol, "mode": target.mode},
     )
-    # the page reads the graphs for tensor order and op locations; its config is only the compiler version
+    # the page reads the graphs for tensor order and op locations, and a searched INT8 target's quantize table for
+    # what the search decided of bias corrections; its config is only the compiler version
     graphs = [p.origin_mlir, p.canonical_mlir, tp.tpu_mlir]
+    qtable = [tp.qtable] if target.mode == "INT8" and m.searched else []
     yield _task(
         "report",
         name,
@@ -609,8 +611,9 @@ def _backend_tasks(m: Manifest, p: ModelPaths, name: str, tp, target: Target) ->
             "model_file": str(tp.model_file),
             "graphs": [str(g) for g in graphs],
             "out_html": str(tp.report),
+            "qtable": str(tp.qtable) if qtable else None,
         },
-        file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs],
+        file_dep=[tp.verify, tp.profile, tp.lg_mlir, tp.model_file, *graphs, *qtable],
         targets=[tp.report],
         config={},
     )

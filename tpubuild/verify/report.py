@@ -326,7 +326,14 @@ def levels_of(comparisons: Sequence[dict], graphs: Mapping[str, GraphInfo]) -> l
 
 
 def target_page(
-    model: str, target: str, verify_json: str, profile_json: str, lg_mlir: str, model_file: str, graphs: Sequence[str]
+    model: str,
+    target: str,
+    verify_json: str,
+    profile_json: str,
+    lg_mlir: str,
+    model_file: str,
+    graphs: Sequence[str],
+    qtable: str | None = None,
 ) -> PageData:
     """Everything a passing target's page shows, read from its build artifacts."""
     from tpubuild.codegen.model_file import read_model
@@ -348,7 +355,7 @@ def target_page(
         model_bytes=Path(model_file).stat().st_size,
         weight_bytes=len(mf.weights),
         precision=(
-            replace(read_precision(lg_text), bias=bias_line(Path(verify_json).parent / "qtable.txt"))
+            replace(read_precision(lg_text), bias=bias_line(Path(qtable)) if qtable else None)
             if target.endswith("INT8")
             else None
         ),
@@ -357,8 +364,6 @@ def target_page(
 
 def bias_line(qtable: Path) -> str | None:
     """The search's line on bias corrections in a quantize table it wrote (lower/search.py, BiasChoice), if any."""
-    if not qtable.exists():
-        return None
     prefix = "# bias corrections: "
     line = next((x for x in qtable.read_text(encoding="utf-8").splitlines() if x.startswith(prefix)), None)
     return None if line is None else line[2:]
@@ -769,11 +774,14 @@ def write_report(
     model_file: str,
     graphs: Sequence[str],
     out_html: str,
+    qtable: str | None = None,
 ) -> None:
-    """verify.json + profile.json + lg.mlir + the .model (+ the graphs, for tensor order) -> report.html."""
+    """verify.json + profile.json + lg.mlir + the .model (+ the graphs, for tensor order; the searched quantize
+    table, for its line on bias corrections) -> report.html."""
     from tpubuild.build.files import write_text
 
-    write_text(out_html, render(target_page(model, target, verify_json, profile_json, lg_mlir, model_file, graphs)))
+    page = target_page(model, target, verify_json, profile_json, lg_mlir, model_file, graphs, qtable)
+    write_text(out_html, render(page))
 
 
 def write_cpu_report(
