@@ -32,7 +32,16 @@ import numpy as np
 from tpubuild.calib.files import IMAGE_SUFFIXES, find_files
 from tpubuild.errors import TpuBuildError
 
-__all__ = ["HeldBack", "InputSpec", "Samples", "find_files", "split_test_sample", "preprocess_image"]
+__all__ = [
+    "HeldBack",
+    "InputSpec",
+    "Samples",
+    "find_files",
+    "split_test_sample",
+    "preprocess_image",
+    "sample_count",
+    "samples_at",
+]
 
 
 @dataclass(frozen=True)
@@ -258,6 +267,19 @@ def split_test_sample(samples: Samples) -> tuple[Samples, HeldBack | None]:
     if n < 2 or last is None:
         return samples, None
     return replace(samples, count=n - 1), HeldBack(samples, last, n - 1)
+
+
+def sample_count(samples: Samples | Sequence[Mapping[str, np.ndarray]]) -> int:
+    """How many samples there are: a Samples counted from its files' headers (no data read), a list by its length."""
+    return sum(1 for _ in samples.locations()) if isinstance(samples, Samples) else len(samples)
+
+
+def samples_at(
+    samples: Samples | Sequence[Mapping[str, np.ndarray]], indices: set[int]
+) -> list[Mapping[str, np.ndarray]]:
+    """The samples at ``indices``, in order (those after the last index are never read)."""
+    last = max(indices, default=-1)
+    return [sample for i, sample in enumerate(itertools.islice(iter(samples), last + 1)) if i in indices]
 
 
 def _stacked(array: np.ndarray, spec: InputSpec, path: Path) -> np.ndarray:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -71,3 +72,27 @@ class WeightStore:
     def keep_only(self, names: Iterable[str]) -> WeightStore:
         """A store with just the named arrays (dropping weights no op refers to)."""
         return WeightStore({n: self[n] for n in sorted(set(names))})
+
+
+T = TypeVar("T")
+
+
+class ByIdentity(Generic[T]):
+    """Values made from weight arrays, by the identity of those arrays (and ``extra``): the mixed-precision search
+    lowers one model dozens of times from the same arrays, and would make each value again. An entry keeps its
+    arrays, so their ids stay theirs; at ``limit`` entries the cache starts over."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._entries: dict[tuple, tuple[tuple, T]] = {}
+
+    def get(self, arrays: tuple, extra: tuple, make: Callable[[], T]) -> T:
+        key = (tuple(map(id, arrays)), extra)
+        hit = self._entries.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], arrays, strict=True)):
+            return hit[1]
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        value = make()
+        self._entries[key] = (arrays, value)
+        return value

@@ -20,21 +20,20 @@ better (``search.BiasChoice``), so they are applied to the model they were measu
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, f32
 
 from tpubuild.build.chips import Chip
-from tpubuild.calib.data import Samples
+from tpubuild.calib.data import Samples, sample_count, samples_at
 from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir, tpu
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import UniformType
 from tpubuild.ir.top import WeightOp
 from tpubuild.ir.types import elem_of, shape_of
-from tpubuild.ir.weights import WeightStore
+from tpubuild.ir.weights import ByIdentity, WeightStore
 from tpubuild.lower.inference import dequantize
 from tpubuild.top.inference import Plan
 
@@ -49,10 +48,9 @@ def correction_samples(samples: Samples | Sequence[Mapping[str, np.ndarray]]) ->
     which the search then judges the corrected model), spread evenly over them; only those are read."""
     from tpubuild.calib.calibrate import held_back
 
-    n = sum(1 for _ in samples.locations()) if isinstance(samples, Samples) else len(samples)
-    stats = [i for i in range(n) if not held_back(i)]
-    picked = set(stats if len(stats) <= SAMPLES else (stats[k * len(stats) // SAMPLES] for k in range(SAMPLES)))
-    return [sample for i, sample in enumerate(itertools.islice(iter(samples), n)) if i in picked]
+    stats = [i for i in range(sample_count(samples)) if not held_back(i)]
+    picked = stats if len(stats) <= SAMPLES else [stats[k * len(stats) // SAMPLES] for k in range(SAMPLES)]
+    return samples_at(samples, set(picked))
 
 
 def channel_axis(op: TensorOp) -> int:
@@ -96,13 +94,13 @@ def bias_corrections(
     """TOP op name -> what to take from its bias (float32, the bias's shape), for every conv and matmul with a
     constant bias whose mean error on ``samples`` is at least half an accumulator step (INT8) or any (a float op
     after INT8 ones: the squeeze-excite vectors and the classifier head, which INT8 leaves in float)."""
-    from tpubuild.lower import int8  # noqa: F401  (registers the INT8 rules)
-    from tpubuild.lower.lowering import Lowering
+    from tpubuild.lower.lowering import lower_module
 
     if not samples:
         return {}
-    lw = Lowering(module, weights, chip=chip, mode="INT8", asymmetric=asymmetric, cali=cali, qtable=qtable)
-    tpu_module, tpu_weights = lw.run("tpu_weights.npz")
+    tpu_module, tpu_weights = lower_module(
+        module, weights, chip=chip, mode="INT8", asymmetric=asymmetric, cali=cali, qtable=qtable
+    )
     plan = Plan(tpu_module, tpu_weights)
     steps = {step.op.loc_name: s for step in plan.steps if (s := _correctable(step.op)) is not None}
     axes = {step.op.loc_name: channel_axis(step.op) for step in plan.steps if step.op.loc_name in steps}
@@ -160,18 +158,12 @@ def _float_means(
     return {name: np.array(m) for name, m in means.items() if m}
 
 
-_CORRECTED: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_CORRECTED: ByIdentity[np.ndarray] = ByIdentity(4096)
 
 
 def corrected_bias(bias: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """``bias - delta`` in float32: the same array for the same two (the INT8 rules' requantization cache is by
     identity)."""
-    key = (id(bias), id(delta))
-    hit = _CORRECTED.get(key)
-    if hit is not None and hit[0] is bias and hit[1] is delta:
-        return hit[2]
-    if len(_CORRECTED) >= 4096:
-        _CORRECTED.clear()
-    out = (bias.astype(np.float64) - delta.reshape(bias.shape)).astype(np.float32)
-    _CORRECTED[key] = (bias, delta, out)
-    return out
+    return _CORRECTED.get(
+        (bias, delta), (), lambda: (bias.astype(np.float64) - delta.reshape(bias.shape)).astype(np.float32)
+    )

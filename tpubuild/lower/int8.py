@@ -32,6 +32,7 @@ from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import UniformType
 from tpubuild.ir.types import shape_of
+from tpubuild.ir.weights import ByIdentity
 from tpubuild.kernels import get_kernel
 from tpubuild.kernels.tpu import avgpool_counts
 from tpubuild.lower.lowering import Lowering, int8_rule, is_float_type, retyped, tpu_params
@@ -133,7 +134,7 @@ class Weighted:
 # by the identity of the filter and bias arrays (each entry keeps them, so their ids stay theirs): the
 # mixed-precision search lowers one module's weights dozens of times, and requantizing a 6625-channel
 # classifier was a third of each lowering
-_WEIGHTED: dict[tuple, tuple[np.ndarray, np.ndarray | None, Weighted]] = {}
+_WEIGHTED: ByIdentity[Weighted] = ByIdentity(256)
 
 
 def _weighted(
@@ -142,25 +143,21 @@ def _weighted(
     """Per-channel int8 filter, int32 bias, their types and the requantization multipliers and shifts."""
     if bias is not None and bias_axis is None:
         raise ValueError("a bias needs its channel axis")
-    key = (id(w), id(bias), axis, bias_axis, in_scale, out_scale)
-    hit = _WEIGHTED.get(key)
-    if hit is not None and hit[0] is w and hit[1] is bias:
-        return hit[2]
-    s = bias_safe_scales(channel_scales(w, axis), bias, in_scale)
-    acc_scale = in_scale * s
-    mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale), strict=True)
-    found = Weighted(
-        quantize_per_channel(w, s, axis),
-        _per_channel(s, axis, "i8"),
-        None if bias is None else quantize_bias(bias, acc_scale),
-        None if bias is None or bias_axis is None else _per_channel(acc_scale, bias_axis, "i32"),
-        mults,
-        shifts,
-    )
-    if len(_WEIGHTED) >= 256:
-        _WEIGHTED.clear()
-    _WEIGHTED[key] = (w, bias, found)
-    return found
+
+    def make() -> Weighted:
+        s = bias_safe_scales(channel_scales(w, axis), bias, in_scale)
+        acc_scale = in_scale * s
+        mults, shifts = zip(*(multiplier_rshift(v / out_scale) for v in acc_scale), strict=True)
+        return Weighted(
+            quantize_per_channel(w, s, axis),
+            _per_channel(s, axis, "i8"),
+            None if bias is None else quantize_bias(bias, acc_scale),
+            None if bias is None or bias_axis is None else _per_channel(acc_scale, bias_axis, "i32"),
+            mults,
+            shifts,
+        )
+
+    return _WEIGHTED.get((w, bias), (axis, bias_axis, in_scale, out_scale), make)
 
 
 @int8_rule(top.MatMulOp)

@@ -33,7 +33,7 @@ from tpubuild.ir import mlir, top, tpu
 from tpubuild.ir.base import TensorOp
 from tpubuild.ir.quant import CalibratedType, UniformType
 from tpubuild.ir.types import elem_of, shape_of
-from tpubuild.ir.weights import WeightStore
+from tpubuild.ir.weights import ByIdentity, WeightStore
 from tpubuild.calib.qdq import model_grids
 from tpubuild.calib.table import Entry
 from tpubuild.lower.quant import QType, activation_qtype, grid_qtype
@@ -371,20 +371,15 @@ class Lowering:
 # A weight in a float mode's dtype, by the identity of the weight array (each entry keeps it, so its id stays
 # its own): the mixed-precision search lowers one model dozens of times, converting the same weights of its
 # float-pinned ops each time. The arrays are shared between lowerings, as int8.Weighted's are.
-_AS_DTYPE: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+_AS_DTYPE: ByIdentity[np.ndarray] = ByIdentity(1024)
 
 
 def _as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    key = (id(array), dtype.str)
-    hit = _AS_DTYPE.get(key)
-    if hit is not None and hit[0] is array:
-        return hit[1]
-    if len(_AS_DTYPE) >= 1024:
-        _AS_DTYPE.clear()
-    narrower = array.dtype.kind == "f" and array.dtype != dtype
-    converted = (_in_range(array, dtype) if narrower else array).astype(dtype)
-    _AS_DTYPE[key] = (array, converted)
-    return converted
+    def make() -> np.ndarray:
+        narrower = array.dtype.kind == "f" and array.dtype != dtype
+        return (_in_range(array, dtype) if narrower else array).astype(dtype)
+
+    return _AS_DTYPE.get((array,), (dtype.str,), make)
 
 
 def _in_range(array: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -57,7 +57,6 @@ counts its lowering as its own: the same steps, the same result.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -69,7 +68,7 @@ from xdsl.ir import SSAValue
 
 from tpubuild import forked
 from tpubuild.build.chips import Chip
-from tpubuild.calib.data import Samples
+from tpubuild.calib.data import Samples, sample_count, samples_at
 from tpubuild.calib.table import Entry
 from tpubuild.ir import mlir
 from tpubuild.ir.base import TensorOp
@@ -418,12 +417,10 @@ def search_pool(
     scores the worst of all of them."""
     from tpubuild.calib.calibrate import VALIDATION_EVERY, VALIDATION_SAMPLES, held_back
 
-    n = sum(1 for _ in samples.locations()) if isinstance(samples, Samples) else len(samples)
+    n = sample_count(samples)
     picked = {k * n // config.pool for k in range(config.pool)} if n > config.pool else set(range(n))
     picked |= {i for i in range(min(n, VALIDATION_EVERY * VALIDATION_SAMPLES)) if held_back(i)}
-    pool = [
-        sample for i, sample in enumerate(itertools.islice(iter(samples), max(picked, default=-1) + 1)) if i in picked
-    ]
+    pool = samples_at(samples, picked)
     if n <= config.pool:
         return pool, f"all {len(pool)} calibration samples"
     return pool, (
