@@ -313,7 +313,7 @@ def float_outputs(onnx_file: Path, samples) -> list[list[np.ndarray]]:
 def default_path(model: Model):
     """What a manifest without tuning fields builds: calibration's default method on the samples it does not hold
     back, then the bias corrections and the mixed-precision search judged on the worst of them (as the calibrate
-    and search stages): (calibration table, search result, the bias corrections it kept)."""
+    and search stages): the calibration table and the search's result (its table and the bias corrections it kept)."""
     from tpubuild.build.chips import load_chip
     from tpubuild.build.manifest import DEFAULT_METHOD
     from tpubuild.calib.calibrate import apply_table, calibrate
@@ -337,7 +337,7 @@ def default_path(model: Model):
         config=config,
         bias_corrections=corrections,
     )
-    return entries, found, found.bias_corrections
+    return entries, found
 
 
 # ---- onnxruntime --------------------------------------------------------------------------------
@@ -605,8 +605,9 @@ def bench_table(manifest: Path, args, workdir: Path) -> Result:
         raise RuntimeError("no input calibration never read: raise --reserve or give a test_input")
     r = Result(m.name, model.labels, f"{len(model.eval)} held-out inputs", eval_names=model.eval_names)
     start = time.perf_counter()
-    entries, found, corrections = default_path(model)
-    r.columns["ours"] = lowest_by_part(model.ours(entries, False, found.table, corrections), model.refs, model.parts)
+    entries, found = default_path(model)
+    ours = model.ours(entries, False, found.table, found.bias_corrections)
+    r.columns["ours"] = lowest_by_part(ours, model.refs, model.parts)
     notes.append(
         f"ours: {len(found.chosen)} tensors / {len(found.table)} ops kept in {found.mode} by the search "
         f"(searched cos {found.int8_score:.5f} -> {found.score:.5f}"
@@ -774,8 +775,10 @@ def bench_methods(manifest: Path, args, workdir: Path) -> None:
     configured = model.m.calibration.get("method", "auto")
     if args.default:
         start = time.perf_counter()
-        entries, found, corrections = default_path(model)
-        results["ours default"] = metrics(model.ours(entries, False, found.table, corrections), model.refs, head)
+        entries, found = default_path(model)
+        results["ours default"] = metrics(
+            model.ours(entries, False, found.table, found.bias_corrections), model.refs, head
+        )
         note = f"{len(found.chosen)} tensors / {len(found.table)} ops float, {found.lowerings} lowerings"
         print(row("ours default", results["ours default"], f"{note}, {time.perf_counter() - start:.0f} s"), flush=True)
         print("    per evaluation input: " + " ".join(f"{c:.4f}" for c in results["ours default"]["each"]))
